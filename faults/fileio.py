@@ -1,0 +1,104 @@
+"""The file-I/O seam: every durable write, fsync, rename and directory fsync of Ferry
+goes through the current :class:`FileLayer`.
+
+The real layer calls ``os`` directly. Tests and the crash harness swap in another
+layer (:func:`use`), e.g. one that records writes and fsyncs and, at a simulated power
+cut, keeps only what was made durable. Components fetch ``layer()`` when they open a
+file, so a swap applies to files opened after it. Reads do not go through the seam:
+they do not change what survives a crash.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Iterator
+
+from .errors import OutOfDiskError, translate_os_error
+
+
+class FileLayer:
+    """Real file I/O. Subclasses override what they need to observe or break."""
+
+    def open(self, path: str, flags: int, mode: int = 0o644) -> int:
+        return os.open(path, flags, mode)
+
+    def write(self, fd: int, data: bytes | memoryview) -> int:
+        return os.write(fd, data)
+
+    def pwrite(self, fd: int, data: bytes | memoryview, offset: int) -> int:
+        return os.pwrite(fd, data, offset)
+
+    def fsync(self, fd: int) -> None:
+        os.fsync(fd)
+
+    def fdatasync(self, fd: int) -> None:
+        os.fdatasync(fd)
+
+    def ftruncate(self, fd: int, size: int) -> None:
+        os.ftruncate(fd, size)
+
+    def close(self, fd: int) -> None:
+        os.close(fd)
+
+    def replace(self, src: str, dst: str) -> None:
+        os.replace(src, dst)
+
+    def unlink(self, path: str) -> None:
+        os.unlink(path)
+
+    def fsync_dir(self, path: str) -> None:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+_layer: FileLayer = FileLayer()
+
+
+def layer() -> FileLayer:
+    return _layer
+
+
+@contextlib.contextmanager
+def use(new: FileLayer) -> Iterator[FileLayer]:
+    """Route file I/O through ``new`` for the duration of the block."""
+    global _layer
+    old, _layer = _layer, new
+    try:
+        yield new
+    finally:
+        _layer = old
+
+
+def write_all(fd: int, data: bytes | memoryview, path: str, *,
+              error: type[OutOfDiskError] = OutOfDiskError, io: FileLayer | None = None) -> None:
+    """Write all of ``data`` (os.write may write less); ENOSPC becomes ``error``."""
+    io = io or _layer
+    view = memoryview(data)
+    try:
+        while view:
+            n = io.write(fd, view)
+            view = view[n:]
+    except OSError as e:
+        raise translate_os_error(e, path, len(view), error) from e
+
+
+def atomic_write(path: str, data: bytes, *, error: type[OutOfDiskError] = OutOfDiskError) -> None:
+    """Replace ``path`` by ``data`` so a crash leaves the old or the new file, never a
+    mix: write a temp file, fsync it, rename over, fsync the directory."""
+    io = _layer
+    tmp = f"{path}.tmp"
+    fd = io.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        write_all(fd, data, tmp, error=error, io=io)
+        io.fsync(fd)
+    except BaseException:
+        io.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    io.close(fd)
+    io.replace(tmp, path)
+    io.fsync_dir(os.path.dirname(os.path.abspath(path)))

@@ -1,0 +1,50 @@
+"""Every crash point of Ferry, by name, with what is and is not durable there.
+
+A crash point is one line at its site: ``crashpoint("demander.mid_replay")``. Names are
+``<component>.<stage>``. This module is the only list; a test fails when a name is
+listed but never reached by any scenario, or reached in code but missing here.
+"""
+from __future__ import annotations
+
+POINTS: dict[str, str] = {
+    # -- write-ahead log ----------------------------------------------------------
+    "wal.before_sync": "Records are written to the segment file but not fsynced: none of "
+                       "them is acknowledged; any prefix of them may survive a power cut.",
+    "wal.after_sync": "Records are fsynced but their appenders have not been told: they are "
+                      "durable yet unacknowledged; recovery must keep them (never a hole).",
+    # -- checkpointer -------------------------------------------------------------
+    "checkpoint.mid_write": "Some dirty pages of the cut are written to partition files, "
+                            "others not, no fsync, no marker: recovery uses the previous "
+                            "marker and repairs torn pages from the recovery file.",
+    # -- supplier -----------------------------------------------------------------
+    "supplier.after_snapshot": "A transfer snapshot (counter C) is open and its delta file "
+                               "exists; nothing is sent. The delta is removed at restart.",
+    "supplier.mid_send": "Part of the file is on the wire; the demander holds verified "
+                         "chunks durably and resumes from them.",
+    "supplier.mid_preimages": "All file data is sent, pre-images partly: the demander has "
+                              "not installed anything and re-demands.",
+    # -- demander -----------------------------------------------------------------
+    "demander.after_demand": "The partition is MOVING and its temp WAL exists (buffering "
+                             "started before the DEMAND); nothing received yet.",
+    "demander.mid_receive": "A temp file with some verified chunks and their durable "
+                            "record; nothing installed.",
+    "demander.before_install": "The received file is complete and verified in its temp "
+                               "file, fsynced, not yet renamed into place.",
+    "demander.after_install": "part-<p>.bin is installed and the directory fsynced; "
+                              "indexes not rebuilt, temp WAL not replayed.",
+    "demander.mid_index_rebuild": "Index entries partly written; the partition's ready "
+                                  "marker is absent, so the rebuild restarts clean.",
+    "demander.mid_replay": "The temp WAL is partly applied; replay is idempotent by "
+                           "update counter and restarts from the beginning.",
+    "demander.before_owning": "Everything replayed and checkpointed, state still MOVING: "
+                              "the gate is re-checked on restart.",
+    "demander.after_owning": "OWNING is durable; the temp WAL may still exist and is "
+                             "deleted at restart.",
+    # -- old owner ----------------------------------------------------------------
+    "owner.mid_eviction": "The partition is RENTING/EVICTED in the map but its file is "
+                          "not yet deleted; deletion resumes at restart.",
+}
+
+
+def describe(name: str) -> str:
+    return POINTS[name]

@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from faults import OutOfDiskError, fileio
+
+
+class _Recording(fileio.FileLayer):
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def fsync(self, fd: int) -> None:
+        self.calls.append("fsync")
+        super().fsync(fd)
+
+    def replace(self, src: str, dst: str) -> None:
+        self.calls.append("replace")
+        super().replace(src, dst)
+
+    def fsync_dir(self, path: str) -> None:
+        self.calls.append("fsync_dir")
+        super().fsync_dir(path)
+
+
+def test_atomic_write_orders_fsync_rename_dirsync(tmp_path) -> None:
+    target = tmp_path / "meta"
+    target.write_bytes(b"old")
+    with fileio.use(_Recording()) as rec:
+        fileio.atomic_write(str(target), b"new contents")
+    assert rec.calls == ["fsync", "replace", "fsync_dir"]
+    assert target.read_bytes() == b"new contents"
+    assert not (tmp_path / "meta.tmp").exists()
+
+
+class _FullDisk(fileio.FileLayer):
+    def write(self, fd: int, data) -> int:
+        raise OSError(28, "No space left on device")
+
+
+def test_disk_full_becomes_out_of_disk_error_and_leaves_old_file(tmp_path) -> None:
+    target = tmp_path / "meta"
+    target.write_bytes(b"old")
+    with fileio.use(_FullDisk()):
+        with pytest.raises(OutOfDiskError, match="out of disk space") as ei:
+            fileio.atomic_write(str(target), b"x" * 100)
+    assert ei.value.needed == 100 and ei.value.path.endswith("meta.tmp")
+    assert target.read_bytes() == b"old"
+    assert os.listdir(tmp_path) == ["meta"]
