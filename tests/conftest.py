@@ -7,6 +7,16 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+# Tests are imported with --import-mode=importlib (so tests/wal/test_cli.py and
+# tests/transfer/test_cli.py can share a basename); the per-package helper modules
+# (transfer_helpers, nodeharness ...) are found through these paths. Their names are unique.
+_TESTS = os.path.dirname(os.path.abspath(__file__))
+for _d in sorted(os.listdir(_TESTS)):
+    if os.path.isdir(os.path.join(_TESTS, _d)) and not _d.startswith((".", "_")):
+        sys.path.insert(0, os.path.join(_TESTS, _d))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
 
 @pytest.fixture
 def py_env() -> dict[str, str]:

@@ -1,1 +1,30 @@
-"""(under construction)"""
+"""Ferry's segmented write-ahead log: the node WAL and the per-partition temp WAL.
+
+Public face (everything else in the package is private):
+
+- :class:`Wal` -- ``Wal.open(path, *, segment_size=64 MiB, sync="group", first_lsn=1)``
+  for the one writer; ``append``, ``append_many``, ``sync``, ``wait_durable``,
+  ``read_from``, ``follow``, ``truncate_before``, ``destroy``, ``close``;
+  ``first_lsn``, ``last_lsn``, ``durable_lsn``.
+- :meth:`Wal.reader` / :class:`WalReader` and :func:`follow_dir`: read-only access from
+  any process while the writer appends.
+- :class:`Record` (``.lsn``, ``.type``, ``.payload``), :class:`Follower`.
+- Errors: :class:`WalError`, :class:`CorruptRecordError`, :class:`OutOfDiskError`,
+  :class:`WalLockedError`, :class:`WalClosedError`.
+- :func:`verify` / :func:`repair` (what ``ferry wal verify|repair`` run).
+
+The on-disk format is in ``format.py`` and ``docs/formats.md``.
+"""
+from __future__ import annotations
+
+from .decoder import Record
+from .errors import CorruptRecordError, OutOfDiskError, WalClosedError, WalError, WalLockedError
+from .log import DEFAULT_SEGMENT_SIZE, MODES, Wal, WalReader, follow_dir
+from .reader import Follower
+from .recovery import Report, repair, verify
+
+__all__ = [
+    "Wal", "WalReader", "follow_dir", "Follower", "Record", "MODES", "DEFAULT_SEGMENT_SIZE",
+    "WalError", "CorruptRecordError", "OutOfDiskError", "WalLockedError", "WalClosedError",
+    "verify", "repair", "Report",
+]

@@ -1,0 +1,207 @@
+"""WAL benchmark: appends per durability mode, group commit, replay, follower latency.
+
+Prints ONE JSON object. Every append figure is set against a reference measured in
+the same run: plain ``os.write`` of the same frame-sized bytes (and, for the fsync
+modes, ``os.write`` + ``fdatasync`` per record). Targets (docs/benchmarks.md, WAL):
+100 B ``append`` in mode none >= 300k/s, ``append_many`` >= 1M/s, replay >= 1M/s,
+4 KiB appends >= 70% of plain os.write bandwidth, group commit with 16 threads >= 8x
+the acknowledged appends/s of mode ``always``.
+
+    .venv/bin/python bench/wal_bench.py [--quick] [--dir DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import struct
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from wal import Wal  # noqa: E402
+from wal.format import FRAME_HEADER_SIZE  # noqa: E402
+
+
+def rate(n: int, seconds: float) -> float:
+    return round(n / seconds, 1) if seconds > 0 else float("inf")
+
+
+def ref_write(path: str, size: int, n: int, fsync: bool = False) -> dict[str, float]:
+    """Plain os.write of frame-sized buffers (what a log costs with no log code)."""
+    data = os.urandom(size + FRAME_HEADER_SIZE)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+    t = time.perf_counter()
+    for _ in range(n):
+        os.write(fd, data)
+        if fsync:
+            os.fdatasync(fd)
+    dt = time.perf_counter() - t
+    os.close(fd)
+    os.unlink(path)
+    return {"records_per_s": rate(n, dt), "mb_per_s": round(n * size / dt / 1e6, 2)}
+
+
+def wal_append(root: str, size: int, n: int, mode: str, batch: int = 0) -> dict[str, float]:
+    d = tempfile.mkdtemp(dir=root)
+    w = Wal.open(d, sync=mode)
+    p = os.urandom(size)
+    t = time.perf_counter()
+    if batch:
+        chunk = [p] * batch
+        for _ in range(n // batch):
+            w.append_many(chunk)
+    else:
+        append = w.append
+        for _ in range(n):
+            append(p)
+    dt = time.perf_counter() - t
+    w.destroy()
+    return {"records_per_s": rate(n, dt), "mb_per_s": round(n * size / dt / 1e6, 2)}
+
+
+def threaded(root: str, mode: str, threads: int, seconds: float) -> dict[str, float]:
+    """Acknowledged appends/s with ``threads`` appenders (each append waits durable)."""
+    d = tempfile.mkdtemp(dir=root)
+    w = Wal.open(d, sync=mode)
+    p = os.urandom(100)
+    counts = [0] * threads
+    stop = threading.Event()
+
+    def run(i: int) -> None:
+        while not stop.is_set():
+            w.append(p)
+            counts[i] += 1
+
+    ts = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
+    t = time.perf_counter()
+    for th in ts:
+        th.start()
+    time.sleep(seconds)
+    stop.set()
+    for th in ts:
+        th.join()
+    dt = time.perf_counter() - t
+    w.destroy()
+    return {"acked_per_s": rate(sum(counts), dt)}
+
+
+def replay(root: str, n: int) -> dict[str, float]:
+    d = tempfile.mkdtemp(dir=root)
+    w = Wal.open(d, sync="none")
+    p = os.urandom(100)
+    for _ in range(n // 1000):
+        w.append_many([p] * 1000)
+    out = {}
+    for name, it in (("same_process", lambda: w.read_from(1)),
+                     ("other_process_reader", lambda: Wal.reader(d).read_from(1))):
+        t = time.perf_counter()
+        c = 0
+        for _ in it():
+            c += 1
+        out[f"{name}_records_per_s"] = rate(c, time.perf_counter() - t)
+    w.destroy()
+    return out
+
+
+def follower_latency(root: str, count: int) -> dict[str, float]:
+    """Latency from append returning to the record reaching a follower: one in the
+    writer's process (condition wake-up) and one reading the directory (polling)."""
+    d = tempfile.mkdtemp(dir=root)
+    w = Wal.open(d, sync="none")
+    ts = struct.Struct("<d")
+    lat: dict[str, list[float]] = {"same_process": [], "directory": []}
+
+    def follow(name: str, it) -> None:
+        for rec in it:
+            lat[name].append(time.perf_counter() - ts.unpack_from(rec.payload)[0])
+            if rec.lsn >= count:
+                return
+
+    threads = [threading.Thread(target=follow, args=("same_process", w.follow(1, timeout=10))),
+               threading.Thread(target=follow, args=("directory",
+                                                     Wal.reader(d).follow(1, timeout=10)))]
+    for th in threads:
+        th.start()
+    for _ in range(count):
+        w.append(ts.pack(time.perf_counter()) + bytes(92))
+        time.sleep(0.002)
+    for th in threads:
+        th.join()
+    w.destroy()
+    out = {}
+    for name, xs in lat.items():
+        xs.sort()
+        out[f"{name}_p50_ms"] = round(statistics.median(xs) * 1e3, 3)
+        out[f"{name}_p99_ms"] = round(xs[int(len(xs) * 0.99) - 1] * 1e3, 3)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="small sizes (< 30 s)")
+    ap.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
+    args = ap.parse_args()
+    q = args.quick
+    root = tempfile.mkdtemp(prefix="walbench-", dir=args.dir)
+    n_small = 50_000 if q else 400_000
+    n_big = 10_000 if q else 60_000
+    n_sync = 100 if q else 500
+    secs = 1.0 if q else 3.0
+    try:
+        ref = os.path.join(root, "ref")
+        res: dict[str, object] = {"bench": "wal", "quick": q, "machine_load": os.getloadavg()}
+        res["reference_os_write"] = {
+            "100B": ref_write(ref, 100, n_small), "4KiB": ref_write(ref, 4096, n_big),
+            "100B_fdatasync_each": ref_write(ref, 100, n_sync, fsync=True)}
+        appends: dict[str, object] = {}
+        for mode in ("none", "group", "always"):
+            n1, n4 = (n_small, n_big) if mode == "none" else (n_sync, n_sync)
+            appends[mode] = {"100B": wal_append(root, 100, n1, mode),
+                             "4KiB": wal_append(root, 4096, n4, mode)}
+        appends["none"]["100B_append_many_1000"] = wal_append(root, 100, n_small * 2, "none",
+                                                              batch=1000)
+        res["append"] = appends
+        res["threads"] = {f"{mode}_{t}": threaded(root, mode, t, secs)
+                          for mode in ("always", "group") for t in (1, 4, 16)}
+        res["replay"] = replay(root, n_small * 2)
+        res["follower_latency"] = follower_latency(root, 200 if q else 1000)
+        r100 = res["reference_os_write"]["100B"]["records_per_s"]
+        r4k = res["reference_os_write"]["4KiB"]["mb_per_s"]
+        thr = res["threads"]
+        res["ratios"] = {
+            "append_100B_none_vs_os_write": round(appends["none"]["100B"]["records_per_s"] / r100, 3),
+            "append_many_100B_vs_os_write": round(
+                appends["none"]["100B_append_many_1000"]["records_per_s"] / r100, 3),
+            "append_4KiB_none_bandwidth_vs_os_write": round(
+                appends["none"]["4KiB"]["mb_per_s"] / r4k, 3),
+            "group16_vs_always16": round(thr["group_16"]["acked_per_s"]
+                                         / thr["always_16"]["acked_per_s"], 2),
+            "group16_vs_always1": round(thr["group_16"]["acked_per_s"]
+                                        / thr["always_1"]["acked_per_s"], 2),
+            "always1_vs_fdatasync_each": round(
+                thr["always_1"]["acked_per_s"]
+                / res["reference_os_write"]["100B_fdatasync_each"]["records_per_s"], 3),
+        }
+        ratios = res["ratios"]
+        res["targets"] = {
+            "append_100B_none_300k": appends["none"]["100B"]["records_per_s"] >= 300_000,
+            "append_many_100B_1M": appends["none"]["100B_append_many_1000"]["records_per_s"]
+            >= 1_000_000,
+            "replay_1M": res["replay"]["same_process_records_per_s"] >= 1_000_000,
+            "append_4KiB_70pct_of_os_write": ratios["append_4KiB_none_bandwidth_vs_os_write"] >= 0.7,
+            "group16_8x_always": ratios["group16_vs_always16"] >= 8,
+        }
+        res["machine_load_after"] = os.getloadavg()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    print(json.dumps(res))
+
+
+if __name__ == "__main__":
+    main()

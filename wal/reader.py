@@ -1,0 +1,262 @@
+"""Reading the log: ``read_from`` (to the current end) and ``follow`` (waits for more).
+
+One cursor serves two kinds of source:
+
+* :class:`WriterSource`, readers inside the writer's process: the writer publishes, per
+  segment, the end of its last whole frame after each write, so a reader never reads
+  past it and anything bad before it is corruption.
+* :class:`DirSource`, readers in another process (``Wal.reader(path)``): the end is the
+  file size, which may cut a frame that the writer is still copying in, or a torn tail a
+  crashed writer left. A frame that does not check out at the live end is treated as
+  "not there yet" when it looks torn (see :func:`decoder.classify_tail`) and re-read on
+  the next poll, and as corruption when it does not; a segment is complete (its end
+  final) once a segment with the next sequence exists.
+
+Readers take no lock of the writer and use their own file descriptors (``pread``), so
+writes beat reads: a reader can fall behind, never hold an append up. Blocks are read
+4 MiB at a time, so replay makes one syscall per ~40k small records.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Iterator, Protocol, Sequence
+
+from .decoder import BlockState, Record, Stop, classify_tail, iter_block
+from .errors import CorruptRecordError, WalError
+from .format import HEADER_SIZE
+from .segments import SegmentFile, list_segments, read_header
+
+BLOCK = 4 << 20
+
+
+class _Seg(Protocol):
+    seq: int
+    first_lsn: int
+    path: str
+
+
+class Source(Protocol):
+    trusted: bool      # True: the end offsets are whole-frame boundaries
+
+    def segments(self) -> Sequence[_Seg]: ...
+
+    def end(self, seg: _Seg, fd: int) -> int: ...
+
+    def complete(self, seg: _Seg) -> bool: ...
+
+    def wait(self, next_lsn: int, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for news; False when the source is closed."""
+
+
+class DirSource:
+    """A log directory as seen by a reader in any process."""
+
+    trusted = False
+    POLL_MIN = 0.0002
+    POLL_MAX = 0.02
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self._poll = self.POLL_MIN
+
+    def segments(self) -> list[SegmentFile]:
+        return list_segments(self.directory)
+
+    def end(self, seg: _Seg, fd: int) -> int:
+        return os.fstat(fd).st_size
+
+    def complete(self, seg: _Seg) -> bool:
+        return any(s.seq > seg.seq for s in self.segments())
+
+    def progressed(self) -> None:
+        self._poll = self.POLL_MIN
+
+    def wait(self, next_lsn: int, timeout: float) -> bool:
+        # Polling with back-off: cheap (one fstat per poll) and needs nothing from the
+        # writer, which may be another process, or none at all for a while.
+        time.sleep(min(self._poll, timeout))
+        self._poll = min(self._poll * 2, self.POLL_MAX)
+        return True
+
+
+class WriterSource:
+    """The writer's own view, for readers in its process (see ``Wal``)."""
+
+    trusted = True
+
+    def __init__(self, wal) -> None:   # wal: log.Wal (not imported: log imports us)
+        self.wal = wal
+
+    def segments(self) -> Sequence[_Seg]:
+        return list(self.wal._segs)
+
+    def end(self, seg, fd: int) -> int:
+        return seg.size
+
+    def complete(self, seg) -> bool:
+        return seg.complete
+
+    def progressed(self) -> None:
+        pass
+
+    def wait(self, next_lsn: int, timeout: float) -> bool:
+        return self.wal._wait_appended(next_lsn, timeout)
+
+
+class Follower:
+    """Iterator over records from ``lsn`` on that waits for new ones.
+
+    Ends when ``close()`` is called (from any thread), when the writer closes (same
+    process), or after ``timeout`` seconds without a new record when one was given."""
+
+    def __init__(self, source: Source, lsn: int | None, *, follow: bool = True,
+                 timeout: float | None = None) -> None:
+        self._stop = threading.Event()
+        self._it = _records(source, lsn, follow, timeout, self._stop)
+
+    def __iter__(self) -> Iterator[Record]:
+        # The generator itself: a for loop then calls it directly, with no Python-level
+        # __next__ per record (replay speed).
+        return self._it
+
+    def __next__(self) -> Record:
+        return next(self._it)
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def __enter__(self) -> Follower:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+        self._it.close()
+
+
+def _open_segment(source: Source, seg: _Seg) -> tuple[int, int]:
+    """Open a segment for reading; (fd, prev_crc) after checking its header."""
+    try:
+        fd = os.open(seg.path, os.O_RDONLY)
+    except FileNotFoundError:
+        raise WalError(f"segment {seg.path} was removed while being read (truncate_before "
+                       f"dropped the records below LSN {seg.first_lsn} or later)") from None
+    try:
+        hdr = read_header(fd, SegmentFile(seg.seq, seg.first_lsn, seg.path))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, hdr.prev_crc
+
+
+def _locate(source: Source, start: int | None) -> tuple[_Seg, int] | None:
+    segs = source.segments()
+    if not segs:
+        return None
+    if start is None:
+        start = segs[0].first_lsn
+    if start < segs[0].first_lsn:
+        raise WalError(f"records below LSN {segs[0].first_lsn} were truncated; cannot read "
+                       f"from LSN {start}")
+    seg = segs[0]
+    for s in segs:
+        if s.first_lsn <= start:
+            seg = s
+    return seg, start
+
+
+def _records(source: Source, start: int | None, follow: bool, timeout: float | None,
+             stop: threading.Event) -> Iterator[Record]:
+    last_progress = time.monotonic()
+
+    def keep_waiting(next_lsn: int) -> bool:
+        if not follow or stop.is_set():
+            return False
+        left = None if timeout is None else timeout - (time.monotonic() - last_progress)
+        if left is not None and left <= 0:
+            return False
+        return source.wait(next_lsn, 0.1 if left is None else min(left, 0.1)) \
+            and not stop.is_set()
+
+    found = _locate(source, start)
+    while found is None:
+        if not keep_waiting(start or 1):
+            return
+        found = _locate(source, start)
+    seg, start = found
+    fd, crc = _open_segment(source, seg)
+    try:
+        off, lsn, pending = HEADER_SIZE, seg.first_lsn, b""
+        state = BlockState()
+        while True:
+            end = source.end(seg, fd)
+            pos = off + len(pending)
+            bad = False
+            if end > pos:
+                want = min(end - pos, max(BLOCK, state.frame_end - state.off - len(pending)))
+                data = os.pread(fd, want, pos)
+                buf = pending + data if pending else data
+                before = lsn
+                yield from iter_block(buf, 0, crc, lsn, state, start)
+                off += state.off
+                crc, lsn = state.crc, state.lsn
+                pending = buf[state.off:]
+                if lsn != before:
+                    last_progress = time.monotonic()
+                    source.progressed()
+                bad = state.stop is Stop.BAD_CRC or state.stop is Stop.BAD_LSN
+                if not bad and off + len(pending) < end:
+                    continue        # more bytes already there
+            if pending or bad:
+                if source.trusted or source.complete(seg):
+                    if not source.trusted and source.end(seg, fd) > off + len(pending):
+                        continue    # completed while we looked: read the rest first
+                    why = "segment ends inside a frame" if not bad else \
+                        classify_tail(pending, off, _rebased(state)) or "CRC mismatch"
+                    raise CorruptRecordError(seg.path, off, why)
+                why = classify_tail(pending, off, _rebased(state))
+                if why is not None:
+                    raise CorruptRecordError(seg.path, off, why)
+                pending = b""       # torn or still being written: re-read next time
+                state = BlockState()
+                if not keep_waiting(lsn):
+                    return
+                continue
+            if source.complete(seg):
+                if source.end(seg, fd) > off:
+                    continue        # it grew before it was completed
+                seg, fd, crc = _next_segment(source, seg, fd, lsn, crc)
+                off, pending = HEADER_SIZE, b""
+                continue
+            if not keep_waiting(lsn):
+                return
+    finally:
+        os.close(fd)
+
+
+def _rebased(state: BlockState) -> BlockState:
+    """``state`` with offsets relative to the unconsumed bytes (``pending``)."""
+    s = BlockState()
+    s.off, s.crc, s.lsn, s.stop = 0, state.crc, state.lsn, state.stop
+    s.frame_end = state.frame_end - state.off
+    return s
+
+
+def _next_segment(source: Source, seg: _Seg, fd: int, lsn: int,
+                  crc: int) -> tuple[_Seg, int, int]:
+    """Step from a complete segment to its successor, checking that the chain (LSN and
+    CRC) runs on across the file boundary."""
+    nxt = next((s for s in source.segments() if s.seq == seg.seq + 1), None)
+    if nxt is None:
+        raise CorruptRecordError(seg.path, 0, f"segment {seg.seq + 1} after this one is missing")
+    if nxt.first_lsn != lsn:
+        raise CorruptRecordError(nxt.path, 0, f"first LSN {nxt.first_lsn}, but the previous "
+                                 f"segment ends at LSN {lsn - 1}")
+    nfd, prev_crc = _open_segment(source, nxt)
+    if prev_crc != crc:
+        os.close(nfd)
+        raise CorruptRecordError(nxt.path, 0, f"header continues the CRC chain from "
+                                 f"{prev_crc:#010x}, the previous segment ends at {crc:#010x}")
+    os.close(fd)
+    return nxt, nfd, crc
