@@ -1,0 +1,160 @@
+"""``ferry node ...`` (run a node) and ``ferry cluster ...`` (status and data operations).
+
+Imports only click at module level; the node machinery is imported inside commands.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+
+@click.group("node")
+def node() -> None:
+    """Run a storage node."""
+
+
+@node.command("start")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="TOML config file.")
+@click.option("--id", "node_id", help="Node id (letters, digits, _ . -).")
+@click.option("--data", type=click.Path(file_okay=False), help="Data directory.")
+@click.option("--listen", help="HOST:PORT to serve on.")
+@click.option("--advertise", help="HOST:PORT others use to reach this node (default: --listen).")
+@click.option("--join", multiple=True, help="HOST:PORT of a cluster member (repeatable). None: start a new cluster.")
+@click.option("--secret-file", type=click.Path(dir_okay=False), help="File holding the cluster secret.")
+@click.option("--metrics-listen", help="HOST:PORT for Prometheus metrics (/metrics).")
+@click.option("--partitions", type=int, help="Partitions of the default cache (no [[caches]] in the file).")
+@click.option("--backups", type=int, help="Backups of the default cache (no [[caches]] in the file).")
+@click.option("--log-level", help="DEBUG, INFO, WARNING ...")
+def start(config_path: str | None, node_id: str | None, data: str | None, listen: str | None,
+          advertise: str | None, join: tuple[str, ...], secret_file: str | None,
+          metrics_listen: str | None, partitions: int | None, backups: int | None,
+          log_level: str | None) -> None:
+    """Start a node; it runs until SIGTERM (graceful) or SIGINT."""
+    from .errors import NodeError
+    from .process import run
+    from . import config as cfgmod
+    try:
+        cfg = cfgmod.load(config_path, id=node_id, data=data, listen=listen, advertise=advertise,
+                          join=join, secret_file=secret_file, metrics_listen=metrics_listen,
+                          log_level=log_level)
+        if partitions is not None or backups is not None:
+            if cfg.source and len(cfg.caches) != 1:
+                raise cfgmod.ConfigError("--partitions/--backups apply to a single cache only")
+            c = cfg.caches[0]
+            from dataclasses import replace
+            c = replace(c, partitions=partitions or c.partitions,
+                        backups=c.backups if backups is None else backups)
+            cfg = cfgmod.with_overrides(cfg, caches=(c,))
+    except NodeError as e:
+        raise click.ClickException(str(e))
+    sys.exit(run(cfg))
+
+
+@click.group("cluster")
+def cluster() -> None:
+    """Cluster status and data operations."""
+
+
+_seed = click.option("--seed", required=True, multiple=True, help="HOST:PORT of any node (repeatable).")
+_secret = click.option("--secret-file", type=click.Path(dir_okay=False), help="Cluster secret file (or $FERRY_SECRET).")
+
+
+def _fail(e: Exception) -> None:
+    raise click.ClickException(str(e))
+
+
+@cluster.command("status")
+@_seed
+@_secret
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document (schema in docs/node.md).")
+def status_cmd(seed: tuple[str, ...], secret_file: str | None, as_json: bool) -> None:
+    """Nodes, topology version, partition states and moves in progress."""
+    from .errors import NodeError
+    from .status import collect, render
+    from .wire import Pool, load_secret
+    try:
+        pool = Pool(load_secret(secret_file), role="client")
+        last: Exception | None = None
+        for s in seed:
+            try:
+                doc = collect(pool, s)
+                break
+            except NodeError as e:
+                last = e
+        else:
+            raise last  # type: ignore[misc]
+    except NodeError as e:
+        _fail(e)
+    click.echo(json.dumps(doc, indent=1) if as_json else render(doc))
+
+
+def _client(seed: tuple[str, ...], secret_file: str | None):  # type: ignore[no-untyped-def]
+    from .client import Client
+    return Client(list(seed), secret_file=secret_file)
+
+
+@cluster.command("put")
+@_seed
+@_secret
+@click.option("--cache", default="default", show_default=True)
+@click.argument("key")
+@click.argument("value")
+def put_cmd(seed: tuple[str, ...], secret_file: str | None, cache: str, key: str, value: str) -> None:
+    """Store VALUE under KEY (UTF-8); prints the update counter once acknowledged."""
+    from .errors import NodeError
+    try:
+        with _client(seed, secret_file) as c:
+            click.echo(f"ok counter={c.put(cache, key, value)}")
+    except NodeError as e:
+        _fail(e)
+
+
+@cluster.command("get")
+@_seed
+@_secret
+@click.option("--cache", default="default", show_default=True)
+@click.argument("key")
+def get_cmd(seed: tuple[str, ...], secret_file: str | None, cache: str, key: str) -> None:
+    """Print the value of KEY (exit status 1 when absent)."""
+    from .errors import NodeError
+    try:
+        with _client(seed, secret_file) as c:
+            v = c.get(cache, key)
+    except NodeError as e:
+        _fail(e)
+    if v is None:
+        click.echo("(absent)", err=True)
+        sys.exit(1)
+    click.echo(v.decode("utf-8", errors="backslashreplace"))
+
+
+@cluster.command("remove")
+@_seed
+@_secret
+@click.option("--cache", default="default", show_default=True)
+@click.argument("key")
+def remove_cmd(seed: tuple[str, ...], secret_file: str | None, cache: str, key: str) -> None:
+    """Remove KEY; prints the update counter once acknowledged."""
+    from .errors import NodeError
+    try:
+        with _client(seed, secret_file) as c:
+            click.echo(f"ok counter={c.remove(cache, key)}")
+    except NodeError as e:
+        _fail(e)
+
+
+@cluster.command("leave")
+@_seed
+@_secret
+@click.argument("node_id")
+def leave_cmd(seed: tuple[str, ...], secret_file: str | None, node_id: str) -> None:
+    """Ask NODE_ID to leave gracefully: its partitions move away, then it exits."""
+    from .errors import NodeError
+    from .wire import Pool, load_secret
+    try:
+        Pool(load_secret(secret_file), role="client").call(seed[0], "leave", node=node_id)
+    except NodeError as e:
+        _fail(e)
+    click.echo(f"{node_id} is leaving")

@@ -1,0 +1,213 @@
+"""Node configuration: a TOML file (read with :mod:`tomllib`) plus flags that override it.
+
+Every key, its default and its meaning are listed in ``docs/node.md``. The cache layout
+(names, partition counts, backups, indexes) must be the same on every node of a cluster:
+the coordinator refuses a join whose caches differ.
+"""
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from .errors import ConfigError
+
+DEFAULT_PARTITIONS = 64
+DEFAULT_BACKUPS = 1
+# Why these limits: a key must fit in one data page of a partition file (values may
+# spill to overflow pages), and a request must fit in one control frame (1 MiB).
+MAX_KEY_BYTES = 512
+MAX_VALUE_BYTES = 512 * 1024
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
+
+
+@dataclass(frozen=True)
+class IndexConfig:
+    name: str
+    field: str
+    unique: bool = False
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    name: str = "default"
+    partitions: int = DEFAULT_PARTITIONS
+    backups: int = DEFAULT_BACKUPS
+    indexes: tuple[IndexConfig, ...] = ()
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"name": self.name, "partitions": self.partitions, "backups": self.backups,
+                "indexes": [asdict(i) for i in self.indexes]}
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> "CacheConfig":
+        return cls(d["name"], int(d["partitions"]), int(d["backups"]),
+                   tuple(IndexConfig(i["name"], i["field"], bool(i.get("unique", False)))
+                         for i in d.get("indexes", ())))
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    id: str
+    data: str
+    listen: str = "127.0.0.1:7001"
+    advertise: str | None = None          # address others use; defaults to listen
+    secret_file: str | None = None
+    join: tuple[str, ...] = ()
+    metrics_listen: str | None = None     # "HOST:PORT" for Prometheus text; None = off
+    log_level: str = "INFO"
+    caches: tuple[CacheConfig, ...] = (CacheConfig(),)
+    wal_sync: str = "group"
+    checkpoint_interval_s: float = 5.0
+    page_size: int = 4096
+    memory_budget: int = 64 << 20
+    transfer_rate_limit: int = 0          # bytes/s, 0 = unlimited (used by the files mode)
+    transfer_concurrency: int = 4         # partitions moved at once
+    rebalance_mode: str = "messages"
+    rebalance_batch: int = 512            # entries per batch in the messages mode
+    heartbeat_interval_s: float = 0.5
+    failure_timeout_s: float = 3.0
+    max_key_bytes: int = MAX_KEY_BYTES
+    max_value_bytes: int = MAX_VALUE_BYTES
+    source: str | None = field(default=None, compare=False)   # the TOML file, if any
+
+    @property
+    def address(self) -> str:
+        return self.advertise or self.listen
+
+    def cache(self, name: str) -> CacheConfig:
+        for c in self.caches:
+            if c.name == name:
+                return c
+        raise ConfigError(f"unknown cache {name!r}; configured: {', '.join(c.name for c in self.caches)}")
+
+
+def parse_address(addr: str) -> tuple[str, int]:
+    host, sep, port = str(addr).rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"bad address {addr!r}: expected HOST:PORT, e.g. 127.0.0.1:7001")
+    return host, int(port)
+
+
+def _caches(raw: Any, where: str) -> tuple[CacheConfig, ...]:
+    if not isinstance(raw, list) or not raw:
+        raise ConfigError(f"{where}: 'caches' must be a non-empty array of tables ([[caches]])")
+    out = []
+    for i, c in enumerate(raw):
+        if not isinstance(c, dict):
+            raise ConfigError(f"{where}: caches[{i}] must be a table")
+        name = c.get("name", "default")
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise ConfigError(f"{where}: caches[{i}].name {name!r} must be 1-64 letters, digits, _ . -")
+        parts, backups = c.get("partitions", DEFAULT_PARTITIONS), c.get("backups", DEFAULT_BACKUPS)
+        if not isinstance(parts, int) or not 1 <= parts <= 65536:
+            raise ConfigError(f"{where}: caches[{i}].partitions must be an integer 1..65536")
+        if not isinstance(backups, int) or not 0 <= backups <= 8:
+            raise ConfigError(f"{where}: caches[{i}].backups must be an integer 0..8")
+        idx = []
+        for j, d in enumerate(c.get("indexes", [])):
+            if not isinstance(d, dict) or not isinstance(d.get("name"), str) \
+                    or not isinstance(d.get("field"), str) or not _NAME.match(d["name"]):
+                raise ConfigError(f"{where}: caches[{i}].indexes[{j}] needs string 'name' and 'field'")
+            idx.append(IndexConfig(d["name"], d["field"], bool(d.get("unique", False))))
+        out.append(CacheConfig(name, parts, backups, tuple(idx)))
+    if len({c.name for c in out}) != len(out):
+        raise ConfigError(f"{where}: cache names must be unique")
+    return tuple(out)
+
+
+# TOML table.key -> NodeConfig field
+_KEYS: dict[tuple[str, ...], str] = {
+    ("id",): "id", ("data",): "data", ("listen",): "listen", ("advertise",): "advertise",
+    ("secret_file",): "secret_file", ("join",): "join", ("metrics_listen",): "metrics_listen",
+    ("log_level",): "log_level",
+    ("wal", "sync"): "wal_sync",
+    ("checkpoint", "interval_s"): "checkpoint_interval_s",
+    ("checkpoint", "page_size"): "page_size",
+    ("checkpoint", "memory_budget"): "memory_budget",
+    ("transfer", "rate_limit"): "transfer_rate_limit",
+    ("transfer", "concurrency"): "transfer_concurrency",
+    ("rebalance", "mode"): "rebalance_mode",
+    ("rebalance", "batch"): "rebalance_batch",
+    ("membership", "heartbeat_interval_s"): "heartbeat_interval_s",
+    ("membership", "failure_timeout_s"): "failure_timeout_s",
+    ("limits", "max_key_bytes"): "max_key_bytes",
+    ("limits", "max_value_bytes"): "max_value_bytes",
+}
+
+
+def _flatten(doc: dict[str, Any], where: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    known_tables = {k[0] for k in _KEYS if len(k) == 2} | {"caches"}
+    for key, val in doc.items():
+        if key == "caches":
+            out["caches"] = _caches(val, where)
+        elif (key,) in _KEYS:
+            out[_KEYS[(key,)]] = val
+        elif key in known_tables and isinstance(val, dict):
+            for sub, v in val.items():
+                if (key, sub) not in _KEYS:
+                    raise ConfigError(f"{where}: unknown key [{key}].{sub}")
+                out[_KEYS[(key, sub)]] = v
+        else:
+            raise ConfigError(f"{where}: unknown key {key!r} (see docs/node.md for the keys)")
+    return out
+
+
+def load(path: str | None = None, **flags: Any) -> NodeConfig:
+    """Read ``path`` (TOML, optional) and apply ``flags`` (None values are ignored)."""
+    values: dict[str, Any] = {}
+    where = path or "flags"
+    if path:
+        try:
+            with open(path, "rb") as f:
+                doc = tomllib.load(f)
+        except OSError as e:
+            raise ConfigError(f"cannot read config {path}: {e.strerror}") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"config {path} is not valid TOML: {e}") from None
+        values.update(_flatten(doc, path))
+        base = os.path.dirname(os.path.abspath(path))
+        for k in ("data", "secret_file"):  # relative paths are relative to the file
+            if isinstance(values.get(k), str) and not os.path.isabs(values[k]):
+                values[k] = os.path.join(base, values[k])
+    for k, v in flags.items():
+        if v is not None and v != ():
+            values[k] = v
+    if isinstance(values.get("join"), str):
+        values["join"] = (values["join"],)
+    values["join"] = tuple(values.get("join", ()))
+    for req in ("id", "data"):
+        if not values.get(req):
+            raise ConfigError(f"{where}: '{req}' is required (set it in the file or pass --{req})")
+    if not isinstance(values["id"], str) or not _NAME.match(values["id"]):
+        raise ConfigError(f"{where}: node id {values['id']!r} must be 1-64 letters, digits, _ . -")
+    cfg = NodeConfig(**values, source=path)
+    return validate(cfg)
+
+
+def validate(cfg: NodeConfig) -> NodeConfig:
+    parse_address(cfg.listen)
+    if cfg.advertise:
+        parse_address(cfg.advertise)
+    for a in cfg.join:
+        parse_address(a)
+    if cfg.metrics_listen:
+        parse_address(cfg.metrics_listen)
+    if cfg.wal_sync not in ("group", "always", "none"):
+        raise ConfigError(f"wal.sync must be group, always or none (got {cfg.wal_sync!r})")
+    if cfg.rebalance_mode not in ("messages", "files"):
+        raise ConfigError(f"rebalance.mode must be 'messages' or 'files' (got {cfg.rebalance_mode!r})")
+    if not cfg.heartbeat_interval_s > 0 or not cfg.failure_timeout_s > cfg.heartbeat_interval_s:
+        raise ConfigError("membership: need 0 < heartbeat_interval_s < failure_timeout_s")
+    if cfg.rebalance_batch < 1 or cfg.transfer_concurrency < 1:
+        raise ConfigError("rebalance.batch and transfer.concurrency must be >= 1")
+    if cfg.max_key_bytes < 1 or cfg.max_value_bytes < 0:
+        raise ConfigError("limits: max_key_bytes must be >= 1 and max_value_bytes >= 0")
+    return cfg
+
+
+def with_overrides(cfg: NodeConfig, **changes: Any) -> NodeConfig:
+    return validate(replace(cfg, **changes))

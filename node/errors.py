@@ -1,0 +1,92 @@
+"""The node package's errors: one subclass of :class:`FerryError` per kind of failure.
+
+Errors that cross the wire carry a short ``code`` so the client can tell a refusal
+(bad input, wrong secret) from a transient condition it should retry (not primary,
+replication failed, no owner yet)."""
+from __future__ import annotations
+
+from faults import FerryError
+
+
+class NodeError(FerryError):
+    """Base of every error the node package raises on purpose."""
+
+    code = "internal"
+    retry = False
+
+    def __init__(self, message: str) -> None:
+        self.reason = message
+        super().__init__(message)
+
+
+class ConfigError(NodeError):
+    """A config file or flag is invalid; the message names the key and what to do."""
+
+    code = "config"
+
+
+class IllegalTransition(NodeError):
+    """A partition state change that the state table does not allow."""
+
+    code = "illegal_transition"
+
+
+class DataDirLocked(NodeError):
+    """Another node process holds the data directory."""
+
+    code = "locked"
+
+
+class AuthFailed(NodeError):
+    """The peer did not prove it knows the cluster secret (or we did not)."""
+
+    code = "auth"
+
+
+class BadRequest(NodeError):
+    """A malformed request: unknown method, missing or mistyped field."""
+
+    code = "bad_request"
+
+
+class TooLarge(NodeError):
+    """A key or value over the documented limits."""
+
+    code = "too_large"
+
+
+class NotPrimary(NodeError):
+    """This node is not the primary of the partition; ``hint`` names who may be."""
+
+    code = "not_primary"
+    retry = True
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        self.hint = hint
+        super().__init__(message)
+
+
+class Unavailable(NodeError):
+    """The cluster cannot serve the request now (no owner, replication failed, node
+    shutting down); retrying later may succeed."""
+
+    code = "unavailable"
+    retry = True
+
+
+class RemoteFailure(NodeError):
+    """The peer answered with an error; ``code`` is the peer's code."""
+
+    def __init__(self, code: str, message: str, hint: str | None = None) -> None:
+        self.code = code
+        self.hint = hint
+        self.retry = code in RETRYABLE
+        super().__init__(message)
+
+
+RETRYABLE = {NotPrimary.code, Unavailable.code}
+
+BY_CODE: dict[str, type[NodeError]] = {
+    c.code: c for c in (ConfigError, IllegalTransition, AuthFailed, BadRequest, TooLarge,
+                        NotPrimary, Unavailable)
+}

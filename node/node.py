@@ -1,0 +1,257 @@
+"""The node process: storage recovery, the data-dir lock, the RPC server, and the
+handlers every request is dispatched to.
+
+Start-up order (nothing is served before recovery ends):
+lock ``DATA/LOCK`` -> check/write ``DATA/node.id`` -> open every cache (checkpoint +
+WAL recovery) -> load partition states -> listen -> join (or bootstrap) -> heartbeats,
+reconcile, metrics. SIGTERM: stop serving, checkpoint every cache, close, exit 0.
+"""
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import threading
+import time
+import uuid
+from typing import Any, Callable
+
+from faults import fileio
+
+from . import metrics as metrics_mod
+from .cluster_map import ClusterMap
+from .config import NodeConfig
+from .errors import BadRequest, DataDirLocked, NodeError
+from .membership import Membership
+from .rebalance import Rebalancer
+from .rpc import RpcServer
+from .states import State, StateTable
+from .storage import CacheData
+from .updates import UpdatePath
+from .wire import Pool, load_secret
+
+log = logging.getLogger("ferry.node")
+CLEAN = "clean-shutdown"   # present only after a graceful stop: indexes need no rebuild
+
+
+def lock_data_dir(data: str) -> int:
+    os.makedirs(data, exist_ok=True)
+    path = os.path.join(data, "LOCK")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        holder = open(path).read().strip() or "another process"
+        raise DataDirLocked(f"data dir {data} is in use by {holder}; stop that node first "
+                            "(two nodes on one data dir would corrupt it)") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"pid {os.getpid()}\n".encode())
+    return fd
+
+
+def claim_node_id(data: str, node_id: str) -> None:
+    path = os.path.join(data, "node.id")
+    try:
+        have = open(path).read().strip()
+    except FileNotFoundError:
+        fileio.atomic_write(path, (node_id + "\n").encode())
+        return
+    if have != node_id:
+        raise NodeError(f"data dir {data} belongs to node {have!r}, not {node_id!r}; "
+                        "use that id or another data dir")
+
+
+class Node(Membership, UpdatePath, Rebalancer):
+    def __init__(self, cfg: NodeConfig) -> None:
+        self.cfg = cfg
+        self.id = cfg.id
+        self.boot = uuid.uuid4().hex[:12]
+        self.secret = load_secret(cfg.secret_file)
+        self._lock_fd = lock_data_dir(cfg.data)
+        claim_node_id(cfg.data, cfg.id)
+        self.metrics = metrics_mod.Metrics()
+        self.stopping, self.joined, self.leaving, self.left = (threading.Event() for _ in range(4))
+        self._reconcile_event, self._publish_event, self._report_dirty = (threading.Event() for _ in range(3))
+        self.map_lock = threading.RLock()
+        self._save_lock = threading.Lock()
+        self.map = ClusterMap({c.name: c for c in cfg.caches})
+        self.coord = None
+        self._plocks: dict[tuple[str, int], threading.RLock] = {}
+        self._plocks_lock = threading.Lock()
+        self.fenced: dict[tuple[str, int], float] = {}
+        self.copies: dict[tuple[str, int], dict[str, str]] = {}
+        self.sessions: dict[str, Any] = {}
+        self.moves: dict[tuple[str, int], Any] = {}
+        self.moves_lock = threading.Lock()
+        self.handoffs: set[tuple[str, int]] = set()
+        self.last_applied: dict[tuple[str, int], float] = {}
+        t0 = time.monotonic()
+        clean_marker = os.path.join(cfg.data, CLEAN)
+        clean = os.path.exists(clean_marker)
+        if clean:
+            fileio.layer().unlink(clean_marker)
+            fileio.layer().fsync_dir(cfg.data)
+        self.data = {c.name: CacheData(cfg, c, clean=clean) for c in cfg.caches}   # recovery here
+        self.states = StateTable(cfg.data, on_change=self._state_changed)
+        self.stale: set[tuple[str, int]] = {k for k, s in self.states.items() if s == State.OWNING}
+        self._finish_interrupted()
+        log.info("stage=recovery node=%s recovered %d cache(s) in %.2fs", self.id,
+                 len(self.data), time.monotonic() - t0)
+        self.pool = Pool(self.secret, role="node")
+        self.server: RpcServer | None = None
+        self.http = None
+        self.metrics.collectors.append(self._collect)
+
+    def plock(self, cache: str, p: int) -> threading.RLock:
+        with self._plocks_lock:
+            return self._plocks.setdefault((cache, p), threading.RLock())
+
+    def _finish_interrupted(self) -> None:
+        """A crash may leave RENTING partitions whose data is not yet deleted."""
+        for (cache, p), s in self.states.items():
+            if s == State.RENTING:
+                self.data[cache].drop(p)
+                self.states.set(cache, p, State.EVICTED, reason="eviction resumed at restart")
+            elif s in (State.EVICTED, State.LOST) and p in self.data[cache].partitions():
+                self.data[cache].drop(p)
+
+    def _state_changed(self, cache: str, p: int, old: State | None, new: State) -> None:
+        log.info("stage=state cache=%s partition=%d %s -> %s", cache, p, old.value if old else "absent", new.value)
+        self._report_dirty.set()
+
+    # -- lifecycle ----------------------------------------------------------------
+    def start(self) -> None:
+        self.server = RpcServer(self.cfg.listen, self.secret, self.dispatch)
+        self.server.start()
+        threading.Thread(target=self._publisher, name="publisher", daemon=True).start()
+        self.join_cluster()
+        self.joined.set()
+        threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True).start()
+        threading.Thread(target=self._reconcile_loop, name="reconcile", daemon=True).start()
+        if self.cfg.metrics_listen:
+            self.http = metrics_mod.serve(self.cfg.metrics_listen, self.metrics)
+        self.wake()
+        log.info("stage=serving node=%s listening on %s", self.id, self.cfg.listen)
+
+    def stop(self) -> None:
+        """Graceful: stop serving, checkpoint, close. The data dir lock goes last."""
+        self.stopping.set()
+        self._reconcile_event.set()
+        self._publish_event.set()
+        if self.server:
+            self.server.stop()
+        if self.http:
+            self.http.shutdown()
+        for name, d in self.data.items():
+            t0 = time.monotonic()
+            try:
+                d.checkpoint()
+            except Exception as e:
+                log.error("stage=shutdown cache=%s checkpoint failed: %s", name, e)
+            self.metrics.observe("ferry_node_checkpoint_seconds", time.monotonic() - t0)
+            d.close()
+        fileio.atomic_write(os.path.join(self.cfg.data, CLEAN), b"clean\n")
+        self.pool.close()
+        os.close(self._lock_fd)
+        log.info("stage=shutdown node=%s stopped", self.id)
+
+    # -- dispatch -----------------------------------------------------------------
+    def dispatch(self, method: str, args: dict[str, Any], role: str) -> Any:
+        fn: Callable[..., Any] | None = getattr(self, "op_" + method, None) if method in METHODS else None
+        if fn is None:
+            raise BadRequest(f"unknown method {method!r}")
+        if role != "node" and method not in CLIENT_METHODS:
+            raise BadRequest(f"method {method!r} is for nodes only")
+        return fn(**args)
+
+    # membership handlers
+    def op_ping(self) -> dict[str, Any]:
+        return {"id": self.id, "boot": self.boot, "epoch": self.map.epoch}
+
+    def op_get_map(self) -> dict[str, Any]:
+        with self.map_lock:
+            return self.map.to_wire()
+
+    def op_map(self, map: dict[str, Any]) -> bool:  # noqa: A002 (wire name)
+        return self.adopt(map)
+
+    def _coord_or_redirect(self) -> Any:
+        if self.coord is None:
+            with self.map_lock:
+                addr = self.map.address(self.map.coordinator)
+            return {"redirect": addr} if addr else None
+        return None
+
+    def op_join(self, node: str, address: str, boot: str, caches: list[Any], report: dict[str, Any]) -> Any:
+        if not self.joined.is_set() and self.coord is None:
+            from .errors import Unavailable
+            raise Unavailable(f"{self.id} is not in a cluster yet")
+        red = self._coord_or_redirect()
+        if red is not None:
+            return red
+        return {"map": self.coord.join(node, address, boot, caches, report)}
+
+    def op_heartbeat(self, node: str, boot: str, epoch: int, report: dict[str, Any] | None = None) -> Any:
+        if self.coord is None:
+            # Alive but not (yet) coordinator: the sender's successor has not detected the
+            # old coordinator's failure yet. Not a failure of this node.
+            return {"member": True, "map": None, "not_coordinator": True}
+        member = (self.coord.report(node, boot, report) if report is not None
+                  else self.coord.heartbeat(node, boot))
+        with self.map_lock:
+            stale = epoch < self.map.epoch
+            return {"member": member, "map": self.map.to_wire() if stale and member else None}
+
+    def op_report(self, node: str, boot: str, report: dict[str, Any]) -> bool:
+        return self.coord.report(node, boot, report) if self.coord else False
+
+    def op_set_primary(self, cache: str, p: int, node: str, previous: str | None) -> bool:
+        return self.coord.set_primary(cache, p, node, previous) if self.coord else False
+
+    def op_leave(self, node: str | None = None) -> bool:
+        """Asked of any node: that node (default this one) leaves gracefully."""
+        if node not in (None, self.id):
+            with self.map_lock:
+                addr = self.map.address(node)
+            if addr is None:
+                raise BadRequest(f"no member {node!r}")
+            return self.pool.call(addr, "leave")
+        self.leaving.set()
+        self.call_coordinator("leave_member", node=self.id)
+        self.wake()
+        return True
+
+    def op_leave_member(self, node: str) -> bool:
+        self.coord.leave(node)
+        return True
+
+    def op_leave_done(self, node: str) -> bool:
+        self.coord.leave_done(node)
+        return True
+
+    def op_moves(self) -> list[dict[str, Any]]:
+        return [mv.status(self.id) for mv in list(self.moves.values())]
+
+    def op_metrics(self) -> str:
+        return self.metrics.render()
+
+    def _collect(self, m: metrics_mod.Metrics) -> None:
+        counts: dict[tuple[str, str], int] = {}
+        for (cache, _), s in self.states.items():
+            counts[(cache, s.value)] = counts.get((cache, s.value), 0) + 1
+        for cache in self.data:
+            for s in State:
+                m.set("ferry_node_partitions", counts.get((cache, s.value), 0), cache=cache, state=s.value)
+        m.set("ferry_node_moves_in_progress", len(self.moves))
+        m.set("ferry_node_topology_version", self.map.version)
+        now = time.time()
+        for (cache, p), t in list(self.last_applied.items()):
+            m.set("ferry_node_replication_lag_seconds", now - t, cache=cache, partition=str(p))
+
+
+CLIENT_METHODS = {"ping", "get_map", "put", "get", "remove", "lookup", "range", "moves",
+                  "metrics", "leave"}
+METHODS = CLIENT_METHODS | {"map", "join", "heartbeat", "report", "set_primary", "leave_member",
+                            "leave_done", "replicate", "demand", "fetch", "demand_done",
+                            "handoff", "unfence"}

@@ -1,0 +1,245 @@
+"""Message-based rebalancing (``rebalance.mode = "messages"``) and the reconcile loop
+that turns each new map into moves, hand-offs and evictions.
+
+The move of partition p to this node (the demander), stage by stage:
+
+``prepare``  p -> MOVING (durable); local data of p dropped; a buffer (:class:`MemorySink`,
+             the hook that the file-based mode replaces by a temp WAL) starts taking the
+             updates the primary replicates to this MOVING copy.
+``demand``   DEMAND to the primary: under its partition lock it registers this node as
+             a copy (every later update is replicated here) and snapshots the entries
+             with their counters as of counter C.
+``fetch``    batches of entries (ascending counter) applied with ``apply(counter)``,
+             the normal backup path (data + indexes).
+``catchup``  under the partition lock: buffered updates with counter > C applied in
+             order (they must be contiguous from C+1, else the move restarts), then
+             p -> OWNING; later updates take the normal path.
+
+A failure at any stage restarts the move from ``prepare``; a restart of the process
+finds p MOVING and does the same. Old owners go RENTING -> EVICTED once every ideal
+owner reports OWNING and they are not primary.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from faults import crashpoint
+
+from .errors import NodeError, Unavailable
+from .states import State
+
+log = logging.getLogger("ferry.node.rebalance")
+FETCH_BYTES = 512 * 1024       # per batch: well under one 1 MiB frame
+FENCE_SECONDS = 10.0           # a hand-off that is not confirmed in this time is undone
+
+
+class MemorySink:
+    """Updates replicated to a MOVING copy, kept until catch-up (messages mode)."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[int, bytes, bytes | None]] = []
+
+    def append(self, counter: int, key: bytes, value: bytes | None) -> None:
+        self.items.append((counter, key, value))
+
+    def drain(self) -> list[tuple[int, bytes, bytes | None]]:
+        out, self.items = self.items, []
+        return out
+
+    def backlog(self) -> int:
+        return len(self.items)
+
+
+@dataclass
+class Move:
+    cache: str
+    p: int
+    source: str | None = None
+    stage: str = "prepare"
+    bytes: int = 0
+    bytes_total: int = 0
+    started: float = field(default_factory=time.monotonic)
+    sink: Any = None
+    cancelled: bool = False
+
+    def status(self, me: str) -> dict[str, Any]:
+        elapsed = max(time.monotonic() - self.started, 1e-6)
+        rate = self.bytes / elapsed
+        left = max(self.bytes_total - self.bytes, 0)
+        return {"cache": self.cache, "partition": self.p, "from": self.source, "to": me,
+                "stage": self.stage, "bytes": self.bytes, "bytes_total": self.bytes_total,
+                "rate_bps": round(rate, 1), "backlog": self.sink.backlog() if self.sink else 0,
+                "eta_s": round(left / rate, 1) if rate > 0 and self.bytes_total else None}
+
+
+class Rebalancer:
+    # -- demander -----------------------------------------------------------------
+    def start_move(self, cache: str, p: int, why: str) -> bool:
+        """Start pulling p unless it is already moving or the concurrency limit is
+        reached (then the next reconcile tries again); True when started."""
+        key = (cache, p)
+        with self.moves_lock:
+            if key in self.moves or len(self.moves) >= self.cfg.transfer_concurrency:
+                return False
+            mv = Move(cache, p)
+            self.moves[key] = mv
+            self.stale.discard(key)   # the move replaces whatever the copy held
+        log.info("stage=prepare cache=%s partition=%d move starts: %s", cache, p, why)
+        threading.Thread(target=self._run_move, args=(mv,), name=f"move-{cache}-{p}", daemon=True).start()
+        return True
+
+    def request_resync(self, cache: str, p: int, why: str) -> None:
+        """An OWNING copy that may be stale becomes MOVING and pulls p again."""
+        self.states.set(cache, p, State.MOVING, reason=f"resync: {why}")
+        self.stale.discard((cache, p))
+        self.wake()
+
+    def _run_move(self, mv: Move) -> None:
+        cache, p, data = mv.cache, mv.p, self.data[mv.cache]
+        try:
+            while not mv.cancelled and not self.stopping.is_set():
+                try:
+                    if self._move_once(mv, data):
+                        return
+                except NodeError as e:
+                    log.warning("stage=%s cache=%s partition=%d move attempt failed: %s; retrying",
+                                mv.stage, cache, p, e)
+                self.stopping.wait(0.5)
+        except Exception:
+            log.exception("stage=%s cache=%s partition=%d move crashed", mv.stage, cache, p)
+        finally:
+            with self.moves_lock:
+                self.moves.pop((cache, p), None)
+            self.wake()
+
+    def _move_once(self, mv: Move, data: Any) -> bool:
+        cache, p = mv.cache, mv.p
+        mv.stage, mv.bytes, mv.bytes_total = "prepare", 0, 0
+        with self.plock(cache, p):
+            if self.states.get(cache, p) != State.MOVING:
+                self.states.set(cache, p, State.MOVING, reason="move")
+            data.drop(p)
+            data.create(p)
+            mv.sink = MemorySink()
+        with self.map_lock:
+            prim = self.map.primaries[cache][p]
+            addr = self.map.address(prim)
+            anyone = self.map.holders(cache, p, State.OWNING)
+        if prim is None or prim == self.id or addr is None:
+            if not anyone and self.map.primaries[cache][p] is None:
+                self.states.set(cache, p, State.LOST, reason="no owner left to pull from")
+                log.error("stage=demand cache=%s partition=%d LOST: no live owner", cache, p)
+                return True
+            raise Unavailable(f"no primary for {cache}/{p} yet")
+        mv.source, mv.stage = prim, "demand"
+        r = self.pool.call(addr, "demand", cache=cache, p=p, node=self.id, address=self.cfg.address)
+        sid, C = r["session"], int(r["counter"])
+        mv.bytes_total = int(r["bytes"])
+        crashpoint("demander.after_demand")
+        mv.stage, offset = "fetch", 0
+        while True:
+            if mv.cancelled:
+                return True
+            b = self.pool.call(addr, "fetch", session=sid, offset=offset, max_bytes=FETCH_BYTES, timeout=30.0)
+            with self.plock(cache, p):
+                for k, v, c in b["entries"]:
+                    data.apply(p, k, v, c)
+                    mv.bytes += len(k) + (len(v) if v else 0)
+            offset = b["next"]
+            if b["done"]:
+                break
+        mv.stage = "catchup"
+        with self.plock(cache, p):
+            items = [it for it in mv.sink.drain() if it[0] > C]
+            for i, (c, _, _) in enumerate(items):
+                if c != C + 1 + i:
+                    raise Unavailable(f"buffered updates of {cache}/{p} have a gap at {C + 1 + i} "
+                                      f"(got {c}); restarting the move")
+            for c, k, v in items:
+                data.apply(p, k, v, c)
+            want = items[-1][0] if items else C
+            if data.counter(p) != want:
+                raise Unavailable(f"{cache}/{p} at counter {data.counter(p)} after catch-up, "
+                                  f"expected {want}; restarting the move")
+            crashpoint("demander.before_owning")
+            self.states.set(cache, p, State.OWNING, reason="messages move complete")
+            mv.sink = None
+        crashpoint("demander.after_owning")
+        log.info("stage=owning cache=%s partition=%d from %s: %d bytes, counter %d",
+                 cache, p, mv.source, mv.bytes, want)
+        self.metrics.inc("ferry_node_moves_done_total", cache=cache)
+        self.metrics.inc("ferry_node_move_bytes_total", mv.bytes, cache=cache)
+        try:
+            self.pool.call(addr, "demand_done", session=sid)
+        except NodeError:
+            pass
+        return True
+
+    # -- supplier -----------------------------------------------------------------
+    def op_demand(self, cache: str, p: int, node: str, address: str) -> dict[str, Any]:
+        self._serving()
+        data = self.data[cache]
+        with self.plock(cache, p):
+            if self.states.get(cache, p) != State.OWNING:
+                raise Unavailable(f"{self.id} does not own {cache}/{p}")
+            self.copies.setdefault((cache, p), {})[node] = address
+            C = data.counter(p)
+            entries = sorted(data.entries(p), key=lambda e: e[2])
+        sid = uuid.uuid4().hex
+        total = sum(len(k) + (len(v) if v else 0) for k, v, _ in entries)
+        self.sessions[sid] = (entries, time.monotonic())
+        log.info("stage=supply cache=%s partition=%d to %s: %d entries, %d bytes at counter %d",
+                 cache, p, node, len(entries), total, C)
+        return {"session": sid, "counter": C, "count": len(entries), "bytes": total}
+
+    def op_fetch(self, session: str, offset: int, max_bytes: int = FETCH_BYTES) -> dict[str, Any]:
+        got = self.sessions.get(session)
+        if got is None:
+            raise Unavailable(f"no transfer session {session} on {self.id} (restarted?)")
+        entries, size, out = got[0], 0, []
+        i = offset
+        while i < len(entries) and (size < max_bytes or not out):
+            k, v, c = entries[i]
+            out.append([k, v, c])
+            size += len(k) + (len(v) if v else 0) + 16
+            i += 1
+        return {"entries": out, "next": i, "done": i >= len(entries)}
+
+    def op_demand_done(self, session: str) -> bool:
+        return self.sessions.pop(session, None) is not None
+
+    # -- hand-off of the primary role ---------------------------------------------
+    def op_handoff(self, cache: str, p: int, to: str) -> int:
+        """Fence p (stop taking writes) so ``to`` can become primary; returns the counter."""
+        with self.plock(cache, p):
+            if not self.leads(cache, p):
+                raise self._not_primary(cache, p)
+            self.fenced[(cache, p)] = time.monotonic() + FENCE_SECONDS
+            return self.data[cache].counter(p)
+
+    def op_unfence(self, cache: str, p: int) -> bool:
+        return self.fenced.pop((cache, p), None) is not None
+
+    def _take_primary(self, cache: str, p: int, prim: str) -> None:
+        addr = self.map.address(prim)
+        try:
+            theirs = self.pool.call(addr, "handoff", cache=cache, p=p, to=self.id)
+            with self.plock(cache, p):
+                mine = self.data[cache].counter(p)
+            ok = mine == theirs and self.call_coordinator("set_primary", cache=cache, p=p,
+                                                          node=self.id, previous=prim)
+            if not ok:
+                self.pool.call(addr, "unfence", cache=cache, p=p)
+                log.info("stage=handoff cache=%s partition=%d not taken (counter %d vs %d)",
+                         cache, p, mine, theirs)
+            else:
+                self.refresh_map()
+        except NodeError as e:
+            log.info("stage=handoff cache=%s partition=%d from %s failed: %s", cache, p, prim, e)
+        finally:
+            self.handoffs.discard((cache, p))

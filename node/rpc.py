@@ -1,0 +1,124 @@
+"""The node's TCP server: one thread per connection, the handshake first, then
+REQUEST/REPLY frames (see :mod:`node.wire`).
+
+Failures are contained per request: a handler error becomes an error REPLY; a
+malformed REQUEST (not a map, unknown method, bad arguments) becomes a ``bad_request``
+REPLY; a frame that breaks the framing gets an ERROR frame and only that connection
+is closed. The server keeps serving every other connection.
+"""
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from typing import Any, Callable
+
+from transfer import frames
+from transfer.errors import FrameError, PeerClosed, TransferError
+from transfer.transport import SocketConn
+
+from .config import parse_address
+from .errors import AuthFailed, BadRequest, NodeError
+from .wire import NodeFrame, authenticate_incoming, error_body
+
+log = logging.getLogger("ferry.node.rpc")
+
+Dispatch = Callable[[str, dict[str, Any], str], Any]   # (method, args, role) -> result
+
+
+class RpcServer:
+    def __init__(self, listen: str, secret: bytes, dispatch: Dispatch, *,
+                 idle_timeout: float = 300.0) -> None:
+        host, port = parse_address(listen)
+        self.secret = secret
+        self.dispatch = dispatch
+        self.idle_timeout = idle_timeout
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self.sock.bind((host, port))
+        except OSError as e:
+            self.sock.close()
+            raise NodeError(f"cannot listen on {listen}: {e.strerror}; is another process using it?") from None
+        self.sock.listen(128)
+        self.port = self.sock.getsockname()[1]
+        self._stop = threading.Event()
+        self._conns: set[SocketConn] = set()
+        self._lock = threading.Lock()
+        self.thread = threading.Thread(target=self._accept, name="rpc-accept", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                s, addr = self.sock.accept()
+            except OSError:
+                return
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn = SocketConn(s, "%s:%s" % addr[:2])
+            threading.Thread(target=self._serve, args=(conn,), name=f"rpc-{conn.peer}",
+                             daemon=True).start()
+
+    def _serve(self, conn: SocketConn) -> None:
+        with self._lock:
+            self._conns.add(conn)
+        try:
+            conn.set_timeout(10.0)   # a peer that never finishes the handshake is dropped
+            try:
+                role = authenticate_incoming(conn, self.secret)
+            except AuthFailed as e:
+                log.warning("stage=auth refused %s: %s", conn.peer, e)
+                return
+            conn.set_timeout(self.idle_timeout)
+            while not self._stop.is_set():
+                try:
+                    fr = frames.read_frame(conn, expect=[NodeFrame.REQUEST])
+                except PeerClosed:
+                    return
+                except FrameError as e:
+                    log.warning("stage=rpc bad frame from %s: %s", conn.peer, e)
+                    frames.send_error(conn, e.code, e.reason)
+                    return
+                except TransferError as e:
+                    log.warning("stage=rpc connection from %s: %s", conn.peer, e)
+                    return
+                body = self._handle(fr.body, role)
+                try:
+                    frames.write_frame(conn, NodeFrame.REPLY, body)
+                except FrameError as e:  # the result itself is too big for one frame
+                    frames.write_frame(conn, NodeFrame.REPLY, {"id": fr.body.get("id"), "ok": False,
+                                                               "e": error_body(NodeError(str(e)))})
+                except TransferError:
+                    return
+        finally:
+            with self._lock:
+                self._conns.discard(conn)
+            conn.close()
+
+    def _handle(self, req: dict[str, Any], role: str) -> dict[str, Any]:
+        rid = req.get("id")
+        try:
+            method, args = req.get("m"), req.get("a", {})
+            if not isinstance(method, str) or not isinstance(args, dict) or not isinstance(rid, int):
+                raise BadRequest("request must be {id: int, m: str, a: map}")
+            return {"id": rid, "ok": True, "r": self.dispatch(method, args, role)}
+        except NodeError as e:
+            return {"id": rid, "ok": False, "e": error_body(e)}
+        except TypeError as e:  # wrong or missing arguments for the method
+            return {"id": rid, "ok": False, "e": error_body(BadRequest(f"bad arguments: {e}"))}
+        except Exception as e:
+            log.exception("stage=rpc handler %r failed", req.get("m"))
+            return {"id": rid, "ok": False, "e": error_body(e)}
+
+    def stop(self) -> None:
+        self._stop.set()
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+        with self._lock:
+            conns = list(self._conns)
+        for c in conns:
+            c.close()

@@ -1,0 +1,136 @@
+"""Partition states of one node and the ONE table of allowed transitions.
+
+::
+
+    (absent) --create-->  OWNING      a new cluster creates its partitions
+    (absent) --assign-->  MOVING      this node is a new owner; it pulls the data
+    MOVING   --gate---->  OWNING      data complete and durable (see docs/node.md)
+    MOVING   --cancel-->  EVICTED     no longer assigned before the move finished
+    MOVING   --lost---->  LOST        no owner left to pull from
+    OWNING   --resync-->  MOVING      a copy that may be stale (restart, counter gap)
+    OWNING   --rent---->  RENTING     no longer an owner; the new owners are OWNING
+    RENTING  --evict--->  EVICTED     data deleted once no read uses it
+    RENTING  --reclaim->  OWNING      assigned again before eviction
+    EVICTED  --assign-->  MOVING      assigned again later
+    LOST     --assign-->  MOVING      an owner came back
+    LOST     --found--->  OWNING      this node's own copy is the best one left
+
+Every change goes through :meth:`StateTable.set`, which checks the table and writes
+``DATA/states.json`` atomically before it returns, so after a crash the node knows
+what it held (a MOVING partition restarts its move; an OWNING one is re-synced).
+"""
+from __future__ import annotations
+
+import enum
+import json
+import os
+import threading
+from typing import Callable, Iterator
+
+from faults import fileio
+
+from .errors import IllegalTransition, NodeError
+
+
+class State(str, enum.Enum):
+    MOVING = "MOVING"
+    OWNING = "OWNING"
+    RENTING = "RENTING"
+    EVICTED = "EVICTED"
+    LOST = "LOST"
+
+
+ABSENT = None
+ALLOWED: dict[State | None, frozenset[State]] = {
+    ABSENT: frozenset({State.OWNING, State.MOVING}),
+    State.MOVING: frozenset({State.OWNING, State.EVICTED, State.LOST}),
+    State.OWNING: frozenset({State.MOVING, State.RENTING}),
+    State.RENTING: frozenset({State.EVICTED, State.OWNING}),
+    State.EVICTED: frozenset({State.MOVING}),
+    State.LOST: frozenset({State.MOVING, State.OWNING}),
+}
+
+
+def allowed(old: State | None, new: State) -> bool:
+    return new in ALLOWED[old]
+
+
+Key = tuple[str, int]
+
+
+class StateTable:
+    """Durable ``(cache, partition) -> State`` of this node."""
+
+    FILE = "states.json"
+
+    def __init__(self, data_dir: str,
+                 on_change: Callable[[str, int, State | None, State], None] | None = None) -> None:
+        self.path = os.path.join(data_dir, self.FILE)
+        self._lock = threading.Lock()
+        self._states: dict[Key, State] = {}
+        self._on_change = on_change
+        self._load()
+
+    def _load(self) -> None:
+        try:
+            with open(self.path, "rb") as f:
+                doc = json.loads(f.read())
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as e:
+            raise NodeError(f"cannot read partition states {self.path}: {e}; the file is "
+                            "written atomically, so this is damage: restore it or wipe the data dir")
+        for cache, parts in doc.get("caches", {}).items():
+            for p, s in parts.items():
+                self._states[(cache, int(p))] = State(s)
+
+    def get(self, cache: str, p: int) -> State | None:
+        return self._states.get((cache, p))
+
+    def items(self) -> Iterator[tuple[Key, State]]:
+        with self._lock:
+            return iter(list(self._states.items()))
+
+    def of_cache(self, cache: str) -> dict[int, State]:
+        with self._lock:
+            return {p: s for (c, p), s in self._states.items() if c == cache}
+
+    def set(self, cache: str, p: int, new: State, *, reason: str = "") -> State | None:
+        """Move (cache, p) to ``new`` if the table allows it; durable on return.
+        Setting the current state again is a no-op."""
+        with self._lock:
+            old = self._states.get((cache, p))
+            if old == new:
+                return old
+            if not allowed(old, new):
+                raise IllegalTransition(
+                    f"partition {cache}/{p}: {old.value if old else 'absent'} -> {new.value} is "
+                    f"not an allowed transition ({reason or 'no reason given'})")
+            self._states[(cache, p)] = new
+            self._save()
+        if self._on_change:
+            self._on_change(cache, p, old, new)
+        return old
+
+    def set_many(self, changes: list[tuple[str, int, State]], *, reason: str = "") -> None:
+        """Several transitions in one durable write (all checked first)."""
+        with self._lock:
+            olds = []
+            for cache, p, new in changes:
+                old = self._states.get((cache, p))
+                if old != new and not allowed(old, new):
+                    raise IllegalTransition(f"partition {cache}/{p}: {old} -> {new.value} not allowed ({reason})")
+                olds.append(old)
+            for cache, p, new in changes:
+                self._states[(cache, p)] = new
+            self._save()
+        if self._on_change:
+            for (cache, p, new), old in zip(changes, olds):
+                if old != new:
+                    self._on_change(cache, p, old, new)
+
+    def _save(self) -> None:
+        doc: dict[str, dict[str, dict[str, str]]] = {"caches": {}}
+        for (cache, p), s in sorted(self._states.items()):
+            doc["caches"].setdefault(cache, {})[str(p)] = s.value
+        fileio.atomic_write(self.path, json.dumps(doc, sort_keys=True).encode())

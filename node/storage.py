@@ -1,0 +1,115 @@
+"""One cache's data and indexes on this node: ``checkpoint.PartitionStore`` at
+``DATA/caches/<cache>/`` and ``indexes.IndexStore`` at ``DATA/indexes/<cache>/``.
+
+This is the node's only seam to storage. Every data change also updates the indexes
+(old value read first), so data and indexes agree.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Iterator
+
+from checkpoint import PartitionStore
+from checkpoint.pagefile import iter_entries
+from indexes import IndexDefinition, IndexStore
+
+from .config import CacheConfig, NodeConfig
+
+log = logging.getLogger("ferry.node.storage")
+
+
+Entry = tuple[bytes, "bytes | None", int]
+
+
+class CacheData:
+    """Data + indexes of one cache. Writers of one partition are serialised by the
+    caller (the update path holds the partition lock)."""
+
+    def __init__(self, cfg: NodeConfig, cache: CacheConfig, *, clean: bool = False) -> None:
+        self.cache = cache
+        self.root = os.path.join(cfg.data, "caches", cache.name)
+        self.index_root = os.path.join(cfg.data, "indexes", cache.name)
+        os.makedirs(self.root, exist_ok=True)
+        os.makedirs(self.index_root, exist_ok=True)
+        self.store = PartitionStore.open(self.root, page_size=cfg.page_size,
+                                         memory_budget=cfg.memory_budget, wal_sync=cfg.wal_sync,
+                                         checkpoint_interval=cfg.checkpoint_interval_s)
+        defs = [IndexDefinition(i.name, i.field, unique=i.unique) for i in cache.indexes]
+        self.indexes = IndexStore.open(self.index_root, defs)
+        # An index update follows its data update; a crash between the two leaves the
+        # index behind. Without a clean-shutdown marker, rebuild it from the data.
+        for p in self.store.partitions():
+            if not clean or not self.indexes.ready(p):
+                self.indexes.rebuild(p, self.store)
+
+    # -- partitions ---------------------------------------------------------------
+    def partitions(self) -> list[int]:
+        return list(self.store.partitions())
+
+    def create(self, p: int) -> None:
+        if p not in self.store.partitions():
+            self.store.create_partition(p)
+        self.indexes.rebuild(p, self.store)   # empty: makes the partition's index ready
+
+    def drop(self, p: int) -> None:
+        self.indexes.drop(p)
+        if p in self.store.partitions():
+            self.store.drop_partition(p)
+
+    def counter(self, p: int) -> int:
+        return int(self.store.counter(p))
+
+    # -- data ---------------------------------------------------------------------
+    def get(self, p: int, key: bytes) -> bytes | None:
+        return self.store.get(p, key)
+
+    def put(self, p: int, key: bytes, value: bytes | None) -> int:
+        """Primary side: next counter, logged, applied to data and indexes."""
+        old = self.store.get(p, key) if self.cache.indexes else None
+        counter = self.store.put(p, key, value) if value is not None else self.store.remove(p, key)
+        if self.cache.indexes:
+            self.indexes.apply(p, key, old, value)
+        return int(counter)
+
+    def apply(self, p: int, key: bytes, value: bytes | None, counter: int) -> bool:
+        """Backup side: idempotent by counter."""
+        old = self.store.get(p, key) if self.cache.indexes else None
+        done = bool(self.store.apply(p, key, value, counter))
+        if done and self.cache.indexes:
+            self.indexes.apply(p, key, old, value)
+        return done
+
+    def entries(self, p: int) -> list[Entry]:
+        """Every entry of p with its update counter (tombstones included when the store
+        keeps them), for the message-based rebalance."""
+        # The caller holds the partition lock, so p gets no update meanwhile: once a
+        # checkpoint covers p's counter, part-<p>.bin holds exactly p's entries (with
+        # their counters and tombstones) and no checkpoint rewrites its pages.
+        self.store.wait_checkpoint_covering(p, self.store.counter(p), timeout=120.0)
+        return [(e.key, e.value, e.counter) for e in
+                iter_entries(self.store.partition_path(p), include_tombstones=True)]
+
+    def scan(self, p: int) -> Iterator[tuple[bytes, bytes]]:
+        return iter(self.store.scan(p))
+
+    # -- indexes ------------------------------------------------------------------
+    def lookup(self, index: str, value: Any) -> list[bytes]:
+        return [k if isinstance(k, bytes) else k[-1] for k in self.indexes.lookup(index, value)]
+
+    def range(self, index: str, lo: Any, hi: Any, limit: int | None) -> list[Any]:
+        return list(self.indexes.range(index, lo, hi, limit))
+
+    def rebuild_index(self, p: int) -> None:
+        self.indexes.rebuild(p, self.store)
+
+    # -- lifecycle ----------------------------------------------------------------
+    def checkpoint(self) -> Any:
+        return self.store.checkpoint()
+
+    def close(self) -> None:
+        for part in (self.indexes, self.store):
+            try:
+                part.close()
+            except Exception as e:  # closing must go on for the other one
+                log.warning("closing %s of cache %s: %s", type(part).__name__, self.cache.name, e)

@@ -1,0 +1,182 @@
+"""The replicated update path (the primary's and the backups' side) and reads.
+
+A put/remove reaches the primary of its partition, which, holding the partition lock:
+
+1. gives it the next partition update counter and logs + applies it (data and
+   indexes) through ``PartitionStore.put/remove``, durable per ``wal.sync`` on return;
+2. sends ``replicate(counter, prev)`` to every live copy: the nodes the map shows
+   OWNING or MOVING for the partition plus the MOVING copies registered by a DEMAND
+   (so no update after the snapshot counter is missed);
+3. acknowledges ("ok" to the client) only when every OWNING copy answered
+   ``applied`` (it applied the update durably, in counter order). A MOVING copy answers
+   ``buffered`` (the hook :meth:`Move.sink`); a copy whose counter does not follow
+   ``prev`` answers ``resync`` and re-pulls the partition. Any other failure of an
+   OWNING copy fails the request (not acknowledged; the client retries).
+
+The partition lock keeps counters and replication in order, so a backup applies
+updates exactly in the primary's order.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from .assignment import partition_of
+from .errors import BadRequest, NodeError, NotPrimary, TooLarge, Unavailable
+from .states import State
+
+log = logging.getLogger("ferry.node.updates")
+REPLICATE_TIMEOUT = 5.0
+
+
+def as_bytes(x: Any, what: str) -> bytes:
+    if isinstance(x, bytes):
+        return x
+    if isinstance(x, str):
+        return x.encode("utf-8")
+    raise BadRequest(f"{what} must be bytes or str, not {type(x).__name__}")
+
+
+class UpdatePath:
+    # -- helpers ------------------------------------------------------------------
+    def _locate(self, cache: Any, key: Any) -> tuple[Any, int, bytes]:
+        if not isinstance(cache, str) or cache not in self.data:
+            raise BadRequest(f"unknown cache {cache!r}; caches: {', '.join(self.data)}")
+        key = as_bytes(key, "key")
+        if not key:
+            raise BadRequest("key must not be empty")
+        if len(key) > self.cfg.max_key_bytes:
+            raise TooLarge(f"key of {len(key)} bytes exceeds the limit of {self.cfg.max_key_bytes} bytes")
+        return self.data[cache], partition_of(key, self.data[cache].cache.partitions), key
+
+    def leads(self, cache: str, p: int) -> bool:
+        with self.map_lock:
+            if self.map.primaries[cache][p] != self.id:
+                return False
+        until = self.fenced.get((cache, p))
+        if until is not None and time.monotonic() < until:
+            return False
+        return self.states.get(cache, p) == State.OWNING
+
+    def _not_primary(self, cache: str, p: int) -> NotPrimary:
+        with self.map_lock:
+            prim = self.map.primaries[cache][p]
+            hint = self.map.address(prim) if prim != self.id else None
+        return NotPrimary(f"node {self.id} is not the primary of {cache}/{p} (map epoch "
+                          f"{self.map.epoch}); primary: {prim or 'none'}", hint)
+
+    def _serving(self) -> None:
+        if not self.joined.is_set() or self.stopping.is_set():
+            raise Unavailable(f"node {self.id} is {'stopping' if self.stopping.is_set() else 'joining'}")
+
+    # -- client operations --------------------------------------------------------
+    def op_put(self, cache: str, key: Any, value: Any) -> int:
+        value = as_bytes(value, "value")
+        if len(value) > self.cfg.max_value_bytes:
+            raise TooLarge(f"value of {len(value)} bytes exceeds the limit of {self.cfg.max_value_bytes} bytes")
+        return self._write(cache, key, value)
+
+    def op_remove(self, cache: str, key: Any) -> int:
+        return self._write(cache, key, None)
+
+    def _write(self, cache: str, key: Any, value: bytes | None) -> int:
+        self._serving()
+        data, p, key = self._locate(cache, key)
+        if not self.leads(cache, p):
+            raise self._not_primary(cache, p)
+        t0 = time.monotonic()
+        with self.plock(cache, p):
+            if not self.leads(cache, p):
+                raise self._not_primary(cache, p)
+            prev = data.counter(p)
+            counter = data.put(p, key, value)
+            self._replicate(cache, p, key, value, counter, prev)
+        self.metrics.inc("ferry_node_updates_total", cache=cache, op="put" if value is not None else "remove")
+        self.metrics.observe("ferry_node_update_seconds", time.monotonic() - t0)
+        return counter
+
+    def op_get(self, cache: str, key: Any) -> bytes | None:
+        self._serving()
+        data, p, key = self._locate(cache, key)
+        if not self.leads(cache, p):
+            raise self._not_primary(cache, p)
+        return data.get(p, key)
+
+    def _led_filter(self, cache: str, keys: list[bytes]) -> list[bytes]:
+        parts = self.data[cache].cache.partitions
+        return [k for k in keys if self.leads(cache, partition_of(k, parts))]
+
+    def op_lookup(self, cache: str, index: str, value: Any) -> list[bytes]:
+        """Keys whose document has ``index`` == value, among partitions this node leads
+        (the client asks every node and merges)."""
+        self._serving()
+        self._check_index(cache, index)
+        return self._led_filter(cache, self.data[cache].lookup(index, value))
+
+    def op_range(self, cache: str, index: str, lo: Any, hi: Any, limit: int | None = None) -> list[Any]:
+        self._serving()
+        self._check_index(cache, index)
+        parts = self.data[cache].cache.partitions
+        rows = self.data[cache].range(index, lo, hi, None)
+        out = [list(r) for r in rows if self.leads(cache, partition_of(r[-1], parts))]
+        return out[:limit] if limit else out
+
+    def _check_index(self, cache: str, index: Any) -> None:
+        if cache not in self.data:
+            raise BadRequest(f"unknown cache {cache!r}")
+        if index not in {i.name for i in self.data[cache].cache.indexes}:
+            raise BadRequest(f"cache {cache} has no index {index!r}")
+
+    # -- replication --------------------------------------------------------------
+    def _targets(self, cache: str, p: int) -> tuple[dict[str, str], set[str]]:
+        with self.map_lock:
+            out = {n: self.map.address(n) for n in self.map.holders(cache, p, State.OWNING, State.MOVING)}
+            owning = set(self.map.holders(cache, p, State.OWNING))
+        out.update(self.copies.get((cache, p), {}))
+        out.pop(self.id, None)
+        return {n: a for n, a in out.items() if a}, owning
+
+    def _replicate(self, cache: str, p: int, key: bytes, value: bytes | None,
+                   counter: int, prev: int) -> None:
+        targets, owning = self._targets(cache, p)
+        failed = []
+        for node, addr in targets.items():
+            try:
+                r = self.pool.call(addr, "replicate", timeout=REPLICATE_TIMEOUT, cache=cache, p=p,
+                                   key=key, value=value, counter=counter, prev=prev, primary=self.id)
+            except NodeError as e:
+                if node in owning:
+                    failed.append(f"{node} ({e})")
+                else:  # a MOVING copy that missed an update restarts its move (gap check)
+                    self.copies.get((cache, p), {}).pop(node, None)
+                continue
+            if r in ("absent", "resync"):
+                self.copies.get((cache, p), {}).pop(node, None)
+        if failed:
+            self.metrics.inc("ferry_node_replication_failures_total", cache=cache)
+            raise Unavailable(f"update {cache}/{p}#{counter} is durable on {self.id} but not on "
+                              f"{', '.join(failed)}: NOT acknowledged, retry")
+
+    def op_replicate(self, cache: str, p: int, key: bytes, value: bytes | None, counter: int,
+                     prev: int, primary: str) -> str:
+        data = self.data[cache]
+        with self.plock(cache, p):
+            st = self.states.get(cache, p)
+            if st == State.MOVING:
+                mv = self.moves.get((cache, p))
+                if mv is not None and mv.sink is not None:
+                    mv.sink.append(counter, key, value)
+                    return "buffered"
+                return "absent"
+            if st != State.OWNING:
+                return "absent"
+            cur = data.counter(p)
+            if cur != prev:
+                log.warning("stage=replicate cache=%s partition=%d counter gap: have %d, primary %s "
+                            "sent %d after %d; re-syncing", cache, p, cur, primary, counter, prev)
+                self.request_resync(cache, p, f"counter gap at {counter}")
+                return "resync"
+            data.apply(p, key, value, counter)
+            self.last_applied[(cache, p)] = time.time()
+            return "applied"

@@ -1,0 +1,153 @@
+"""The node's request/reply protocol over :mod:`transfer.frames`, authenticated by
+:mod:`transfer.auth` (the same handshake as the transfer agents).
+
+A connection starts with the mutual HMAC handshake (role ``node`` or ``client``), then
+carries frames of two types registered here:
+
+    REQUEST {"id": int, "m": method name, "a": {arguments}}
+    REPLY   {"id": int, "ok": true, "r": result}
+          | {"id": int, "ok": false, "e": {"code": str, "message": str, "hint": str|None}}
+
+Keys and values travel as msgpack bin. One frame is at most ``frames.MAX_PAYLOAD``
+(1 MiB), which bounds requests (see the size limits in docs/node.md) and batches.
+A request that is not a well-formed REQUEST gets an error REPLY and the connection
+stays usable; a frame that breaks the framing gets an ERROR frame and is closed.
+"""
+from __future__ import annotations
+
+import threading
+from enum import IntEnum
+from typing import Any
+
+from transfer import auth as _auth
+from transfer import frames
+from transfer.errors import TransferError
+from transfer.transport import Conn, connect_tcp
+
+from .config import parse_address
+from .errors import BY_CODE, AuthFailed, NodeError, RemoteFailure, Unavailable
+
+
+class NodeFrame(IntEnum):
+    REQUEST = 64
+    REPLY = 65
+
+
+frames.register_types(NodeFrame)
+MAX_FRAME = frames.MAX_PAYLOAD
+
+
+def load_secret(path: str | None) -> bytes:
+    try:
+        return _auth.load_secret(path)
+    except TransferError as e:
+        raise AuthFailed(str(e)) from None
+
+
+# The one place authentication happens; swapping the handshake means editing these two.
+def authenticate_outgoing(conn: Conn, secret: bytes, role: str) -> None:
+    try:
+        _auth.client_handshake(conn, secret, role=role)
+    except TransferError as e:
+        raise AuthFailed(str(e)) from None
+
+
+def authenticate_incoming(conn: Conn, secret: bytes) -> str:
+    try:
+        return _auth.server_handshake(conn, secret)
+    except TransferError as e:
+        raise AuthFailed(str(e)) from None
+
+
+def error_body(exc: BaseException) -> dict[str, Any]:
+    if isinstance(exc, NodeError):
+        return {"code": exc.code, "message": str(exc), "hint": getattr(exc, "hint", None)}
+    return {"code": "internal", "message": f"{type(exc).__name__}: {exc}", "hint": None}
+
+
+def raise_remote(e: dict[str, Any]) -> None:
+    code, msg, hint = str(e.get("code")), str(e.get("message")), e.get("hint")
+    cls = BY_CODE.get(code)
+    if cls is not None and code not in ("not_primary",):
+        raise cls(msg)
+    raise RemoteFailure(code, msg, hint)
+
+
+class Channel:
+    """One authenticated connection to a node; ``call`` is serialised by a lock."""
+
+    def __init__(self, address: str, secret: bytes, *, role: str = "node",
+                 timeout: float = 10.0) -> None:
+        host, port = parse_address(address)
+        self.address = address
+        try:
+            self.conn = connect_tcp(host, port, timeout=timeout)
+        except TransferError as e:
+            raise Unavailable(f"node {address} unreachable: {e.reason}") from None
+        try:
+            self.conn.set_timeout(timeout)
+            authenticate_outgoing(self.conn, secret, role)
+        except BaseException:
+            self.conn.close()
+            raise
+        self._lock = threading.Lock()
+        self._next = 1
+        self.broken = False
+
+    def call(self, method: str, /, timeout: float | None = None, **args: Any) -> Any:
+        with self._lock:
+            rid, self._next = self._next, self._next + 1
+            try:
+                if timeout is not None:
+                    self.conn.set_timeout(timeout)
+                frames.write_frame(self.conn, NodeFrame.REQUEST, {"id": rid, "m": method, "a": args})
+                fr = frames.read_frame(self.conn, expect=[NodeFrame.REPLY])
+            except TransferError as e:
+                self.broken = True
+                self.close()
+                raise Unavailable(f"call {method} to {self.address} failed: {e.reason}") from None
+        body = fr.body
+        if body.get("id") != rid:
+            self.broken = True
+            self.close()
+            raise Unavailable(f"reply out of order from {self.address}")
+        if body.get("ok"):
+            return body.get("r")
+        raise_remote(body.get("e") or {})
+
+    def close(self) -> None:
+        self.broken = True
+        try:
+            self.conn.close()
+        except Exception:
+            pass
+
+
+class Pool:
+    """Cached channels by address; a broken channel is dropped and redialled."""
+
+    def __init__(self, secret: bytes, *, role: str = "node", timeout: float = 10.0) -> None:
+        self.secret, self.role, self.timeout = secret, role, timeout
+        self._free: dict[str, list[Channel]] = {}
+        self._lock = threading.Lock()
+
+    def call(self, address: str, method: str, /, timeout: float | None = None, **args: Any) -> Any:
+        with self._lock:
+            free = self._free.setdefault(address, [])
+            ch = free.pop() if free else None
+        if ch is None:
+            ch = Channel(address, self.secret, role=self.role, timeout=timeout or self.timeout)
+        try:
+            result = ch.call(method, timeout=timeout or self.timeout, **args)
+        finally:
+            if not ch.broken:
+                with self._lock:
+                    self._free.setdefault(address, []).append(ch)
+        return result
+
+    def close(self) -> None:
+        with self._lock:
+            chans = [c for lst in self._free.values() for c in lst]
+            self._free.clear()
+        for c in chans:
+            c.close()
