@@ -1,1 +1,44 @@
-"""(under construction)"""
+"""Partition page files, page memory, the checkpointer and transfer snapshots.
+
+Public face:
+
+- :mod:`checkpoint.pagefile` - THE decoder of ``part-<p>.bin`` (stdlib + crc32c only):
+  ``Meta``, ``Entry``, ``PageProblem``, ``read_meta``, ``iter_entries``, ``verify``,
+  ``check_page``, ``CorruptPageError``.
+- :class:`PartitionStore` - a node's partitions with page memory, node WAL and
+  checkpointer (``checkpoint.store``).
+- :class:`TransferSnapshot`, :func:`overlay` - copy-on-write transfer snapshots.
+- Errors: :class:`CheckpointError` and subclasses.
+
+The store (which needs ``wal``) is imported lazily, so ``import checkpoint.pagefile``
+stays light for Spark executors.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .pagefile import (CheckpointError, CorruptPageError, Entry, Meta, PageProblem,
+                       check_page, iter_entries, read_meta, verify)
+
+_LAZY = {
+    "PartitionStore": ("checkpoint.store", "PartitionStore"),
+    "TransferSnapshot": ("checkpoint.snapshot", "TransferSnapshot"),
+    "overlay": ("checkpoint.snapshot", "overlay"),
+    "CheckpointStats": ("checkpoint.checkpointer", "CheckpointStats"),
+    "OutOfDiskError": ("checkpoint.errors", "OutOfDiskError"),
+    "PartitionNotFoundError": ("checkpoint.errors", "PartitionNotFoundError"),
+    "SnapshotBusyError": ("checkpoint.errors", "SnapshotBusyError"),
+    "StoreClosedError": ("checkpoint.errors", "StoreClosedError"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+        module, attr = _LAZY[name]
+        return getattr(importlib.import_module(module), attr)
+    raise AttributeError(f"module 'checkpoint' has no attribute {name!r}")
+
+
+__all__ = ["CheckpointError", "CorruptPageError", "Entry", "Meta", "PageProblem", "check_page",
+           "iter_entries", "read_meta", "verify", *_LAZY]

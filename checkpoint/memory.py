@@ -1,0 +1,128 @@
+"""Page memory: the resident pages of all partitions of a store, within a byte budget.
+
+Pages are bytearrays keyed by ``(partition << 32) | page_index``.  Three sets matter:
+
+* resident pages, in LRU order (an OrderedDict); clean ones may be evicted at any time
+  because the file holds the same bytes;
+* dirty pages: changed since the last checkpoint cut;
+* the cut: the pages the running checkpoint writes.  A writer that changes a page of
+  the cut first copies it (copy-on-write), so the checkpointer writes exactly the bytes
+  at the cut - every update up to its WAL mark, none after - without holding the store
+  lock while it writes.  Cut pages are never evicted: until they are on disk the file
+  is older than memory.
+
+The caller holds the store lock for every call.  ``pressure`` (dirty + cut pages)
+drives checkpoints and makes writers wait (see :class:`checkpoint.store.PartitionStore`).
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Callable
+
+SPARE_PAGES = 64       # evicted buffers kept for reuse
+MIN_PAGES = 32          # below this a single put (data + meta + a few overflow pages) may not fit
+
+
+def page_key(partition: int, index: int) -> int:
+    return (partition << 32) | index
+
+
+class PageMemory:
+    def __init__(self, page_size: int, budget_bytes: int) -> None:
+        self.page_size = page_size
+        self.capacity = max(MIN_PAGES, budget_bytes // page_size)
+        self.pages: OrderedDict[int, bytearray] = OrderedDict()
+        self.dirty: set[int] = set()
+        self.cut: dict[int, bytearray] = {}
+        self.copies = 0                   # cut pages replaced by a copy (both in memory)
+        self.loads = 0
+        self.evictions = 0
+        # Evicted buffers are reused for loads and new pages: allocating and freeing
+        # page-sized bytearrays in a long run fragments the C heap, and RSS then
+        # creeps far past the budget even though Python holds only the budget.
+        self.spare: list[bytearray] = []
+
+    def take(self) -> bytearray:
+        """A page-sized buffer (contents undefined) from the spare pool or new."""
+        return self.spare.pop() if self.spare else bytearray(self.page_size)
+
+    # -- lookups -----------------------------------------------------------------
+    def get(self, key: int, load: Callable[[], bytearray]) -> bytearray:
+        """The page for reading; ``load`` reads it from the file on a miss."""
+        buf = self.pages.get(key)
+        if buf is not None:
+            self.pages.move_to_end(key)
+            return buf
+        buf = load()
+        self.loads += 1
+        self.pages[key] = buf
+        self._evict(keep=key)
+        return buf
+
+    def peek(self, key: int) -> bytearray | None:
+        """The resident page or None, without changing LRU order (scans)."""
+        return self.pages.get(key)
+
+    def writable(self, key: int, load: Callable[[], bytearray]) -> bytearray:
+        """The page for changing: marked dirty, copied first when the cut holds it."""
+        buf = self.get(key, load)
+        if key in self.cut and self.cut[key] is buf:
+            buf = bytearray(buf)          # copy-on-write: the checkpointer keeps the old one
+            self.pages[key] = buf
+            self.copies += 1              # the old one still takes memory until the cut ends
+        self.dirty.add(key)
+        return buf
+
+    def put_new(self, key: int, buf: bytearray) -> None:
+        """Install a freshly built page (new, reused or freed), dirty."""
+        self.pages[key] = buf
+        self.pages.move_to_end(key)
+        self.dirty.add(key)
+        self._evict(keep=key)
+
+    # -- checkpoint cut ----------------------------------------------------------
+    @property
+    def pressure(self) -> int:
+        return len(self.dirty) + len(self.cut)
+
+    def begin_cut(self) -> dict[int, bytearray]:
+        self.cut = {k: self.pages[k] for k in self.dirty}
+        self.dirty = set()
+        return self.cut
+
+    def end_cut(self) -> None:
+        self.cut = {}
+        self.copies = 0
+        self._evict()
+
+    # -- partitions --------------------------------------------------------------
+    def forget_partition(self, partition: int) -> None:
+        """Drop every page of ``partition`` (install/drop replaced its file)."""
+        lo, hi = page_key(partition, 0), page_key(partition + 1, 0)
+        for k in [k for k in self.pages if lo <= k < hi]:
+            del self.pages[k]
+        self.dirty = {k for k in self.dirty if not lo <= k < hi}
+        self.cut = {k: v for k, v in self.cut.items() if not lo <= k < hi}
+
+    def _evict(self, keep: int = -1) -> None:
+        """Evict clean pages, oldest first, down to capacity (never ``keep``, the page
+        the caller is about to use)."""
+        over = len(self.pages) + self.copies - self.capacity
+        if over <= 0:
+            return
+        victims = []
+        for k in self.pages:              # oldest first
+            if k not in self.dirty and k not in self.cut and k != keep:
+                victims.append(k)
+                if len(victims) >= over:
+                    break
+        for k in victims:
+            buf = self.pages.pop(k)
+            if len(self.spare) < SPARE_PAGES and k not in self.cut:
+                self.spare.append(buf)
+        self.evictions += len(victims)
+
+    def stats(self) -> dict[str, int]:
+        return {"capacity_pages": self.capacity, "resident_pages": len(self.pages),
+                "dirty_pages": len(self.dirty), "cut_pages": len(self.cut),
+                "loads": self.loads, "evictions": self.evictions}

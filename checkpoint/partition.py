@@ -1,0 +1,261 @@
+"""One partition in memory: its key index, free space maps, and entry operations on
+its pages through page memory.  Every method runs under the store lock.
+
+In-memory state (rebuilt at open by one sequential scan of the file):
+
+* ``index``: key -> ``page << 16 | slot`` of its entry (live or tombstone).  This is
+  the one per-key structure kept in memory: about 100 bytes + the key per entry.
+* ``space``: DATA page -> reusable bytes; ``roomy``: DATA pages with at least a
+  quarter page free, where inserts go; ``free_pages``: a min-heap of FREE pages, reused
+  lowest first so a partition that shrinks and grows again keeps its file compact.
+"""
+from __future__ import annotations
+
+import heapq
+import os
+from faults import fileio
+
+from . import page as pg
+from .memory import PageMemory, page_key
+from .pagefile import (HEADER, PTR, CorruptPageError, EntryFlag, PageType, check_page,
+                       read_meta, page_entries)
+
+
+class Partition:
+    def __init__(self, pid: int, path: str, mem: PageMemory) -> None:
+        self.pid, self.path, self.mem = pid, path, mem
+        self.page_size = mem.page_size
+        meta = read_meta(path)
+        if meta.page_size != self.page_size:
+            raise CorruptPageError(path, 0, 0, f"page size {meta.page_size} differs from the "
+                                               f"store's {self.page_size}")
+        if meta.partition != pid:
+            raise CorruptPageError(path, 0, 0, f"meta names partition {meta.partition}, "
+                                               f"file name says {pid}")
+        self.fd = os.open(path, os.O_RDONLY)
+        self._wfd: int | None = None
+        self.page_count = meta.page_count      # in memory (grows as pages are allocated)
+        self.file_pages = meta.page_count      # durable in the file (meta of the last checkpoint)
+        self.counter = meta.counter            # latest applied update counter
+        self.ckpt_counter = meta.counter       # counter of the last checkpoint
+        self.index: dict[bytes, int] = {}
+        self.space: dict[int, int] = {}
+        self.roomy: set[int] = set()
+        self.free_pages: list[int] = []
+        self.fill = 0                          # current insert page (0 = none)
+        self.quarter = self.page_size // 4
+        self.inline_max = pg.inline_limit(self.page_size)
+        try:
+            self._scan()
+        except BaseException:
+            os.close(self.fd)
+            raise
+
+    def write_fd(self) -> int:
+        """The file opened for the checkpointer's writes (through the file-I/O seam)."""
+        if self._wfd is None:
+            self._wfd = fileio.layer().open(self.path, os.O_RDWR)
+        return self._wfd
+
+    def close(self) -> None:
+        os.close(self.fd)
+        if self._wfd is not None:
+            fileio.layer().close(self._wfd)
+            self._wfd = None
+
+    # -- open-time scan ----------------------------------------------------------
+    def _scan(self) -> None:
+        ps = self.page_size
+        per = max(1, (1 << 20) // ps)
+        size = os.fstat(self.fd).st_size
+        if size < self.page_count * ps:
+            raise CorruptPageError(self.path, size // ps, size // ps * ps,
+                                   f"file truncated: {size} bytes, meta page count "
+                                   f"{self.page_count} needs {self.page_count * ps}")
+        for first in range(1, self.page_count, per):
+            n = min(per, self.page_count - first)
+            chunk = memoryview(os.pread(self.fd, n * ps, first * ps))
+            for j in range(n):
+                i = first + j
+                buf = chunk[j * ps:(j + 1) * ps]
+                reason = check_page(buf, i, ps)
+                if reason:
+                    raise CorruptPageError(self.path, i, i * ps, reason)
+                ptype = buf[8]
+                if ptype == PageType.FREE:
+                    self.free_pages.append(i)
+                elif ptype == PageType.DATA:
+                    used = pg.HDR + 2 * HEADER.unpack_from(buf, 0)[4]
+                    for slot, flags, key, _c, vlen, _w in page_entries(buf):
+                        self.index[key] = i << 16 | slot
+                        used += 15 + len(key) + (4 if flags & EntryFlag.OVERFLOW else vlen)
+                    self._set_space(i, ps - used)
+        heapq.heapify(self.free_pages)
+
+    # -- pages -------------------------------------------------------------------
+    def _load(self, index: int):
+        def load() -> bytearray:
+            buf = self.mem.take()
+            if os.preadv(self.fd, [buf], index * self.page_size) != self.page_size:
+                buf = bytearray(os.pread(self.fd, self.page_size, index * self.page_size))
+            reason = check_page(buf, index, self.page_size)
+            if reason:
+                raise CorruptPageError(self.path, index, index * self.page_size, reason)
+            return buf
+        return load
+
+    def page(self, index: int) -> bytearray:
+        return self.mem.get(page_key(self.pid, index), self._load(index))
+
+    def writable(self, index: int) -> bytearray:
+        return self.mem.writable(page_key(self.pid, index), self._load(index))
+
+    def _alloc(self, ptype: PageType) -> tuple[int, bytearray]:
+        if self.free_pages:
+            index = heapq.heappop(self.free_pages)
+        else:
+            index = self.page_count
+            self.page_count += 1
+        buf = pg.new_page(index, self.page_size, ptype, self.mem.take())
+        self.mem.put_new(page_key(self.pid, index), buf)
+        return index, buf
+
+    def _free(self, index: int) -> None:
+        self.mem.put_new(page_key(self.pid, index),
+                         pg.new_page(index, self.page_size, PageType.FREE, self.mem.take()))
+        self.space.pop(index, None)
+        self.roomy.discard(index)
+        if self.fill == index:
+            self.fill = 0
+        heapq.heappush(self.free_pages, index)
+
+    def _set_space(self, index: int, free: int) -> None:
+        self.space[index] = free
+        if free >= self.quarter:
+            self.roomy.add(index)
+        else:
+            self.roomy.discard(index)
+
+    # -- entries -----------------------------------------------------------------
+    def get(self, key: bytes) -> bytes | None:
+        loc = self.index.get(key)
+        if loc is None:
+            return None
+        buf = self.page(loc >> 16)
+        flags, _c, vlen, where, _size = pg.read_entry(buf, loc & 0xFFFF)
+        if flags & EntryFlag.TOMBSTONE:
+            return None
+        if flags & EntryFlag.OVERFLOW:
+            return self._read_chain(where, vlen)
+        return bytes(buf[where:where + vlen])
+
+    def _read_chain(self, first: int, length: int) -> bytes:
+        parts, got, index = [], 0, first
+        while got < length:
+            buf = self.page(index)
+            used = HEADER.unpack_from(buf, 0)[4]
+            parts.append(bytes(buf[pg.HDR:pg.HDR + used]))
+            got += used
+            index = pg.overflow_next(buf)
+        return b"".join(parts)
+
+    def write(self, key: bytes, value: bytes | None, counter: int) -> None:
+        """Store ``value`` (None: a tombstone) for ``key`` with update ``counter``."""
+        self.counter = counter
+        old = self.index.get(key)
+        if value is None and old is None:
+            return                            # removing an absent key stores nothing
+        if value is None:
+            flags, vlen, stored = EntryFlag.TOMBSTONE, 0, b""
+        elif 15 + len(key) + len(value) <= self.inline_max:
+            flags, vlen, stored = 0, len(value), value
+        else:
+            flags, vlen = EntryFlag.OVERFLOW, len(value)
+            stored = PTR.pack(self._write_chain(value))
+        if old is not None:
+            index, slot = old >> 16, old & 0xFFFF
+            buf = self.writable(index)
+            oflags, _c, _v, where, size = pg.read_entry(buf, slot)
+            if oflags & EntryFlag.OVERFLOW:
+                self._free_chain(where)
+                buf = self.writable(index)    # loading the chain may have evicted our page copy
+            free = self.space[index] + pg.delete(buf, slot, size)
+            done = pg.insert(buf, free, flags, key, counter, vlen, stored)
+            if done is not None:
+                self.index[key] = index << 16 | done[0]
+                self._set_space(index, free - done[1])
+                return
+            self._set_space(index, free)
+            self._maybe_free_data_page(index, buf)
+        self._insert_elsewhere(key, flags, counter, vlen, stored)
+
+    def _insert_elsewhere(self, key: bytes, flags: int, counter: int, vlen: int, stored: bytes) -> None:
+        need = 17 + len(key) + len(stored)
+        for candidate in (self.fill, next(iter(self.roomy), 0)):
+            if candidate and self.space.get(candidate, 0) >= need:
+                buf = self.writable(candidate)
+                done = pg.insert(buf, self.space[candidate], flags, key, counter, vlen, stored)
+                if done is not None:
+                    self.fill = candidate
+                    self.index[key] = candidate << 16 | done[0]
+                    self._set_space(candidate, self.space[candidate] - done[1])
+                    return
+        index, buf = self._alloc(PageType.DATA)
+        free = self.page_size - pg.HDR
+        done = pg.insert(buf, free, flags, key, counter, vlen, stored)
+        assert done is not None, "an inline entry always fits an empty page"
+        self.fill = index
+        self.index[key] = index << 16 | done[0]
+        self._set_space(index, free - done[1])
+
+    def _maybe_free_data_page(self, index: int, buf: bytearray) -> None:
+        if HEADER.unpack_from(buf, 0)[4] == 0:    # no slots left: the page is empty
+            self._free(index)
+
+    def _write_chain(self, value: bytes) -> int:
+        room = self.page_size - pg.HDR
+        view = memoryview(value)
+        pieces = [view[o:o + room] for o in range(0, len(value), room)] or [view[:0]]
+        indexes = [self._alloc(PageType.OVERFLOW)[0] for _ in pieces]
+        for n, (index, piece) in enumerate(zip(indexes, pieces)):
+            nxt = indexes[n + 1] if n + 1 < len(indexes) else 0
+            self.mem.put_new(page_key(self.pid, index),
+                             pg.overflow_page(index, self.page_size, piece, nxt, self.mem.take()))
+        return indexes[0]
+
+    def _free_chain(self, first: int) -> None:
+        index = first
+        while index:
+            nxt = pg.overflow_next(self.page(index))
+            self._free(index)
+            index = nxt
+
+    # -- scans -------------------------------------------------------------------
+    def scan_range(self, first: int, n: int) -> list[tuple[bytes, bytes]]:
+        """Live entries of pages ``[first, first+n)``: resident pages from memory, the
+        others read straight from the file in one pread, so a full scan does not
+        flush page memory.  Safe under the store lock: a page that is not resident is
+        clean and not being written by the checkpointer (cut pages stay resident)."""
+        ps = self.page_size
+        raw = memoryview(os.pread(self.fd, n * ps, first * ps))
+        out: list[tuple[bytes, bytes]] = []
+        for j in range(n):
+            index = first + j
+            buf = self.mem.peek(page_key(self.pid, index))
+            if buf is not None:
+                buf = bytes(buf)   # reading a chain below may evict and reuse this buffer
+            else:
+                buf = raw[j * ps:(j + 1) * ps]
+                reason = check_page(buf, index, ps)
+                if reason:
+                    raise CorruptPageError(self.path, index, index * ps, reason)
+            if buf[8] != PageType.DATA:
+                continue
+            for _s, flags, key, _c, vlen, where in page_entries(buf):
+                if flags & EntryFlag.TOMBSTONE:
+                    continue
+                if flags & EntryFlag.OVERFLOW:
+                    out.append((key, self._read_chain(where, vlen)))
+                else:
+                    out.append((key, bytes(buf[where:where + vlen])))
+        return out

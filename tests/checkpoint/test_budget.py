@@ -1,0 +1,48 @@
+"""Page memory stays within its budget for a partition ten times larger than it."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from checkpoint import PartitionStore
+from checkpoint.memory import MIN_PAGES
+
+# Fixed overhead beside page memory and the key index: the 1 MiB checkpoint write
+# buffer, double-write batches, 1 MiB scan reads, WAL buffers, and C-heap slack we
+# measured at 6-13 MiB depending on timing (docs/benchmarks.md, "Checkpoint").
+FIXED_OVERHEAD = 20 << 20
+
+
+@pytest.mark.slow
+def test_partition_ten_times_the_budget_keeps_rss_near_budget(tmp_path, py_env) -> None:
+    # 20x rather than 10x so that "not cached" below stays meaningful next to the
+    # fixed overhead, which does not shrink with the budget
+    budget, data = 2 << 20, 40 << 20
+    out = subprocess.run([sys.executable, "-m", "checkpoint.rss_probe", str(tmp_path / "s"),
+                          str(budget), str(data), "900"],
+                         env=py_env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    r = json.loads(out.stdout)
+    assert r["file_bytes"] >= 10 * budget and r["scanned"] == r["entries"]
+    assert r["memory"]["resident_pages"] <= r["memory"]["capacity_pages"]
+    assert r["memory"]["evictions"] > 0
+    growth = r["peak_rss"] - r["baseline_rss"]
+    # the per-key index is allowed (counted, documented); page memory must be bounded
+    assert growth < 1.5 * budget + 2 * r["index_bytes"] + FIXED_OVERHEAD, json.dumps(r)
+    assert growth < 0.8 * r["file_bytes"], json.dumps(r)   # the partition is not cached
+
+
+def test_writers_wait_instead_of_exceeding_dirty_limit(tmp_path) -> None:
+    s = PartitionStore.open(str(tmp_path / "s"), page_size=1024, memory_budget=MIN_PAGES * 1024,
+                            checkpoint_interval=None, wal_sync="none")
+    peak = 0
+    for i in range(5000):
+        s.put(0, b"k%d" % i, bytes(300))
+        peak = max(peak, s.mem.pressure, len(s.mem.pages))
+    assert peak <= MIN_PAGES + 2          # a put may add a page or two past the wait line
+    assert s.last_stats is not None       # pressure checkpoints ran in the background
+    assert sum(1 for _ in s.scan(0)) == 5000
+    s.close()
