@@ -1,1 +1,37 @@
-"""(under construction)"""
+"""Partition file transfer: supplier and demander agents, wire protocol, sendfile and
+SSH transports, resume, throttling. Knows nothing of nodes or indexes.
+
+Public face:
+- :class:`SupplierServer` (serve a storage's partitions), :class:`Demander`
+  (``fetch(partition) -> FetchResult``), :class:`Progress`, :class:`FetchResult`
+- storage seam: :class:`DirectoryStorage`, :class:`PartitionStoreStorage`,
+  :class:`TransferStorage`, :class:`Snapshot`
+- :class:`Limits` (node-wide concurrency + bytes/s, changeable), :class:`Priority`,
+  :func:`parse_rate`
+- :mod:`transfer.auth` (mutual HMAC handshake, ``load_secret``) and
+  :mod:`transfer.frames` (versioned checksummed frames, ERROR frames), reusable by
+  every Ferry protocol; :mod:`transfer.transport` (``Conn``, ``SocketConn``,
+  ``ChannelConn``, ``connect_tcp``)
+- :mod:`transfer.ssh` (``SSHTunnel``: reach a supplier through OpenSSH with paramiko)
+- errors: :class:`TransferError` and subclasses in :mod:`transfer.errors`
+
+The protocol is written down in docs/protocol.md.
+"""
+from __future__ import annotations
+
+from .demander import Demander
+from .errors import (AuthError, BadName, ChecksumError, FrameError, NotHeld, OutOfDiskError,
+                     PageCheckError, PeerClosed, PeerUnreachable, RemoteError, TransferError)
+from .limits import Limits, parse_rate
+from .messages import Priority
+from .result import FetchResult, Progress
+from .storage import DirectoryStorage, PartitionStoreStorage, Snapshot, TransferStorage
+from .supplier import SupplierServer
+
+__all__ = [
+    "Demander", "FetchResult", "Progress", "SupplierServer",
+    "DirectoryStorage", "PartitionStoreStorage", "Snapshot", "TransferStorage",
+    "Limits", "Priority", "parse_rate",
+    "TransferError", "AuthError", "BadName", "ChecksumError", "FrameError", "NotHeld",
+    "OutOfDiskError", "PageCheckError", "PeerClosed", "PeerUnreachable", "RemoteError",
+]

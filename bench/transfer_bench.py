@@ -1,0 +1,358 @@
+"""Transfer benchmark: Ferry plain and over SSH against raw sendfile, an rsync daemon
+and paramiko SFTP, all on loopback with the same file, in one run.
+
+Prints ONE JSON object: per method MB/s, ratio to raw sendfile, CPU seconds per GiB
+on the sending and the receiving side; plus the rate-limit accuracy and the targets.
+
+    .venv/bin/python bench/transfer_bench.py --quick      # 256 MiB, < 30 s
+    .venv/bin/python bench/transfer_bench.py              # 1 GiB
+    .venv/bin/python bench/transfer_bench.py --full       # 1 GiB and 4 GiB
+
+Files live on tmpfs (/dev/shm) by default, so the disk does not decide the result
+(pass --dir to measure on a real file system; Ferry then pays its fsyncs).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+
+import psutil
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SECRET = "bench-cluster-secret-0123456789abcdef"
+GiB = 1 << 30
+PY = sys.executable
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), FERRY_SECRET=SECRET)
+    env.pop("FERRY_CRASH", None)
+    return env
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_port(port: int, proc: subprocess.Popen | None = None, timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if proc is not None and proc.poll() is not None:
+                raise RuntimeError(f"server exited with {proc.returncode}")
+            time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on {port}")
+
+
+def _cpu_tree(proc: subprocess.Popen) -> float:
+    """CPU seconds of a server process, its live children and its reaped children."""
+    p = psutil.Process(proc.pid)
+    total = 0.0
+    for q in [p, *p.children(recursive=True)]:
+        try:
+            t = q.cpu_times()
+            total += t.user + t.system + t.children_user + t.children_system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def _client(code: str) -> dict:
+    """Run a Python client that prints {"seconds":..., "cpu":...} as its last line."""
+    out = subprocess.run([PY, "-c", textwrap.dedent(code)], env=_env(), capture_output=True, text=True,
+                         timeout=900)
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr[-2000:])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _served(server: subprocess.Popen, run) -> dict:
+    before = _cpu_tree(server)
+    res = run()
+    time.sleep(0.3)                      # let per-connection children exit and be reaped
+    res["cpu_server"] = _cpu_tree(server) - before
+    return res
+
+
+# -- methods -----------------------------------------------------------------------
+RAW_RECEIVER = """
+import json, os, resource, socket, sys, time
+def cpu(): r = resource.getrusage(resource.RUSAGE_SELF); return r.ru_utime + r.ru_stime
+srv = socket.create_server(("127.0.0.1", {port}))
+print("ready", flush=True)
+c, _ = srv.accept()
+t0, c0 = time.perf_counter(), cpu()
+fd = os.open({dst!r}, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+buf = bytearray(1 << 20); view = memoryview(buf)
+while True:
+    n = c.recv_into(view)
+    if not n: break
+    os.write(fd, view[:n])
+os.fsync(fd); os.close(fd)
+print(json.dumps({{"seconds": time.perf_counter() - t0, "cpu": cpu() - c0}}))
+"""
+RAW_SENDER = """
+import json, os, resource, socket, time
+def cpu(): r = resource.getrusage(resource.RUSAGE_SELF); return r.ru_utime + r.ru_stime
+s = socket.create_connection(("127.0.0.1", {port}))
+c0 = cpu()
+fd = os.open({src!r}, os.O_RDONLY); size = os.fstat(fd).st_size; off = 0
+while off < size:
+    off += os.sendfile(s.fileno(), fd, off, size - off)
+s.close()
+print(json.dumps({{"seconds": 0, "cpu": cpu() - c0}}))
+"""
+
+
+def raw_sendfile(src: str, dst: str) -> dict:
+    port = _free_port()
+    recv = subprocess.Popen([PY, "-c", RAW_RECEIVER.format(port=port, dst=dst)], stdout=subprocess.PIPE, text=True)
+    assert recv.stdout.readline().strip() == "ready"
+    send = _client(RAW_SENDER.format(port=port, src=src))
+    r = json.loads(recv.stdout.read().strip().splitlines()[-1])
+    recv.wait()
+    return {"seconds": r["seconds"], "cpu_send": send["cpu"], "cpu_recv": r["cpu"]}
+
+
+FERRY_CLIENT = """
+import json, resource, time, sys
+from transfer import Demander, DirectoryStorage, Limits
+from transfer.ssh import SSHTunnel
+def cpu(): r = resource.getrusage(resource.RUSAGE_SELF); return r.ru_utime + r.ru_stime
+connect = None
+ssh = {ssh!r}
+if ssh:
+    t = SSHTunnel(ssh["user"], "127.0.0.1", ssh["port"], key_filename=ssh["key"], known_hosts=ssh["known_hosts"])
+    connect = t.connector("127.0.0.1", {port})
+d = Demander(DirectoryStorage({dst!r}), "127.0.0.1:{port}", {secret!r}.encode(), connect=connect,
+             limits=Limits(1, {rate!r}))
+c0 = cpu()
+r = d.fetch(0)
+print(json.dumps({{"seconds": r.seconds, "cpu": cpu() - c0, "bytes_wire": r.bytes_wire,
+                  "receive_seconds": r.stages["receive"]}}))
+"""
+
+
+def ferry(serve: subprocess.Popen, port: int, dst: str, ssh: dict | None = None, rate: float | None = None,
+          extra: subprocess.Popen | None = None) -> dict:
+    def run() -> dict:
+        for f in os.listdir(dst):
+            os.unlink(os.path.join(dst, f))
+        return _client(FERRY_CLIENT.format(port=port, dst=dst, secret=SECRET, ssh=ssh, rate=rate))
+    before_extra = _cpu_tree(extra) if extra else 0.0
+    res = _served(serve, run)
+    if extra:   # sshd encrypts on the supplier's side of the tunnel: count it there
+        res["cpu_server"] += _cpu_tree(extra) - before_extra
+    return {"seconds": res["seconds"], "cpu_send": res["cpu_server"], "cpu_recv": res["cpu"],
+            "receive_seconds": res["receive_seconds"]}
+
+
+def rsync_daemon(src: str, dst: str, work: str) -> dict:
+    port = _free_port()
+    conf = os.path.join(work, "rsyncd.conf")
+    with open(conf, "w") as f:
+        f.write(f"port = {port}\naddress = 127.0.0.1\nuse chroot = no\npid file = {work}/rsyncd.pid\n"
+                f"uid = {os.getuid()}\ngid = {os.getgid()}\n[dst]\npath = {dst}\nread only = no\n")
+    daemon = subprocess.Popen(["rsync", "--daemon", "--no-detach", f"--config={conf}"])
+    try:
+        _wait_port(port, daemon)
+
+        def run() -> dict:
+            for f in os.listdir(dst):
+                os.unlink(os.path.join(dst, f))
+            t0 = time.perf_counter()
+            p = subprocess.Popen(["rsync", "--whole-file", src, f"rsync://127.0.0.1:{port}/dst/"])
+            _, status, ru = os.wait4(p.pid, 0)
+            if status:
+                raise RuntimeError(f"rsync failed: {status}")
+            return {"seconds": time.perf_counter() - t0, "cpu": ru.ru_utime + ru.ru_stime}
+        res = _served(daemon, run)
+    finally:
+        daemon.terminate()
+        daemon.wait()
+    return {"seconds": res["seconds"], "cpu_send": res["cpu"], "cpu_recv": res["cpu_server"]}
+
+
+SFTP_CLIENT = """
+import json, resource, time, paramiko
+def cpu(): r = resource.getrusage(resource.RUSAGE_SELF); return r.ru_utime + r.ru_stime
+sock = __import__("socket").create_connection(("127.0.0.1", {port}))
+t = paramiko.Transport(sock)
+o = t.get_security_options()
+o.ciphers = ("aes128-gcm@openssh.com",) + tuple(c for c in o.ciphers if c != "aes128-gcm@openssh.com")
+t.start_client()
+t.auth_publickey({user!r}, paramiko.PKey.from_path({key!r}))
+sftp = paramiko.SFTPClient.from_transport(t)
+c0, t0 = cpu(), time.perf_counter()
+sftp.get({src!r}, {dst!r})
+print(json.dumps({{"seconds": time.perf_counter() - t0, "cpu": cpu() - c0}}))
+"""
+
+
+class Sshd:
+    """A throwaway OpenSSH server on loopback (as the tests run it)."""
+
+    def __init__(self, work: str) -> None:
+        self.dir = os.path.join(work, "sshd")
+        os.makedirs(self.dir)
+        for n in ("host", "user"):
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", f"{self.dir}/{n}"], check=True)
+        shutil.copy(f"{self.dir}/user.pub", f"{self.dir}/authorized_keys")
+        os.makedirs("/run/sshd", exist_ok=True)
+        self.port = _free_port()
+        self.user = psutil.Process().username()
+        with open(f"{self.dir}/config", "w") as f:
+            f.write(f"Port {self.port}\nListenAddress 127.0.0.1\nHostKey {self.dir}/host\n"
+                    f"PidFile {self.dir}/pid\nAuthorizedKeysFile {self.dir}/authorized_keys\n"
+                    "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
+                    "PermitRootLogin prohibit-password\nAllowTcpForwarding yes\nLogLevel ERROR\n"
+                    "Subsystem sftp internal-sftp\n")
+        host = open(f"{self.dir}/host.pub").read().split()
+        with open(f"{self.dir}/known_hosts", "w") as f:
+            f.write(f"[127.0.0.1]:{self.port} {host[0]} {host[1]}\n")
+        self.proc = subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", f"{self.dir}/config"],
+                                     stderr=subprocess.DEVNULL)
+        _wait_port(self.port, self.proc)
+
+    def spec(self) -> dict:
+        return {"user": self.user, "port": self.port, "key": f"{self.dir}/user",
+                "known_hosts": f"{self.dir}/known_hosts"}
+
+    def sftp(self, src: str, dst: str) -> dict:
+        res = _served(self.proc, lambda: _client(SFTP_CLIENT.format(port=self.port, user=self.user,
+                                                                    key=f"{self.dir}/user", src=src, dst=dst)))
+        return {"seconds": res["seconds"], "cpu_send": res["cpu_server"], "cpu_recv": res["cpu"]}
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait()
+
+
+# -- driver ------------------------------------------------------------------------
+def make_file(path: str, size: int) -> None:
+    block = os.urandom(1 << 20)
+    with open(path, "wb") as f:
+        for i in range(size >> 20):
+            f.write(i.to_bytes(8, "little") + block[8:])
+
+
+def best(fn, repeat: int) -> dict:
+    runs = [fn() for _ in range(repeat)]
+    return min(runs, key=lambda r: r["seconds"])
+
+
+def bench_size(size: int, work: str, repeat: int, sshd: Sshd | None) -> dict:
+    src_dir, dst_dir = os.path.join(work, "src"), os.path.join(work, "dst")
+    for d in (src_dir, dst_dir):
+        shutil.rmtree(d, ignore_errors=True)
+        os.makedirs(d)
+    src = os.path.join(src_dir, "part-0.bin")
+    make_file(src, size)
+    dst_file = os.path.join(dst_dir, "part-0.bin")
+    port = _free_port()
+    serve = subprocess.Popen([PY, "-c", "from ferry.cli import main; main()", "transfer", "serve",
+                              "--dir", src_dir, "--port", str(port)], env=_env(), stderr=subprocess.DEVNULL)
+    out: dict[str, dict] = {}
+    try:
+        _wait_port(port, serve)
+        out["raw_sendfile"] = best(lambda: raw_sendfile(src, dst_file), repeat)
+        out["ferry_plain"] = best(lambda: ferry(serve, port, dst_dir), repeat)
+        if shutil.which("rsync"):
+            out["rsync_daemon"] = best(lambda: rsync_daemon(src, dst_dir, work), repeat)
+        if sshd:
+            out["ferry_ssh"] = best(lambda: ferry(serve, port, dst_dir, ssh=sshd.spec(), extra=sshd.proc), repeat)
+            out["paramiko_sftp"] = best(lambda: sshd.sftp(src, dst_file), repeat)
+    finally:
+        serve.terminate()
+        serve.wait()
+    raw = out["raw_sendfile"]["seconds"]
+    for name, r in out.items():
+        r.pop("receive_seconds", None)
+        r["mb_per_s"] = round(size / 1e6 / r["seconds"], 1)
+        r["ratio_to_raw_sendfile"] = round(raw / r["seconds"], 3)
+        r["cpu_send_s_per_gib"] = round(r.pop("cpu_send") * GiB / size, 3)
+        r["cpu_recv_s_per_gib"] = round(r.pop("cpu_recv") * GiB / size, 3)
+        r["seconds"] = round(r["seconds"], 3)
+    return out
+
+
+def bench_rate(work: str, size: int, rate: float) -> dict:
+    src_dir, dst_dir = os.path.join(work, "rsrc"), os.path.join(work, "rdst")
+    os.makedirs(src_dir, exist_ok=True)
+    os.makedirs(dst_dir, exist_ok=True)
+    make_file(os.path.join(src_dir, "part-0.bin"), size)
+    port = _free_port()
+    serve = subprocess.Popen([PY, "-c", "from ferry.cli import main; main()", "transfer", "serve",
+                              "--dir", src_dir, "--port", str(port), "--rate", str(int(rate))],
+                             env=_env(), stderr=subprocess.DEVNULL)
+    try:
+        _wait_port(port, serve)
+        r = ferry(serve, port, dst_dir)
+    finally:
+        serve.terminate()
+        serve.wait()
+    # The data stage: the limit governs bytes on the wire, not the handshake and manifest.
+    got = size / r["receive_seconds"]
+    return {"set_mb_per_s": rate / 1e6, "got_mb_per_s": round(got / 1e6, 1),
+            "whole_fetch_mb_per_s": round(size / r["seconds"] / 1e6, 1),
+            "error": round(got / rate - 1, 4), "bytes": size}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="256 MiB, one run each (< 30 s)")
+    ap.add_argument("--full", action="store_true", help="also 4 GiB")
+    ap.add_argument("--dir", default="/dev/shm" if os.path.isdir("/dev/shm") else None,
+                    help="where the files go (default tmpfs /dev/shm)")
+    ap.add_argument("--repeat", type=int, default=None)
+    args = ap.parse_args()
+    sizes = [256 << 20] if args.quick else [GiB] + ([4 * GiB] if args.full else [])
+    repeat = args.repeat or (1 if args.quick else 2)
+    work = tempfile.mkdtemp(prefix="ferry-bench-", dir=args.dir)
+    have_ssh = os.path.exists("/usr/sbin/sshd") and shutil.which("ssh-keygen") is not None
+    sshd = Sshd(work) if have_ssh else None
+    result: dict = {"bench": "transfer", "dir": args.dir, "repeat": repeat, "cpus": os.cpu_count(),
+                    "loadavg_start": os.getloadavg()[0], "sizes": {}}
+    try:
+        for size in sizes:
+            result["sizes"][f"{size >> 20}MiB"] = bench_size(size, work, repeat, sshd)
+        # A rate the loaded machine can surely deliver: 40% of what Ferry reached
+        # unthrottled in this run (at most 100 MB/s), for about 3 seconds of data.
+        plain = result["sizes"][f"{sizes[0] >> 20}MiB"]["ferry_plain"]["mb_per_s"] * 1e6
+        rate = min(100e6, 0.4 * plain)
+        result["rate_limit"] = bench_rate(work, int(rate * 3) >> 20 << 20, rate)
+    finally:
+        if sshd:
+            sshd.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    first = result["sizes"][f"{sizes[0] >> 20}MiB"]
+    t: dict[str, object] = {}
+    t["ferry_plain_vs_raw_sendfile"] = first["ferry_plain"]["ratio_to_raw_sendfile"]
+    t["ferry_plain_vs_raw_ok(>=0.85)"] = t["ferry_plain_vs_raw_sendfile"] >= 0.85
+    if "rsync_daemon" in first:
+        t["ferry_plain_vs_rsync"] = round(first["ferry_plain"]["mb_per_s"] / first["rsync_daemon"]["mb_per_s"], 2)
+        t["ferry_plain_vs_rsync_ok(>=2)"] = t["ferry_plain_vs_rsync"] >= 2
+    if "ferry_ssh" in first:
+        t["ferry_ssh_vs_sftp"] = round(first["ferry_ssh"]["mb_per_s"] / first["paramiko_sftp"]["mb_per_s"], 2)
+        t["ferry_ssh_vs_sftp_ok(>=1.3)"] = t["ferry_ssh_vs_sftp"] >= 1.3
+    t["rate_limit_ok(within 5%)"] = abs(result["rate_limit"]["error"]) <= 0.05
+    result["targets"] = t
+    result["loadavg_end"] = os.getloadavg()[0]
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from click.testing import CliRunner
+
+from transfer.cli import transfer
+from transfer_helpers import peer_of, read, write_part
+
+FERRY = [sys.executable, "-c", "from ferry.cli import main; main()"]
+MB = 1 << 20
+
+
+def test_fetch_json_summary(server, src, dst, secret_file) -> None:
+    a = write_part(src, 1, 3 * MB)
+    b = write_part(src, 2, 1000)
+    r = CliRunner().invoke(transfer, ["fetch", peer_of(server), "--partition", "1", "--partition", "2",
+                                      "--dest", dst, "--secret-file", secret_file, "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["ok"] is True and [p["partition"] for p in out["partitions"]] == [1, 2]
+    p1 = out["partitions"][0]
+    assert set(p1) == {"partition", "bytes", "bytes_wire", "bytes_reused", "seconds", "mb_per_s", "verified"}
+    assert p1["bytes"] == 3 * MB and p1["bytes_wire"] == 3 * MB and p1["bytes_reused"] == 0 and p1["verified"]
+    assert read(os.path.join(dst, "part-1.bin")) == a and read(os.path.join(dst, "part-2.bin")) == b
+
+
+def _run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(FERRY + ["transfer"] + args, env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_failures_exit_nonzero_with_one_line(server, src, dst, secret_file, tmp_path, py_env) -> None:
+    write_part(src, 1, 100)
+    wrong = tmp_path / "wrong"
+    wrong.write_text("another-secret-of-enough-length")
+    wrong.chmod(0o600)
+    cases = {
+        "wrong secret": (["fetch", peer_of(server), "--partition", "1", "--dest", dst,
+                          "--secret-file", str(wrong)], "does not know the cluster secret"),
+        "unreachable": (["fetch", "127.0.0.1:1", "--partition", "1", "--dest", dst,
+                         "--secret-file", secret_file], "cannot connect to 127.0.0.1:1"),
+        "missing partition": (["fetch", peer_of(server), "--partition", "9", "--dest", dst,
+                               "--secret-file", secret_file], "NOT_HELD"),
+        "no secret": (["fetch", peer_of(server), "--partition", "1", "--dest", dst], "no cluster secret"),
+    }
+    env = dict(py_env)
+    env.pop("FERRY_SECRET", None)
+    for name, (args, text) in cases.items():
+        r = _run(args, env)
+        assert r.returncode == 1, (name, r.stderr)
+        lines = [ln for ln in r.stderr.splitlines() if ln.startswith("ferry transfer fetch: error:")]
+        assert len(lines) == 1 and text in lines[0], (name, r.stderr)
+    assert not os.path.exists(os.path.join(dst, "part-1.bin"))
+    assert not os.path.exists(os.path.join(dst, "part-9.bin"))
+
+
+def test_json_failure_object(server, dst, secret_file) -> None:
+    r = CliRunner().invoke(transfer, ["fetch", peer_of(server), "--partition", "5", "--dest", dst,
+                                      "--secret-file", secret_file, "--json"])
+    assert r.exit_code == 1
+    out = json.loads(r.stdout.strip().splitlines()[0])
+    assert out["ok"] is False and out["partitions"] == [] and "NOT_HELD" in out["error"]
+
+
+def test_secret_from_env_and_never_from_argv(server, src, dst, monkeypatch) -> None:
+    write_part(src, 1, 100)
+    r = CliRunner().invoke(transfer, ["fetch", peer_of(server), "--partition", "1", "--dest", dst,
+                                      "--secret", "x" * 32])
+    assert r.exit_code == 2 and "No such option" in r.output
+    from transfer_helpers import SECRET
+    monkeypatch.setenv("FERRY_SECRET", SECRET.decode())
+    r = CliRunner().invoke(transfer, ["fetch", peer_of(server), "--partition", "1", "--dest", dst, "--rate", "50MB"])
+    assert r.exit_code == 0, r.output
+
+
+def test_serve_refuses_bad_setup(tmp_path, secret_file, py_env) -> None:
+    r = _run(["serve", "--dir", str(tmp_path), "--port", "0", "--secret-file", secret_file, "--rate", "fast"], py_env)
+    assert r.returncode == 1 and "rate 'fast'" in r.stderr

@@ -1,0 +1,187 @@
+"""``ferry transfer serve`` and ``ferry transfer fetch`` (group attribute ``transfer``).
+
+The cluster secret comes from ``--secret-file`` or ``$FERRY_SECRET``, never from argv.
+``fetch --json`` prints one summary object on stdout (schema in docs/transfer.md);
+progress bars go to stderr. Any failure exits non-zero with a one-line reason.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from typing import Any
+
+import click
+
+# Failures worth another attempt (the next attempt resumes from the verified chunks).
+_RETRYABLE = ("PeerClosed",)
+
+
+@click.group("transfer")
+def transfer() -> None:
+    """Serve and fetch partition files (part-<p>.bin)."""
+
+
+def _secret(path: str | None) -> bytes:
+    from .auth import load_secret
+    return load_secret(path)
+
+
+@transfer.command("serve")
+@click.option("--dir", "directory", required=True, type=click.Path(file_okay=False, exists=True),
+              help="Directory holding part-<p>.bin files (other caches in sub-directories).")
+@click.option("--port", type=int, required=True, help="TCP port to listen on (0: any).")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--secret-file", type=click.Path(dir_okay=False), help="Cluster secret file (or $FERRY_SECRET).")
+@click.option("--rate", default=None, help="Node-wide send limit, e.g. 200MB (bytes/s).")
+@click.option("--max-transfers", default=4, show_default=True, help="Concurrent transfers served.")
+@click.option("-v", "--verbose", is_flag=True, help="Log every transfer, not only failures.")
+def serve(directory: str, port: int, host: str, secret_file: str | None, rate: str | None,
+          max_transfers: int, verbose: bool) -> None:
+    """Serve the partition files of DIR to authenticated demanders."""
+    from .errors import TransferError
+    from .limits import Limits, parse_rate
+    from .storage import DirectoryStorage
+    from .supplier import SupplierServer
+
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(message)s")
+    try:
+        limits = Limits(max_transfers, parse_rate(rate) if rate else None)
+        server = SupplierServer(DirectoryStorage(directory), _secret(secret_file), host, port, limits=limits)
+    except (TransferError, ValueError, OSError) as e:
+        _fail("serve", e)
+    h, p = server.address
+    click.echo(f"serving {directory} on {h}:{p}", err=True)
+    sys.stderr.flush()
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+
+
+@transfer.command("fetch")
+@click.argument("peer")
+@click.option("--partition", "partitions", type=int, multiple=True, required=True,
+              help="Partition to fetch (repeatable).")
+@click.option("--dest", required=True, type=click.Path(file_okay=False), help="Directory to install into.")
+@click.option("--cache", default="default", show_default=True)
+@click.option("--secret-file", type=click.Path(dir_okay=False), help="Cluster secret file (or $FERRY_SECRET).")
+@click.option("--ssh", "ssh_spec", default=None, help="Tunnel through SSH: USER@HOST[:PORT].")
+@click.option("--ssh-key", default=None, type=click.Path(dir_okay=False), help="SSH private key file.")
+@click.option("--known-hosts", default=None, type=click.Path(dir_okay=False),
+              help="known_hosts file for the SSH host key check (default ~/.ssh/known_hosts).")
+@click.option("--no-host-key-check", is_flag=True, help="Do not check the SSH host key (unsafe).")
+@click.option("--rate", default=None, help="Receive limit, e.g. 200MB (bytes/s).")
+@click.option("--retries", default=2, show_default=True, help="Resume attempts after a lost connection.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON summary on stdout.")
+def fetch(peer: str, partitions: tuple[int, ...], dest: str, cache: str, secret_file: str | None,
+          ssh_spec: str | None, ssh_key: str | None, known_hosts: str | None, no_host_key_check: bool,
+          rate: str | None, retries: int, as_json: bool) -> None:
+    """Fetch partitions from the supplier at PEER (HOST:PORT) into DEST, verified."""
+    import os
+
+    from .demander import Demander
+    from .errors import TransferError
+    from .limits import Limits, parse_rate
+    from .storage import DirectoryStorage
+    from .transport import parse_hostport
+
+    logging.basicConfig(level=logging.ERROR, stream=sys.stderr, format="%(levelname)s %(message)s")
+    results: list[dict[str, Any]] = []
+    tunnel = None
+    try:
+        host, port = parse_hostport(peer)
+        limits = Limits(1, parse_rate(rate) if rate else None)
+        os.makedirs(dest, exist_ok=True)
+        connect = None
+        if ssh_spec:
+            from .ssh import SSHTunnel
+            tunnel = SSHTunnel.parse(ssh_spec, key_filename=ssh_key, known_hosts=known_hosts,
+                                     check_host_key=not no_host_key_check)
+            connect = tunnel.connector(host, port)
+        demander = Demander(DirectoryStorage(dest), peer, _secret(secret_file), limits=limits, connect=connect)
+        with _Bars(len(partitions), quiet=False) as bars:
+            for p in partitions:
+                for attempt in range(retries + 1):
+                    try:
+                        res = demander.fetch(p, cache=cache, progress=bars.update)
+                        break
+                    except TransferError as e:
+                        if type(e).__name__ not in _RETRYABLE or attempt == retries:
+                            raise
+                        bars.note(p, f"connection lost ({e.reason}); resuming")
+                results.append(res.summary())
+                bars.done(p)
+    except (TransferError, ValueError, OSError) as e:
+        if as_json:
+            click.echo(json.dumps({"partitions": results, "ok": False, "error": _one_line(e)}))
+        _fail("fetch", e)
+    finally:
+        if tunnel is not None:
+            tunnel.close()
+    if as_json:
+        click.echo(json.dumps({"partitions": results, "ok": True}))
+    else:
+        for r in results:
+            click.echo(f"partition {r['partition']}: {r['bytes']} bytes, {r['bytes_wire']} over the wire, "
+                       f"{r['bytes_reused']} reused, {r['mb_per_s']} MB/s, verified", err=True)
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())
+
+
+def _fail(cmd: str, e: BaseException) -> None:
+    click.echo(f"ferry transfer {cmd}: error: {_one_line(e)}", err=True)
+    sys.exit(1)
+
+
+class _Bars:
+    """A rich progress bar per partition plus a total (bytes, rate, ETA, stage) on stderr."""
+
+    def __init__(self, count: int, quiet: bool) -> None:
+        from rich.console import Console
+        from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn,
+                                   TimeRemainingColumn, TransferSpeedColumn)
+
+        self.console = Console(stderr=True)
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+                                 TransferSpeedColumn(), TimeRemainingColumn(),
+                                 TextColumn("{task.fields[stage]}"), console=self.console,
+                                 disable=quiet or not self.console.is_terminal)
+        self.tasks: dict[int, Any] = {}
+        self.sizes: dict[int, int] = {}
+        self.done_bytes: dict[int, int] = {}
+        self.total = self.progress.add_task("total", total=None, stage=f"0/{count} partitions")
+        self.count = count
+        self.finished = 0
+
+    def __enter__(self) -> "_Bars":
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+    def update(self, ev: Any) -> None:
+        if ev.partition not in self.tasks:
+            self.tasks[ev.partition] = self.progress.add_task(f"partition {ev.partition}", total=None,
+                                                              stage=ev.stage)
+        if ev.total:
+            self.sizes[ev.partition] = ev.total
+        self.done_bytes[ev.partition] = ev.done
+        self.progress.update(self.tasks[ev.partition], completed=ev.done, total=ev.total or None,
+                             stage=ev.stage)
+        total = sum(self.sizes.values()) or None
+        self.progress.update(self.total, completed=sum(self.done_bytes.values()), total=total,
+                             stage=f"{self.finished}/{self.count} partitions")
+
+    def note(self, partition: int, text: str) -> None:
+        self.console.print(f"partition {partition}: {text}")
+
+    def done(self, partition: int) -> None:
+        self.finished += 1
+        self.progress.update(self.total, stage=f"{self.finished}/{self.count} partitions")

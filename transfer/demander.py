@@ -1,0 +1,349 @@
+"""The demander: fetches one partition from a supplier and installs it, verified.
+
+Stages (see docs/protocol.md): reserve -> connect -> handshake -> demand -> manifest
+-> accept (free-disk check) -> receive (chunks, pre-images) -> verify (re-request bad
+chunks) -> install -> applied. Data lands in ``part-<p>.bin.ferry-tmp`` next to the
+target; verified chunks are recorded durably (transfer.resume), so a later fetch of
+the same partition sends what it holds and only missing or changed chunks travel.
+Nothing is installed unless every chunk matches the manifest and every page passes
+the storage's page check; on failure the temp file stays for resume, never installed.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Callable
+
+from faults import crashpoint
+
+from .auth import client_handshake
+from .errors import (ChecksumError, FrameError, OutOfDiskError, PageCheckError, PeerClosed,
+                     RemoteError, TransferError)
+from .frames import ErrorCode, FrameType, read_frame, send_error, write_frame
+from .limits import Limits
+from .messages import (Chunk, Demand, End, Manifest, Preimage, Priority, Queued, Received, Resend,
+                       check_cache, check_partition)
+from .result import FetchResult, Progress, free_bytes
+from .resume import Receiving, checksum
+from .stages import Stages
+from .storage import DEFAULT_CACHE, TransferStorage
+from .transport import Conn, connect_tcp, parse_hostport
+
+log = logging.getLogger("ferry.transfer")
+
+DEFAULT_CHUNK = 1 << 20
+DEFAULT_MARGIN = 64 << 20
+# RECEIVED is sent per 8 MiB (and for the last chunk), not per chunk: on loopback a
+# tiny send runs the peer's TCP work in our syscall and cost as much as the pwrites.
+# Acknowledging later only means the supplier keeps saving pre-images a little longer.
+ACK_BYTES = 8 << 20
+
+
+class Demander:
+    """Fetches partitions from one supplier ``peer`` ("host:port") into ``storage``.
+
+    ``connect`` replaces the plain TCP connection (e.g. transfer.ssh's tunnel);
+    ``limits`` is the node-wide receiving limit shared by all demanders of a node;
+    ``margin`` bytes of free disk must remain beyond the partition and
+    ``reserve_extra`` (the caller's own needs during the move, e.g. its temp WAL)."""
+
+    def __init__(self, storage: TransferStorage, peer: str, secret: bytes, *,
+                 limits: Limits | None = None, connect: Callable[[], Conn] | None = None,
+                 chunk_size: int = DEFAULT_CHUNK, timeout: float = 60.0,
+                 margin: int = DEFAULT_MARGIN, max_resends: int = 3,
+                 sync_bytes: int = 32 << 20) -> None:
+        self.storage = storage
+        self.peer = peer
+        self.secret = secret
+        self.limits = limits or Limits(max_transfers=1 << 30)
+        self._connect = connect or (lambda: connect_tcp(*parse_hostport(peer), timeout=timeout))
+        self.chunk_size = chunk_size
+        self.timeout = timeout
+        self.margin = margin
+        self.max_resends = max_resends
+        self.sync_bytes = sync_bytes
+
+    def fetch(self, partition: int, *, cache: str = DEFAULT_CACHE,
+              progress: Callable[[Progress], None] | None = None,
+              priority: int = Priority.REBALANCE, reserve_extra: int = 0) -> FetchResult:
+        check_cache(cache)
+        check_partition(partition)
+        run = _Fetch(self, cache, partition, progress or (lambda p: None), priority, reserve_extra)
+        return run.run()
+
+
+class _Fetch:
+    """One fetch of one partition; attributes are its state across the stages."""
+
+    def __init__(self, d: Demander, cache: str, partition: int,
+                 progress: Callable[[Progress], None], priority: int, reserve_extra: int) -> None:
+        self.d, self.cache, self.partition = d, cache, partition
+        self.progress, self.priority, self.reserve_extra = progress, priority, reserve_extra
+        self.stages = Stages()
+        self.conn: Conn | None = None
+        self.rec: Receiving | None = None
+        self.m: Manifest | None = None
+        self.wire = 0
+        self.reused = 0
+        self.preimages = 0
+        self.resent = 0
+        self.done = 0
+
+    def _tell(self) -> None:
+        total = self.m.size if self.m else 0
+        self.progress(Progress(self.partition, self.stages.current, self.done, total, self.wire))
+
+    def run(self) -> FetchResult:
+        t0 = time.perf_counter()
+        ctx = {"partition": self.partition, "peer": self.d.peer}
+        try:
+            with self.stages.stage("reserve", **ctx), self.d.limits.slots.acquire(self.priority):
+                self._tell()
+                with self.stages.stage("connect", **ctx):
+                    self.conn = self.d._connect()
+                    self.conn.set_timeout(self.d.timeout)
+                with self.stages.stage("handshake", **ctx):
+                    client_handshake(self.conn, self.d.secret)
+                with self.stages.stage("demand", **ctx):
+                    self._demand()
+                with self.stages.stage("manifest", **ctx):
+                    self._manifest()
+                with self.stages.stage("accept", **ctx):
+                    self._accept()
+                with self.stages.stage("receive", **ctx):
+                    self._receive()
+                with self.stages.stage("verify", **ctx):
+                    self._verify()
+                with self.stages.stage("install", **ctx):
+                    self._install()
+                with self.stages.stage("applied", **ctx):
+                    write_frame(self.conn, FrameType.APPLIED, {"ok": True})
+                    self._tell()
+        except BaseException as e:
+            self._abort(e)
+            raise
+        finally:
+            if self.conn is not None:
+                self.conn.close()
+        assert self.m is not None
+        res = FetchResult(self.partition, self.cache, self.m.size, self.wire, self.reused,
+                          time.perf_counter() - t0, True, self.m.counter, self.preimages,
+                          self.resent, dict(self.stages.seconds))
+        log.info("demander: partition %s installed from %s: %s bytes, %s over the wire, %.1f MB/s",
+                 self.partition, self.d.peer, res.bytes, res.bytes_wire, res.mb_per_s)
+        return res
+
+    def _abort(self, e: BaseException) -> None:
+        """Tell the supplier why (unless it told us), keep what is verified for resume."""
+        if self.conn is not None and not isinstance(e, (RemoteError, PeerClosed)):
+            code = (e.code if isinstance(e, FrameError) else ErrorCode.NO_SPACE
+                    if isinstance(e, OutOfDiskError) else ErrorCode.CHECKSUM
+                    if isinstance(e, ChecksumError) else ErrorCode.ABORTED)
+            send_error(self.conn, code, str(e))
+        if self.rec is not None:
+            try:
+                self.rec.flush()
+            except Exception:
+                pass        # the disk may be what failed; the journal is only an optimisation
+            if self.rec.held:
+                self.rec.close()             # kept for resume
+            else:
+                self.rec.discard_journal()   # nothing worth keeping: leave no litter
+        reason = e.reason if isinstance(e, TransferError) else repr(e)
+        log.warning("demander: transfer failed at stage %s, partition %s, peer %s: %s",
+                    self.stages.current, self.partition, self.d.peer, reason)
+
+    # -- stages ------------------------------------------------------------------
+    def _demand(self) -> None:
+        target = self.d.storage.target_path(self.cache, self.partition)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        chunk = Receiving.stored_chunk_size(target) or self.d.chunk_size
+        self.rec = Receiving(target, chunk, sync_bytes=self.d.sync_bytes)
+        held = self.rec.held_checksums()
+        self.offered = held
+        write_frame(self.conn, FrameType.DEMAND,
+                    Demand(self.cache, self.partition, self.priority, chunk, held).to_body())
+
+    def _manifest(self) -> None:
+        while True:
+            frame = read_frame(self.conn, expect=[FrameType.QUEUED, FrameType.MANIFEST])
+            if frame.type == FrameType.QUEUED:
+                Queued.from_body(frame.body)
+                self.stages.current = "queued"
+                self._tell()
+                self.stages.current = "manifest"
+                continue
+            m = Manifest.from_body(frame.body)
+            break
+        assert self.rec is not None
+        if m.chunk_size != self.rec.chunk_size:
+            raise FrameError(ErrorCode.PROTOCOL, f"supplier chose chunk size {m.chunk_size}, "
+                             f"demanded {self.rec.chunk_size}")
+        if m.size > m.page_count * m.page_size:
+            raise FrameError(ErrorCode.PROTOCOL, f"manifest size {m.size} exceeds its "
+                             f"{m.page_count} pages of {m.page_size} bytes")
+        self.m = m
+
+    def _accept(self) -> None:
+        m, rec = self.m, self.rec
+        assert m is not None and rec is not None
+        for i, (n, s) in rec.held.items():
+            if i < m.chunk_count and m.chunk_span(i)[1] == n and m.checksums[i] == s:
+                self.reused += n
+        self.done = self.reused
+        have = os.fstat(rec.fd).st_blocks * 512
+        needed = max(0, m.size - have) + self.reserve_extra + self.d.margin
+        free = free_bytes(os.path.dirname(rec.tmp_path))
+        if free < needed:
+            raise OutOfDiskError(rec.tmp_path, needed,
+                                 f"only {free} bytes free for partition {self.partition} "
+                                 f"({m.size} bytes, {self.reused} already held, margin {self.d.margin})")
+        write_frame(self.conn, FrameType.ACCEPT, {})
+        self._tell()
+
+    def _receive(self) -> None:
+        m = self.m
+        assert m is not None
+        self.suspect: set[int] = set()
+        self.fresh: set[int] = set()       # chunks received in this fetch
+        self._read_data(acknowledge=True)
+        # Pages overwritten at the source after C arrive as pre-images after the data.
+
+    def _read_data(self, acknowledge: bool = False) -> End:
+        """Read CHUNK/PREIMAGE frames up to END; with ``acknowledge``, tell the supplier
+        after each chunk that its bytes are out of the socket (RECEIVED)."""
+        m, rec = self.m, self.rec
+        assert m is not None and rec is not None and self.conn is not None
+        buf = bytearray(m.chunk_size)
+        view = memoryview(buf)
+        bucket = self.d.limits.bucket
+        last_tell = 0.0
+        # the supplier sends exactly the chunks not offered with the manifest's checksum
+        last_expected = max((i for i, s in enumerate(m.checksums) if self.offered.get(i) != s), default=-1)
+        unacked = 0
+        while True:
+            frame = read_frame(self.conn, expect=[FrameType.CHUNK, FrameType.PREIMAGE, FrameType.END])
+            if frame.type == FrameType.END:
+                rec.flush()
+                return End.from_body(frame.body)
+            if frame.type == FrameType.PREIMAGE:
+                pre = Preimage.from_body(frame.body)
+                if pre.page >= m.page_count or len(pre.data) != m.page_size:
+                    raise FrameError(ErrorCode.PROTOCOL, f"pre-image of page {pre.page} "
+                                     f"({len(pre.data)} bytes) does not fit the manifest")
+                rec.forget(pre.page * m.page_size // m.chunk_size)
+                self.suspect.add(pre.page * m.page_size // m.chunk_size)
+                rec.write_at(pre.page * m.page_size, pre.data[:max(0, m.size - pre.page * m.page_size)])
+                self.preimages += 1
+                self.wire += len(pre.data)
+                continue
+            ch = Chunk.from_body(frame.body)
+            if ch.index >= m.chunk_count or ch.length != m.chunk_span(ch.index)[1]:
+                raise FrameError(ErrorCode.PROTOCOL, f"CHUNK {ch.index} of {ch.length} bytes does not "
+                                 f"fit the manifest ({m.chunk_count} chunks of {m.chunk_size})")
+            got = 0
+            while got < ch.length:
+                k = self.conn.recv_into(view[got:ch.length])
+                if k == 0:
+                    raise PeerClosed(f"connection closed by {self.conn.peer} in the middle of "
+                                     f"chunk {ch.index} ({got} of {ch.length} bytes)")
+                bucket.take(k)
+                got += k
+            data = view[:ch.length]
+            rec.forget(ch.index)
+            rec.write_at(ch.index * m.chunk_size, data)
+            self.wire += ch.length
+            self.fresh.add(ch.index)
+            if checksum(data) == m.checksums[ch.index]:
+                self.suspect.discard(ch.index)
+                rec.verified(ch.index, ch.length, m.checksums[ch.index])
+                self.done += ch.length
+            else:
+                # Maybe corrupted on the wire, maybe a page written after C that a
+                # pre-image will restore: decided after the pre-images, in verify.
+                self.suspect.add(ch.index)
+            unacked += ch.length
+            if acknowledge and (unacked >= ACK_BYTES or ch.index == last_expected):
+                write_frame(self.conn, FrameType.RECEIVED, Received(ch.index).to_body())
+                unacked = 0
+            crashpoint("demander.mid_receive")
+            now = time.monotonic()
+            if now - last_tell > 0.1:
+                last_tell = now
+                self._tell()
+
+    def _verify(self) -> None:
+        m, rec = self.m, self.rec
+        assert m is not None and rec is not None
+        for attempt in range(self.d.max_resends + 1):
+            bad = []
+            for i in range(m.chunk_count):
+                if i in rec.held and rec.held[i][1] == m.checksums[i]:
+                    continue
+                off, n = m.chunk_span(i)
+                if i not in self.suspect and i in self.fresh:
+                    continue          # verified on arrival (its record may be pending)
+                data = os.pread(rec.fd, n, off)
+                if len(data) == n and checksum(data) == m.checksums[i]:
+                    rec.verified(i, n, m.checksums[i])
+                    self.suspect.discard(i)
+                    self.fresh.add(i)
+                else:
+                    bad.append(i)
+            rec.flush()
+            if not bad:
+                self.done = m.size
+                self._tell()
+                break
+            if attempt == self.d.max_resends:
+                raise ChecksumError(
+                    f"chunk(s) {bad[:8]} of partition {self.partition} failed their checksum "
+                    f"{self.d.max_resends + 1} times while the supplier confirmed its source "
+                    "matches the manifest: the data is being corrupted on the wire "
+                    "(network, NIC or proxy); the verified chunks are kept for resume", "wire")
+            log.warning("demander: partition %s: %d chunk(s) failed their checksum (%s...), "
+                        "re-requesting (attempt %d)", self.partition, len(bad), bad[:4], attempt + 1)
+            self.resent += len(bad)
+            for i in bad:
+                self.suspect.add(i)
+            write_frame(self.conn, FrameType.RESEND, Resend(tuple(bad)).to_body())
+            try:
+                self._read_data()
+            except RemoteError as e:
+                if e.code == ErrorCode.SOURCE_CHANGED:
+                    raise ChecksumError(f"the supplier's file changed during the transfer: {e.reason}",
+                                        "source") from None
+                raise
+        self._check_pages()
+
+    def _check_pages(self) -> None:
+        m, rec = self.m, self.rec
+        assert m is not None and rec is not None
+        if not self.d.storage.verifies_pages:
+            return
+        ps = m.page_size
+        block = max(ps, (4 << 20) // ps * ps)
+        for off in range(0, m.size, block):
+            data = os.pread(rec.fd, min(block, m.size - off), off)
+            for k in range(0, len(data), ps):
+                page = (off + k) // ps
+                why = self.d.storage.check_page(data[k:k + ps], page, ps)
+                if why is not None:
+                    # The chunk checksums matched, so the source itself holds this page.
+                    rec.discard_journal()
+                    self.rec = None
+                    raise PageCheckError(f"page {page} of partition {self.partition} is bad at the "
+                                         f"source ({why}); nothing installed")
+
+    def _install(self) -> None:
+        m, rec = self.m, self.rec
+        assert m is not None and rec is not None
+        rec.flush()
+        rec.finish(m.size)
+        crashpoint("demander.before_install")
+        rec.close()
+        self.d.storage.install(self.cache, self.partition, rec.tmp_path)
+        rec.discard_journal()
+        self.rec = None
+        self.done = m.size

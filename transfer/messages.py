@@ -1,0 +1,232 @@
+"""The transfer protocol's messages: one frozen dataclass per frame body, each with
+``to_body()`` and a validating ``from_body()``. Nothing else parses these bodies.
+
+Names are validated here, once: a cache name is ``[A-Za-z0-9_.-]{1,64}`` and not
+``.``/``..``; a partition is an integer 0..2**31-1. Anything else (``../``, absolute
+paths, NUL, strings where numbers belong) is refused with ErrorCode.BAD_NAME before
+any storage is touched.
+"""
+from __future__ import annotations
+
+import re
+import struct
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any
+
+from .errors import BadName, FrameError
+from .frames import ErrorCode, FrameType
+
+CHECKSUM_ALGO = "xxh3_64"
+MIN_CHUNK = 64 * 1024
+MAX_CHUNK = 64 * 1024 * 1024
+MAX_CHUNKS = (1 << 20) // 8 - 1024   # a MANIFEST's checksums must fit one frame
+MAX_PARTITION = 2**31 - 1
+_CACHE_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+_HELD = struct.Struct("<IQ")
+
+
+class Priority(IntEnum):
+    """Lower runs first: restoring a lost copy beats an ordinary rebalance."""
+    RECOVERY = 0
+    REBALANCE = 1
+    BACKGROUND = 2
+
+
+def check_cache(name: object) -> str:
+    if not isinstance(name, str) or not _CACHE_RE.fullmatch(name) or name in (".", ".."):
+        raise BadName(f"cache name {name!r} refused: use 1-64 of A-Z a-z 0-9 _ . - (no paths)")
+    return name
+
+
+def check_partition(p: object) -> int:
+    if isinstance(p, bool) or not isinstance(p, int) or not 0 <= p <= MAX_PARTITION:
+        raise BadName(f"partition {p!r} refused: must be an integer 0..{MAX_PARTITION}")
+    return p
+
+
+def _int(body: dict[str, Any], key: str, lo: int = 0, hi: int = 2**63 - 1) -> int:
+    v = body.get(key)
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise FrameError(ErrorCode.PROTOCOL, f"field {key!r} must be an integer {lo}..{hi}, got {v!r}")
+    return v
+
+
+def _bytes(body: dict[str, Any], key: str) -> bytes:
+    v = body.get(key)
+    if not isinstance(v, bytes):
+        raise FrameError(ErrorCode.PROTOCOL, f"field {key!r} must be bytes")
+    return v
+
+
+def check_chunk_size(n: int) -> int:
+    if not MIN_CHUNK <= n <= MAX_CHUNK or n & (n - 1):
+        raise FrameError(ErrorCode.PROTOCOL, f"chunk size {n} must be a power of two {MIN_CHUNK}..{MAX_CHUNK}")
+    return n
+
+
+@dataclass(frozen=True)
+class Demand:
+    cache: str
+    partition: int
+    priority: int = Priority.REBALANCE
+    chunk_size: int = 1 << 20
+    held: dict[int, int] = field(default_factory=dict)   # chunk index -> checksum
+
+    TYPE = FrameType.DEMAND
+
+    def to_body(self) -> dict[str, Any]:
+        held = b"".join(_HELD.pack(i, s) for i, s in sorted(self.held.items()))
+        return {"cache": self.cache, "partition": self.partition, "priority": int(self.priority),
+                "chunk_size": self.chunk_size, "held": held}
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> "Demand":
+        try:
+            cache = check_cache(body.get("cache"))
+            partition = check_partition(body.get("partition"))
+        except BadName as e:
+            raise FrameError(ErrorCode.BAD_NAME, e.reason) from None
+        raw = _bytes(body, "held")
+        if len(raw) % _HELD.size or len(raw) // _HELD.size > MAX_CHUNKS:
+            raise FrameError(ErrorCode.PROTOCOL, "DEMAND held list is malformed")
+        held = {i: s for i, s in _HELD.iter_unpack(raw)}
+        return cls(cache, partition, _int(body, "priority", 0, 255),
+                   check_chunk_size(_int(body, "chunk_size")), held)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    counter: int          # snapshot update counter C
+    size: int             # bytes the demander ends up with (page_count * page_size for page files)
+    page_size: int
+    page_count: int
+    chunk_size: int
+    checksums: tuple[int, ...]
+    algo: str = CHECKSUM_ALGO
+
+    TYPE = FrameType.MANIFEST
+
+    @property
+    def chunk_count(self) -> int:
+        return len(self.checksums)
+
+    def chunk_span(self, index: int) -> tuple[int, int]:
+        off = index * self.chunk_size
+        return off, min(self.chunk_size, self.size - off)
+
+    def to_body(self) -> dict[str, Any]:
+        return {"counter": self.counter, "size": self.size, "page_size": self.page_size,
+                "page_count": self.page_count, "chunk_size": self.chunk_size, "algo": self.algo,
+                "checksums": struct.pack(f"<{len(self.checksums)}Q", *self.checksums)}
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> "Manifest":
+        size = _int(body, "size")
+        chunk = check_chunk_size(_int(body, "chunk_size"))
+        raw = _bytes(body, "checksums")
+        n = -(-size // chunk)
+        if len(raw) != 8 * n:
+            raise FrameError(ErrorCode.PROTOCOL, f"MANIFEST has {len(raw) // 8} checksums for {n} chunks")
+        if body.get("algo") != CHECKSUM_ALGO:
+            raise FrameError(ErrorCode.PROTOCOL, f"MANIFEST checksum algorithm {body.get('algo')!r} "
+                             f"not supported (this side uses {CHECKSUM_ALGO})")
+        return cls(_int(body, "counter"), size, _int(body, "page_size", 1, 1 << 24),
+                   _int(body, "page_count"), chunk, struct.unpack(f"<{n}Q", raw))
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Announces ``length`` raw bytes of chunk ``index`` that follow on the stream."""
+    index: int
+    length: int
+
+    TYPE = FrameType.CHUNK
+
+    def to_body(self) -> dict[str, Any]:
+        return {"index": self.index, "length": self.length}
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> "Chunk":
+        return cls(_int(body, "index", 0, MAX_CHUNKS), _int(body, "length", 0, MAX_CHUNK))
+
+
+@dataclass(frozen=True)
+class Preimage:
+    page: int
+    data: bytes
+
+    TYPE = FrameType.PREIMAGE
+
+    def to_body(self) -> dict[str, Any]:
+        return {"page": self.page, "data": self.data}
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> "Preimage":
+        return cls(_int(body, "page"), _bytes(body, "data"))
+
+
+@dataclass(frozen=True)
+class End:
+    chunks_sent: int
+    bytes_sent: int
+    preimages: int
+
+    TYPE = FrameType.END
+
+    def to_body(self) -> dict[str, Any]:
+        return {"chunks_sent": self.chunks_sent, "bytes_sent": self.bytes_sent, "preimages": self.preimages}
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> "End":
+        return cls(_int(body, "chunks_sent"), _int(body, "bytes_sent"), _int(body, "preimages"))
+
+
+@dataclass(frozen=True)
+class Resend:
+    chunks: tuple[int, ...]
+
+    TYPE = FrameType.RESEND
+
+    def to_body(self) -> dict[str, Any]:
+        return {"chunks": list(self.chunks)}
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> "Resend":
+        v = body.get("chunks")
+        if not isinstance(v, list) or not v or len(v) > MAX_CHUNKS or \
+                not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < MAX_CHUNKS for i in v):
+            raise FrameError(ErrorCode.PROTOCOL, "RESEND needs a non-empty list of chunk indexes")
+        return cls(tuple(v))
+
+
+@dataclass(frozen=True)
+class Queued:
+    position: int
+
+    TYPE = FrameType.QUEUED
+
+    def to_body(self) -> dict[str, Any]:
+        return {"position": self.position}
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> "Queued":
+        return cls(_int(body, "position"))
+
+
+@dataclass(frozen=True)
+class Received:
+    """Demander -> supplier during the data stage: every chunk up to ``index`` that was
+    sent has been read out of the socket. Only then may the supplier mark those bytes
+    sent: sendfile queues references to page-cache pages, not copies, so bytes still
+    in flight would show a page the checkpointer overwrites after sendfile returned."""
+    index: int
+
+    TYPE = FrameType.RECEIVED
+
+    def to_body(self) -> dict[str, Any]:
+        return {"index": self.index}
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> "Received":
+        return cls(_int(body, "index", 0, MAX_CHUNKS))

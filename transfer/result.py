@@ -1,0 +1,47 @@
+"""What a fetch reports: progress events while it runs and a FetchResult at the end."""
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class Progress:
+    partition: int
+    stage: str
+    done: int          # bytes of the partition present (reused + received)
+    total: int
+    wire: int          # bytes received over the wire this time
+
+
+@dataclass
+class FetchResult:
+    partition: int
+    cache: str
+    bytes: int
+    bytes_wire: int
+    bytes_reused: int
+    seconds: float
+    verified: bool
+    counter: int
+    preimages: int = 0
+    resent_chunks: int = 0
+    stages: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.bytes_wire / 1e6 / self.seconds if self.seconds > 0 else 0.0
+
+    def summary(self) -> dict[str, object]:
+        """The per-partition object of ``ferry transfer fetch --json`` (docs/transfer.md)."""
+        return {"partition": self.partition, "bytes": self.bytes, "bytes_wire": self.bytes_wire,
+                "bytes_reused": self.bytes_reused, "seconds": round(self.seconds, 3),
+                "mb_per_s": round(self.mb_per_s, 1), "verified": self.verified}
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self) | {"mb_per_s": self.mb_per_s}
+
+
+def free_bytes(path: str) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize

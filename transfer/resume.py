@@ -1,0 +1,180 @@
+"""The demander's receiving file and its durable record of verified chunks.
+
+Next to the target ``part-<p>.bin`` the demander keeps
+
+- ``part-<p>.bin.ferry-tmp``: the file being received (never installed unless complete
+  and verified), and
+- ``part-<p>.bin.ferry-resume``: a journal of the chunks of the temp file that passed
+  their checksum. Layout: a 16-byte header ``b"FYRESUM1", u32 chunk_size, u32 crc``
+  then 20-byte records ``u32 index, u32 length, u64 xxh3_64, u32 crc`` (CRC32C of the
+  bytes before it in the header/record).
+
+Order makes it crash-safe: chunk data is fdatasync'ed before the records naming it are
+appended and fdatasync'ed, so a record never names data a power cut could lose. The
+record is only an optimisation; any doubt (torn or bad record, a chunk that no longer
+hashes to its record) drops the chunk and it is fetched again. Flushes are batched
+(every ``sync_bytes``) because an fsync per chunk would cost more than the transfer.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import struct
+
+import crc32c
+import xxhash
+
+from faults import fileio
+
+from .errors import OutOfDiskError
+
+TMP_SUFFIX = ".ferry-tmp"
+JOURNAL_SUFFIX = ".ferry-resume"
+_MAGIC = b"FYRESUM1"
+_HEAD = struct.Struct("<8sII")
+_REC = struct.Struct("<IIQI")
+
+
+def checksum(data: bytes | memoryview) -> int:
+    return xxhash.xxh3_64_intdigest(data)
+
+
+class Receiving:
+    """The temp file and journal of one partition being received."""
+
+    def __init__(self, target: str, chunk_size: int, *, sync_bytes: int = 32 << 20) -> None:
+        self.target = target
+        self.tmp_path = target + TMP_SUFFIX
+        self.journal_path = target + JOURNAL_SUFFIX
+        self.chunk_size = chunk_size
+        self.sync_bytes = sync_bytes
+        self.held: dict[int, tuple[int, int]] = {}     # index -> (length, checksum), durable
+        self._pending: list[tuple[int, int, int]] = []
+        self._pending_bytes = 0
+        self.io = fileio.layer()
+        self.fd = self.io.open(self.tmp_path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._jfd = -1
+        self._load()
+
+    # -- opening -----------------------------------------------------------------
+    def _load(self) -> None:
+        try:
+            with open(self.journal_path, "rb") as f:
+                raw = f.read()
+        except FileNotFoundError:
+            raw = b""
+        records = self._parse(raw)
+        if records is None:
+            self._new_journal()
+            return
+        size = os.fstat(self.fd).st_size
+        for idx, length, s in records:
+            off = idx * self.chunk_size
+            if off + length <= size and checksum(os.pread(self.fd, length, off)) == s:
+                self.held[idx] = (length, s)
+        self._jfd = self.io.open(self.journal_path, os.O_WRONLY | os.O_APPEND, 0o644)
+
+    def _parse(self, raw: bytes) -> list[tuple[int, int, int]] | None:
+        if len(raw) < _HEAD.size:
+            return None
+        magic, cs, crc = _HEAD.unpack_from(raw)
+        if magic != _MAGIC or crc != crc32c.crc32c(raw[:12]) or cs != self.chunk_size:
+            return None
+        out = []
+        for pos in range(_HEAD.size, len(raw) - _REC.size + 1, _REC.size):
+            idx, length, s, crc = _REC.unpack_from(raw, pos)
+            if crc != crc32c.crc32c(raw[pos:pos + 16]):
+                break      # torn or damaged: everything after it is re-fetched
+            out.append((idx, length, s))
+        return out
+
+    def _new_journal(self) -> None:
+        head = _HEAD.pack(_MAGIC, self.chunk_size, 0)[:12]
+        fileio.atomic_write(self.journal_path, head + struct.pack("<I", crc32c.crc32c(head)),
+                            error=OutOfDiskError)
+        self._jfd = self.io.open(self.journal_path, os.O_WRONLY | os.O_APPEND, 0o644)
+
+    @staticmethod
+    def stored_chunk_size(target: str) -> int | None:
+        """The chunk size of a resumable record for ``target``, if there is one."""
+        try:
+            with open(target + JOURNAL_SUFFIX, "rb") as f:
+                raw = f.read(_HEAD.size)
+        except OSError:
+            return None
+        if len(raw) == _HEAD.size and raw[:8] == _MAGIC and \
+                _HEAD.unpack(raw)[2] == crc32c.crc32c(raw[:12]):
+            return _HEAD.unpack(raw)[1]
+        return None
+
+    # -- receiving -----------------------------------------------------------------
+    def held_checksums(self) -> dict[int, int]:
+        return {i: s for i, (_, s) in self.held.items()}
+
+    def write_at(self, offset: int, data: bytes | memoryview) -> None:
+        view = memoryview(data)
+        try:
+            while view:
+                n = self.io.pwrite(self.fd, view, offset)
+                view, offset = view[n:], offset + n
+        except OSError as e:
+            raise _disk_error(e, self.tmp_path, len(view)) from e
+
+    def verified(self, index: int, length: int, s: int) -> None:
+        """Chunk ``index`` is in the temp file and matches; make it durable in batches."""
+        self._pending.append((index, length, s))
+        self._pending_bytes += length
+        if self._pending_bytes >= self.sync_bytes:
+            self.flush()
+
+    def forget(self, index: int) -> None:
+        """Chunk ``index`` is about to be overwritten: it no longer counts as held.
+        (Its old journal record stays; on reload the re-hash drops it.)"""
+        self.held.pop(index, None)
+
+    def flush(self) -> None:
+        if not self._pending:
+            return
+        try:
+            self.io.fdatasync(self.fd)          # data first, then the records that name it
+            recs = b"".join(_rec(i, n, s) for i, n, s in self._pending)
+            fileio.write_all(self._jfd, recs, self.journal_path, error=OutOfDiskError, io=self.io)
+            self.io.fdatasync(self._jfd)
+        except OSError as e:
+            raise _disk_error(e, self.tmp_path, None) from e
+        for i, n, s in self._pending:
+            self.held[i] = (n, s)
+        self._pending.clear()
+        self._pending_bytes = 0
+
+    def finish(self, size: int) -> None:
+        """Cut to ``size`` and make the whole temp file durable before install."""
+        try:
+            self.io.ftruncate(self.fd, size)
+            self.io.fsync(self.fd)
+        except OSError as e:
+            raise _disk_error(e, self.tmp_path, None) from e
+
+    def close(self) -> None:
+        for fd in (self.fd, self._jfd):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    self.io.close(fd)
+        self.fd = self._jfd = -1
+
+    def discard_journal(self) -> None:
+        """After install (or when giving up): the record has nothing left to describe."""
+        self.close()
+        for p in (self.journal_path, self.tmp_path):
+            with contextlib.suppress(FileNotFoundError):
+                self.io.unlink(p)
+
+
+def _rec(i: int, n: int, s: int) -> bytes:
+    body = struct.pack("<IIQ", i, n, s)
+    return body + struct.pack("<I", crc32c.crc32c(body))
+
+
+def _disk_error(e: OSError, path: str, needed: int | None) -> BaseException:
+    from faults import translate_os_error
+    return translate_os_error(e, path, needed, OutOfDiskError)

@@ -1,0 +1,171 @@
+"""The storage seam: what the transfer layer needs from whatever holds partition files.
+
+Four operations: open a snapshot (with its pre-images), say where a partition lives,
+check a page, install a verified file. Two implementations:
+
+- :class:`DirectoryStorage`: a plain directory of ``part-<p>.bin`` files of any
+  content (cache ``default`` at the top, other caches in sub-directories). No page
+  structure: files are checked by chunk checksums only, and a file must not change
+  while it is sent (if it does, the chunk checksums fail and the demander re-demands).
+- :class:`PartitionStoreStorage`: checkpoint's PartitionStore, whose snapshots save
+  the pre-image of every page overwritten after the snapshot's counter C at or beyond
+  the sent offset, and whose pages carry their own CRCs.
+
+The transfer layer knows nothing else of nodes or indexes.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping, Protocol
+
+from faults import fileio
+
+from .errors import Busy, NotHeld, TransferError
+from .messages import check_cache, check_partition
+
+DEFAULT_CACHE = "default"
+NOMINAL_PAGE = 4096      # DirectoryStorage files have no pages; this only sizes pre-image frames
+
+
+@dataclass
+class Snapshot:
+    """One partition as of counter C, as the supplier sends it.
+
+    ``size`` is what the demander ends with (page_count * page_size for page files, the
+    file size for plain files); ``fd`` is open on the live file for sendfile."""
+    partition: int
+    path: str
+    fd: int
+    size: int
+    page_size: int
+    page_count: int
+    counter: int
+    mark_sent: Callable[[int], None] = lambda offset: None
+    preimages: Callable[[], Iterator[tuple[int, bytes]]] = lambda: iter(())
+    _close: Callable[[], None] = field(default=lambda: None, repr=False)
+
+    def close(self) -> None:
+        try:
+            self._close()
+        finally:
+            if self.fd >= 0:
+                os.close(self.fd)
+                self.fd = -1
+
+
+class TransferStorage(Protocol):
+    """What the supplier and the demander use. ``verifies_pages`` says whether
+    :meth:`check_page` means anything (False: chunk checksums are all there is)."""
+
+    verifies_pages: bool
+
+    def open_snapshot(self, cache: str, partition: int) -> Snapshot: ...
+    def target_path(self, cache: str, partition: int) -> str: ...
+    def check_page(self, buf: bytes, page_index: int, page_size: int) -> str | None: ...
+    def install(self, cache: str, partition: int, src_path: str) -> None: ...
+
+
+def part_name(partition: int) -> str:
+    return f"part-{check_partition(partition)}.bin"
+
+
+class DirectoryStorage:
+    """Plain files ``<root>/part-<p>.bin`` (cache "default") or ``<root>/<cache>/part-<p>.bin``."""
+
+    verifies_pages = False
+
+    def __init__(self, root: str) -> None:
+        self.root = os.path.abspath(root)
+
+    def _dir(self, cache: str) -> str:
+        check_cache(cache)
+        return self.root if cache == DEFAULT_CACHE else os.path.join(self.root, cache)
+
+    def target_path(self, cache: str, partition: int) -> str:
+        return os.path.join(self._dir(cache), part_name(partition))
+
+    def open_snapshot(self, cache: str, partition: int) -> Snapshot:
+        path = self.target_path(cache, partition)
+        try:
+            # O_NOFOLLOW: a symlink planted in the data dir must not serve a file outside it.
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            raise NotHeld(f"partition {partition} of cache {cache!r} is not held here "
+                          f"({path} does not exist)", partition=partition) from None
+        except OSError as e:
+            raise NotHeld(f"cannot open {path}: {e.strerror}", partition=partition) from None
+        size = os.fstat(fd).st_size
+        return Snapshot(partition, path, fd, size, NOMINAL_PAGE, -(-size // NOMINAL_PAGE), 0)
+
+    def check_page(self, buf: bytes, page_index: int, page_size: int) -> str | None:
+        return None
+
+    def install(self, cache: str, partition: int, src_path: str) -> None:
+        io = fileio.layer()
+        dst = self.target_path(cache, partition)
+        io.replace(src_path, dst)
+        io.fsync_dir(os.path.dirname(dst))
+
+    def ensure_dir(self, cache: str) -> str:
+        d = self._dir(cache)
+        os.makedirs(d, exist_ok=True)
+        return d
+
+
+class PartitionStoreStorage:
+    """checkpoint's PartitionStore (one per cache) behind the transfer storage seam.
+
+    Relies on the store's contract: ``open_transfer_snapshot(p)`` (``.path .page_size
+    .page_count .counter .size_bytes``, ``mark_sent(offset)``, ``preimages()``,
+    ``close()``), ``partition_path(p)``, ``install_partition(p, src)``, and
+    ``checkpoint.pagefile.check_page(buf, index, page_size)``."""
+
+    verifies_pages = True
+
+    def __init__(self, stores: Mapping[str, Any] | Any) -> None:
+        self.stores: Mapping[str, Any] = stores if isinstance(stores, Mapping) else {DEFAULT_CACHE: stores}
+        from checkpoint import pagefile   # imported here: transfer works without checkpoint
+        self._check_page = pagefile.check_page
+        self._store_error: type[BaseException] = pagefile.CheckpointError
+
+    def _store(self, cache: str) -> Any:
+        check_cache(cache)
+        try:
+            return self.stores[cache]
+        except KeyError:
+            raise NotHeld(f"cache {cache!r} is not held here") from None
+
+    def target_path(self, cache: str, partition: int) -> str:
+        return str(self._store(cache).partition_path(check_partition(partition)))
+
+    def open_snapshot(self, cache: str, partition: int) -> Snapshot:
+        store = self._store(cache)
+        try:
+            snap = store.open_transfer_snapshot(check_partition(partition))
+        except self._store_error as e:
+            if type(e).__name__ == "PartitionNotFoundError":
+                raise NotHeld(f"partition {partition} of cache {cache!r} is not held here ({e})",
+                              partition=partition) from None
+            if type(e).__name__ == "SnapshotBusyError":
+                raise Busy(f"partition {partition} is being sent to another demander ({e}); retry later",
+                           partition=partition) from None
+            raise TransferError(f"cannot snapshot partition {partition}: {e}", partition=partition) from None
+        try:
+            fd = os.open(str(snap.path), os.O_RDONLY)
+        except OSError as e:
+            snap.close()
+            raise TransferError(f"cannot open {snap.path}: {e.strerror}", partition=partition) from None
+        return Snapshot(partition, str(snap.path), fd, snap.page_count * snap.page_size,
+                        snap.page_size, snap.page_count, snap.counter,
+                        mark_sent=snap.mark_sent, preimages=snap.preimages, _close=snap.close)
+
+    def check_page(self, buf: bytes, page_index: int, page_size: int) -> str | None:
+        return self._check_page(buf, page_index, page_size)
+
+    def install(self, cache: str, partition: int, src_path: str) -> None:
+        try:
+            self._store(cache).install_partition(partition, src_path)
+        except self._store_error as e:
+            raise TransferError(f"the store refused to install partition {partition}: {e}",
+                                partition=partition) from None

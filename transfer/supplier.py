@@ -1,0 +1,310 @@
+"""The supplier: serves DEMANDs for partitions it holds.
+
+One session per connection, each stage a named method (see docs/protocol.md):
+handshake -> demand -> reserve -> snapshot -> manifest -> accepted -> send ->
+preimages -> end -> applied (or error). File data goes by sendfile (zero-copy on a
+plain socket), in throttled slices, chunk by chunk, skipping the chunks the demander
+already holds with the right checksum. Every protocol violation is answered with an
+ERROR frame; one broken session never disturbs the others.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from dataclasses import dataclass
+
+from faults import crashpoint
+
+from .auth import server_handshake
+from .errors import (AuthError, BadName, Busy, FrameError, NotHeld, PeerClosed, RemoteError,
+                     TransferError)
+from .frames import ErrorCode, FrameType, read_frame, send_error, write_frame
+from .limits import Limits
+from .messages import (Chunk, Demand, End, Manifest, Preimage, Queued, Received, Resend,
+                       check_chunk_size)
+from .resume import checksum
+from .stages import Stages
+from .storage import Snapshot, TransferStorage
+from .transport import Conn, SocketConn
+
+log = logging.getLogger("ferry.transfer")
+
+
+@dataclass
+class SupplierStats:
+    sessions: int = 0
+    transfers_ok: int = 0
+    transfers_failed: int = 0
+    bytes_sent: int = 0
+
+
+class SupplierSession:
+    """One connection: authenticate, then serve DEMANDs one after another until the
+    peer closes (a demander may fetch several partitions over one connection)."""
+
+    def __init__(self, server: "SupplierServer", conn: Conn) -> None:
+        self.server = server
+        self.conn = conn
+        self.stages = Stages()
+
+    def run(self) -> None:
+        try:
+            with self.stages.stage("handshake", peer=self.conn.peer):
+                server_handshake(self.conn, self.server.secret)
+            while self._serve_one():
+                pass
+        except AuthError as e:
+            log.warning("supplier: refused %s: %s", self.conn.peer, e)
+        except Exception:   # a bug in one session must not take the server down
+            log.exception("supplier: session with %s failed unexpectedly", self.conn.peer)
+        finally:
+            self.conn.close()
+
+    # -- one DEMAND --------------------------------------------------------------
+    def _serve_one(self) -> bool:
+        demand: Demand | None = None
+        snap: Snapshot | None = None
+        try:
+            with self.stages.stage("demand", peer=self.conn.peer):
+                try:
+                    frame = read_frame(self.conn, expect=[FrameType.DEMAND])
+                except PeerClosed:
+                    return False      # clean end of the connection between demands
+                demand = Demand.from_body(frame.body)
+            ctx = {"partition": demand.partition, "peer": self.conn.peer}
+            with self.stages.stage("reserve", **ctx), self.server.limits.slots.acquire(
+                    demand.priority, on_wait=self._queued):
+                with self.stages.stage("snapshot", **ctx):
+                    snap = self.server.storage.open_snapshot(demand.cache, demand.partition)
+                    crashpoint("supplier.after_snapshot")
+                    manifest = self._manifest(snap, demand.chunk_size)
+                with self.stages.stage("manifest", **ctx):
+                    write_frame(self.conn, FrameType.MANIFEST, manifest.to_body())
+                with self.stages.stage("accepted", **ctx):
+                    read_frame(self.conn, expect=[FrameType.ACCEPT])
+                with self.stages.stage("send", **ctx):
+                    sent = self._send(snap, manifest, demand.held)
+                with self.stages.stage("preimages", **ctx):
+                    pre = self._preimages(snap)
+                with self.stages.stage("end", **ctx):
+                    write_frame(self.conn, FrameType.END, End(*sent, len(pre)).to_body())
+                with self.stages.stage("applied", **ctx):
+                    self._await_applied(snap, manifest, pre)
+            self.server.stats.transfers_ok += 1
+            log.info("supplier: partition %s of %r sent to %s (C=%s, %s bytes on the wire)",
+                     demand.partition, demand.cache, self.conn.peer, manifest.counter, sent[1])
+            return True
+        except (FrameError, BadName, NotHeld) as e:
+            code = e.code if isinstance(e, FrameError) else (
+                ErrorCode.BAD_NAME if isinstance(e, BadName) else ErrorCode.NOT_HELD)
+            send_error(self.conn, code, e.reason)
+            self._failed(demand, e)
+            return not isinstance(e, FrameError)   # after a bad frame the stream is suspect
+        except TransferError as e:
+            if not isinstance(e, (RemoteError, PeerClosed)):
+                send_error(self.conn, ErrorCode.BUSY if isinstance(e, Busy) else ErrorCode.INTERNAL, e.reason)
+            self._failed(demand, e)
+            return False
+        except OSError as e:
+            send_error(self.conn, ErrorCode.INTERNAL, f"supplier I/O error: {e}")
+            self._failed(demand, TransferError(f"I/O error: {e}", stage=self.stages.current))
+            return False
+        finally:
+            if snap is not None:
+                snap.close()
+
+    def _failed(self, demand: Demand | None, e: TransferError) -> None:
+        self.server.stats.transfers_failed += 1
+        log.warning("supplier: transfer failed at stage %s, partition %s, peer %s: %s",
+                    e.stage or self.stages.current, demand.partition if demand else "?",
+                    self.conn.peer, e.reason)
+
+    def _queued(self, position: int) -> None:
+        # Keep-alive while waiting for a slot, so the demander's read timeout does not fire.
+        write_frame(self.conn, FrameType.QUEUED, Queued(position).to_body())
+
+    # -- stages ------------------------------------------------------------------
+    def _manifest(self, snap: Snapshot, chunk_size: int) -> Manifest:
+        chunk_size = check_chunk_size(chunk_size)
+        sums = []
+        for off in range(0, snap.size, chunk_size):
+            n = min(chunk_size, snap.size - off)
+            data = os.pread(snap.fd, n, off)
+            if len(data) != n:
+                raise TransferError(f"{snap.path} is shorter than its snapshot size {snap.size}")
+            sums.append(checksum(data))
+        # Pages the checkpointer overwrote after C have their pre-image saved (and made
+        # durable) BEFORE the overwrite, so any post-C bytes read above are corrected by
+        # overlaying the pre-images read after all the reads: the checksums describe the
+        # partition exactly at C, whatever the checkpointer did meanwhile.
+        pre = {i: b for i, b in snap.preimages() if i < snap.page_count}
+        for i in sorted({p * snap.page_size // chunk_size for p in pre}):
+            span = (i * chunk_size, min(chunk_size, snap.size - i * chunk_size))
+            sums[i] = checksum(self._chunk_as_of_c(snap, span, pre))
+        return Manifest(snap.counter, snap.size, snap.page_size, snap.page_count,
+                        chunk_size, tuple(sums))
+
+    def _send(self, snap: Snapshot, m: Manifest, held: dict[int, int]) -> tuple[int, int]:
+        bucket = self.server.limits.bucket
+        chunks = total = 0
+        last = -1                      # last chunk sent
+        self._acked = -1
+        for i, want in enumerate(m.checksums):
+            if held.get(i) == want:
+                continue               # the demander holds it as of C: nothing to send
+            off, n = m.chunk_span(i)
+            write_frame(self.conn, FrameType.CHUNK, Chunk(i, n).to_body())
+            done = 0
+            while done < n:
+                k = min(bucket.slice_size(n), n - done)
+                bucket.take(k)
+                got = self.conn.sendfile(snap.fd, off + done, k)
+                if got < k:
+                    raise TransferError(f"{snap.path} shrank during the send (at offset {off + done})")
+                done += k
+            chunks, total, last = chunks + 1, total + n, i
+            self.server.stats.bytes_sent += n
+            crashpoint("supplier.mid_send")
+            while self.conn.readable():
+                self._take_received(snap, m)
+        # Wait until the demander has read every byte: until then a page overwritten
+        # at the source could still reach it post-C (sendfile sends references).
+        while self._acked < last:
+            self._take_received(snap, m)
+        snap.mark_sent(m.size)
+        return chunks, total
+
+    def _take_received(self, snap: Snapshot, m: Manifest) -> None:
+        r = Received.from_body(read_frame(self.conn, expect=[FrameType.RECEIVED]).body)
+        if r.index >= m.chunk_count:
+            raise FrameError(ErrorCode.PROTOCOL, f"RECEIVED chunk {r.index}: the manifest has {m.chunk_count}")
+        self._acked = max(self._acked, r.index)
+        snap.mark_sent(sum(m.chunk_span(self._acked)))
+
+    def _preimages(self, snap: Snapshot) -> dict[int, bytes]:
+        sent: dict[int, bytes] = {}
+        for page, data in snap.preimages():
+            if page >= snap.page_count:
+                continue          # a page appended after C: the demander cuts it off anyway
+            write_frame(self.conn, FrameType.PREIMAGE, Preimage(page, bytes(data)).to_body())
+            sent[page] = bytes(data)
+            crashpoint("supplier.mid_preimages")
+        return sent
+
+    def _await_applied(self, snap: Snapshot, m: Manifest, pre: dict[int, bytes]) -> None:
+        while True:
+            frame = read_frame(self.conn, expect=[FrameType.RESEND, FrameType.APPLIED])
+            if frame.type == FrameType.APPLIED:
+                return
+            resend = Resend.from_body(frame.body)
+            n_bytes = 0
+            for i in resend.chunks:
+                if i >= m.chunk_count:
+                    raise FrameError(ErrorCode.PROTOCOL, f"RESEND of chunk {i}: the manifest has {m.chunk_count}")
+                data = self._chunk_as_of_c(snap, m.chunk_span(i), pre)
+                if checksum(data) != m.checksums[i]:
+                    msg = (f"chunk {i} of {snap.path} changed at the source during the transfer "
+                           "(the file was written while being sent); demand it again")
+                    send_error(self.conn, ErrorCode.SOURCE_CHANGED, msg)
+                    raise TransferError(msg)
+                write_frame(self.conn, FrameType.CHUNK, Chunk(i, len(data)).to_body())
+                self.server.limits.bucket.take(len(data))
+                self.conn.send(data)
+                n_bytes += len(data)
+            self.server.stats.bytes_sent += n_bytes
+            write_frame(self.conn, FrameType.END, End(len(resend.chunks), n_bytes, 0).to_body())
+
+    @staticmethod
+    def _chunk_as_of_c(snap: Snapshot, span: tuple[int, int], pre: dict[int, bytes]) -> bytes:
+        """The chunk at ``span`` (offset, length) as of C, as far as ``pre`` knows: live
+        bytes overlaid with pre-images (a re-sent chunk goes buffered, not by sendfile)."""
+        off, n = span
+        buf = bytearray(os.pread(snap.fd, n, off))
+        ps = snap.page_size
+        for page in range(off // ps, (off + n + ps - 1) // ps):
+            if page in pre:
+                lo = page * ps - off
+                buf[lo:lo + ps] = pre[page][:n - lo]
+        return bytes(buf)
+
+
+class SupplierServer:
+    """Serves the partitions of ``storage`` on ``host:port`` to authenticated demanders.
+
+    Runs in a background thread (``start()``) inside a node, or in the foreground
+    (``serve_forever()``) for ``ferry transfer serve``. ``limits`` is the node-wide
+    sending limit (concurrent transfers, bytes/s), changeable while running."""
+
+    def __init__(self, storage: TransferStorage, secret: bytes, host: str = "127.0.0.1",
+                 port: int = 0, *, limits: Limits | None = None, timeout: float = 60.0) -> None:
+        self.storage = storage
+        self.secret = secret
+        self.limits = limits or Limits()
+        self.timeout = timeout
+        self.stats = SupplierStats()
+        self._sock = socket.create_server((host, port), backlog=64, reuse_port=False)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._sessions: set[threading.Thread] = set()
+
+    @property
+    def address(self) -> tuple[str, int]:
+        host, port = self._sock.getsockname()[:2]
+        return host, port
+
+    def start(self) -> "SupplierServer":
+        self._thread = threading.Thread(target=self.serve_forever, name="ferry-supplier", daemon=True)
+        self._thread.start()
+        return self
+
+    def serve_forever(self) -> None:
+        self._sock.settimeout(0.5)   # wake up to notice stop()
+        while not self._stop.is_set():
+            try:
+                sock, addr = self._sock.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                if self._stop.is_set():
+                    break
+                raise
+            # No Nagle: a small CHUNK header after a sendfile must not wait for an ACK.
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.serve_connection(SocketConn(sock, "%s:%s" % addr[:2]))
+
+    def serve_connection(self, conn: Conn) -> threading.Thread:
+        """Serve an already connected stream (TCP, or an SSH channel/stdio) in a thread."""
+        conn.set_timeout(self.timeout)
+        self.stats.sessions += 1
+        t = threading.Thread(target=self._run_session, args=(conn,), name=f"ferry-supply-{conn.peer}",
+                             daemon=True)
+        self._sessions.add(t)
+        t.start()
+        return t
+
+    def _run_session(self, conn: Conn) -> None:
+        try:
+            SupplierSession(self, conn).run()
+        finally:
+            self._sessions.discard(threading.current_thread())
+
+    def stop(self, wait: float = 5.0) -> None:
+        self._stop.set()
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)   # wakes a blocked accept() at once on Linux
+        except OSError:
+            pass
+        try:
+            self._sock.close()
+        except OSError:
+            pass
+        if self._thread is not None:
+            self._thread.join(wait)
+
+    def __enter__(self) -> "SupplierServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,188 @@
+"""Transports: one small interface (send, recv_exact, recv_into, sendfile, close) with
+a plain-socket backend (zero-copy sendfile) and a byte-channel backend for SSH
+channels or anything socket-like that cannot sendfile.
+
+Socket errors become transfer errors here, where they enter: a peer that goes away
+is a :class:`PeerClosed`, never a bare ``ConnectionResetError`` further up.
+"""
+from __future__ import annotations
+
+import os
+import select
+import socket
+from typing import Any
+
+from .errors import PeerClosed, PeerUnreachable, TransferError
+
+# Chunked fallback for sendfile: big enough to amortise Python overhead per call,
+# small enough that a throttled sender does not burst far past its rate.
+COPY_BLOCK = 256 * 1024
+
+
+class Conn:
+    """A connected byte stream. ``zero_copy`` says whether sendfile is really zero-copy."""
+
+    zero_copy = False
+    peer = "?"
+
+    def send(self, data: bytes | memoryview) -> None:
+        raise NotImplementedError
+
+    def recv_into(self, view: memoryview) -> int:
+        """Read up to len(view) bytes; 0 means the peer closed."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def set_timeout(self, seconds: float | None) -> None:
+        pass
+
+    def readable(self) -> bool:
+        """True when bytes from the peer are waiting (so a read will not block)."""
+        raise NotImplementedError
+
+    def recv_exact(self, n: int) -> bytes:
+        buf = bytearray(n)
+        view = memoryview(buf)
+        got = 0
+        while got < n:
+            k = self.recv_into(view[got:])
+            if k == 0:
+                raise PeerClosed(f"connection closed by {self.peer} after {got} of {n} expected bytes")
+            got += k
+        return bytes(buf)
+
+    def sendfile(self, fd: int, offset: int, count: int) -> int:
+        """Send ``count`` bytes of ``fd`` from ``offset``; returns bytes sent (== count
+        unless the file is shorter). This fallback copies through user space."""
+        sent = 0
+        while sent < count:
+            block = os.pread(fd, min(COPY_BLOCK, count - sent), offset + sent)
+            if not block:
+                break
+            self.send(block)
+            sent += len(block)
+        return sent
+
+
+class SocketConn(Conn):
+    """Plain TCP (or a socketpair in tests): file data by os.sendfile, kernel to kernel."""
+
+    zero_copy = True
+
+    def __init__(self, sock: socket.socket, peer: str | None = None) -> None:
+        self.sock = sock
+        try:
+            self.peer = peer or "%s:%s" % sock.getpeername()[:2]
+        except (OSError, TypeError):
+            self.peer = peer or "local"
+
+    def send(self, data: bytes | memoryview) -> None:
+        try:
+            self.sock.sendall(data)
+        except (BrokenPipeError, ConnectionResetError) as e:
+            raise PeerClosed(f"connection to {self.peer} lost while sending: {e}") from None
+        except socket.timeout:
+            raise PeerClosed(f"timed out sending to {self.peer}") from None
+
+    def recv_into(self, view: memoryview) -> int:
+        try:
+            return self.sock.recv_into(view)
+        except ConnectionResetError as e:
+            raise PeerClosed(f"connection reset by {self.peer}: {e}") from None
+        except socket.timeout:
+            raise PeerClosed(f"timed out waiting for {self.peer}") from None
+
+    def sendfile(self, fd: int, offset: int, count: int) -> int:
+        sent = 0
+        out = self.sock.fileno()
+        timeout = self.sock.gettimeout()
+        try:
+            while sent < count:
+                try:
+                    n = os.sendfile(out, fd, offset + sent, count - sent)
+                except BlockingIOError:
+                    # A socket with a timeout is non-blocking at the fd level: wait
+                    # for room in the send buffer, as socket.sendfile does.
+                    _, ready, _ = select.select([], [out], [], timeout)
+                    if not ready:
+                        raise PeerClosed(f"timed out sending to {self.peer}") from None
+                    continue
+                if n == 0:
+                    break  # end of file: the caller sees sent < count
+                sent += n
+        except (BrokenPipeError, ConnectionResetError) as e:
+            raise PeerClosed(f"connection to {self.peer} lost during sendfile: {e}") from None
+        return sent
+
+    def set_timeout(self, seconds: float | None) -> None:
+        self.sock.settimeout(seconds)
+
+    def readable(self) -> bool:
+        return bool(select.select([self.sock], [], [], 0)[0])
+
+    def close(self) -> None:
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+
+
+class ChannelConn(Conn):
+    """Any object with ``sendall``/``recv``/``close`` (a paramiko Channel): data in
+    chunks through the channel, no zero-copy (encryption needs the bytes)."""
+
+    def __init__(self, chan: Any, peer: str) -> None:
+        self.chan = chan
+        self.peer = peer
+
+    def send(self, data: bytes | memoryview) -> None:
+        try:
+            self.chan.sendall(bytes(data) if isinstance(data, memoryview) else data)
+        except (OSError, EOFError) as e:
+            raise PeerClosed(f"channel to {self.peer} lost while sending: {e}") from None
+
+    def recv_into(self, view: memoryview) -> int:
+        try:
+            data = self.chan.recv(len(view))
+        except socket.timeout:
+            raise PeerClosed(f"timed out waiting for {self.peer}") from None
+        except (OSError, EOFError) as e:
+            raise PeerClosed(f"channel to {self.peer} lost: {e}") from None
+        view[:len(data)] = data
+        return len(data)
+
+    def set_timeout(self, seconds: float | None) -> None:
+        self.chan.settimeout(seconds)
+
+    def readable(self) -> bool:
+        return bool(self.chan.recv_ready())
+
+    def close(self) -> None:
+        try:
+            self.chan.close()
+        except Exception:
+            pass
+
+
+def connect_tcp(host: str, port: int, *, timeout: float = 10.0) -> SocketConn:
+    try:
+        sock = socket.create_connection((host, port), timeout=timeout)
+    except OSError as e:
+        raise PeerUnreachable(f"cannot connect to {host}:{port}: {e.strerror or e}",
+                              peer=f"{host}:{port}") from None
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return SocketConn(sock, f"{host}:{port}")
+
+
+def parse_hostport(text: str, default_port: int | None = None) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        if default_port is None:
+            raise TransferError(f"peer {text!r} must be HOST:PORT")
+        return text, default_port
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise TransferError(f"peer {text!r}: port must be a number 1..65535")
+    return host.strip("[]") or "127.0.0.1", int(port)
