@@ -1,1 +1,28 @@
-"""(under construction)"""
+"""LMDB secondary indexes: maintain on the write path, rebuild from a partition file,
+verify against data; the OWNING gate's index step. See docs/indexes.md.
+
+Public face:
+- :class:`IndexStore` (``open``, ``apply``, ``lookup``, ``range``, ``rebuild``,
+  ``drop``, ``ready``, ``verify``, ``close``) and :class:`IndexDefinition`
+- sources: :class:`PartitionFileSource`, :class:`MemorySource`, :data:`EMPTY`
+- results: :class:`RebuildResult`, :class:`Progress`, :class:`VerifyReport`
+- errors: :class:`IndexStoreError` and its subclasses
+"""
+from __future__ import annotations
+
+from .definitions import IndexDefinition
+from .errors import (BadQueryError, BadValueError, IndexCorruptError, IndexDefinitionError,
+                     IndexNotReadyError, IndexStoreError, OutOfDiskError, RebuildCancelled,
+                     UniqueViolationError)
+from .rebuild import Progress, RebuildResult
+from .source import EMPTY, MemorySource, PartitionFileSource
+from .store import IndexStore, Source
+from .verify import EntryRef, VerifyReport, WrongEntry
+
+__all__ = [
+    "IndexStore", "IndexDefinition", "Source", "PartitionFileSource", "MemorySource", "EMPTY",
+    "RebuildResult", "Progress", "VerifyReport", "EntryRef", "WrongEntry",
+    "IndexStoreError", "IndexCorruptError", "IndexDefinitionError", "IndexNotReadyError",
+    "BadValueError", "BadQueryError", "UniqueViolationError", "RebuildCancelled",
+    "OutOfDiskError",
+]

@@ -1,0 +1,172 @@
+"""Index rebuild throughput against per-entry write transactions and a bare scan.
+
+One run, same machine, same data: a partition file of N entries with ~100-byte JSON
+values and one index on an int field.
+
+* ``scan``: iterate the partition file (checkpoint.pagefile.iter_entries), nothing else.
+* ``rebuild``: ``IndexStore.rebuild`` from the same file (scan + parse + sort + bulk
+  load + ready marker), sort memory limited to 32 MiB.
+* ``rebuild_in_memory``: the same rebuild from an in-memory source: the index's own
+  work without the file decoding.
+* ``per_entry_txn``: ``IndexStore.apply`` of the same entries, one synced LMDB commit
+  each (what maintaining the index entry by entry costs); timed on a sample, since at
+  ~1 ms per commit the full N would take many minutes.
+* peak RSS of a rebuild of N and of N/10 entries (each measured in its own process)
+  shows the memory bound does not grow with the partition.
+
+Prints one JSON object. ``--quick``: N = 100,000 (< 30 s).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+VALUE_BYTES = 100
+CITIES = ["Oslo", "Lima", "Pune", "Kyiv", "Quito", "Accra", "Hanoi", "Perth"]
+SORT_MEMORY = 32 << 20          # --quick: 4 MiB, so that its rebuild spills runs too
+
+
+def value(i: int, rnd: random.Random) -> bytes:
+    d = {"id": i, "name": f"user-{i:08d}", "age": rnd.randrange(100), "city": rnd.choice(CITIES),
+         "pad": ""}
+    raw = json.dumps(d, separators=(",", ":"))
+    d["pad"] = "x" * max(0, VALUE_BYTES - len(raw))
+    return json.dumps(d, separators=(",", ":")).encode()
+
+
+def items(n: int, seed: int = 7):
+    rnd = random.Random(seed)
+    for i in range(n):
+        yield b"user:%010d" % i, value(i, rnd)
+
+
+def definitions():
+    from indexes import IndexDefinition
+    return [IndexDefinition("age", "age", type="int")]
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+# -- child measurements (one process each, so peak RSS belongs to one activity) ------
+def child(kind: str, work: str, n: int, sample: int, sort_memory: int) -> dict:
+    from indexes import EMPTY, IndexStore, MemorySource, PartitionFileSource
+    data = os.path.join(work, "data")
+    idx = os.path.join(work, f"idx-{kind}")
+    shutil.rmtree(idx, ignore_errors=True)
+    if kind == "baseline":
+        with IndexStore.open(idx, definitions()):
+            pass
+        return {"peak_rss_mb": peak_rss_mb()}
+    if kind == "scan":
+        src = PartitionFileSource(data)
+        t = time.perf_counter()
+        count = sum(1 for _ in src.scan(0))
+        el = time.perf_counter() - t
+        return {"entries": count, "seconds": el, "rate": count / el, "peak_rss_mb": peak_rss_mb()}
+    if kind in ("rebuild", "rebuild_small"):
+        p = 0 if kind == "rebuild" else 1
+        with IndexStore.open(idx, definitions()) as s:
+            t = time.perf_counter()
+            res = s.rebuild(p, PartitionFileSource(data), memory_limit=sort_memory)
+            el = time.perf_counter() - t
+        return {"entries": res.scanned, "seconds": el, "rate": res.scanned / el,
+                "runs": res.runs, "peak_rss_mb": peak_rss_mb()}
+    if kind == "rebuild_in_memory":
+        src = MemorySource({0: dict(items(n))})
+        with IndexStore.open(idx, definitions()) as s:
+            t = time.perf_counter()
+            res = s.rebuild(0, src, memory_limit=sort_memory)
+            el = time.perf_counter() - t
+        return {"entries": res.scanned, "seconds": el, "rate": res.scanned / el, "runs": res.runs}
+    if kind == "per_entry_txn":
+        with IndexStore.open(idx, definitions()) as s:
+            s.rebuild(0, EMPTY)
+            batch = list(items(sample))
+            t = time.perf_counter()
+            for k, v in batch:
+                s.apply(0, k, None, v)
+            el = time.perf_counter() - t
+        return {"entries": sample, "seconds": el, "rate": sample / el}
+    raise SystemExit(f"unknown child {kind}")
+
+
+def run_child(kind: str, work: str, n: int, sample: int, sort_memory: int) -> dict:
+    r = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", kind, "--work", work,
+                        "--n", str(n), "--sample", str(sample), "--sort-memory", str(sort_memory)],
+                       capture_output=True, text=True, check=False)
+    if r.returncode != 0:
+        raise SystemExit(f"child {kind} failed:\n{r.stderr}")
+    return json.loads(r.stdout)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="100,000 entries (< 30 s)")
+    ap.add_argument("--n", type=int, default=None)
+    ap.add_argument("--sample", type=int, default=None, help="entries for per_entry_txn")
+    ap.add_argument("--sort-memory", type=int, default=None, help="bytes of sort buffer")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--work", default=None, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    n = a.n or (100_000 if a.quick else 1_000_000)
+    sample = a.sample or (1_000 if a.quick else 10_000)
+    mem = a.sort_memory or (4 << 20 if a.quick else SORT_MEMORY)
+    if a.child:
+        print(json.dumps(child(a.child, a.work, n, sample, mem)))
+        return
+
+    from indexes.testing import write_partition_file
+    work = tempfile.mkdtemp(prefix="ferry-index-bench-")
+    try:
+        os.makedirs(os.path.join(work, "data"))
+        write_partition_file(os.path.join(work, "data", "part-0.bin"), 0, items(n))
+        write_partition_file(os.path.join(work, "data", "part-1.bin"), 1, items(n // 10, seed=8))
+        r = {k: run_child(k, work, n, sample, mem)
+             for k in ("baseline", "scan", "rebuild", "rebuild_small", "rebuild_in_memory",
+                       "per_entry_txn")}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    base = r["baseline"]["peak_rss_mb"]
+    out = {
+        "bench": "index_rebuild",
+        "entries": n,
+        "value_bytes": VALUE_BYTES,
+        "indexes": 1,
+        "sort_memory_mb": mem >> 20,
+        "rebuild_entries_per_s": round(r["rebuild"]["rate"]),
+        "rebuild_in_memory_entries_per_s": round(r["rebuild_in_memory"]["rate"]),
+        "scan_entries_per_s": round(r["scan"]["rate"]),
+        "per_entry_txn_entries_per_s": round(r["per_entry_txn"]["rate"], 1),
+        "per_entry_txn_sample": sample,
+        "ratio_rebuild_vs_per_entry_txn": round(r["rebuild"]["rate"] / r["per_entry_txn"]["rate"], 1),
+        "ratio_in_memory_rebuild_vs_per_entry_txn": round(
+            r["rebuild_in_memory"]["rate"] / r["per_entry_txn"]["rate"], 1),
+        "scan_share_of_rebuild": round(r["scan"]["seconds"] / r["rebuild"]["seconds"], 3),
+        "rebuild_seconds": round(r["rebuild"]["seconds"], 2),
+        "rebuild_sorted_runs": r["rebuild"]["runs"],
+        "peak_rss_mb": {"baseline": round(base, 1),
+                        f"rebuild_{n}": round(r["rebuild"]["peak_rss_mb"], 1),
+                        f"rebuild_{n // 10}": round(r["rebuild_small"]["peak_rss_mb"], 1),
+                        "scan": round(r["scan"]["peak_rss_mb"], 1)},
+        "targets": {"rebuild_entries_per_s": 300_000, "ratio_vs_per_entry_txn": 10},
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "cpus": os.cpu_count(),
+    }
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,213 @@
+"""Rebuild one partition's index entries from its data: the OWNING gate's index step.
+
+Stages, each visible in progress reports:
+
+1. ``clear``: one commit deletes the ready marker and empties the partition's
+   database, so whatever an earlier, interrupted rebuild left is gone.
+2. ``scan``: one sequential pass over ``source.scan(partition)``; every value gives its
+   entry keys to an :class:`ExternalSorter` (memory bounded by ``memory_limit``).
+3. ``load``: the sorted keys go to LMDB in batches with ``putmulti(append=True)``
+   (no key comparisons, pages filled left to right), one commit per batch. The crash
+   point ``demander.mid_index_rebuild`` follows every commit.
+4. ``ready``: a last commit writes the ready marker. LMDB commits are ordered and
+   synced, so the marker is durable only after every entry is.
+
+A crash or a cancel between 1 and 4 leaves the partition not ready; the next
+rebuild starts at 1, so no entry is duplicated or stale.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+import faults
+
+from . import keycodec
+from .errors import RebuildCancelled
+from .extsort import DEFAULT_MEMORY, ExternalSorter
+
+if TYPE_CHECKING:
+    from .store import IndexStore, Source
+
+# Big enough that commits (two fsyncs each) cost little next to the work, small enough
+# that one transaction's dirty pages stay a few MB and a crash point is hit often.
+DEFAULT_BATCH = 100_000
+# Values between memory checks, cancel checks and progress reports in the scan: the
+# sorter may overshoot its limit by this many values' keys (~200 KB for 3 indexes).
+_CHECK_EVERY = 1024
+_REPORT_SECONDS = 0.2
+SCRATCH = "scratch"
+MAX_SAMPLES = 20
+
+
+@dataclass(frozen=True)
+class Progress:
+    """One progress report. ``stage``: scan (``done`` = values read) or load (``done``
+    = index entries written). ``total``/``eta`` are None when the source cannot count."""
+
+    partition: int
+    stage: str
+    done: int
+    total: int | None
+    rate: float                 # per second, this stage
+    eta: float | None           # seconds left in this stage
+
+
+@dataclass
+class RebuildResult:
+    partition: int
+    scanned: int = 0             # values read from the source
+    entries: int = 0             # index entries written
+    bad: int = 0                 # (value, index) pairs not indexed by policy
+    bad_samples: list[str] = field(default_factory=list)
+    duplicates: int = 0          # entries the source gave twice (kept once)
+    unique_conflicts: int = 0    # values of a unique index held by several keys
+    unique_samples: list[str] = field(default_factory=list)
+    runs: int = 0                # sorted runs spilled to scratch files
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+class _Reporter:
+    def __init__(self, partition: int, cb: Callable[[Progress], None] | None) -> None:
+        self.partition, self.cb = partition, cb
+        self.stage, self.t0, self.last, self.total = "", 0.0, 0.0, None
+
+    def start(self, stage: str, total: int | None) -> None:
+        self.stage, self.total = stage, total
+        self.t0 = self.last = time.monotonic()
+        self.report(0, force=True)
+
+    def report(self, done: int, force: bool = False) -> None:
+        if self.cb is None:
+            return
+        now = time.monotonic()
+        if not force and now - self.last < _REPORT_SECONDS:
+            return
+        self.last = now
+        el = now - self.t0
+        rate = done / el if el > 0 else 0.0
+        eta = ((self.total - done) / rate) if (self.total is not None and rate > 0) else None
+        self.cb(Progress(self.partition, self.stage, done, self.total, rate, eta))
+
+
+def _cancel_check(cancel: Any) -> Callable[[], bool]:
+    if cancel is None:
+        return lambda: False
+    if hasattr(cancel, "is_set"):
+        return cancel.is_set
+    if callable(cancel):
+        return cancel
+    raise TypeError("cancel must be a callable returning bool or a threading.Event")
+
+
+def rebuild(store: IndexStore, partition: int, source: Source, *,
+            progress: Callable[[Progress], None] | None = None, cancel: Any = None,
+            memory_limit: int | None = None, batch: int | None = None) -> RebuildResult:
+    """Rebuild ``partition``'s entries from ``source`` (see the module doc). Values that
+    an index cannot take are skipped and counted whatever its ``on_bad`` policy: the
+    data is the truth here and a rebuild never fails on it."""
+    cancelled = _cancel_check(cancel)
+    rep = _Reporter(partition, progress)
+    res = RebuildResult(partition)
+    t0 = time.monotonic()
+    env = store._env
+    scratch = os.path.join(env.path, SCRATCH, str(partition))
+    shutil.rmtree(scratch, ignore_errors=True)      # left by a crashed rebuild
+
+    rep.start("clear", None)
+    store._clear(partition, delete_db=False)
+    sorter = ExternalSorter(scratch, memory_limit or DEFAULT_MEMORY)
+    try:
+        _scan(store, partition, source, sorter, res, rep, cancelled)
+        _load(store, partition, sorter, res, rep, cancelled, batch or DEFAULT_BATCH)
+    finally:
+        res.runs = len(sorter.runs)
+        sorter.close()
+        shutil.rmtree(scratch, ignore_errors=True)
+    rep.start("ready", None)
+    store._set_ready(partition, res.entries, res.bad)
+    res.seconds = time.monotonic() - t0
+    return res
+
+
+def _scan(store: IndexStore, partition: int, source: Source, sorter: ExternalSorter,
+          res: RebuildResult, rep: _Reporter, cancelled: Callable[[], bool]) -> None:
+    count = getattr(source, "count", None)
+    rep.start("scan", count(partition) if callable(count) else None)
+    feed, add, addd = store.indexer.feed, sorter.append, sorter.add_with_data
+    n = 0
+    for pk, raw in source.scan(partition):
+        bad = feed(pk, raw, add, addd)
+        n += 1
+        if bad:
+            res.bad += len(bad)
+            if len(res.bad_samples) < MAX_SAMPLES:
+                res.bad_samples.extend(f"key {pk!r}: index {b.index.name!r}: {b.reason}"
+                                       for b in bad[:MAX_SAMPLES - len(res.bad_samples)])
+        if n % _CHECK_EVERY == 0:
+            sorter.check()
+            if cancelled():
+                raise RebuildCancelled(f"rebuild of partition {partition} cancelled after "
+                                       f"{n} values; the partition is not ready")
+            rep.report(n)
+    res.scanned = n
+    rep.report(n, force=True)
+
+
+def _load(store: IndexStore, partition: int, sorter: ExternalSorter, res: RebuildResult,
+          rep: _Reporter, cancelled: Callable[[], bool], batch: int) -> None:
+    env = store._env
+    db = env.partition_db(partition, create=True)
+    rep.start("load", len(sorter))
+    uniq = {keycodec.index_prefix(store.schema.ids[d.name])
+            for d in store.definitions if d.unique}
+    stream = sorter.sorted()
+    last: tuple[bytes, bytes] = (b"", b"")
+    done = 0
+    while True:
+        chunk = list(itertools.islice(stream, batch))
+        if not chunk:
+            break
+        if uniq:
+            last = _unique_conflicts(chunk, uniq, last, res)
+
+        def put(txn: Any) -> tuple[int, int]:
+            # append=True skips a key equal to the last one: that is how a value the
+            # source gave twice is kept once (counted, not an error).
+            return txn.cursor(db=db).putmulti(chunk, append=True)
+        consumed, added = env.write(put)
+        res.duplicates += consumed - added
+        res.entries += added
+        done += consumed
+        faults.crashpoint("demander.mid_index_rebuild")
+        if cancelled():
+            raise RebuildCancelled(f"rebuild of partition {partition} cancelled after "
+                                   f"{done} entries loaded; the partition is not ready")
+        rep.report(done)
+    rep.report(done, force=True)
+
+
+def _unique_conflicts(chunk: list[tuple[bytes, bytes]], uniq: set[bytes],
+                      last: tuple[bytes, bytes], res: RebuildResult) -> tuple[bytes, bytes]:
+    """Count values of unique indexes that several keys hold (the data came from an
+    owner that enforced uniqueness, so this means the data is inconsistent: report,
+    keep every entry, let verify and the operator decide)."""
+    last_head, last_pk = last
+    for k, d in chunk:
+        if k[:2] not in uniq:
+            continue
+        _, enc, pk = keycodec.split_key(k)
+        head = k[:2 + len(enc)]
+        if head == last_head and pk != last_pk:
+            res.unique_conflicts += 1
+            if len(res.unique_samples) < MAX_SAMPLES:
+                res.unique_samples.append(f"{keycodec.parse_entry(k, d)[1]!r} held by several keys")
+        last_head, last_pk = head, pk
+    return last_head, last_pk

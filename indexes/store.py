@@ -1,0 +1,282 @@
+"""IndexStore: the secondary indexes of one cache on one node, in one LMDB environment.
+
+Partitions are ints. A node serving several caches opens one IndexStore per cache,
+each in its own directory (``<node>/indexes/<cache>``): a cache's index definitions,
+codec and ready markers then live and die together, and a corrupt environment costs
+one cache's rebuild, not the node's.
+
+The gate: ``apply`` refuses a partition that is not ready, and ``lookup``/``range``
+read only ready partitions, so a partition whose index is being rebuilt (MOVING) is
+neither updated nor served from a partial index.
+"""
+from __future__ import annotations
+
+import heapq
+from typing import Any, Callable, Iterable, Iterator, Protocol
+
+import lmdb
+
+from . import keycodec, meta
+from .definitions import Entry, IndexDefinition, Indexer
+from .errors import (BadQueryError, IndexDefinitionError, IndexNotReadyError,
+                     UniqueViolationError)
+from .lmdbenv import INITIAL_MAP, MAX_DBS, LmdbEnv
+
+
+class Source(Protocol):
+    """Anything that lists a partition's live (key, value) pairs."""
+
+    def scan(self, partition: int) -> Iterable[tuple[bytes, bytes]]: ...
+
+
+class IndexStore:
+    def __init__(self, env: LmdbEnv, schema: meta.Schema) -> None:
+        self._env = env
+        self.path = env.path
+        self.schema = schema
+        self.indexer = Indexer(list(schema.definitions), schema.ids, schema.codec, env.max_key)
+        self._by_name = {d.name: d for d in schema.definitions}
+        markers = env.read(lambda txn: meta.ready_markers(txn, env.meta))
+        fp = schema.fingerprint
+        self._ready = {p for p, m in markers.items() if m.get("fingerprint") == fp}
+        self._markers = markers
+        self._closed = False
+
+    # -- opening ------------------------------------------------------------------
+    @classmethod
+    def open(cls, path: str, definitions: Iterable[IndexDefinition] | None = None, *,
+             codec: str | None = None, reset_corrupt: bool = False,
+             map_size: int = INITIAL_MAP, max_dbs: int = MAX_DBS) -> IndexStore:
+        """Open (or create) the store at ``path``. ``definitions=None`` uses the ones
+        stored by the last open; new or changed definitions make every partition not
+        ready until rebuilt. ``codec``: "json" (default) or "msgpack" documents.
+        ``reset_corrupt``: move a corrupt data file aside and start empty instead of
+        raising IndexCorruptError."""
+        env = LmdbEnv(path, map_size=map_size, max_dbs=max_dbs, reset_corrupt=reset_corrupt)
+        try:
+            defs = None if definitions is None else list(definitions)
+            for d in defs or []:
+                if not isinstance(d, IndexDefinition):
+                    raise IndexDefinitionError(f"{d!r} is not an IndexDefinition")
+            stored = env.read(lambda txn: meta.load_schema(txn, env.meta))
+            schema = meta.reconcile(stored, defs, codec)
+            if schema != stored:
+                env.write(lambda txn: meta.save_schema(txn, env.meta, schema))
+            return cls(env, schema)
+        except BaseException:
+            env.close()
+            raise
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._env.close()
+
+    def __enter__(self) -> IndexStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def definitions(self) -> tuple[IndexDefinition, ...]:
+        return self.schema.definitions
+
+    # -- readiness ------------------------------------------------------------------
+    def ready(self, partition: int) -> bool:
+        return partition in self._ready
+
+    def ready_partitions(self) -> list[int]:
+        return sorted(self._ready)
+
+    def marker(self, partition: int) -> dict[str, Any] | None:
+        """The partition's ready marker as stored (None when absent)."""
+        return self._markers.get(partition)
+
+    def _set_ready(self, partition: int, entries: int, bad: int) -> None:
+        fp = self.schema.fingerprint
+        env = self._env
+        env.write(lambda txn: meta.put_ready(txn, env.meta, partition, fp, entries, bad))
+        self._markers = env.read(lambda txn: meta.ready_markers(txn, env.meta))
+        self._ready.add(partition)
+
+    def _clear(self, partition: int, *, delete_db: bool) -> None:
+        """Remove the ready marker and every entry of the partition, in one commit:
+        the marker never survives its entries."""
+        env = self._env
+        self._ready.discard(partition)
+        db = env.partition_db(partition, create=not delete_db)
+
+        def clear(txn: lmdb.Transaction) -> None:
+            txn.delete(meta.ready_key(partition), db=env.meta)
+            if db is not None:
+                txn.drop(db, delete=delete_db)
+        env.write(clear)
+        if delete_db:
+            env.forget_db(partition)
+        self._markers.pop(partition, None)
+
+    def drop(self, partition: int) -> None:
+        """Forget the partition's index entries (it was evicted or is about to move)."""
+        self._clear(partition, delete_db=True)
+
+    # -- the write path -------------------------------------------------------------
+    def check(self, key: bytes, new_value: bytes | None) -> None:
+        """Raise BadValueError when an index with ``on_bad="refuse"`` would refuse
+        ``new_value``; writes nothing. Lets a node refuse a write before it logs it."""
+        self.indexer.refuse(key, self.indexer.entries(key, new_value)[1])
+
+    def apply(self, partition: int, key: bytes, old_value: bytes | None,
+              new_value: bytes | None) -> None:
+        """Move the key's entries from ``old_value`` to ``new_value`` (None: absent) in
+        one commit. Refused values (policy ``refuse``) and unique violations raise
+        before anything changes. Applying the same update twice is harmless."""
+        self.apply_many(partition, [(key, old_value, new_value)])
+
+    def apply_many(self, partition: int,
+                   updates: Iterable[tuple[bytes, bytes | None, bytes | None]]) -> None:
+        """Apply (key, old value, new value) updates in order in ONE commit (one fsync
+        for all: temp-WAL replay and group commit use this). All or nothing: a refused
+        value or a unique violation in any update raises and changes nothing."""
+        if partition not in self._ready:
+            raise IndexNotReadyError(
+                f"index of partition {partition} in {self.path} is not ready; its updates "
+                "stay in the temp WAL until rebuild() has finished (an empty partition: "
+                "rebuild it from indexes.EMPTY)")
+        plan = []
+        for key, old_value, new_value in updates:
+            new, bad = self.indexer.entries(key, new_value)
+            self.indexer.refuse(key, bad)
+            old_keys = {e.key for e in self.indexer.entries(key, old_value)[0]}
+            new_keys = {e.key for e in new}
+            add = [e for e in new if e.key not in old_keys]
+            gone = [k for k in old_keys if k not in new_keys]
+            if add or gone:
+                plan.append((key, add, gone))
+        if not plan:
+            return
+        env = self._env
+        db = env.partition_db(partition, create=True)
+        unique = any(e.index.unique for _, add, _ in plan for e in add)
+        # Handles are opened before the write transaction: opening one needs its own.
+        others = [env.partition_db(p, create=True) for p in sorted(self._ready)] if unique else []
+
+        def write(txn: lmdb.Transaction) -> None:
+            for key, add, gone in plan:
+                for k in gone:
+                    txn.delete(k, db=db)
+                for e in add:
+                    if e.index.unique:      # sees this commit's earlier updates too
+                        holder = self._holder(txn, e, key, others)
+                        if holder is not None:
+                            raise UniqueViolationError(e.index.name, e.value, key, holder)
+                    txn.put(e.key, e.data, db=db)
+        env.write(write)
+
+    @staticmethod
+    def _holder(txn: lmdb.Transaction, e: Entry, key: bytes, dbs: list[object]) -> bytes | None:
+        """Another primary key that holds e's value in any of ``dbs``."""
+        prefix = e.key[:e.head]
+        for db in dbs:
+            for k, data in _prefixed(txn.cursor(db=db), prefix):
+                pk = keycodec.parse_entry(k, data)[2]
+                if pk != key:
+                    return pk
+        return None
+
+    # -- queries ---------------------------------------------------------------------
+    def _index(self, name: str) -> tuple[IndexDefinition, bytes]:
+        d = self._by_name.get(name)
+        if d is None:
+            raise IndexDefinitionError(f"no index named {name!r} in {self.path}; "
+                                       f"defined: {sorted(self._by_name)}")
+        return d, keycodec.index_prefix(self.schema.ids[name])
+
+    def _encode(self, name: str, value: object) -> bytes:
+        try:
+            return keycodec.encode_value(value)
+        except keycodec.UnencodableValue as e:
+            raise BadQueryError(f"index {name!r}: {e}") from None
+
+    def lookup(self, index: str, value: object) -> list[bytes]:
+        """Primary keys whose document has ``value`` at the index's field, sorted."""
+        _, idp = self._index(index)
+        prefix = idp + self._encode(index, value)
+        dbs = [self._env.partition_db(p, create=True) for p in sorted(self._ready)]
+
+        def read(txn: lmdb.Transaction) -> list[bytes]:
+            out = []
+            for db in dbs:
+                out.extend(keycodec.parse_entry(k, d)[2]
+                           for k, d in _prefixed(txn.cursor(db=db), prefix))
+            return sorted(out)
+        return self._env.read(read)
+
+    def range(self, index: str, lo: object = None, hi: object = None,
+              limit: int | None = None) -> list[tuple[object, bytes]]:
+        """(value, primary key) pairs with ``lo <= value < hi`` in index order (value,
+        then primary key); ``None`` bounds are open. To bound by null itself, use
+        :meth:`lookup`."""
+        _, idp = self._index(index)
+        lo_key = idp + (self._encode(index, lo) if lo is not None else b"")
+        hi_key = idp + self._encode(index, hi) if hi is not None else _successor(idp)
+        dbs = [self._env.partition_db(p, create=True) for p in sorted(self._ready)]
+
+        def read(txn: lmdb.Transaction) -> list[tuple[object, bytes]]:
+            its = [_between(txn.cursor(db=db), lo_key, hi_key) for db in dbs]
+            out = []
+            for k, d in heapq.merge(*its):
+                if limit is not None and len(out) >= limit:
+                    break
+                _, v, pk = keycodec.parse_entry(k, d)
+                out.append((v, pk))
+            return out
+        return self._env.read(read)
+
+    def entry_count(self, partition: int) -> int:
+        db = self._env.partition_db(partition, create=False)
+        if db is None:
+            return 0
+        return int(self._env.read(lambda txn: txn.stat(db)["entries"]))
+
+    # -- rebuild and verify ------------------------------------------------------------
+    def rebuild(self, partition: int, source: Source, *,
+                progress: Callable[[Any], None] | None = None,
+                cancel: Any = None, memory_limit: int | None = None,
+                batch: int | None = None) -> Any:
+        """Rebuild the partition's entries from ``source.scan(partition)``; see
+        :func:`indexes.rebuild.rebuild`."""
+        from .rebuild import rebuild
+        return rebuild(self, partition, source, progress=progress, cancel=cancel,
+                       memory_limit=memory_limit, batch=batch)
+
+    def verify(self, partition: int, source: Source, *, memory_limit: int | None = None,
+               max_details: int = 10_000) -> Any:
+        """Compare the partition's entries with the data: a VerifyReport."""
+        from .verify import verify
+        return verify(self, partition, source, memory_limit=memory_limit,
+                      max_details=max_details)
+
+
+def _successor(prefix: bytes) -> bytes:
+    """The smallest key above every key starting with ``prefix`` (prefix != all 0xFF)."""
+    p = prefix.rstrip(b"\xff")
+    return p[:-1] + bytes([p[-1] + 1])
+
+
+def _prefixed(cur: lmdb.Cursor, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+    if not cur.set_range(prefix):
+        return
+    for k, d in cur:
+        if not k.startswith(prefix):
+            return
+        yield k, d
+
+
+def _between(cur: lmdb.Cursor, lo: bytes, hi: bytes) -> Iterator[tuple[bytes, bytes]]:
+    if not cur.set_range(lo):
+        return
+    for k, d in cur:
+        if k >= hi:
+            return
+        yield k, d
