@@ -6,8 +6,8 @@ up to date here; the checkpointer seals each page when it writes it.
 """
 from __future__ import annotations
 
-from .pagefile import (ENTRY, HDR, HEADER, PTR, SLOT, EntryFlag, PageType, entry_size,
-                       page_entries)
+from .pagefile import (ENTRY, F_OVERFLOW, F_TOMBSTONE, HDR, HEADER, PTR, SLOT, EntryFlag,
+                       PageType, entry_size, page_entries)
 
 # Header byte ranges changed in place: count [10:12], aux [12:16] (see pagefile.HEADER).
 _PACK_SLOT = SLOT.pack_into
@@ -64,7 +64,7 @@ def free_bytes(buf: bytearray) -> int:
     count = HEADER.unpack_from(buf, 0)[4]
     used = HDR + SLOT.size * count
     for _s, flags, key, _c, vlen, _w in page_entries(buf):
-        used += entry_size(len(key), PTR.size if flags & EntryFlag.OVERFLOW else vlen)
+        used += entry_size(len(key), PTR.size if flags & F_OVERFLOW else vlen)
     return page_size - used
 
 
@@ -73,7 +73,7 @@ def read_entry(buf: bytearray, slot: int) -> tuple[int, int, int, int, int]:
     (off,) = _UNPACK_SLOT(buf, HDR + 2 * slot)
     flags, klen, vlen, counter = ENTRY.unpack_from(buf, off)
     at = off + ENTRY.size + klen
-    if flags & EntryFlag.OVERFLOW:
+    if flags & F_OVERFLOW:
         return flags, counter, vlen, PTR.unpack_from(buf, at)[0], ENTRY.size + klen + PTR.size
     return flags, counter, vlen, at, ENTRY.size + klen + vlen
 

@@ -17,8 +17,8 @@ from faults import fileio
 
 from . import page as pg
 from .memory import PageMemory, page_key
-from .pagefile import (HEADER, PTR, CorruptPageError, EntryFlag, PageType, check_page,
-                       read_meta, page_entries)
+from .pagefile import (F_OVERFLOW, F_TOMBSTONE, HEADER, PTR, CorruptPageError, EntryFlag,
+                       PageType, check_page, read_meta, page_entries)
 
 
 class Partition:
@@ -88,7 +88,7 @@ class Partition:
                     used = pg.HDR + 2 * HEADER.unpack_from(buf, 0)[4]
                     for slot, flags, key, _c, vlen, _w in page_entries(buf):
                         self.index[key] = i << 16 | slot
-                        used += 15 + len(key) + (4 if flags & EntryFlag.OVERFLOW else vlen)
+                        used += 15 + len(key) + (4 if flags & F_OVERFLOW else vlen)
                     self._set_space(i, ps - used)
         heapq.heapify(self.free_pages)
 
@@ -143,9 +143,9 @@ class Partition:
             return None
         buf = self.page(loc >> 16)
         flags, _c, vlen, where, _size = pg.read_entry(buf, loc & 0xFFFF)
-        if flags & EntryFlag.TOMBSTONE:
+        if flags & F_TOMBSTONE:
             return None
-        if flags & EntryFlag.OVERFLOW:
+        if flags & F_OVERFLOW:
             return self._read_chain(where, vlen)
         return bytes(buf[where:where + vlen])
 
@@ -176,7 +176,7 @@ class Partition:
             index, slot = old >> 16, old & 0xFFFF
             buf = self.writable(index)
             oflags, _c, _v, where, size = pg.read_entry(buf, slot)
-            if oflags & EntryFlag.OVERFLOW:
+            if oflags & F_OVERFLOW:
                 self._free_chain(where)
                 buf = self.writable(index)    # loading the chain may have evicted our page copy
             free = self.space[index] + pg.delete(buf, slot, size)
@@ -252,9 +252,9 @@ class Partition:
             if buf[8] != PageType.DATA:
                 continue
             for _s, flags, key, _c, vlen, where in page_entries(buf):
-                if flags & EntryFlag.TOMBSTONE:
+                if flags & F_TOMBSTONE:
                     continue
-                if flags & EntryFlag.OVERFLOW:
+                if flags & F_OVERFLOW:
                     out.append((key, self._read_chain(where, vlen)))
                 else:
                     out.append((key, bytes(buf[where:where + vlen])))
