@@ -1,1 +1,24 @@
-"""(under construction)"""
+"""The crash-point simulation harness: scenarios, a seeded workload with a model of
+acknowledged writes, real processes on loopback, crash plans, invariants, network
+faults, matrices and reports. Documentation: docs/harness.md.
+
+Public face:
+- :class:`Scenario` and its parts, :func:`load_scenario`, :data:`BUILTINS`
+- :func:`run` -> :class:`RunResult`; :func:`run_matrix` -> :class:`MatrixResult`
+- :class:`Model`, :func:`generate` (the seeded workload)
+- :class:`Proxy` (loopback network faults)
+- errors: :class:`SimError`, :class:`ScenarioError`, :class:`ProcessError`
+"""
+from __future__ import annotations
+
+from .builtins import BUILTINS
+from .errors import ProcessError, ScenarioError, SimError
+from .netproxy import Proxy
+from .runner import RunResult, run
+from .scenario import CacheSpec, CrashPlan, Event, IndexSpec, Scenario, WorkloadSpec
+from .scenario import load as load_scenario
+from .workload import Model, generate
+
+__all__ = ["Scenario", "CacheSpec", "IndexSpec", "WorkloadSpec", "Event", "CrashPlan",
+           "load_scenario", "BUILTINS", "run", "RunResult", "Model", "generate", "Proxy",
+           "SimError", "ScenarioError", "ProcessError"]

@@ -1,0 +1,52 @@
+"""The built-in scenarios. Small on purpose: a matrix runs each many times on 2 cores.
+
+Roles: ``supplier`` is a node that gives partitions away, ``demander`` one that takes
+them, ``third`` a node that does neither in the event that matters (it still holds
+copies, serves writes and checkpoints).
+"""
+from __future__ import annotations
+
+from .scenario import CacheSpec, Event, Scenario, WorkloadSpec
+
+BUILTINS: dict[str, Scenario] = {
+    "join": Scenario(
+        name="join", description="two nodes under writes; a third joins and pulls its share",
+        nodes=("n1", "n2"), workload=WorkloadSpec(ops=240),
+        events=(Event(60, "join", "n3"),), settle_timeout=60.0,
+        # n2 gives partitions away too; n1 (the coordinator) is the third node
+        roles={"supplier": "n2", "demander": "n3", "third": "n1"}),
+    "leave": Scenario(
+        name="leave", description="three nodes under writes; n3 leaves gracefully",
+        nodes=("n1", "n2", "n3"), workload=WorkloadSpec(ops=240),
+        events=(Event(60, "leave", "n3"),),
+        roles={"supplier": "n3", "demander": "n1", "third": "n2"}, settle_timeout=60.0),
+    "kill-restart": Scenario(
+        name="kill-restart", description="three nodes; n2 is SIGKILLed under writes and comes back",
+        nodes=("n1", "n2", "n3"), workload=WorkloadSpec(ops=240),
+        events=(Event(60, "kill", "n2"), Event(120, "restart", "n2")),
+        roles={"supplier": "n1", "demander": "n2", "third": "n3"}, settle_timeout=60.0),
+    "join-under-load": Scenario(
+        name="join-under-load", description="two writers, more keys; n3 then n4 join",
+        nodes=("n1", "n2"), caches=(CacheSpec(partitions=16),),
+        workload=WorkloadSpec(writers=2, ops=200, keys=300, distribution="zipf"),
+        events=(Event(60, "join", "n3"), Event(200, "join", "n4")), settle_timeout=60.0,
+        roles={"supplier": "n1", "demander": "n3", "third": "n2"}),
+    "file-move": Scenario(
+        name="file-move", driver="file-move",
+        description="the seed's file move (temp WAL, transfer, index rebuild, replay, "
+                    "OWNING) of 2 partitions between two processes under live writes",
+        nodes=("supplier",), caches=(CacheSpec(partitions=4, backups=0),),
+        workload=WorkloadSpec(ops=400, rate=150.0, keys=400, preload=6000, value_size=(60, 120)),
+        settle_timeout=60.0,
+        events=(Event(30, "join", "demander"),),
+        roles={"supplier": "supplier", "demander": "demander"}),
+    "file-move-cut": Scenario(
+        name="file-move-cut", driver="file-move", proxy=True,
+        description="file-move through a loopback proxy whose link is cut 96 KiB into "
+                    "the transfer and healed 1.5 s later; the transfer resumes",
+        nodes=("supplier",), caches=(CacheSpec(partitions=4, backups=0),),
+        workload=WorkloadSpec(ops=400, rate=150.0, keys=400, preload=6000, value_size=(60, 120)),
+        settle_timeout=60.0,
+        events=(Event(30, "join", "demander"), Event(31, "cut", "link")),
+        roles={"supplier": "supplier", "demander": "demander"}),
+}

@@ -1,0 +1,186 @@
+"""One run: a scenario under one seed and one crash plan.
+
+  start processes (the crash plan only in the target's FERRY_CRASH)
+  -> writers run the seeded workload, the model records what was acknowledged
+  -> topology events fire when the workload has issued ``at`` operations
+  -> a process that kills itself at its crash point is restarted (without the plan)
+  -> settle -> clean stop of every process -> invariants on the data directories
+
+The result's JSON is ``{"passed", "invariants": {NAME: bool}, "seed"}``; the rest
+(problems, timeline, trace of reached points) is kept beside it for reports.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .drivers import ClusterDriver, Driver, FileMoveDriver
+from .errors import SimError
+from .invariants import NAMES, check_all
+from .procs import read_trace
+from .scenario import CrashPlan, Scenario, validate
+from .timeline import Timeline
+from .workload import Model, generate
+
+SAMPLE_S = 0.5
+
+
+@dataclass
+class RunResult:
+    scenario: str
+    seed: int
+    crash: str | None
+    side: str | None
+    passed: bool
+    invariants: dict[str, bool]
+    problems: dict[str, list[str]]
+    seconds: float
+    reached: list[str]
+    acked: int
+    unsure: int
+    timeline: Timeline
+    dir: str | None = None
+    error: str | None = None
+    exit_codes: dict[str, int | None] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """The schema of ``ferry sim run --json`` (the issue's): exactly these keys."""
+        return {"passed": self.passed, "invariants": self.invariants, "seed": self.seed}
+
+    def details(self) -> dict[str, Any]:
+        return {"scenario": self.scenario, "seed": self.seed, "crash": self.crash, "side": self.side,
+                "passed": self.passed, "invariants": self.invariants, "problems": self.problems,
+                "seconds": self.seconds, "reached": self.reached, "acked": self.acked,
+                "unsure": self.unsure, "dir": self.dir, "error": self.error,
+                "exit_codes": self.exit_codes, "timeline": self.timeline.to_dict()}
+
+
+def make_driver(s: Scenario, *args: Any, **kw: Any) -> Driver:
+    return (FileMoveDriver if s.driver == "file-move" else ClusterDriver)(s, *args, **kw)
+
+
+def run(scenario: Scenario, *, seed: int = 0, crash: CrashPlan | None = None,
+        workdir: str | None = None, keep: bool = False,
+        net: Any = None,
+        log: Callable[[str], None] = lambda m: None) -> RunResult:
+    s = validate(scenario.with_crash(crash) if crash is not None else scenario)
+    run_dir = tempfile.mkdtemp(prefix=f"sim-{s.name}-{seed}-", dir=workdir)
+    tl, model = Timeline(), Model()
+    spec = s.crash.spec(seed) if s.crash else None
+    t0 = time.monotonic()
+    driver = make_driver(s, seed, run_dir, tl, model, spec, net=net)
+    problems: dict[str, list[str]] = {}
+    error: str | None = None
+    codes: dict[str, int | None] = {}
+    try:
+        log(f"run {s.name} seed={seed} crash={spec or '-'} side={s.crash.side if s.crash else '-'} in {run_dir}")
+        driver.start()
+        _drive(driver, s, seed, model, tl, log)
+        deadline = time.monotonic() + s.settle_timeout
+        next_sample = 0.0
+        while not driver.settled():
+            driver.poll()
+            if time.monotonic() >= next_sample:
+                driver.sample()
+                next_sample = time.monotonic() + SAMPLE_S
+            if time.monotonic() > deadline:
+                raise SimError(f"did not settle within {s.settle_timeout}s; last status: "
+                               f"{str(driver.last_status)[:1500]}")
+            time.sleep(0.2)
+        tl.mark("-", "settled")
+        codes = driver.stop()
+        tl.mark("-", "stop")
+        if any(c == -9 for c in codes.values()) and not driver.crashed:
+            driver.crashed.append("(at shutdown)")  # the armed point fired in the final stop
+        _recover_unclean(driver, codes)
+        problems = check_all(driver.layout(), model)
+    except Exception as e:  # noqa: BLE001 - a run that cannot finish is a failed cell, with why
+        error = f"{type(e).__name__}: {e}"
+        log(f"run failed: {error}")
+        driver.kill_all()
+    reached = sorted(read_trace(driver.trace))
+    invariants = {n: not problems.get(n, ["not checked"]) for n in NAMES}
+    if s.crash and s.crash.probability is None:
+        # A cell whose crash never fired proves nothing about that point: it fails.
+        invariants["crash_point_reached"] = bool(driver.crashed)
+        if not driver.crashed:
+            problems["crash_point_reached"] = [f"{spec} never fired in {s.target()}"]
+    if error:
+        invariants["run_completed"] = False
+        problems["run_completed"] = [error]
+    passed = all(invariants.values())
+    res = RunResult(s.name, seed, s.crash.label() if s.crash else None,
+                    s.crash.side if s.crash else None, passed, invariants, problems,
+                    round(time.monotonic() - t0, 2), reached, model.n_acked, model.n_unsure,
+                    tl, run_dir, error, codes)
+    if passed and not keep:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        res.dir = None
+    return res
+
+
+def _drive(driver: Driver, s: Scenario, seed: int, model: Model, tl: Timeline,
+           log: Callable[[str], None]) -> None:
+    """Writers + events + crash handling until every operation was issued."""
+    ops = generate(s.workload, seed)
+    issued = [0]
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def writer(w: int) -> None:
+        client = driver.client(w)
+        interval = 1.0 / s.workload.rate if s.workload.rate > 0 else 0.0
+        try:
+            for op in ops[w]:
+                if stop.is_set():
+                    return
+                with lock:
+                    issued[0] += 1
+                try:
+                    driver.apply(client, op)
+                    model.ack(op)
+                except Exception:  # noqa: BLE001 - not returned: may or may not be there
+                    model.unsure(op)
+                if interval:
+                    time.sleep(interval)
+        finally:
+            driver.close_client(client)
+
+    threads = [threading.Thread(target=writer, args=(w,), daemon=True) for w in range(len(ops))]
+    for t in threads:
+        t.start()
+    pending = sorted(s.events, key=lambda e: e.at)
+    next_sample = 0.0
+    try:
+        while any(t.is_alive() for t in threads) or pending:
+            driver.poll()
+            while pending and (issued[0] >= pending[0].at or not any(t.is_alive() for t in threads)):
+                ev = pending.pop(0)
+                tl.mark(ev.node, ev.action, f"at op {issued[0]}")
+                log(f"  event {ev.action} {ev.node} at op {issued[0]}")
+                driver.event(ev.action, ev.node)
+            if time.monotonic() >= next_sample:
+                driver.sample()
+                next_sample = time.monotonic() + SAMPLE_S
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(60)
+
+
+def _recover_unclean(driver: Driver, codes: dict[str, int | None]) -> None:
+    """A process whose last stop was not clean left its updates in the WAL only: run
+    the store's recovery (what a restart does) so the partition files hold them."""
+    from checkpoint import PartitionStore
+    for name, code in codes.items():
+        if code in (0, None):
+            continue
+        cache_root = os.path.join(driver.data_dir(name), "caches")
+        for cache in os.listdir(cache_root) if os.path.isdir(cache_root) else []:
+            PartitionStore.open(os.path.join(cache_root, cache), checkpoint_interval=None).close()

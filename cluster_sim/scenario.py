@@ -1,0 +1,221 @@
+"""What a simulation run is: a scenario (cluster, caches, workload, topology events,
+network faults) plus a crash plan, loaded from a built-in name, a TOML or a JSON file.
+
+A scenario names *roles* (``supplier``, ``demander``, ``third``) for its processes, so a
+crash plan says "crash the demander at ``demander.mid_receive``, 2nd hit" without
+knowing node ids; the runner puts ``FERRY_CRASH`` in that process's environment only.
+
+Two drivers run scenarios (see :mod:`cluster_sim.runner`):
+
+- ``cluster``: real ``ferry node`` processes on loopback, a workload through
+  ``node.Client``, topology events (join, leave, kill, restart).
+- ``file-move``: the seed's file-based move between two processes (supplier, demander)
+  with the real transfer, checkpoint, wal and indexes parts (cluster_sim/mover), the
+  harness being the client. When node/ moves partitions file-based (issue 7) the
+  ``cluster`` scenarios reach the same crash points through nodes.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
+
+from faults import POINTS
+
+from .errors import ScenarioError
+
+SIDES = ("supplier", "demander", "third")
+ACTIONS = ("join", "leave", "kill", "restart", "cut", "heal")
+DRIVERS = ("cluster", "file-move")
+DISTRIBUTIONS = ("uniform", "zipf", "sequential")
+
+
+@dataclass(frozen=True)
+class IndexSpec:
+    name: str = "by_city"
+    field: str = "city"
+
+
+@dataclass(frozen=True)
+class CacheSpec:
+    name: str = "default"
+    partitions: int = 8
+    backups: int = 1
+    indexes: tuple[IndexSpec, ...] = (IndexSpec(),)
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    writers: int = 1
+    ops: int = 300                 # per writer
+    rate: float = 0.0              # ops/s per writer; 0 = as fast as acknowledgements come
+    keys: int = 150                # distinct keys per writer
+    distribution: str = "uniform"
+    value_size: tuple[int, int] = (40, 200)
+    remove_ratio: float = 0.1
+    preload: int = 0               # entries loaded before the clock starts (file-move)
+
+
+@dataclass(frozen=True)
+class Event:
+    """``action`` on ``node`` once the workload has issued ``at`` operations in total."""
+    at: int
+    action: str
+    node: str
+
+
+@dataclass(frozen=True)
+class CrashPlan:
+    point: str
+    side: str = "demander"
+    nth: int | None = 1            # crash on the Nth hit ...
+    probability: float | None = None   # ... or with this probability, seeded
+
+    def spec(self, seed: int) -> str:
+        """The ``FERRY_CRASH`` value for the target process."""
+        if self.probability is not None:
+            return f"{self.point}@{self.probability}#{seed}"
+        return f"{self.point}:{self.nth or 1}"
+
+    def label(self) -> str:
+        return f"{self.point}@{self.probability}" if self.probability is not None else \
+            f"{self.point}:{self.nth or 1}"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    driver: str = "cluster"
+    nodes: tuple[str, ...] = ("n1", "n2")          # started before the workload
+    caches: tuple[CacheSpec, ...] = (CacheSpec(),)
+    workload: WorkloadSpec = WorkloadSpec()
+    events: tuple[Event, ...] = ()
+    roles: dict[str, str] = field(default_factory=dict)   # side -> node id
+    crash: CrashPlan | None = None
+    proxy: bool = False            # file-move: put a loopback proxy on the transfer link
+    settle_timeout: float = 90.0
+    description: str = ""
+
+    def all_nodes(self) -> list[str]:
+        out = list(self.nodes)
+        for e in self.events:
+            if e.action in ("join", "leave", "kill", "restart") and e.node not in out:
+                out.append(e.node)
+        return out
+
+    def target(self) -> str | None:
+        """The node (or process) the crash plan arms."""
+        if self.crash is None:
+            return None
+        if self.crash.side not in self.roles:
+            raise ScenarioError(f"scenario {self.name!r} has no {self.crash.side!r} process; "
+                                f"its sides are {', '.join(self.roles) or 'none'}")
+        return self.roles[self.crash.side]
+
+    def with_crash(self, crash: CrashPlan | None) -> Scenario:
+        return replace(self, crash=crash)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def validate(s: Scenario) -> Scenario:
+    """Refuse what cannot run, naming the field; returns ``s``."""
+    def bad(msg: str) -> ScenarioError:
+        return ScenarioError(f"scenario {s.name!r}: {msg}")
+    if s.driver not in DRIVERS:
+        raise bad(f"driver {s.driver!r} is not one of {', '.join(DRIVERS)}")
+    if not s.nodes:
+        raise bad("nodes must name at least one process")
+    for c in s.caches:
+        if c.partitions < 1 or c.backups < 0:
+            raise bad(f"cache {c.name!r}: partitions must be >= 1 and backups >= 0")
+    w = s.workload
+    if w.writers < 1 or w.ops < 0 or w.keys < 1:
+        raise bad("workload needs writers >= 1, ops >= 0, keys >= 1")
+    if w.distribution not in DISTRIBUTIONS:
+        raise bad(f"workload.distribution {w.distribution!r} is not one of {', '.join(DISTRIBUTIONS)}")
+    if not 0 <= w.remove_ratio < 1:
+        raise bad("workload.remove_ratio must be in [0, 1)")
+    lo, hi = w.value_size
+    if not 1 <= lo <= hi <= 64 << 10:
+        raise bad("workload.value_size must be [lo, hi] with 1 <= lo <= hi <= 65536")
+    for e in s.events:
+        if e.action not in ACTIONS:
+            raise bad(f"event action {e.action!r} is not one of {', '.join(ACTIONS)}")
+        if e.at < 0:
+            raise bad(f"event {e.action} {e.node}: 'at' must be >= 0")
+    for side, node in s.roles.items():
+        if side not in SIDES:
+            raise bad(f"role {side!r} is not one of {', '.join(SIDES)}")
+        if node not in s.all_nodes():
+            raise bad(f"role {side} names {node!r}, which is not a node of the scenario")
+    if s.crash is not None:
+        c = s.crash
+        if c.point not in POINTS:
+            raise bad(f"crash point {c.point!r} is unknown; known: {', '.join(sorted(POINTS))}")
+        if c.side not in SIDES:
+            raise bad(f"crash side {c.side!r} is not one of {', '.join(SIDES)}")
+        if c.probability is None and (c.nth is None or c.nth < 1):
+            raise bad("crash.nth must be >= 1")
+        if c.probability is not None and not 0 < c.probability <= 1:
+            raise bad("crash.probability must be in (0, 1]")
+        s.target()
+    return s
+
+
+# -- loading ------------------------------------------------------------------------------
+def _build(cls: type, data: dict[str, Any], where: str) -> Any:
+    known = {f.name for f in fields(cls)}
+    unknown = set(data) - known
+    if unknown:
+        raise ScenarioError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; "
+                            f"known: {', '.join(sorted(known))}")
+    return cls(**data)
+
+
+def from_dict(data: dict[str, Any], *, where: str = "scenario") -> Scenario:
+    """A scenario from plain data (parsed TOML or JSON)."""
+    if not isinstance(data, dict) or "name" not in data:
+        raise ScenarioError(f"{where}: a scenario is a table with at least a 'name'")
+    d = dict(data)
+    try:
+        caches = []
+        for c in d.pop("caches", [{}]):
+            c = dict(c)
+            c["indexes"] = tuple(_build(IndexSpec, i, f"{where}: caches.indexes")
+                                 for i in c.get("indexes", [asdict(IndexSpec())]))
+            caches.append(_build(CacheSpec, c, f"{where}: caches"))
+        w = dict(d.pop("workload", {}))
+        if "value_size" in w:
+            w["value_size"] = tuple(w["value_size"])
+        workload = _build(WorkloadSpec, w, f"{where}: workload")
+        events = tuple(_build(Event, e, f"{where}: events") for e in d.pop("events", []))
+        crash = d.pop("crash", None)
+        crash = _build(CrashPlan, crash, f"{where}: crash") if crash else None
+        if "nodes" in d:
+            d["nodes"] = tuple(d["nodes"])
+        s = _build(Scenario, d | {"caches": tuple(caches), "workload": workload,
+                                  "events": events, "crash": crash}, where)
+    except TypeError as e:
+        raise ScenarioError(f"{where}: {e}") from None
+    return validate(s)
+
+
+def load(name_or_file: str) -> Scenario:
+    """A built-in scenario by name, or a ``.toml`` / ``.json`` file."""
+    from .builtins import BUILTINS
+    if name_or_file in BUILTINS:
+        return validate(BUILTINS[name_or_file])
+    if not os.path.exists(name_or_file):
+        raise ScenarioError(f"no built-in scenario {name_or_file!r} and no such file; "
+                            f"built-ins: {', '.join(sorted(BUILTINS))}")
+    try:
+        with open(name_or_file, "rb") as f:
+            raw = f.read()
+        data = json.loads(raw) if name_or_file.endswith(".json") else tomllib.loads(raw.decode())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ScenarioError(f"{name_or_file}: cannot parse: {e}") from None
+    return from_dict(data, where=name_or_file)

@@ -1,0 +1,136 @@
+"""A seeded workload and the model of acknowledged writes.
+
+The workload is a fixed list of operations per writer, derived from the seed alone, so
+the same seed gives the same operations in the same order. Writers use disjoint keys
+(``w<writer>-...``): each key then has one writer, and its operations are ordered.
+
+The model (Hypothesis-style: a model beside the real system) records per key the last
+*acknowledged* value (a put or remove whose call returned) and the values of later
+operations that did not return (in flight at a crash, or failed): those "may or may
+not be there". After the run, a copy of the key must hold the acknowledged value or one
+of those later candidates; a key whose last acknowledged operation was a remove must be
+absent unless a later unacknowledged put may have landed.
+"""
+from __future__ import annotations
+
+import json
+import random
+import threading
+from dataclasses import dataclass, field
+
+from .scenario import WorkloadSpec
+
+CITIES = ("oslo", "lima", "pune", "kyiv", "quito", "hanoi", "dakar", "riga")
+ABSENT = None        # a removed or never-written key
+
+
+@dataclass(frozen=True)
+class Op:
+    writer: int
+    seq: int                      # position in the writer's list
+    key: bytes
+    value: bytes | None           # None: remove
+
+
+def _value(rng: random.Random, key: bytes, seq: int, size: tuple[int, int]) -> bytes:
+    n = rng.randint(*size)
+    doc = {"k": key.decode(), "s": seq, "city": rng.choice(CITIES), "pad": ""}
+    raw = json.dumps(doc, separators=(",", ":"))
+    doc["pad"] = "x" * max(0, n - len(raw))
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def _pick(rng: random.Random, spec: WorkloadSpec, seq: int) -> int:
+    if spec.distribution == "sequential":
+        return seq % spec.keys
+    if spec.distribution == "zipf":
+        # A few hot keys get most writes: index ~ keys * u^3 (cheap, no numpy, seeded).
+        return min(spec.keys - 1, int(spec.keys * rng.random() ** 3))
+    return rng.randrange(spec.keys)
+
+
+def generate(spec: WorkloadSpec, seed: int) -> list[list[Op]]:
+    """Every writer's operations, from ``seed`` alone."""
+    out: list[list[Op]] = []
+    for w in range(spec.writers):
+        rng = random.Random(f"ferry-sim:{seed}:{w}")
+        live: set[bytes] = set()
+        ops: list[Op] = []
+        for i in range(spec.ops):
+            key = b"w%d-k%05d" % (w, _pick(rng, spec, i))
+            if key in live and rng.random() < spec.remove_ratio:
+                ops.append(Op(w, i, key, None))
+                live.discard(key)
+            else:
+                ops.append(Op(w, i, key, _value(rng, key, i, spec.value_size)))
+                live.add(key)
+        out.append(ops)
+    return out
+
+
+def preload(spec: WorkloadSpec, seed: int) -> list[tuple[bytes, bytes]]:
+    """Entries loaded before the clock starts (the file-move supplier's initial data);
+    the supplier process and the harness both call this, so both know them."""
+    rng = random.Random(f"ferry-sim-preload:{seed}")
+    return [(b"pre-%06d" % i, _value(rng, b"pre-%06d" % i, 0, spec.value_size))
+            for i in range(spec.preload)]
+
+
+@dataclass
+class Model:
+    acked: dict[bytes, bytes | None] = field(default_factory=dict)
+    maybe: dict[bytes, list[bytes | None]] = field(default_factory=dict)
+    n_acked: int = 0
+    n_unsure: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def load(self, entries: list[tuple[bytes, bytes]]) -> None:
+        with self._lock:
+            for k, v in entries:
+                self.acked[k] = v
+
+    def ack(self, op: Op) -> None:
+        """The call returned: this is now the key's value, earlier doubts are settled."""
+        with self._lock:
+            self.acked[op.key] = op.value
+            self.maybe.pop(op.key, None)
+            self.n_acked += 1
+
+    def unsure(self, op: Op) -> None:
+        """The call did not return (crash, timeout, error): it may or may not be there."""
+        with self._lock:
+            self.maybe.setdefault(op.key, []).append(op.value)
+            self.n_unsure += 1
+
+    def keys(self) -> set[bytes]:
+        return set(self.acked) | set(self.maybe)
+
+    def allowed(self, key: bytes) -> list[bytes | None]:
+        return [self.acked.get(key, ABSENT), *self.maybe.get(key, [])]
+
+    def check(self, key: bytes, found: bytes | None) -> str | None:
+        """None when ``found`` is a value the key may hold; else what is wrong."""
+        allowed = self.allowed(key)
+        if found in allowed:
+            return None
+        last = self.acked.get(key, ABSENT)
+        if found is not None and last is None and key in self.acked:
+            return f"{key!r} was removed (acknowledged) but came back"
+        if found is None:
+            return f"{key!r}: acknowledged value lost (expected {_short(last)})"
+        return f"{key!r}: holds {_short(found)}, expected {_short(last)}" + (
+            f" or one of {len(allowed) - 1} unacknowledged values" if len(allowed) > 1 else "")
+
+    def expected_file(self, path: str) -> None:
+        """The acknowledged model as JSON lines for ``validation.validate(expected=...)``
+        (keys with doubts are left out: Spark cannot express "one of")."""
+        with open(path, "w") as f:
+            for k, v in sorted(self.acked.items()):
+                if k not in self.maybe:
+                    f.write(json.dumps({"key": k.decode(), "value": None if v is None else v.decode()}) + "\n")
+
+
+def _short(v: bytes | None) -> str:
+    if v is None:
+        return "absent"
+    return repr(v[:40]) + ("..." if len(v) > 40 else "")

@@ -1,0 +1,36 @@
+"""The quick matrix (every placed point, one seed, supplier and demander sides) passes,
+and its JSON has exactly the issue's schema."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from cluster_sim.matrix import PLAN, plan_cells
+from faults import POINTS
+
+
+def test_plan_covers_every_point_and_cells_are_seeded() -> None:
+    assert set(PLAN) == set(POINTS)
+    cells = plan_cells(sorted(POINTS), ["supplier", "demander"], [1, 2])
+    assert {c.point for c in cells} == set(POINTS)
+    again = plan_cells(sorted(POINTS), ["supplier", "demander"], [1, 2])
+    assert [(c.point, c.side, c.seed, c.nth) for c in cells] == [(c.point, c.side, c.seed, c.nth) for c in again]
+
+
+@pytest.mark.slow
+def test_quick_matrix_passes(tmp_path, py_env) -> None:
+    out = subprocess.run([sys.executable, "-m", "ferry", "sim", "matrix", "--points", "all",
+                          "--sides", "supplier,demander", "--seeds", "1", "--json",
+                          "--report", str(tmp_path / "report"), "--workdir", str(tmp_path)],
+                         capture_output=True, text=True, env=py_env, timeout=900)
+    doc = json.loads(out.stdout)
+    assert set(doc) == {"cells", "passed", "failed"}
+    for c in doc["cells"]:
+        assert set(c) == {"point", "side", "seed", "passed", "seconds", "replay"}
+    failed = [c["replay"] for c in doc["cells"] if not c["passed"]]
+    assert not failed and out.returncode == 0, (failed, out.stderr[-3000:])
+    assert {c["point"] for c in doc["cells"]} == set(POINTS)
+    assert (tmp_path / "report" / "report.html").exists() and (tmp_path / "report" / "cell-000.png").exists()
