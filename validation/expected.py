@@ -1,0 +1,117 @@
+"""Checking the data against an expected dataset (``--expected FILE``).
+
+The file holds the contents the cluster should have, e.g. the harness's model of
+acknowledged writes: JSON lines or Parquet with columns
+
+- ``key`` (text or binary) or ``key_hex``;
+- ``value`` (text or binary), ``value_hex``, or ``value_hash`` (Spark's
+  ``xxhash64(value)``, = Python ``xxhash.xxh64_intdigest(value, seed=42)`` as a
+  signed 64-bit integer); a NULL value means the key must be absent (removed);
+- ``partition``; optional ``cache`` (without it the data must hold one cache, or
+  the rows are taken to be of the cache ``default``).
+
+Every expected row is checked on every owner of its partition: ``missing`` (an
+owner lacks the key, or no node holds the partition: node NULL), ``wrong`` (the
+owner's value differs), ``extra`` (an owner holds a live key the expected data does
+not, in a cache the expected data covers). Counts are of (node, key) pairs.
+"""
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from .compare import PartitionState, render_key, value_hash
+from .errors import ExpectedFileError
+from .layout import DEFAULT_CACHE
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+KINDS = ("missing", "extra", "wrong")
+
+
+def _load(spark: "SparkSession", path: str) -> "DataFrame":
+    if not os.path.exists(path):
+        raise ExpectedFileError(f"expected file {path} does not exist")
+    try:
+        if os.path.isdir(path) or path.endswith((".parquet", ".pq")):
+            return spark.read.parquet(path)
+        # FAILFAST: a malformed line is an error naming the file, not a NULL row
+        # that would show up as a thousand "missing" keys.
+        return spark.read.option("mode", "FAILFAST").json(path)
+    except Exception as exc:  # noqa: BLE001 - Spark raises its own analysis errors
+        raise ExpectedFileError(f"cannot read expected file {path}: {exc}") from exc
+
+
+def read_expected(spark: "SparkSession", path: str, caches: set[str]) -> "DataFrame":
+    """(cache, partition, key binary, value_hash long) rows of the expected file."""
+    from pyspark.sql import functions as F
+
+    df = _load(spark, path)
+    types = dict(df.dtypes)
+    if "key" in types:
+        key = F.col("key").cast("binary")
+    elif "key_hex" in types:
+        key = F.unhex("key_hex")
+    else:
+        raise ExpectedFileError(f"{path} has no key column (key or key_hex); columns: "
+                                f"{sorted(types)}")
+    if "value_hash" in types:
+        vh = F.col("value_hash").cast("long")
+    elif "value" in types:
+        vh = value_hash(F.col("value").cast("binary"), None)
+    elif "value_hex" in types:
+        vh = value_hash(F.unhex("value_hex"), None)
+    else:
+        raise ExpectedFileError(f"{path} has no value column (value, value_hex or "
+                                f"value_hash); columns: {sorted(types)}")
+    if "partition" not in types:
+        raise ExpectedFileError(f"{path} has no partition column; columns: {sorted(types)}")
+    if "cache" in types:
+        cache = F.col("cache").cast("string")
+    elif len(caches) == 1:
+        cache = F.lit(next(iter(caches)))
+    else:
+        cache = F.lit(DEFAULT_CACHE)
+    return df.select(cache.alias("cache"), F.col("partition").cast("int").alias("partition"),
+                     key.alias("key"), vh.alias("value_hash"))
+
+
+def check(exp: "DataFrame", ents: "DataFrame", states: list[PartitionState],
+          max_examples: int) -> dict:
+    """Missing, extra and wrong entries of the data against the expected rows
+    (from :func:`read_expected`)."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    spark = exp.sparkSession
+    owner_rows = [(s.cache, s.partition, n) for s in states for n in s.replicas]
+    owners = spark.createDataFrame(owner_rows or [("", -1, "")],
+                                   "cache string, partition int, node string")
+    e = (exp.join(F.broadcast(owners), ["cache", "partition"], "left")
+         .select("cache", "partition", "node", "key",
+                 F.col("value_hash").alias("expected_hash"), F.lit(True).alias("listed")))
+    covered = exp.select("cache").distinct()
+    live = (ents.where(~F.col("tombstone")).join(F.broadcast(covered), "cache")
+            .select("cache", "partition", "node", "key", F.col("value_hash").alias("actual_hash")))
+    joined = e.join(live, ["cache", "partition", "node", "key"], "full_outer")
+    kind = (F.when(F.col("listed").isNull() | F.col("expected_hash").isNull(),
+                   F.when(F.col("actual_hash").isNotNull(), "extra"))
+            .when(F.col("actual_hash").isNull(), "missing")
+            .when(F.col("actual_hash") != F.col("expected_hash"), "wrong"))
+    bad = joined.withColumn("kind", kind).where(F.col("kind").isNotNull())
+    w = Window.partitionBy("kind")
+    rows = (bad.withColumn("total", F.count(F.lit(1)).over(w))
+            .withColumn("rank", F.row_number().over(w.orderBy("cache", "partition", "key", "node")))
+            .where(F.col("rank") <= max_examples).collect())
+    out: dict = {k: 0 for k in KINDS}
+    out["rows"] = exp.count()
+    out["examples"] = []
+    for r in sorted(rows, key=lambda r: (KINDS.index(r["kind"]), r["rank"])):
+        out[r["kind"]] = r["total"]
+        out["examples"].append({
+            "kind": r["kind"], "cache": r["cache"], "partition": r["partition"],
+            "node": r["node"], "key": render_key(bytes(r["key"])),
+            "key_hex": bytes(r["key"]).hex(), "expected_hash": r["expected_hash"],
+            "actual_hash": r["actual_hash"]})
+    return out

@@ -1,0 +1,195 @@
+"""The validation job: list files, decode them in Spark, compare owners, check the
+expected data, render the outcome. Runs three ways, all through
+:func:`validate_outcome`:
+
+    ferry validate DATA1 DATA2 ...                         (validation/cli.py)
+    spark-submit validation/job.py DATA1 DATA2 ...         (this file as a script)
+    validation.validate([...]) -> dict                     (harness, ferry demo)
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+if __name__ == "__main__" and not __package__:
+    # spark-submit runs this file as a script with validation/ first on sys.path: put
+    # the checkout root there instead so ``validation`` and ``checkpoint`` import as
+    # packages (no-op when Ferry is installed or shipped with --py-files).
+    _here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
+    sys.path.insert(0, os.path.dirname(_here))
+
+import argparse
+import json
+import time
+from typing import TYPE_CHECKING
+
+from validation import compare, expected as expected_mod, report as report_mod
+from validation.errors import ExpectedFileError, ValidationError
+from validation.layout import PartitionFile, list_folders
+from validation.session import DEFAULT_MASTER, is_local, ship_decoder, start
+from validation.source import SOURCE_NAME, FerryDataSource
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+MAX_KEYS = 100          # differing keys listed per divergent partition (all are counted)
+MAX_EXAMPLES = 20       # expected-data mismatches listed per kind (all are counted)
+
+
+def read_raw(spark: "SparkSession", files: list[PartitionFile]) -> "DataFrame":
+    """Raw rows (``source.RAW_SCHEMA``) of ``files``, decoded in the executors."""
+    spark.dataSource.register(FerryDataSource)
+    # Larger files first: the longest tasks start early, so the job's tail is short.
+    tasks = [f.to_dict() for f in sorted(files, key=lambda f: -f.size)]
+    return spark.read.format(SOURCE_NAME).option("tasks", json.dumps(tasks)).load()
+
+
+def run(spark: "SparkSession", files: list[PartitionFile], *, expected: str | None = None,
+        max_keys: int = MAX_KEYS, export: str | None = None) -> report_mod.Outcome:
+    """Validate ``files`` (from ``layout.list_folders``) in ``spark``."""
+    t0 = time.monotonic()
+    # The expected file is read first: a bad one fails before any file is decoded.
+    exp_rows = None
+    if expected is not None:
+        exp_rows = expected_mod.read_expected(spark, expected, {f.cache for f in files})
+    raw = read_raw(spark, files)
+    # Each pass over ``raw`` decodes every file again (Python, the dominant cost);
+    # when the expected check or the export need a second full pass, keep the decoded
+    # rows in executor memory, spilling to executor disk, not on the driver.
+    reuse = expected is not None or export is not None
+    if reuse:
+        from pyspark import StorageLevel
+        raw = raw.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        states, problems = compare.digests(raw, files)
+        divergent_parts = {(s.cache, s.partition) for s in states if s.divergent}
+        divergent: list[dict] = []
+        if divergent_parts:
+            # Only the divergent partitions' files are decoded again for the key lists.
+            if reuse:       # already decoded and persisted: keep those partitions' rows
+                from pyspark.sql import functions as F
+                parts = spark.createDataFrame(sorted(divergent_parts),
+                                              "cache string, partition int")
+                source = raw.join(F.broadcast(parts), ["cache", "partition"])
+            else:
+                source = read_raw(spark, [f for f in files
+                                          if (f.cache, f.partition) in divergent_parts])
+            divergent = compare.key_diffs(compare.entries(source), states, max_keys)
+        exp = None
+        if exp_rows is not None:
+            exp = expected_mod.check(exp_rows, compare.entries(raw), states, MAX_EXAMPLES)
+        if export is not None:
+            export_parquet(raw, export)
+    finally:
+        if reuse:
+            raw.unpersist()
+    return report_mod.Outcome(states, divergent, problems, exp, time.monotonic() - t0,
+                              files=len(files), nodes=sorted({f.node for f in files}))
+
+
+def export_parquet(raw: "DataFrame", out: str) -> None:
+    """The decoded entries (with values) as Parquet under ``out``, partitioned by
+    cache and partition (``out/cache=c/partition=p/part-*.parquet``)."""
+    try:
+        (compare.entries(raw, with_value=True).write.mode("overwrite")
+         .partitionBy("cache", "partition").parquet(out))
+    except Exception as exc:  # noqa: BLE001 - Spark wraps the OS error of the writer
+        raise ValidationError(f"cannot export Parquet to {out}: {exc}") from exc
+
+
+def validate_outcome(dirs: list[str], *, master: str | None = DEFAULT_MASTER,
+                     expected: str | None = None, spark: "SparkSession | None" = None,
+                     max_keys: int = MAX_KEYS, report: str | None = None,
+                     export: str | None = None,
+                     conf: dict[str, str] | None = None) -> report_mod.Outcome:
+    """Validate node data folders. Pass ``spark`` to reuse a session (a new one costs
+    ~6 s to start); else one is started on ``master`` (None: the master spark-submit
+    configured, else local) and stopped at the end."""
+    t0 = time.monotonic()
+    files = list_folders(list(dirs))     # bad folders fail here, before Spark starts
+    if expected is not None and not os.path.exists(expected):
+        raise ExpectedFileError(f"expected file {expected} does not exist")
+    own = spark is None
+    if own:
+        if master is None and "PYSPARK_GATEWAY_PORT" not in os.environ:
+            master = DEFAULT_MASTER      # not under spark-submit: nobody chose a master
+        spark = start(master or "", conf=conf)
+    try:
+        if not is_local(spark.sparkContext.master):
+            ship_decoder(spark)
+        outcome = run(spark, files, expected=expected, max_keys=max_keys, export=export)
+        outcome.seconds = time.monotonic() - t0
+        if report:
+            report_mod.write_html(report, outcome)
+        return outcome
+    finally:
+        if own:
+            spark.stop()
+
+
+def validate(dirs: list[str], *, master: str = DEFAULT_MASTER, expected: str | None = None,
+             spark: "SparkSession | None" = None, max_keys: int = MAX_KEYS,
+             report: str | None = None, export: str | None = None,
+             conf: dict[str, str] | None = None) -> dict:
+    """Validate node data folders; returns the ``--json`` object (see
+    ``report.JSON_KEYS``); ``result["passed"]`` is False when anything diverges."""
+    return validate_outcome(dirs, master=master, expected=expected, spark=spark,
+                            max_keys=max_keys, report=report, export=export,
+                            conf=conf).to_json()
+
+
+def execute(dirs: list[str], *, master: str | None, expected: str | None, as_json: bool,
+            report: str | None, export: str | None, max_keys: int,
+            conf: dict[str, str]) -> int:
+    """The command-line job: prints the outcome, returns the exit status
+    (0 passed, 1 divergent/corrupt/mismatched, 2 could not validate)."""
+    try:
+        outcome = validate_outcome(dirs, master=master, expected=expected, report=report,
+                                   export=export, max_keys=max_keys, conf=conf)
+    except ValidationError as exc:
+        print(f"ferry validate: {exc}", file=sys.stderr)
+        return 2
+    if as_json:
+        print(json.dumps(outcome.to_json()))
+    else:
+        print(report_mod.summary(outcome))
+    return 0 if outcome.passed else 1
+
+
+def parse_conf(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValidationError(f"--conf {item!r}: expected KEY=VALUE")
+        out[key] = value
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point under spark-submit (argparse: the driver may lack click)."""
+    ap = argparse.ArgumentParser(prog="validation/job.py", description=__doc__.split("\n")[0])
+    ap.add_argument("dirs", nargs="+", metavar="DIR")
+    ap.add_argument("--master", default=None,
+                    help="Spark master (default: the one spark-submit configured)")
+    ap.add_argument("--expected", default=None)
+    ap.add_argument("--json", dest="as_json", action="store_true")
+    ap.add_argument("--report", default=None)
+    ap.add_argument("--export", nargs=2, metavar=("FORMAT", "DIR"), default=None)
+    ap.add_argument("--max-keys", type=int, default=MAX_KEYS)
+    ap.add_argument("--conf", action="append", default=[])
+    a = ap.parse_args(argv)
+    if a.export and a.export[0] != "parquet":
+        ap.error("--export supports only: parquet DIR")
+    try:
+        conf = parse_conf(a.conf)
+    except ValidationError as exc:
+        ap.error(str(exc))
+    return execute(a.dirs, master=a.master, expected=a.expected, as_json=a.as_json,
+                   report=a.report, export=a.export[1] if a.export else None,
+                   max_keys=a.max_keys, conf=conf)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""The ``ferry`` Spark data source: partition files decoded inside the executors.
+
+``spark.read.format("ferry").option("tasks", json).load()`` gives one Spark input
+partition per partition file; each is decoded by :mod:`checkpoint.pagefile` in the
+executor's Python worker and handed to the JVM as Arrow record batches, so entries
+never pass through the driver. A corrupt page does not fail the task: it becomes one
+row whose ``problem`` column says which page, at what offset, and why (data sources
+cannot update accumulators, so the problem travels in-band; ``validation.compare``
+splits it out in the same pass that computes the digests).
+
+This module must stay importable on an executor with only the standard library,
+pyarrow, pyspark and the shipped decoder (see ``validation.ship``).
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Iterator
+
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+SOURCE_NAME = "ferry"
+
+# Raw rows: entries (problem NULL) and page problems (key, value ... NULL).
+RAW_SCHEMA = ("node string, cache string, partition int, key binary, value binary, "
+              "counter long, tombstone boolean, "
+              "problem struct<page: long, offset: long, reason: string>")
+
+# An Arrow batch is sent when it holds BATCH entries or BATCH_BYTES of keys and values:
+# large enough that the per-batch cost (one IPC message to the JVM) is small next to
+# decoding, small enough to bound a Python worker's memory whatever the file size.
+BATCH = 16384
+BATCH_BYTES = 8 << 20
+
+# A page of a file that is not a partition file at all (bad meta page, unreadable).
+FILE_PAGE = -1
+
+
+class FerryDataSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return SOURCE_NAME
+
+    def schema(self) -> str:
+        return RAW_SCHEMA
+
+    def reader(self, schema: Any) -> "FerryReader":
+        tasks = json.loads(self.options.get("tasks", "[]"))
+        return FerryReader(tasks)
+
+
+class FerryReader(DataSourceReader):
+    def __init__(self, tasks: list[dict]) -> None:
+        self.tasks = tasks
+
+    def partitions(self) -> list[InputPartition]:
+        # One input partition per file: Spark runs as many at once as it has cores,
+        # so a job with more files than cores streams through them.
+        return [InputPartition(t) for t in self.tasks]
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        yield from decode_task(partition.value)
+
+
+def decode_task(task: dict) -> Iterator[Any]:
+    """Arrow batches of one partition file's entries and page problems."""
+    import pyarrow as pa
+
+    from checkpoint import pagefile  # the shipped decoder; imported in the executor
+
+    node, cache, part, path = task["node"], task["cache"], task["partition"], task["path"]
+    keys: list[bytes] = []
+    values: list[bytes | None] = []
+    counters: list[int] = []
+    tombs: list[bool] = []
+    problems: list[dict] = []
+
+    def on_error(problem: Any) -> None:
+        problems.append({"page": int(problem.page), "offset": int(problem.offset),
+                         "reason": str(problem.reason)})
+
+    def batch(n_entries: int, probs: list[dict]) -> "pa.RecordBatch":
+        n = n_entries + len(probs)
+        null_tail = [None] * len(probs)
+        return pa.RecordBatch.from_arrays([
+            pa.array([node] * n, pa.string()),
+            pa.array([cache] * n, pa.string()),
+            pa.array([part] * n, pa.int32()),
+            pa.array(keys + null_tail, pa.binary()),
+            pa.array(values + null_tail, pa.binary()),
+            pa.array(counters + null_tail, pa.int64()),
+            pa.array(tombs + null_tail, pa.bool_()),
+            pa.array([None] * n_entries + probs, _problem_type(pa)),
+        ], names=_NAMES)
+
+    size = 0
+    try:
+        for e in pagefile.iter_entries(path, include_tombstones=True, on_error=on_error):
+            keys.append(e.key)
+            values.append(e.value)
+            counters.append(e.counter)
+            tombs.append(e.tombstone)
+            size += len(e.key) + (len(e.value) if e.value is not None else 0)
+            if len(keys) >= BATCH or size >= BATCH_BYTES:
+                yield batch(len(keys), [])
+                keys.clear(); values.clear(); counters.clear(); tombs.clear()
+                size = 0
+    except Exception as exc:  # noqa: BLE001 - a broken file must not stop the job
+        # The decoder raises on what it cannot skip (missing file, bad meta page):
+        # report it against the whole file and keep what was decoded before it.
+        problems.append({"page": FILE_PAGE, "offset": 0,
+                         "reason": f"{type(exc).__name__}: {exc}"})
+    if keys or problems:
+        yield batch(len(keys), problems)
+
+
+_NAMES = ["node", "cache", "partition", "key", "value", "counter", "tombstone", "problem"]
+
+
+def _problem_type(pa: Any) -> Any:
+    return pa.struct([("page", pa.int64()), ("offset", pa.int64()), ("reason", pa.string())])
