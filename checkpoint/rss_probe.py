@@ -18,6 +18,17 @@ def _rss_now() -> int:
         return int(f.read().split()[1]) * resource.getpagesize()
 
 
+def _peak_rss() -> int:
+    """This process's own RSS high-water mark (VmHWM). Not ``ru_maxrss``: Linux carries
+    ru_maxrss across exec, so a probe started from a big parent (a pytest worker that
+    ran Spark tests) would report the parent's peak as its own."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
 def main() -> None:
     directory, budget, data, vsize = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     from checkpoint import PartitionStore
@@ -41,7 +52,7 @@ def main() -> None:
     index_bytes = sum(sys.getsizeof(k) + 32 for k in s.parts[0].index) + sys.getsizeof(s.parts[0].index)
     file_bytes = s.parts[0].page_count * s.page_size
     s.close()
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = _peak_rss()
     print(json.dumps({"budget": budget, "file_bytes": file_bytes, "entries": n,
                       "scanned": scanned, "baseline_rss": base, "peak_rss": peak,
                       "index_bytes": index_bytes, "puts_per_s": n / t_put,
