@@ -1,12 +1,15 @@
 """The reference storage node: partition map, partition states, replicated update path,
-membership, message-based rebalancing, client, cluster status and metrics.
+membership, file-based rebalancing (default; temp WAL, OWNING gate, crash recovery,
+plans) and message-based rebalancing (fallback), client, cluster status and metrics.
 
 Public face:
 - :class:`Client` (put/get/remove/lookup/range), :class:`NodeConfig`, :func:`load_config`
 - :func:`partition_of`, :func:`owners` (rendezvous hashing with B backups)
 - :class:`State`, :data:`ALLOWED`, :class:`StateTable` (the one transition table)
 - :class:`NodeError` and its subclasses
-Documentation: docs/node.md.
+- :mod:`node.localcluster` (``LocalCluster``: node processes in one folder, for the demo
+  and the benchmark; import it explicitly)
+Documentation: docs/node.md, docs/rebalancing.md.
 """
 from __future__ import annotations
 

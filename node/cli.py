@@ -27,10 +27,12 @@ def node() -> None:
 @click.option("--partitions", type=int, help="Partitions of the default cache (no [[caches]] in the file).")
 @click.option("--backups", type=int, help="Backups of the default cache (no [[caches]] in the file).")
 @click.option("--log-level", help="DEBUG, INFO, WARNING ...")
+@click.option("--transfer-listen", help="HOST:PORT of the file supplier (default: listen host, any port).")
+@click.option("--rebalance-mode", type=click.Choice(["files", "messages"]), help="Rebalancing mode (default files).")
 def start(config_path: str | None, node_id: str | None, data: str | None, listen: str | None,
           advertise: str | None, join: tuple[str, ...], secret_file: str | None,
           metrics_listen: str | None, partitions: int | None, backups: int | None,
-          log_level: str | None) -> None:
+          log_level: str | None, transfer_listen: str | None, rebalance_mode: str | None) -> None:
     """Start a node; it runs until SIGTERM (graceful) or SIGINT."""
     from .errors import NodeError
     from .process import run
@@ -38,7 +40,8 @@ def start(config_path: str | None, node_id: str | None, data: str | None, listen
     try:
         cfg = cfgmod.load(config_path, id=node_id, data=data, listen=listen, advertise=advertise,
                           join=join, secret_file=secret_file, metrics_listen=metrics_listen,
-                          log_level=log_level)
+                          log_level=log_level, transfer_listen=transfer_listen,
+                          rebalance_mode=rebalance_mode)
         if partitions is not None or backups is not None:
             if cfg.source and len(cfg.caches) != 1:
                 raise cfgmod.ConfigError("--partitions/--backups apply to a single cache only")

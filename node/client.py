@@ -82,6 +82,34 @@ class Client:
     def put(self, cache: str, key: bytes | str, value: bytes | str) -> int:
         return self._call_primary(cache, as_bytes(key, "key"), "put", value=as_bytes(value, "value"))
 
+    def put_many(self, cache: str, items: Iterable[tuple[bytes | str, bytes | str]], *,
+                 batch: int = 256, max_bytes: int = 768 * 1024) -> int:
+        """Bulk load: the pairs grouped by partition, one ``put_batch`` request per group
+        of at most ``batch`` items / ``max_bytes`` bytes. Returns the number put. A batch
+        that fails raises (some of its items may be applied; putting them again is safe)."""
+        if self.map is None:
+            self.refresh()
+        parts = self.map.caches[cache].partitions if cache in self.map.caches else 1
+        groups: dict[int, list[list[bytes]]] = {}
+        sizes: dict[int, int] = {}
+        n = 0
+        for k, v in items:
+            k, v = as_bytes(k, "key"), as_bytes(v, "value")
+            p = partition_of(k, parts)
+            g = groups.setdefault(p, [])
+            if g and (len(g) >= batch or sizes[p] + len(k) + len(v) > max_bytes):
+                self._call_primary(cache, g[0][0], "put_batch", items=g)
+                n += len(g)
+                g = groups[p] = []
+                sizes[p] = 0
+            g.append([k, v])
+            sizes[p] = sizes.get(p, 0) + len(k) + len(v) + 16
+        for g in groups.values():
+            if g:
+                self._call_primary(cache, g[0][0], "put_batch", items=g)
+                n += len(g)
+        return n
+
     def get(self, cache: str, key: bytes | str) -> bytes | None:
         return self._call_primary(cache, as_bytes(key, "key"), "get")
 

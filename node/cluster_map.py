@@ -26,6 +26,7 @@ class Member:
     alive: bool = True
     leaving: bool = False   # graceful leave in progress: owns nothing new
     boot: str = ""          # changes at every process start
+    transfer: str = ""      # HOST:PORT of its file supplier (files mode), "" = none
 
 
 class ClusterMap:
@@ -45,6 +46,8 @@ class ClusterMap:
         self.primaries: dict[str, list[str | None]] = {
             c.name: [None] * c.partitions for c in caches.values()}
         self.moves: list[dict[str, Any]] = []
+        # manual reassignment by plans: cache -> partition -> owners (primary first)
+        self.pins: dict[str, dict[int, list[str]]] = {c.name: {} for c in caches.values()}
 
     # -- queries ------------------------------------------------------------------
     def alive(self) -> list[str]:
@@ -63,8 +66,18 @@ class ClusterMap:
         m = self.members.get(node) if node else None
         return m.address if m else None
 
+    def transfer_address(self, node: str | None) -> str | None:
+        m = self.members.get(node) if node else None
+        return m.transfer or None if m else None
+
     def ideal(self, cache: str, p: int) -> list[str]:
-        return owners(cache, p, self.placeable(), self.caches[cache].backups)
+        """Owners p should have, primary first: a plan's pin while every pinned node is
+        live and not leaving, else rendezvous hashing."""
+        placeable = self.placeable()
+        pin = self.pins.get(cache, {}).get(p)
+        if pin and all(n in placeable for n in pin):
+            return list(pin)
+        return owners(cache, p, placeable, self.caches[cache].backups)
 
     def state(self, cache: str, p: int, node: str) -> State | None:
         s = self.states[cache][p].get(node)
@@ -114,6 +127,7 @@ class ClusterMap:
             "states": self.states, "primaries": self.primaries,
             "stale": {c: [sorted(s) for s in lst] for c, lst in self.stale.items()},
             "counters": self.counters, "moves": self.moves,
+            "pins": {c: {str(p): o for p, o in d.items()} for c, d in self.pins.items()},
         }
 
     @classmethod
@@ -127,6 +141,8 @@ class ClusterMap:
         m.stale = {c: [set(x) for x in lst] for c, lst in d.get("stale", {}).items()} or m.stale
         m.counters = {c: [dict(x) for x in lst] for c, lst in d.get("counters", {}).items()} or m.counters
         m.moves = list(d.get("moves", []))
+        for c, d2 in d.get("pins", {}).items():
+            m.pins[c] = {int(p): list(o) for p, o in d2.items()}
         return m
 
     def clone(self) -> "ClusterMap":

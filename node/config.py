@@ -65,8 +65,10 @@ class NodeConfig:
     memory_budget: int = 64 << 20
     transfer_rate_limit: int = 0          # bytes/s, 0 = unlimited (used by the files mode)
     transfer_concurrency: int = 4         # partitions moved at once
-    rebalance_mode: str = "messages"
+    transfer_listen: str | None = None    # "HOST:PORT" of the file supplier; None = listen host, any port
+    rebalance_mode: str = "files"
     rebalance_batch: int = 512            # entries per batch in the messages mode
+    replay_rate_limit: int = 0            # temp-WAL records/s replayed per move, 0 = unlimited
     heartbeat_interval_s: float = 0.5
     failure_timeout_s: float = 3.0
     max_key_bytes: int = MAX_KEY_BYTES
@@ -76,6 +78,14 @@ class NodeConfig:
     @property
     def address(self) -> str:
         return self.advertise or self.listen
+
+    @property
+    def supplier_listen(self) -> tuple[str, int]:
+        """Where the file supplier (transfer.SupplierServer) listens."""
+        if self.transfer_listen:
+            host, _, port = self.transfer_listen.rpartition(":")
+            return host, int(port)
+        return parse_address(self.listen)[0], 0
 
     def cache(self, name: str) -> CacheConfig:
         for c in self.caches:
@@ -129,8 +139,10 @@ _KEYS: dict[tuple[str, ...], str] = {
     ("checkpoint", "memory_budget"): "memory_budget",
     ("transfer", "rate_limit"): "transfer_rate_limit",
     ("transfer", "concurrency"): "transfer_concurrency",
+    ("transfer", "listen"): "transfer_listen",
     ("rebalance", "mode"): "rebalance_mode",
     ("rebalance", "batch"): "rebalance_batch",
+    ("rebalance", "replay_rate_limit"): "replay_rate_limit",
     ("membership", "heartbeat_interval_s"): "heartbeat_interval_s",
     ("membership", "failure_timeout_s"): "failure_timeout_s",
     ("limits", "max_key_bytes"): "max_key_bytes",
@@ -196,6 +208,12 @@ def validate(cfg: NodeConfig) -> NodeConfig:
         parse_address(a)
     if cfg.metrics_listen:
         parse_address(cfg.metrics_listen)
+    if cfg.transfer_listen:
+        host, port = cfg.transfer_listen.rpartition(":")[::2]
+        if not host or not port.isdigit() or not 0 <= int(port) < 65536:
+            raise ConfigError(f"transfer.listen {cfg.transfer_listen!r}: expected HOST:PORT (port 0 = any)")
+    if cfg.transfer_rate_limit < 0:
+        raise ConfigError("transfer.rate_limit must be >= 0 bytes/s (0 = unlimited)")
     if cfg.wal_sync not in ("group", "always", "none"):
         raise ConfigError(f"wal.sync must be group, always or none (got {cfg.wal_sync!r})")
     if cfg.rebalance_mode not in ("messages", "files"):

@@ -51,7 +51,7 @@ class Coordinator:
 
     # -- requests -----------------------------------------------------------------
     def join(self, node: str, address: str, boot: str, caches: list[dict[str, Any]],
-             report: dict[str, Any]) -> dict[str, Any]:
+             report: dict[str, Any], transfer: str = "") -> dict[str, Any]:
         with self.lock:
             mine = [c.to_wire() for c in self.map.caches.values()]
             if sorted(caches, key=lambda c: c["name"]) != sorted(mine, key=lambda c: c["name"]):
@@ -64,7 +64,7 @@ class Coordinator:
             order = 1 + max((m.order for m in self.map.members.values()), default=0)
             if old is not None and old.alive and old.boot == boot:
                 return self.map.to_wire()  # a retried join
-            self.map.members[node] = Member(node, address, order, True, False, boot)
+            self.map.members[node] = Member(node, address, order, True, False, boot, transfer)
             self._merge(node, report)
             self.last_seen[node] = time.monotonic()
             self._changed(True, f"node {node} joined at {address}" + (" (restarted)" if old else ""))
@@ -113,6 +113,34 @@ class Coordinator:
                 return False
             self.last_seen[node] = time.monotonic()
             return True
+
+    def pin(self, plan: str, moves: list[dict[str, Any]]) -> int:
+        """A plan: each named partition gets exactly the named owners (primary first).
+        All or nothing: any bad entry refuses the whole plan. Returns the new epoch."""
+        with self.lock:
+            placeable = set(self.map.placeable())
+            staged: list[tuple[str, int, list[str]]] = []
+            for i, mv in enumerate(moves):
+                cache, p, to = mv["cache"], mv["partition"], mv["to"]
+                cc = self.map.caches.get(cache)
+                if cc is None:
+                    raise BadRequest(f"plan {plan}: moves[{i}]: unknown cache {cache!r}")
+                if not 0 <= p < cc.partitions:
+                    raise BadRequest(f"plan {plan}: moves[{i}]: cache {cache} has partitions "
+                                     f"0..{cc.partitions - 1}, not {p}")
+                if len(to) != cc.backups + 1 or len(set(to)) != len(to):
+                    raise BadRequest(f"plan {plan}: moves[{i}]: 'to' must name {cc.backups + 1} "
+                                     f"different nodes (backups + 1), got {to}")
+                bad = [n for n in to if n not in placeable]
+                if bad:
+                    raise BadRequest(f"plan {plan}: moves[{i}]: {', '.join(bad)} not a live member")
+                staged.append((cache, p, list(to)))
+            for cache, p, to in staged:
+                self.map.pins[cache][p] = to
+            self._changed(False, f"plan {plan}: {len(staged)} partition(s) reassigned")
+            epoch = self.map.epoch
+        self.publish()
+        return epoch
 
     def set_primary(self, cache: str, p: int, node: str, previous: str | None) -> bool:
         with self.lock:

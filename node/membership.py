@@ -114,7 +114,9 @@ class Membership:
 
     # -- join ---------------------------------------------------------------------
     def report(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
+        # every cache present, even with nothing held: the coordinator replaces what the
+        # node holds per cache, so a cache left out would keep its last states forever
+        out: dict[str, Any] = {cache: {} for cache in self.data}
         for (cache, p), s in self.states.items():
             if s in (State.OWNING, State.MOVING, State.RENTING, State.LOST):
                 cnt = self.data[cache].counter(p) if s == State.OWNING else 0
@@ -130,7 +132,8 @@ class Membership:
                 for _hop in range(4):   # follow redirects to the coordinator
                     try:
                         r = self.pool.call(addr, "join", timeout=10.0, node=self.id, address=self.cfg.address,
-                                           boot=self.boot, caches=caches, report=self.report())
+                                           boot=self.boot, caches=caches, report=self.report(),
+                                           transfer=self.transfer_address)
                     except ConfigError:
                         raise
                     except NodeError as e:
@@ -172,7 +175,8 @@ class Membership:
         with self.map_lock:
             m = ClusterMap({c.name: c for c in self.cfg.caches})
             m.version, m.epoch = old_version, old_version
-            m.members[self.id] = Member(self.id, self.cfg.address, 1, True, False, self.boot)
+            m.members[self.id] = Member(self.id, self.cfg.address, 1, True, False, self.boot,
+                                            self.transfer_address)
             self.map = m
             self._become_coordinator()
             self.coord._merge(self.id, self.report())
@@ -267,7 +271,8 @@ class Membership:
                 regs = self.copies.get(key)
                 if regs:
                     for n in list(regs):
-                        if n not in m.alive() or m.state(cache, p, n) in (State.OWNING, None):
+                        # (not on None: the copy's MOVING report may not have reached the map yet)
+                        if n not in m.alive() or m.state(cache, p, n) in (State.OWNING, State.EVICTED):
                             regs.pop(n, None)
                 if key in self.stale:
                     if prim == me:
@@ -320,8 +325,19 @@ class Membership:
                 log.info("stage=leave waiting for the coordinator: %s", e)
 
     def _evict(self, cache: str, p: int, why: str) -> None:
+        """RENTING -> EVICTED: the file is deleted once no transfer reads it (else the
+        partition stays RENTING and the next reconcile tries again)."""
+        if self.in_use.get((cache, p)):
+            log.info("stage=evict cache=%s partition=%d still being sent; eviction waits", cache, p)
+            return
         with self.plock(cache, p):
             crashpoint("owner.mid_eviction")
-            self.data[cache].drop(p)
+            try:
+                self.data[cache].drop(p)
+            except Exception as e:
+                if type(e).__name__ != "SnapshotBusyError":
+                    raise
+                log.info("stage=evict cache=%s partition=%d still being sent; eviction waits", cache, p)
+                return
             self.states.set(cache, p, State.EVICTED, reason=why)
         log.info("stage=evict cache=%s partition=%d evicted: %s", cache, p, why)

@@ -8,6 +8,7 @@ reconcile, metrics. SIGTERM: stop serving, checkpoint every cache, close, exit 0
 """
 from __future__ import annotations
 
+import collections
 import fcntl
 import logging
 import os
@@ -21,11 +22,13 @@ from faults import fileio
 from . import metrics as metrics_mod
 from .cluster_map import ClusterMap
 from .config import NodeConfig
-from .errors import BadRequest, DataDirLocked, NodeError
+from .errors import BadRequest, DataDirLocked, NodeError, Unavailable
 from .membership import Membership
 from .rebalance import Rebalancer
 from .rpc import RpcServer
 from .states import State, StateTable
+from . import tempwal
+from .filemove import start_supplier
 from .storage import CacheData
 from .updates import UpdatePath
 from .wire import Pool, load_secret
@@ -84,8 +87,16 @@ class Node(Membership, UpdatePath, Rebalancer):
         self.sessions: dict[str, Any] = {}
         self.moves: dict[tuple[str, int], Any] = {}
         self.moves_lock = threading.Lock()
+        self.moves_done: collections.deque[dict[str, Any]] = collections.deque(maxlen=4096)
         self.handoffs: set[tuple[str, int]] = set()
         self.last_applied: dict[tuple[str, int], float] = {}
+        self.supplier_load: dict[str, int] = {}           # fetches of this node per supplier
+        self.in_use: dict[tuple[str, int], int] = {}      # open transfer snapshots per partition
+        self.supplier = None
+        self.transfer_address = ""
+        from transfer import Limits
+        self.recv_limits = Limits(cfg.transfer_concurrency, cfg.transfer_rate_limit or None)
+        self.send_limits = None
         t0 = time.monotonic()
         clean_marker = os.path.join(cfg.data, CLEAN)
         clean = os.path.exists(clean_marker)
@@ -108,7 +119,13 @@ class Node(Membership, UpdatePath, Rebalancer):
             return self._plocks.setdefault((cache, p), threading.RLock())
 
     def _finish_interrupted(self) -> None:
-        """A crash may leave RENTING partitions whose data is not yet deleted."""
+        """A crash may leave RENTING partitions whose data is not yet deleted, and temp
+        WALs: of an OWNING partition (crash after OWNING) or of a MOVING one, whose
+        move starts over (updates missed while down make the old buffer useless)."""
+        for cache, p in tempwal.leftovers(self.cfg.data):
+            log.info("stage=recovery cache=%s partition=%d deleting the temp WAL left by a crash "
+                     "(state %s)", cache, p, self.states.get(cache, p))
+            tempwal.remove(self.cfg.data, cache, p)
         for (cache, p), s in self.states.items():
             if s == State.RENTING:
                 self.data[cache].drop(p)
@@ -124,6 +141,8 @@ class Node(Membership, UpdatePath, Rebalancer):
     def start(self) -> None:
         self.server = RpcServer(self.cfg.listen, self.secret, self.dispatch)
         self.server.start()
+        self.transfer_address = start_supplier(self)
+        log.info("stage=serving node=%s file supplier on %s", self.id, self.transfer_address)
         threading.Thread(target=self._publisher, name="publisher", daemon=True).start()
         self.join_cluster()
         self.joined.set()
@@ -131,16 +150,23 @@ class Node(Membership, UpdatePath, Rebalancer):
         threading.Thread(target=self._reconcile_loop, name="reconcile", daemon=True).start()
         if self.cfg.metrics_listen:
             self.http = metrics_mod.serve(self.cfg.metrics_listen, self.metrics)
+        from .watch import Watcher
+        self.watcher = Watcher(self)
+        self.watcher.start()
         self.wake()
         log.info("stage=serving node=%s listening on %s", self.id, self.cfg.listen)
 
     def stop(self) -> None:
         """Graceful: stop serving, checkpoint, close. The data dir lock goes last."""
         self.stopping.set()
+        if getattr(self, "watcher", None) is not None:
+            self.watcher.stop()
         self._reconcile_event.set()
         self._publish_event.set()
         if self.server:
             self.server.stop()
+        if self.supplier:
+            self.supplier.stop()
         if self.http:
             self.http.shutdown()
         for name, d in self.data.items():
@@ -167,7 +193,8 @@ class Node(Membership, UpdatePath, Rebalancer):
 
     # membership handlers
     def op_ping(self) -> dict[str, Any]:
-        return {"id": self.id, "boot": self.boot, "epoch": self.map.epoch}
+        return {"id": self.id, "boot": self.boot, "epoch": self.map.epoch,
+                "page_size": self.cfg.page_size}
 
     def op_get_map(self) -> dict[str, Any]:
         with self.map_lock:
@@ -183,14 +210,15 @@ class Node(Membership, UpdatePath, Rebalancer):
             return {"redirect": addr} if addr else None
         return None
 
-    def op_join(self, node: str, address: str, boot: str, caches: list[Any], report: dict[str, Any]) -> Any:
+    def op_join(self, node: str, address: str, boot: str, caches: list[Any], report: dict[str, Any],
+                transfer: str = "") -> Any:
         if not self.joined.is_set() and self.coord is None:
             from .errors import Unavailable
             raise Unavailable(f"{self.id} is not in a cluster yet")
         red = self._coord_or_redirect()
         if red is not None:
             return red
-        return {"map": self.coord.join(node, address, boot, caches, report)}
+        return {"map": self.coord.join(node, address, boot, caches, report, transfer)}
 
     def op_heartbeat(self, node: str, boot: str, epoch: int, report: dict[str, Any] | None = None) -> Any:
         if self.coord is None:
@@ -230,6 +258,30 @@ class Node(Membership, UpdatePath, Rebalancer):
         self.coord.leave_done(node)
         return True
 
+    def op_pin(self, plan: str, moves: list[dict[str, Any]]) -> int:
+        red = self._coord_or_redirect()
+        if red is not None:
+            raise Unavailable(f"{self.id} is not the coordinator; ask {red['redirect']}")
+        return self.coord.pin(plan, moves)
+
+    def apply_live_config(self, old: NodeConfig, new: NodeConfig) -> None:
+        """Settings that change without a restart (watch.py reloads the file)."""
+        rate = new.transfer_rate_limit or None
+        for lim in (self.recv_limits, self.send_limits):
+            if lim is not None:
+                lim.set_rate(rate)
+                lim.set_max_transfers(new.transfer_concurrency)
+        if new.checkpoint_interval_s != old.checkpoint_interval_s:
+            for d in self.data.values():
+                # PartitionStore has no setter; its background loop re-reads _interval
+                d.store._interval = new.checkpoint_interval_s
+                d.store._wake.set()
+        logging.getLogger().setLevel(getattr(logging, new.log_level.upper(), logging.INFO))
+
+    def op_moves_done(self) -> list[dict[str, Any]]:
+        """Moves that ended OWNING on this node since it started (the last 4096)."""
+        return list(self.moves_done)
+
     def op_moves(self) -> list[dict[str, Any]]:
         return [mv.status(self.id) for mv in list(self.moves.values())]
 
@@ -244,14 +296,28 @@ class Node(Membership, UpdatePath, Rebalancer):
             for s in State:
                 m.set("ferry_node_partitions", counts.get((cache, s.value), 0), cache=cache, state=s.value)
         m.set("ferry_node_moves_in_progress", len(self.moves))
+        by_stage: dict[str, int] = {}
+        for mv in list(self.moves.values()):
+            by_stage[mv.stage] = by_stage.get(mv.stage, 0) + 1
+            sink = mv.sink
+            if sink is not None and mv.mode == "files":
+                b = sink.backlog()
+                m.set("ferry_node_replay_backlog", b, cache=mv.cache, partition=str(mv.p))
+                if mv.replay_rate > 0:
+                    m.set("ferry_node_replay_lag_seconds", b / mv.replay_rate, cache=mv.cache,
+                          partition=str(mv.p))
+        for stage in ("prepare", "demand", "transfer", "install", "index rebuild", "replay",
+                      "checkpoint wait", "fetch", "catchup"):
+            m.set("ferry_node_moves_by_stage", by_stage.get(stage, 0), stage=stage)
         m.set("ferry_node_topology_version", self.map.version)
         now = time.time()
         for (cache, p), t in list(self.last_applied.items()):
             m.set("ferry_node_replication_lag_seconds", now - t, cache=cache, partition=str(p))
 
 
-CLIENT_METHODS = {"ping", "get_map", "put", "get", "remove", "lookup", "range", "moves",
+CLIENT_METHODS = {"ping", "get_map", "put", "put_batch", "get", "remove", "lookup", "range", "moves",
+                  "moves_done",
                   "metrics", "leave"}
 METHODS = CLIENT_METHODS | {"map", "join", "heartbeat", "report", "set_primary", "leave_member",
-                            "leave_done", "replicate", "demand", "fetch", "demand_done",
+                            "leave_done", "replicate", "replicate_batch", "demand", "fetch", "demand_done", "register", "pin",
                             "handoff", "unfence"}

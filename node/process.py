@@ -1,6 +1,7 @@
 """Run one node in this process until SIGTERM/SIGINT or a completed graceful leave."""
 from __future__ import annotations
 
+import faulthandler
 import logging
 import signal
 import sys
@@ -18,6 +19,8 @@ def setup_logging(cfg: NodeConfig) -> None:
 
 def run(cfg: NodeConfig) -> int:
     setup_logging(cfg)
+    # `kill -USR1 <pid>` prints every thread's stack to the log: for a node that hangs
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     log = logging.getLogger("ferry.node")
     from .node import Node
     try:

@@ -31,6 +31,8 @@ from typing import Any
 from faults import crashpoint
 
 from .errors import NodeError, Unavailable
+from .filemove import FileMoves, FilesImpossible
+from .tempwal import TempWalSink
 from .states import State
 
 log = logging.getLogger("ferry.node.rebalance")
@@ -59,6 +61,7 @@ class MemorySink:
 class Move:
     cache: str
     p: int
+    mode: str = "messages"
     source: str | None = None
     stage: str = "prepare"
     bytes: int = 0
@@ -66,27 +69,80 @@ class Move:
     started: float = field(default_factory=time.monotonic)
     sink: Any = None
     cancelled: bool = False
+    # files mode
+    direct: bool = False              # switched to the normal write path (replay done)
+    gap: str | None = None            # set when a replicated update did not follow: restart
+    wire: int = 0                     # bytes received over the wire (all attempts)
+    wire_before: int = 0
+    replayed: int = 0
+    replay_rate: float = 0.0
+    snapshot_counter: int = 0
+    index_progress: tuple[int, Any, Any] | None = None
+    stage_started: float = field(default_factory=time.monotonic)
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+    on_stage: Any = None              # callback(stage, seconds) for metrics
+
+    def begin(self, stage: str) -> None:
+        now = time.monotonic()
+        spent = now - self.stage_started
+        self.stage_seconds[self.stage] = round(self.stage_seconds.get(self.stage, 0.0) + spent, 3)
+        if self.on_stage is not None:
+            self.on_stage(self.stage, spent)
+        self.stage, self.stage_started = stage, now
+        log.info("stage=%s cache=%s partition=%d move (%s) enters %s", stage, self.cache, self.p,
+                 self.mode, stage)
+
+    def eta(self) -> float | None:
+        elapsed = max(time.monotonic() - self.stage_started, 1e-6)
+        if self.stage in ("transfer", "install") and self.bytes_total:
+            rate = self.bytes / max(time.monotonic() - self.started, 1e-6)
+            return round(max(self.bytes_total - self.bytes, 0) / rate, 1) if rate > 0 else None
+        if self.stage == "index rebuild" and self.index_progress and self.index_progress[2] is not None:
+            return round(float(self.index_progress[2]), 1)
+        if self.stage == "replay" and self.sink is not None and self.replay_rate > 0:
+            return round(self.sink.backlog() / self.replay_rate, 1)
+        if self.stage == "index rebuild" and self.index_progress and self.index_progress[1]:
+            done, total = self.index_progress[0], self.index_progress[1]
+            return round((total - done) * elapsed / done, 1) if done else None
+        return None
+
+    def summary(self, me: str) -> dict[str, Any]:
+        """A finished move, for ``moves_done`` (the demo's per-partition report)."""
+        return {"cache": self.cache, "partition": self.p, "from": self.source, "to": me,
+                "mode": self.mode, "bytes": self.bytes, "wire_bytes": self.wire,
+                "replayed": self.replayed, "seconds_to_owning": round(time.monotonic() - self.started, 3),
+                "stage_seconds": dict(self.stage_seconds), "finished": time.time()}
 
     def status(self, me: str) -> dict[str, Any]:
         elapsed = max(time.monotonic() - self.started, 1e-6)
         rate = self.bytes / elapsed
         left = max(self.bytes_total - self.bytes, 0)
-        return {"cache": self.cache, "partition": self.p, "from": self.source, "to": me,
-                "stage": self.stage, "bytes": self.bytes, "bytes_total": self.bytes_total,
-                "rate_bps": round(rate, 1), "backlog": self.sink.backlog() if self.sink else 0,
-                "eta_s": round(left / rate, 1) if rate > 0 and self.bytes_total else None}
+        out = {"cache": self.cache, "partition": self.p, "from": self.source, "to": me,
+               "mode": self.mode, "stage": self.stage, "bytes": self.bytes,
+               "bytes_total": self.bytes_total, "rate_bps": round(rate, 1),
+               "backlog": self.sink.backlog() if self.sink else 0,
+               "eta_s": round(left / rate, 1) if rate > 0 and self.bytes_total else None}
+        if self.mode == "files":
+            out.update({"eta_s": self.eta(), "wire_bytes": self.wire, "replayed": self.replayed,
+                        "replay_rate": round(self.replay_rate, 1),
+                        "stage_seconds": dict(self.stage_seconds),
+                        "seconds": round(elapsed, 2)})
+        return out
 
 
-class Rebalancer:
+class Rebalancer(FileMoves):
     # -- demander -----------------------------------------------------------------
     def start_move(self, cache: str, p: int, why: str) -> bool:
         """Start pulling p unless it is already moving or the concurrency limit is
         reached (then the next reconcile tries again); True when started."""
         key = (cache, p)
         with self.moves_lock:
-            if key in self.moves or len(self.moves) >= self.cfg.transfer_concurrency:
+            # files mode: twice the transfer limit, so the index rebuild and replay of
+            # some moves overlap the transfers of others (transfers are limited anyway)
+            limit = self.cfg.transfer_concurrency * (2 if self.cfg.rebalance_mode == "files" else 1)
+            if key in self.moves or len(self.moves) >= limit:
                 return False
-            mv = Move(cache, p)
+            mv = Move(cache, p, mode=self.cfg.rebalance_mode, on_stage=self._stage_done)
             self.moves[key] = mv
             self.stale.discard(key)   # the move replaces whatever the copy held
         log.info("stage=prepare cache=%s partition=%d move starts: %s", cache, p, why)
@@ -99,13 +155,28 @@ class Rebalancer:
         self.stale.discard((cache, p))
         self.wake()
 
+    def _stage_done(self, stage: str, seconds: float) -> None:
+        self.metrics.observe("ferry_node_move_stage_seconds", seconds, stage=stage)
+
     def _run_move(self, mv: Move) -> None:
         cache, p, data = mv.cache, mv.p, self.data[mv.cache]
+        once = self._move_files_once if mv.mode == "files" else self._move_once
         try:
             while not mv.cancelled and not self.stopping.is_set():
                 try:
-                    if self._move_once(mv, data):
+                    if once(mv, data):
+                        if self.states.get(cache, p) == State.OWNING:
+                            self.moves_done.append(mv.summary(self.id))
                         return
+                except FilesImpossible as e:
+                    log.warning("stage=%s cache=%s partition=%d %s; falling back to the messages "
+                                "mode for this move", mv.stage, cache, p, e)
+                    with self.plock(cache, p):
+                        sink, mv.sink = mv.sink, None
+                        mv.mode, once = "messages", self._move_once
+                    if isinstance(sink, TempWalSink):
+                        sink.destroy()
+                    continue
                 except NodeError as e:
                     log.warning("stage=%s cache=%s partition=%d move attempt failed: %s; retrying",
                                 mv.stage, cache, p, e)
@@ -113,8 +184,17 @@ class Rebalancer:
         except Exception:
             log.exception("stage=%s cache=%s partition=%d move crashed", mv.stage, cache, p)
         finally:
-            with self.moves_lock:
-                self.moves.pop((cache, p), None)
+            with self.plock(cache, p):
+                sink, mv.sink = mv.sink, None
+                with self.moves_lock:
+                    self.moves.pop((cache, p), None)
+            if isinstance(sink, TempWalSink):
+                # a cancelled move: nothing needs the buffered updates any more; a move cut
+                # by a stop keeps its temp WAL closed on disk (the restart starts over)
+                if self.stopping.is_set():
+                    sink.close()
+                else:
+                    sink.destroy()
             self.wake()
 
     def _move_once(self, mv: Move, data: Any) -> bool:

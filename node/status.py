@@ -61,8 +61,12 @@ def render(doc: dict[str, Any]) -> str:
     lines.append(f"moves in progress: {len(doc['moves'])}")
     for mv in doc["moves"]:
         eta = f"{mv['eta_s']}s" if mv.get("eta_s") is not None else "?"
-        lines.append(f"  {mv['cache']}/{mv['partition']} {mv['from']} -> {mv['to']} {mv['stage']} "
-                     f"{mv['bytes']}/{mv['bytes_total']} B backlog {mv.get('backlog', 0)} eta {eta}")
+        line = (f"  {mv['cache']}/{mv['partition']} {mv['from']} -> {mv['to']} "
+                f"[{mv.get('mode', 'messages')}] {mv['stage']:<15} {mv['bytes']}/{mv['bytes_total']} B "
+                f"{mv.get('rate_bps', 0) / 1e6:.1f} MB/s backlog {mv.get('backlog', 0)}")
+        if mv.get("mode") == "files":
+            line += f" replayed {mv.get('replayed', 0)} ({mv.get('replay_rate', 0)}/s)"
+        lines.append(line + f" eta {eta}")
     if doc["lost"]:
         lines.append(f"LOST partitions (no live OWNING copy): {', '.join(doc['lost'])}")
     return "\n".join(lines)

@@ -11,6 +11,7 @@ import os
 from typing import Any, Iterator
 
 from checkpoint import PartitionStore
+from faults import fileio
 from checkpoint.pagefile import iter_entries
 from indexes import IndexDefinition, IndexStore
 
@@ -56,6 +57,20 @@ class CacheData:
         self.indexes.drop(p)
         if p in self.store.partitions():
             self.store.drop_partition(p)
+        self.discard_partial(p)
+
+    def discard_partial(self, p: int) -> None:
+        """Delete what an unfinished file transfer of p left (temp file, resume journal)."""
+        from transfer.resume import JOURNAL_SUFFIX, TMP_SUFFIX
+        base = self.store.partition_path(p)
+        io = fileio.layer()
+        gone = False
+        for path in (base + TMP_SUFFIX, base + JOURNAL_SUFFIX):
+            if os.path.exists(path):
+                io.unlink(path)
+                gone = True
+        if gone:
+            io.fsync_dir(self.root)
 
     def counter(self, p: int) -> int:
         return int(self.store.counter(p))
@@ -79,6 +94,30 @@ class CacheData:
         if done and self.cache.indexes:
             self.indexes.apply(p, key, old, value)
         return done
+
+    def put_many(self, p: int, items: list[tuple[bytes, bytes]]) -> list[int]:
+        """Primary side, bulk: each put logged and applied with its own counter; the
+        index changes of all of them in ONE index commit (one fsync instead of one each)."""
+        olds, counters = [], []
+        for key, value in items:
+            olds.append(self.store.get(p, key) if self.cache.indexes else None)
+            counters.append(int(self.store.put(p, key, value)))
+        if self.cache.indexes:
+            self.indexes.apply_many(p, [(k, o, v) for (k, v), o in zip(items, olds)])
+        return counters
+
+    def apply_many(self, p: int, updates: list[tuple[bytes, bytes | None, int]]) -> int:
+        """Backup side / temp-WAL replay, bulk: idempotent by counter like :meth:`apply`,
+        index changes in one commit. (A crash between the data and the index commit leaves
+        the index behind; the unclean start-up rebuilds it, a move starts over.)"""
+        changes = []
+        for key, value, counter in updates:
+            old = self.store.get(p, key) if self.cache.indexes else None
+            if self.store.apply(p, key, value, counter):
+                changes.append((key, old, value))
+        if changes and self.cache.indexes:
+            self.indexes.apply_many(p, changes)
+        return len(changes)
 
     def entries(self, p: int) -> list[Entry]:
         """Every entry of p with its update counter (tombstones included when the store

@@ -28,6 +28,7 @@ from .states import State
 
 log = logging.getLogger("ferry.node.updates")
 REPLICATE_TIMEOUT = 5.0
+MAX_BATCH = 1024          # items of one put_batch request (it must also fit one 1 MiB frame)
 
 
 def as_bytes(x: Any, what: str) -> bytes:
@@ -96,6 +97,40 @@ class UpdatePath:
         self.metrics.observe("ferry_node_update_seconds", time.monotonic() - t0)
         return counter
 
+    def op_put_batch(self, cache: str, key: Any, items: Any) -> list[int]:
+        """Bulk load: many puts of ONE partition (``key`` routes; every item must map to
+        the same partition) in one request, replicated in one request per copy. Each
+        item gets its own counter; acknowledged as a whole (if not, some items may be
+        applied: put them again). Returns [first counter, last counter]."""
+        self._serving()
+        data, p, key = self._locate(cache, key)
+        if not isinstance(items, list) or not items or len(items) > MAX_BATCH:
+            raise BadRequest(f"items must be a list of 1..{MAX_BATCH} [key, value] pairs")
+        batch = []
+        for i, it in enumerate(items):
+            if not isinstance(it, (list, tuple)) or len(it) != 2:
+                raise BadRequest(f"items[{i}] must be a [key, value] pair")
+            _, q, k = self._locate(cache, it[0])
+            v = as_bytes(it[1], f"items[{i}] value")
+            if len(v) > self.cfg.max_value_bytes:
+                raise TooLarge(f"items[{i}]: value of {len(v)} bytes exceeds the limit of "
+                               f"{self.cfg.max_value_bytes} bytes")
+            if q != p:
+                raise BadRequest(f"items[{i}] belongs to partition {q}, not {p}: one partition per batch")
+            batch.append((k, v))
+        if not self.leads(cache, p):
+            raise self._not_primary(cache, p)
+        t0 = time.monotonic()
+        with self.plock(cache, p):
+            if not self.leads(cache, p):
+                raise self._not_primary(cache, p)
+            prev = data.counter(p)
+            ups = [(k, v, c) for (k, v), c in zip(batch, data.put_many(p, batch))]
+            self._replicate_many(cache, p, ups, prev)
+        self.metrics.inc("ferry_node_updates_total", len(ups), cache=cache, op="put")
+        self.metrics.observe("ferry_node_update_seconds", time.monotonic() - t0)
+        return [ups[0][2], ups[-1][2]]
+
     def op_get(self, cache: str, key: Any) -> bytes | None:
         self._serving()
         data, p, key = self._locate(cache, key)
@@ -139,12 +174,21 @@ class UpdatePath:
 
     def _replicate(self, cache: str, p: int, key: bytes, value: bytes | None,
                    counter: int, prev: int) -> None:
+        self._replicate_many(cache, p, [(key, value, counter)], prev)
+
+    def _replicate_many(self, cache: str, p: int, ups: list[tuple[bytes, bytes | None, int]],
+                        prev: int) -> None:
         targets, owning = self._targets(cache, p)
         failed = []
         for node, addr in targets.items():
             try:
-                r = self.pool.call(addr, "replicate", timeout=REPLICATE_TIMEOUT, cache=cache, p=p,
-                                   key=key, value=value, counter=counter, prev=prev, primary=self.id)
+                if len(ups) == 1:
+                    key, value, counter = ups[0]
+                    r = self.pool.call(addr, "replicate", timeout=REPLICATE_TIMEOUT, cache=cache, p=p,
+                                       key=key, value=value, counter=counter, prev=prev, primary=self.id)
+                else:
+                    r = self.pool.call(addr, "replicate_batch", timeout=REPLICATE_TIMEOUT * 4, cache=cache,
+                                       p=p, updates=[list(u) for u in ups], prev=prev, primary=self.id)
             except NodeError as e:
                 if node in owning:
                     failed.append(f"{node} ({e})")
@@ -155,28 +199,70 @@ class UpdatePath:
                 self.copies.get((cache, p), {}).pop(node, None)
         if failed:
             self.metrics.inc("ferry_node_replication_failures_total", cache=cache)
-            raise Unavailable(f"update {cache}/{p}#{counter} is durable on {self.id} but not on "
-                              f"{', '.join(failed)}: NOT acknowledged, retry")
+            raise Unavailable(f"update(s) {cache}/{p}#{ups[0][2]}..{ups[-1][2]} are durable on {self.id} "
+                              f"but not on {', '.join(failed)}: NOT acknowledged, retry")
+
+    def op_replicate_batch(self, cache: str, p: int, updates: list[Any], prev: int, primary: str) -> str:
+        """Consecutive updates of one partition (a bulk load): applied one by one under one
+        hold of the partition lock; the first answer other than applied/buffered ends it."""
+        mv = None
+        r = "applied"
+        try:
+            with self.plock(cache, p):
+                data = self.data[cache]
+                if self.states.get(cache, p) == State.OWNING and data.counter(p) == prev \
+                        and all(u[2] == prev + 1 + i for i, u in enumerate(updates)):
+                    data.apply_many(p, [(k, v, c) for k, v, c in updates])   # the common case
+                    self.last_applied[(cache, p)] = time.time()
+                    return "applied"
+                for key, value, counter in updates:
+                    r, mv = self._replicate_one(cache, p, key, value, counter, prev, primary)
+                    if r not in ("applied", "buffered"):
+                        break
+                    prev = counter
+            return r
+        finally:
+            if mv is not None and mv.mode == "files":
+                self.backpressure(mv)
 
     def op_replicate(self, cache: str, p: int, key: bytes, value: bytes | None, counter: int,
                      prev: int, primary: str) -> str:
+        mv = None
+        try:
+            r, mv = self._replicate_one(cache, p, key, value, counter, prev, primary)
+            return r
+        finally:
+            if mv is not None and mv.mode == "files":
+                self.backpressure(mv)
+
+    def _replicate_one(self, cache: str, p: int, key: bytes, value: bytes | None, counter: int,
+                       prev: int, primary: str) -> tuple[str, Any]:
+        """One replicated update (the result, and the move of p if it is MOVING here)."""
         data = self.data[cache]
+        mv = None
         with self.plock(cache, p):
             st = self.states.get(cache, p)
             if st == State.MOVING:
                 mv = self.moves.get((cache, p))
+                if mv is not None and mv.mode == "files" and (mv.sink is not None or mv.direct):
+                    return self.buffer_update(mv, cache, p, key, value, counter, prev), mv
                 if mv is not None and mv.sink is not None:
                     mv.sink.append(counter, key, value)
-                    return "buffered"
-                return "absent"
-            if st != State.OWNING:
-                return "absent"
-            cur = data.counter(p)
-            if cur != prev:
-                log.warning("stage=replicate cache=%s partition=%d counter gap: have %d, primary %s "
-                            "sent %d after %d; re-syncing", cache, p, cur, primary, counter, prev)
-                self.request_resync(cache, p, f"counter gap at {counter}")
-                return "resync"
-            data.apply(p, key, value, counter)
-            self.last_applied[(cache, p)] = time.time()
-            return "applied"
+                    return "buffered", mv
+                return "absent", mv
+            return self._apply_replicated(data, cache, p, key, value, counter, prev, primary, st), mv
+
+    def _apply_replicated(self, data: Any, cache: str, p: int, key: bytes, value: bytes | None,
+                          counter: int, prev: int, primary: str, st: Any) -> str:
+        """The normal backup path (partition lock held): apply in counter order."""
+        if st != State.OWNING:
+            return "absent"
+        cur = data.counter(p)
+        if cur != prev:
+            log.warning("stage=replicate cache=%s partition=%d counter gap: have %d, primary %s "
+                        "sent %d after %d; re-syncing", cache, p, cur, primary, counter, prev)
+            self.request_resync(cache, p, f"counter gap at {counter}")
+            return "resync"
+        data.apply(p, key, value, counter)
+        self.last_applied[(cache, p)] = time.time()
+        return "applied"

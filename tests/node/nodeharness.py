@@ -27,19 +27,22 @@ def write_secret(path: str, text: str = "test-cluster-secret-0123456789") -> str
     return path
 
 
-def env() -> dict[str, str]:
+def env(extra: dict[str, str] | None = None) -> dict[str, str]:
     e = dict(os.environ)
     e["PYTHONPATH"] = ROOT + os.pathsep + e.get("PYTHONPATH", "")
     e.pop("FERRY_CRASH", None)
     e.pop("FERRY_CRASH_TRACE", None)
+    e.update(extra or {})
     return e
 
 
 class NodeProc:
     def __init__(self, base: str, node_id: str, secret: str, *, join: list[str] | None = None,
                  partitions: int = 8, backups: int = 1, config: str | None = None,
-                 port: int | None = None) -> None:
+                 port: int | None = None, extra_args: list[str] | None = None) -> None:
         self.id = node_id
+        self.extra_args = list(extra_args or [])
+        self.crash: str | None = None     # FERRY_CRASH for the next start only
         self.data = os.path.join(base, node_id)
         self.port = port or free_port()
         self.address = f"127.0.0.1:{self.port}"
@@ -58,11 +61,13 @@ class NodeProc:
             a += ["--partitions", str(self.partitions), "--backups", str(self.backups)]
         for j in self.join:
             a += ["--join", j]
-        return a
+        return a + self.extra_args
 
-    def start(self, wait: bool = True) -> "NodeProc":
+    def start(self, wait: bool = True, crash: str | None = None) -> "NodeProc":
+        """``crash``: arm a crash point in this process (``"demander.mid_replay:1"``)."""
+        extra = {"FERRY_CRASH": crash} if crash else None
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(self.args(), stdout=log, stderr=log, env=env(), cwd=ROOT)
+            self.proc = subprocess.Popen(self.args(), stdout=log, stderr=log, env=env(extra), cwd=ROOT)
         if wait:
             self.wait_serving()
         return self

@@ -15,7 +15,7 @@ from node.errors import ConfigError, IllegalTransition
 def test_defaults_from_flags_only(tmp_path):
     cfg = load(None, id="n1", data=str(tmp_path))
     assert [(c.name, c.partitions, c.backups) for c in cfg.caches] == [("default", 64, 1)]
-    assert cfg.rebalance_mode == "messages" and cfg.listen == "127.0.0.1:7001"
+    assert cfg.rebalance_mode == "files" and cfg.listen == "127.0.0.1:7001"
 
 
 def test_toml_with_flag_override(tmp_path):

@@ -1,0 +1,325 @@
+"""File-based rebalancing (``rebalance.mode = "files"``, the default): the seed's flow
+inside the node. Stages of one move of partition p to this node (the demander):
+
+``prepare``         p -> MOVING (durable); a fresh temp WAL (:mod:`node.tempwal`) becomes
+                    ``Move.sink``: from now on every update the primary replicates here
+                    is appended to it durably before the primary may acknowledge.
+``demand``          ``register`` with the primary: under its partition lock it adds this
+                    node to the copies it replicates to (buffer before snapshot: every
+                    update after this point reaches the temp WAL).
+``transfer``        ``transfer.Demander.fetch`` from one OWNING copy (suppliers chosen to
+                    spread load; another owner, or the same one restarted, when it
+                    fails); the supplier snapshots at counter C, copy-on-write.
+``install``         verified file renamed into place (inside ``fetch``).
+``index rebuild``   the partition's LMDB indexes rebuilt from the installed file while
+                    updates still go only to the temp WAL.
+``replay``          temp-WAL updates with counter > C applied in order (idempotent by
+                    counter; a gap restarts the move) while new ones keep arriving; the
+                    reader never blocks appends. At the tail, under the partition lock,
+                    the last records are applied and the copy switches to the direct
+                    path (``Move.direct``: replicated updates are applied, prev-checked).
+``checkpoint wait`` a checkpoint covering everything applied; then ``register`` again
+                    confirms the primary's counter is not ahead of this copy.
+OWNING              under the partition lock; then the temp WAL is deleted.
+
+A failure restarts the move from ``prepare`` (the transfer resumes from the chunks it
+holds durably). A process restart finds p MOVING and does the same; an OWNING p whose
+temp WAL survived (crash after OWNING) gets it deleted at start-up.
+"""
+from __future__ import annotations
+
+import logging
+import random
+import time
+from typing import Any
+
+from faults import crashpoint
+
+from .errors import Unavailable
+from .states import State
+from .tempwal import TempWalSink
+
+log = logging.getLogger("ferry.node.filemove")
+REPLAY_BATCH = 4096
+TAIL = 64                  # records left when the switch to the direct path happens
+FETCH_GIVE_UP_S = 60.0     # every owner failing this long restarts the whole move
+CHECKPOINT_TIMEOUT_S = 120.0
+BACKPRESSURE_MAX_S = 0.5  # below the primary's replicate timeout (5 s) by far
+
+
+class MoveRestart(Unavailable):
+    """The move must start over (gap in the buffered updates, counter behind)."""
+
+
+class FilesImpossible(Unavailable):
+    """The owners' files cannot be installed here (other page size): use messages."""
+
+
+class FileMoves:
+    # -- demander -----------------------------------------------------------------
+    def _move_files_once(self, mv: Any, data: Any) -> bool:
+        cache, p = mv.cache, mv.p
+        mv.begin("prepare")
+        with self.plock(cache, p):
+            if self.states.get(cache, p) != State.MOVING:
+                self.states.set(cache, p, State.MOVING, reason="move (files)")
+            if mv.sink is not None:
+                mv.sink.close()
+                mv.sink = None
+            mv.direct, mv.gap, mv.replayed = False, None, 0
+            mv.sink = TempWalSink.fresh(self.cfg.data, cache, p, sync=self._tmpwal_sync())
+        prim_addr = self._primary_addr(mv)
+        if prim_addr is None:
+            return True                       # LOST, reported
+        mv.begin("demand")
+        self.pool.call(prim_addr, "register", cache=cache, p=p, node=self.id, address=self.cfg.address)
+        crashpoint("demander.after_demand")
+        res = self._fetch_file(mv, data)
+        mv.snapshot_counter = res.counter
+        crashpoint("demander.after_install")
+        mv.begin("index rebuild")
+
+        def progress(pr: Any) -> None:
+            mv.index_progress = (pr.done, pr.total, pr.eta)
+        data.indexes.rebuild(p, data.store, progress=progress)
+        mv.begin("replay")
+        self._replay(mv, data)
+        mv.begin("checkpoint wait")
+        upto = data.counter(p)
+        if not data.store.wait_checkpoint_covering(p, upto, timeout=CHECKPOINT_TIMEOUT_S):
+            raise Unavailable(f"no checkpoint covered {cache}/{p} at {upto} in {CHECKPOINT_TIMEOUT_S}s")
+        # Confirm: once register returns, every update the primary made is replicated here.
+        theirs = int(self.pool.call(self._primary_addr(mv) or prim_addr, "register", cache=cache, p=p,
+                                    node=self.id, address=self.cfg.address)["counter"])
+        crashpoint("demander.before_owning")
+        with self.plock(cache, p):
+            if mv.gap:
+                raise MoveRestart(mv.gap)
+            mine = data.counter(p)
+            if mine < theirs:
+                raise MoveRestart(f"{cache}/{p} at counter {mine} but the primary is at {theirs}")
+            self.states.set(cache, p, State.OWNING, reason="files move complete")
+            sink, mv.sink = mv.sink, None
+        crashpoint("demander.after_owning")
+        sink.destroy()
+        mv.begin("owning")
+        log.info("stage=owning cache=%s partition=%d from %s: %d bytes (%d on the wire), "
+                 "%d updates replayed, counter %d, stages %s", cache, p, mv.source, mv.bytes,
+                 mv.wire, mv.replayed, mine, mv.stage_seconds)
+        self.metrics.inc("ferry_node_moves_done_total", cache=cache)
+        self.metrics.inc("ferry_node_move_bytes_total", mv.wire, cache=cache)
+        self.metrics.inc("ferry_node_replayed_updates_total", mv.replayed, cache=cache)
+        return True
+
+    def _tmpwal_sync(self) -> str:
+        return "none" if self.cfg.wal_sync == "none" else "group"
+
+    def _primary_addr(self, mv: Any) -> str | None:
+        cache, p = mv.cache, mv.p
+        with self.map_lock:
+            prim = self.map.primaries[cache][p]
+            addr = self.map.address(prim)
+            anyone = self.map.holders(cache, p, State.OWNING)
+        if prim is None or prim == self.id or addr is None:
+            if not anyone and prim is None:
+                self.states.set(cache, p, State.LOST, reason="no owner left to pull from")
+                log.error("stage=demand cache=%s partition=%d LOST: no live owner", cache, p)
+                return None
+            raise Unavailable(f"no primary for {cache}/{p} yet")
+        return addr
+
+    def _suppliers(self, cache: str, p: int) -> list[tuple[str, str]]:
+        """OWNING, confirmed copies with a file supplier, least used by this node first."""
+        with self.map_lock:
+            m = self.map
+            nodes = [n for n in m.holders(cache, p, State.OWNING)
+                     if n != self.id and n not in m.stale[cache][p] and m.transfer_address(n)]
+            out = [(n, m.transfer_address(n)) for n in nodes]
+        random.shuffle(out)
+        out.sort(key=lambda x: self.supplier_load.get(x[0], 0))
+        return out  # type: ignore[return-value]
+
+    def _fetch_file(self, mv: Any, data: Any) -> Any:
+        from transfer import Demander, PartitionStoreStorage, TransferError
+        cache, p = mv.cache, mv.p
+        mv.begin("transfer")
+        give_up = time.monotonic() + FETCH_GIVE_UP_S
+        storage = PartitionStoreStorage({cache: data.store})
+
+        self._check_page_size(mv)
+
+        def progress(pr: Any) -> None:
+            if pr.stage in ("verify", "install", "applied") and mv.stage != "install":
+                mv.begin("install")
+            mv.bytes, mv.bytes_total, mv.wire = pr.done, pr.total, mv.wire_before + pr.wire
+        while True:
+            for node, addr in self._suppliers(cache, p):
+                if mv.cancelled or self.stopping.is_set():
+                    raise Unavailable("move cancelled")
+                if mv.gap:
+                    raise MoveRestart(mv.gap)
+                mv.source, mv.wire_before = node, mv.wire
+                self.supplier_load[node] = self.supplier_load.get(node, 0) + 1
+                try:
+                    res = Demander(storage, addr, self.secret, limits=self.recv_limits,
+                                   timeout=30.0).fetch(p, cache=cache, progress=progress)
+                    mv.bytes = mv.bytes_total = res.bytes
+                    mv.wire = mv.wire_before + res.bytes_wire
+                    return res
+                except (TransferError, OSError) as e:
+                    log.warning("stage=transfer cache=%s partition=%d from %s (%s) failed: %s; "
+                                "trying another owner", cache, p, node, addr, e)
+                    mv.begin("transfer")
+                finally:
+                    self.supplier_load[node] -= 1
+            if time.monotonic() > give_up:
+                raise Unavailable(f"no owner could supply {cache}/{p} for {FETCH_GIVE_UP_S:.0f}s")
+            self.stopping.wait(0.5)
+            self.refresh_map()
+
+    def _check_page_size(self, mv: Any) -> None:
+        """A file moves only between stores of one page size; else the move falls back
+        to the messages mode (entries travel, this store writes its own pages)."""
+        for node, _ in self._suppliers(mv.cache, mv.p)[:1]:
+            with self.map_lock:
+                addr = self.map.address(node)
+            if addr is None:
+                return
+            theirs = self.pool.call(addr, "ping", timeout=5.0).get("page_size", self.cfg.page_size)
+            if theirs != self.cfg.page_size:
+                raise FilesImpossible(f"{node} stores {theirs}-byte pages, this node "
+                                      f"{self.cfg.page_size}-byte pages: files cannot move")
+
+    def _replay(self, mv: Any, data: Any) -> None:
+        """Apply the temp WAL in order while appends go on; switch at the tail."""
+        cache, p, sink = mv.cache, mv.p, mv.sink
+        lsn = sink.wal.first_lsn
+        t0 = time.monotonic()
+        while True:
+            if mv.cancelled or self.stopping.is_set():
+                raise Unavailable("move cancelled")
+            limit = self.cfg.replay_rate_limit
+            # with a replay rate limit (records/s): batches of a tenth of a second
+            batch = sink.read(lsn, max(TAIL, limit // 10) if limit else REPLAY_BATCH)
+            if len(batch) < TAIL:
+                break
+            self._apply_records(mv, data, batch)
+            lsn = batch[-1][0] + 1
+            if limit:
+                ahead = mv.replayed / limit - (time.monotonic() - t0)
+                if ahead > 0:
+                    self.stopping.wait(ahead)
+            mv.replay_rate = mv.replayed / max(time.monotonic() - t0, 1e-6)
+            crashpoint("demander.mid_replay")
+        with self.plock(cache, p):          # brief: the last few records, then the switch
+            tail = sink.read(lsn, None)
+            self._apply_records(mv, data, tail)
+            crashpoint("demander.mid_replay")
+            mv.direct = True
+
+    def _apply_records(self, mv: Any, data: Any, records: list[Any]) -> None:
+        """Apply a batch of temp-WAL records (index changes in one commit)."""
+        p = mv.p
+        cur = data.counter(p)
+        todo = []
+        for lsn, u in records:
+            if u.counter > cur:
+                if u.counter != cur + 1:
+                    raise MoveRestart(f"{mv.cache}/{p}: buffered updates jump from {cur} to "
+                                      f"{u.counter} (an update was missed); restarting the move")
+                todo.append((u.key, u.value, u.counter))
+                cur = u.counter
+        for i in range(0, len(todo), 512):
+            mv.replayed += data.apply_many(p, todo[i:i + 512])
+        if records:
+            mv.sink.replayed = records[-1][0]
+
+    def buffer_update(self, mv: Any, cache: str, p: int, key: bytes, value: bytes | None,
+                      counter: int, prev: int) -> str:
+        """op_replicate for a MOVING copy (partition lock held)."""
+        if mv.direct:
+            data = self.data[cache]
+            if data.counter(p) != prev:
+                mv.gap = (f"{cache}/{p}: replicated update {counter} follows {prev} but the copy is at "
+                          f"{data.counter(p)}; restarting the move")
+                return "absent"
+            data.apply(p, key, value, counter)
+            return "applied"
+        mv.sink.append(counter, key, value)
+        return "buffered"
+
+    def backpressure(self, mv: Any) -> None:
+        """Called after the partition lock is released. While the replay runs, each
+        acknowledgement of the partition waits 3 / (replay rate): the primary replicates
+        under its partition lock, so the partition then takes at most a third of the
+        replay rate and the backlog shrinks by at least two thirds of it - a sustained
+        write load cannot keep the move from finishing."""
+        sink = mv.sink
+        if sink is None or mv.stage != "replay" or mv.direct:
+            return
+        # On for the whole replay, not above a threshold: with a threshold the backlog
+        # settles just above it and the tail (< TAIL records) is never reached.
+        if sink.backlog() > 0:
+            delay = min(BACKPRESSURE_MAX_S, 3.0 / mv.replay_rate if mv.replay_rate > 0 else 0.01)
+            self.metrics.inc("ferry_node_backpressure_seconds_total", delay, cache=mv.cache)
+            time.sleep(delay)
+
+    # -- primary / supplier ------------------------------------------------------------
+    def op_register(self, cache: str, p: int, node: str, address: str) -> dict[str, Any]:
+        """Primary: replicate p to ``node`` (a MOVING copy) from now on; returns the
+        counter at registration (all earlier updates are replicated already)."""
+        self._serving()
+        with self.plock(cache, p):
+            if not self.leads(cache, p):
+                raise self._not_primary(cache, p)
+            self.copies.setdefault((cache, p), {})[node] = address
+            return {"counter": self.data[cache].counter(p)}
+
+    def can_supply(self, cache: str, p: int) -> str | None:
+        """None when this node may send p's file; else why not."""
+        if self.states.get(cache, p) != State.OWNING:
+            return f"{self.id} does not own {cache}/{p} ({self.states.get(cache, p)})"
+        if (cache, p) in self.stale:
+            return f"{self.id}'s copy of {cache}/{p} is not confirmed since its restart"
+        return None
+
+
+def make_supplier_storage(node: Any) -> Any:
+    """transfer's PartitionStoreStorage limited to partitions this node OWNS (confirmed),
+    counting open snapshots so an eviction waits until no transfer reads the file."""
+    from transfer import NotHeld, PartitionStoreStorage
+
+    class NodeSupplierStorage(PartitionStoreStorage):
+        def open_snapshot(self, cache: str, partition: int) -> Any:
+            why = node.can_supply(cache, partition) if cache in node.data else f"no cache {cache!r}"
+            if why:
+                raise NotHeld(why, partition=partition)
+            key = (cache, partition)
+            snap = super().open_snapshot(cache, partition)
+            node.in_use[key] = node.in_use.get(key, 0) + 1
+            inner = snap._close
+
+            def close() -> None:
+                try:
+                    inner()
+                finally:
+                    node.in_use[key] -= 1
+            snap._close = close
+            return snap
+
+    return NodeSupplierStorage({name: d.store for name, d in node.data.items()})
+
+
+def start_supplier(node: Any) -> str:
+    """Start the node's file supplier; returns the address to advertise."""
+    from transfer import Limits, SupplierServer
+    rate = node.cfg.transfer_rate_limit or None
+    node.send_limits = Limits(node.cfg.transfer_concurrency, rate)
+    host, port = node.cfg.supplier_listen
+    node.supplier = SupplierServer(make_supplier_storage(node), node.secret, host, port,
+                                   limits=node.send_limits, timeout=30.0).start()
+    adv_host = node.cfg.address.rpartition(":")[0]
+    return f"{adv_host}:{node.supplier.address[1]}"
+
+
+__all__ = ["FileMoves", "MoveRestart", "FilesImpossible", "start_supplier", "make_supplier_storage"]

@@ -1,0 +1,277 @@
+"""A cluster of real node processes on loopback in one folder: what ``ferry demo`` and
+bench/rebalance_bench.py drive (tests/node use their own, smaller harness).
+
+    from node.localcluster import LocalCluster
+    with LocalCluster(root, partitions=16, mode="files") as c:
+        c.start(3)                              # n1 (new cluster), n2, n3 join
+        c.load(200_000)                         # JSON values with a "city" field, indexed
+        c.add_node()                            # n4 joins: the rebalance starts
+        doc = c.wait_all_owning(timeout=300)    # every partition: B+1 ideal owners OWNING
+    # leaving the block stops every node (SIGTERM, then SIGKILL after 30 s)
+
+``wal_sync="none"`` (no fsync: survives a process crash, not a power cut) loads much
+faster on a slow disk; "group" (default) is the durable mode. Every node gets
+``--config ROOT/node.toml`` (caches, index ``by_city``, timings),
+``--data ROOT/<id>``, ``--listen 127.0.0.1:<free port>``, the secret ``ROOT/secret``,
+and logs to ``ROOT/<id>.log``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CITIES = ("oslo", "lima", "pune", "kyiv", "accra", "quito", "hanoi", "perth")
+
+TOML = """
+log_level = "{log_level}"
+[wal]
+sync = "{wal_sync}"
+[checkpoint]
+interval_s = {checkpoint_interval}
+[transfer]
+concurrency = {concurrency}
+[rebalance]
+mode = "{mode}"
+[membership]
+heartbeat_interval_s = 0.3
+failure_timeout_s = 3.0
+[[caches]]
+name = "default"
+partitions = {partitions}
+backups = {backups}
+[[caches.indexes]]
+name = "by_city"
+field = "city"
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LocalNode:
+    def __init__(self, cluster: "LocalCluster", node_id: str, join: list[str]) -> None:
+        self.cluster, self.id = cluster, node_id
+        self.address = f"127.0.0.1:{free_port()}"
+        self.data = os.path.join(cluster.root, node_id)
+        self.log = os.path.join(cluster.root, f"{node_id}.log")
+        self.join = join
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, wait: bool = True, env: dict[str, str] | None = None) -> "LocalNode":
+        args = [sys.executable, "-m", "ferry", "node", "start", "--config", self.cluster.config,
+                "--id", self.id, "--data", self.data, "--listen", self.address,
+                "--secret-file", self.cluster.secret_file]
+        for j in self.join:
+            args += ["--join", j]
+        e = dict(os.environ)
+        e["PYTHONPATH"] = ROOT + os.pathsep + e.get("PYTHONPATH", "")
+        e.update(env or {})
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(args, stdout=log, stderr=log, env=e, cwd=ROOT)
+        if wait:
+            self.wait_serving()
+        return self
+
+    def wait_serving(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"node {self.id} exited with status {self.proc.returncode}; see {self.log}")
+            try:
+                with open(self.log, errors="replace") as f:
+                    if f"node {self.id} serving on" in f.read():
+                        return
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"node {self.id} did not start in {timeout}s; see {self.log}")
+
+    def stop(self, timeout: float = 30.0) -> int | None:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else None
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU of the running process (psutil)."""
+        import psutil
+        if self.proc is None or self.proc.poll() is not None:
+            return 0.0
+        t = psutil.Process(self.proc.pid).cpu_times()
+        return t.user + t.system
+
+
+class LocalCluster:
+    def __init__(self, root: str, *, partitions: int = 16, backups: int = 1, mode: str = "files",
+                 concurrency: int = 4, checkpoint_interval: float = 5.0, log_level: str = "INFO",
+                 wal_sync: str = "group") -> None:
+        self.root = os.path.abspath(root)
+        os.makedirs(self.root, exist_ok=True)
+        self.partitions, self.backups = partitions, backups
+        self.secret_file = os.path.join(self.root, "secret")
+        if not os.path.exists(self.secret_file):
+            fd = os.open(self.secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            os.write(fd, secrets.token_hex(32).encode())
+            os.close(fd)
+        self.config = os.path.join(self.root, "node.toml")
+        with open(self.config, "w") as f:
+            f.write(TOML.format(mode=mode, partitions=partitions, backups=backups,
+                                concurrency=concurrency, checkpoint_interval=checkpoint_interval,
+                                log_level=log_level, wal_sync=wal_sync))
+        self.nodes: list[LocalNode] = []
+
+    # -- processes --------------------------------------------------------------------
+    def start(self, n: int = 3) -> list[LocalNode]:
+        """Start ``n`` nodes (the first one creates the cluster) and wait until settled."""
+        for _ in range(n):
+            self.add_node(wait=False)
+        self.wait_all_owning(timeout=120)
+        return self.nodes
+
+    def add_node(self, node_id: str | None = None, *, wait: bool = True,
+                 env: dict[str, str] | None = None) -> LocalNode:
+        """Start one more node joining the cluster; ``wait``: until it serves."""
+        node_id = node_id or f"n{len(self.nodes) + 1}"
+        join = [self.nodes[0].address] if self.nodes else []
+        node = LocalNode(self, node_id, join)
+        self.nodes.append(node)
+        node.start(wait=True, env=env)
+        if wait:
+            self.wait_all_owning(timeout=120)
+        return node
+
+    def stop(self) -> None:
+        for n in reversed(self.nodes):
+            n.stop()
+
+    def __enter__(self) -> "LocalCluster":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def seeds(self) -> list[str]:
+        return [n.address for n in self.nodes if n.proc is not None and n.proc.poll() is None]
+
+    # -- data -------------------------------------------------------------------------
+    def client(self, timeout: float = 60.0) -> Any:
+        from .client import Client
+        return Client(self.seeds, secret_file=self.secret_file, timeout=timeout)
+
+    def load(self, entries: int, *, value_size: int = 64, threads: int = 8, start: int = 0,
+             progress: Callable[[int, int], None] | None = None) -> dict[bytes, bytes]:
+        """Put ``entries`` keys ``key-<i>`` (:func:`key_of`) with JSON values ``{"i",
+        "city", "pad"}`` of about ``value_size`` bytes (:func:`value_of`) from
+        ``threads`` clients, in ``put_batch`` requests (``Client.put_many``).
+        ``progress(done, total)`` after each chunk."""
+        done = [0]
+        lock = threading.Lock()
+
+        def worker(t: int) -> None:
+            with self.client() as c:
+                chunk = 2048          # put_many groups each chunk by partition
+                mine = range(start + t, start + entries, threads)
+                for lo in range(0, len(mine), chunk):
+                    ids = mine[lo:lo + chunk]
+                    c.put_many("default", ((key_of(i), value_of(i, value_size)) for i in ids))
+                    with lock:
+                        done[0] += len(ids)
+                        if progress:
+                            progress(done[0], entries)
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(worker, range(threads)))
+        return done[0]
+
+    # -- status -----------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        from .status import collect
+        from .wire import Pool, load_secret
+        pool = Pool(load_secret(self.secret_file), role="client")
+        try:
+            last: Exception | None = None
+            for s in self.seeds:
+                try:
+                    return collect(pool, s)
+                except Exception as e:   # a node may be stopping; ask the next
+                    last = e
+            raise RuntimeError(f"no node answered: {last}")
+        finally:
+            pool.close()
+
+    def moves_done(self) -> list[dict[str, Any]]:
+        """Every finished move of every running node: cache, partition, from, to, mode,
+        bytes, wire_bytes, replayed, seconds_to_owning, stage_seconds, finished."""
+        from .wire import Pool, load_secret
+        pool = Pool(load_secret(self.secret_file), role="client")
+        out: list[dict[str, Any]] = []
+        try:
+            for n in self.nodes:
+                if n.proc is not None and n.proc.poll() is None:
+                    out += pool.call(n.address, "moves_done", timeout=10.0)
+        finally:
+            pool.close()
+        return out
+
+    def wait_all_owning(self, timeout: float = 300.0,
+                        progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        """Until every live node is a member and each partition has exactly its B+1 ideal
+        owners OWNING, nothing else (no MOVING/RENTING), primary first, no move running."""
+        deadline = time.monotonic() + timeout
+        doc: dict[str, Any] = {}
+        want_nodes = len(self.seeds)
+        while time.monotonic() < deadline:
+            try:
+                doc = self.status()
+            except Exception:
+                time.sleep(0.3)
+                continue
+            if progress:
+                progress(doc)
+            if settled(doc, want_nodes, self.backups):
+                return doc
+            time.sleep(0.3)
+        raise TimeoutError(f"partitions not all OWNING after {timeout}s: {json.dumps(doc)[:2000]}")
+
+
+def settled(doc: dict[str, Any], nodes: int, backups: int) -> bool:
+    live = [n["id"] for n in doc["nodes"] if n["alive"] and not n["leaving"]]
+    want = min(backups + 1, len(live))
+    return len(live) == nodes and not doc["moves"] and all(
+        sorted(n for n, s in part["states"].items() if s == "OWNING") == sorted(part["owners"])
+        and len(part["owners"]) == want and set(part["states"].values()) == {"OWNING"}
+        and part["primary"] == part["owners"][0]
+        for part in doc["partitions"])
+
+
+def key_of(i: int) -> bytes:
+    return f"key-{i:09d}".encode()
+
+
+def value_of(i: int, size: int = 64) -> bytes:
+    doc = {"i": i, "city": CITIES[i % len(CITIES)]}
+    pad = max(0, size - len(json.dumps(doc)) - 10)
+    doc["pad"] = "x" * pad
+    return json.dumps(doc).encode()

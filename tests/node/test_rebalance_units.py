@@ -1,0 +1,151 @@
+"""In-process pieces of file-based rebalancing: the temp WAL, plan parsing and the
+coordinator's all-or-nothing pins, the map's pinned ideal owners, move status/ETA."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from node.cluster_map import ClusterMap, Member
+from node.config import CacheConfig, load
+from node.coordinator import Coordinator
+from node.errors import BadRequest, ConfigError
+from node.rebalance import Move
+from node.tempwal import TempWalSink, Update, leftovers, remove, tmpwal_dir
+from node.watch import PlanError, parse_plan
+
+
+# -- temp WAL -------------------------------------------------------------------------
+def test_temp_wal_round_trip_backlog_and_leftovers(tmp_path):
+    data = str(tmp_path)
+    sink = TempWalSink.fresh(data, "default", 7)
+    sink.append(11, b"k1", b"v1")
+    sink.append(12, b"k2", None)
+    sink.append(13, b"k1", b"")
+    got = sink.read(sink.wal.first_lsn, None)
+    assert [u for _, u in got] == [Update(11, b"k1", b"v1"), Update(12, b"k2", None), Update(13, b"k1", b"")]
+    assert sink.backlog() == 3
+    sink.replayed = got[1][0]
+    assert sink.backlog() == 1
+    assert sink.read(got[-1][0] + 1, None) == []
+    sink.close()
+    # a crash leaves it on disk: found, reopened intact, then removed
+    assert leftovers(data) == [("default", 7)]
+    again = TempWalSink(tmpwal_dir(data, "default", 7))
+    assert [u.counter for u in again.records()] == [11, 12, 13]
+    again.close()
+    remove(data, "default", 7)
+    assert leftovers(data) == []
+    fresh = TempWalSink.fresh(data, "default", 7)      # fresh = whatever was there is gone
+    assert fresh.backlog() == 0 and list(fresh.records()) == []
+    fresh.destroy()
+    assert leftovers(data) == []
+
+
+def test_temp_wal_reader_never_blocks_appends(tmp_path):
+    sink = TempWalSink.fresh(str(tmp_path), "c", 1, sync="none")
+    stop = threading.Event()
+    counter = [0]
+
+    def writer() -> None:
+        while not stop.is_set():
+            counter[0] += 1
+            sink.append(counter[0], b"k", b"x" * 50)
+    t = threading.Thread(target=writer)
+    t.start()
+    try:
+        lsn, seen = sink.wal.first_lsn, []
+        deadline = time.monotonic() + 5
+        while len(seen) < 2000 and time.monotonic() < deadline:
+            batch = sink.read(lsn, 500)
+            seen += [u.counter for _, u in batch]
+            if batch:
+                lsn = batch[-1][0] + 1
+    finally:
+        stop.set()
+        t.join()
+    assert seen == list(range(1, len(seen) + 1)) and len(seen) >= 100
+    sink.destroy()
+
+
+# -- plans ----------------------------------------------------------------------------
+@pytest.mark.parametrize("raw, needle", [
+    (b"{not json", "not valid JSON"),
+    (b"[]", "expected"),
+    (b'{"moves": []}', "expected"),
+    (b'{"moves": [3]}', "moves[0] must be an object"),
+    (b'{"moves": [{"partition": "1", "to": ["a"]}]}', "partition must be an integer"),
+    (b'{"moves": [{"partition": true, "to": ["a"]}]}', "partition must be an integer"),
+    (b'{"moves": [{"partition": 1, "to": "a"}]}', "to must be a non-empty list"),
+    (b'{"moves": [{"partition": 1, "to": []}]}', "to must be a non-empty list"),
+    (b'{"moves": [{"cache": 5, "partition": 1, "to": ["a"]}]}', "cache must be a string"),
+])
+def test_malformed_plans_are_refused_with_a_reason(raw, needle):
+    with pytest.raises(PlanError, match=None) as e:
+        parse_plan(raw)
+    assert needle in str(e.value)
+
+
+def test_plan_defaults_the_cache():
+    assert parse_plan(b'{"moves": [{"partition": 2, "to": ["a", "b"]}]}') == [
+        {"cache": "default", "partition": 2, "to": ["a", "b"]}]
+
+
+def _coordinator(nodes=("a", "b", "c")) -> Coordinator:
+    m = ClusterMap({"default": CacheConfig("default", 8, 1)})
+    for i, n in enumerate(nodes):
+        m.members[n] = Member(n, f"127.0.0.1:{7000 + i}", i + 1, True, False, "boot", f"127.0.0.1:{8000 + i}")
+    return Coordinator("a", m, threading.RLock(), lambda: None, 3.0)
+
+
+def test_pins_are_all_or_nothing_and_drive_the_ideal_owners():
+    co = _coordinator()
+    before = {p: co.map.ideal("default", p) for p in range(8)}
+    epoch = co.map.epoch
+    for bad, needle in [([{"cache": "default", "partition": 1, "to": ["a", "zz"]}], "zz"),
+                        ([{"cache": "nope", "partition": 1, "to": ["a", "b"]}], "unknown cache"),
+                        ([{"cache": "default", "partition": 8, "to": ["a", "b"]}], "partitions 0..7"),
+                        ([{"cache": "default", "partition": 1, "to": ["a"]}], "2 different nodes"),
+                        ([{"cache": "default", "partition": 1, "to": ["a", "a"]}], "2 different nodes")]:
+        ok = {"cache": "default", "partition": 0, "to": ["c", "b"]}
+        with pytest.raises(BadRequest, match=needle):
+            co.pin("p", [ok] + bad)                  # the good entry is not applied either
+        assert co.map.epoch == epoch and co.map.pins["default"] == {}
+    target = ["c", "a"] if before[3][0] != "c" else ["b", "a"]
+    co.pin("p", [{"cache": "default", "partition": 3, "to": target}])
+    after = {p: co.map.ideal("default", p) for p in range(8)}
+    assert after[3] == target
+    assert all(after[p] == before[p] for p in range(8) if p != 3)
+    # pins travel with the map, and stop applying when a pinned node is gone
+    m2 = ClusterMap.from_wire(json.loads(json.dumps(co.map.to_wire())))
+    assert m2.ideal("default", 3) == target
+    m2.members[target[0]].alive = False
+    assert target[0] not in m2.ideal("default", 3)
+
+
+# -- config and move status --------------------------------------------------------------
+def test_transfer_and_replay_settings(tmp_path):
+    cfg = load(None, id="n1", data=str(tmp_path), listen="127.0.0.1:7001")
+    assert cfg.rebalance_mode == "files" and cfg.supplier_listen == ("127.0.0.1", 0)
+    cfg = load(None, id="n1", data=str(tmp_path), transfer_listen="0.0.0.0:9100")
+    assert cfg.supplier_listen == ("0.0.0.0", 9100)
+    with pytest.raises(ConfigError, match="transfer.listen"):
+        load(None, id="n1", data=str(tmp_path), transfer_listen="nope")
+    p = tmp_path / "n.toml"
+    p.write_text('id = "n1"\ndata = "d"\n[rebalance]\nreplay_rate_limit = 50\n[transfer]\nlisten = "127.0.0.1:0"\n')
+    cfg = load(str(p))
+    assert cfg.replay_rate_limit == 50 and cfg.supplier_listen == ("127.0.0.1", 0)
+
+
+def test_move_status_per_stage():
+    mv = Move("default", 3, mode="files")
+    mv.begin("transfer")
+    mv.bytes, mv.bytes_total = 100, 400
+    st = mv.status("n3")
+    assert st["stage"] == "transfer" and st["mode"] == "files" and "prepare" in st["stage_seconds"]
+    assert st["eta_s"] is not None and st["eta_s"] >= 0
+    mv.begin("replay")
+    assert mv.status("n3")["eta_s"] is None            # no replay rate yet
+    assert set(mv.stage_seconds) == {"prepare", "transfer"}
