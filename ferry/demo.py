@@ -1,8 +1,8 @@
-"""``ferry demo``: the file-based move of partitions, live, between real processes.
+"""``ferry demo --two-process``: the file-based move of partitions, live, between two
+real processes (the default ``ferry demo`` runs a node cluster: ferry/cluster_demo.py).
 
-What runs (and what does not yet): the reference node (node/) does not yet orchestrate
-file-based moves, so this demo plays the seed's flow between two processes on loopback
-with the real parts: a supplier process (partition store + checkpointer + zero-copy
+This mode shows the seed's flow without the node's membership and map machinery,
+between two processes on loopback, with the real parts: a supplier process (partition store + checkpointer + zero-copy
 supplier agent + a live writer) and this process as the demander, which for each moving
 partition
 
@@ -272,8 +272,7 @@ def run_demo(root: str, *, entries: int, partitions: int, move_every: int, rate:
     invariants = check_invariants(sup_dir, dem_dir, moving)
     bytes_moved = sum(m.bytes for m in done)
     summary = {
-        "flow": "two-process file move (supplier process -> demander process on loopback); "
-                "node/ cluster orchestration not yet integrated",
+        "flow": "two-process file move (supplier process -> demander process on loopback)",
         "partitions_moved": len(done),
         "bytes_moved": bytes_moved,
         "mb_per_s": round(bytes_moved / move_seconds / 1e6, 1) if move_seconds else None,
@@ -352,17 +351,26 @@ def check_invariants(sup_dir: str, dem_dir: str, moved: list[int]) -> dict[str, 
               help="Work folder (default: a fresh one under ./demo-run/).")
 @click.option("--entries", default=200_000, show_default=True, help="Entries loaded before the move.")
 @click.option("--partitions", default=16, show_default=True)
+@click.option("--nodes", default=3, show_default=True, help="Nodes before the join (cluster mode).")
+@click.option("--two-process", is_flag=True,
+              help="Instead of the cluster: the bare file move between two processes "
+                   "(supplier with a live writer, demander), every stage in plain sight.")
 @click.option("--move-every", default=4, show_default=True,
-              help="Move partitions p with p %% N == 0 (a 4th node takes about 1/4).")
-@click.option("--rate", default=2000.0, show_default=True, help="Live writes/s during the move.")
+              help="--two-process: move partitions p with p %% N == 0.")
+@click.option("--rate", default=2000.0, show_default=True, help="--two-process: live writes/s.")
 @click.option("--no-validate", is_flag=True, help="Skip the Spark validation job.")
 @click.option("--master", default="local[2]", show_default=True, help="Spark master for validation.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--keep", is_flag=True, help="Keep the work folder.")
-def demo(root: str | None, entries: int, partitions: int, move_every: int, rate: float,
-         no_validate: bool, master: str, as_json: bool, keep: bool) -> None:
-    """Move partitions file-based between two real processes under live writes, then
-    validate with Spark. Exit 0 only when every invariant holds."""
+def demo(root: str | None, entries: int, partitions: int, nodes: int, two_process: bool,
+         move_every: int, rate: float, no_validate: bool, master: str, as_json: bool,
+         keep: bool) -> None:
+    """Rebalance a live cluster file-based and validate it with Spark.
+
+    Starts 3 node processes on loopback, loads 200,000 indexed entries, adds a 4th node
+    and moves its partitions file-based while a writer keeps writing, checks the
+    invariants on every node's files and runs the Spark validation job in local mode.
+    Exit 0 only when every invariant holds and validation passes."""
     global _quiet
     _quiet = as_json
     if root is None:
@@ -372,8 +380,13 @@ def demo(root: str | None, entries: int, partitions: int, move_every: int, rate:
         raise click.ClickException(f"{root} is not empty; give a fresh folder")
     os.makedirs(root, exist_ok=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    summary = run_demo(root, entries=entries, partitions=partitions, move_every=move_every,
-                       rate=rate, validate=not no_validate, master=master)
+    if two_process:
+        summary = run_demo(root, entries=entries, partitions=partitions, move_every=move_every,
+                           rate=rate, validate=not no_validate, master=master)
+    else:
+        from .cluster_demo import run_cluster_demo
+        summary = run_cluster_demo(root, entries=entries, partitions=partitions, nodes=nodes,
+                                   validate=not no_validate, master=master, log=_log)
     summary["dir"] = root
     ok = summary["invariants_ok"] and summary["validation"].get("passed") is not False
     if as_json:
@@ -389,10 +402,12 @@ def _print_summary(s: dict) -> None:
     click.echo(f"\nFerry demo: {s['flow']}")
     click.echo(f"  partitions moved     {s['partitions_moved']}")
     click.echo(f"  bytes moved          {s['bytes_moved']:,} ({s['mb_per_s']} MB/s over {s['move_seconds']} s)")
-    click.echo(f"  writes during move   {s['writes_during_move']:,} "
-               f"({s['updates_buffered_in_temp_wal']:,} buffered in temp WALs, {s['updates_replayed']:,} replayed)")
+    extra = (f" ({s['updates_buffered_in_temp_wal']:,} buffered in temp WALs, "
+             f"{s['updates_replayed']:,} replayed)") if "updates_replayed" in s else ""
+    click.echo(f"  writes during move   {s['writes_during_move']:,}{extra}")
     for p, secs in s["seconds_to_owning"].items():
-        click.echo(f"  partition {p:>3} OWNING after {secs:.2f} s   stages {s['stage_seconds'][p]}")
+        stages = {k: round(v, 3) for k, v in s["stage_seconds"].get(p, {}).items()}
+        click.echo(f"  partition {p:>10} OWNING after {secs:.2f} s   stages {stages}")
     for name, ok in s["invariants"].items():
         click.echo(f"  invariant {name:<34} {'ok' if ok else 'FAILED'}")
     v = s["validation"]

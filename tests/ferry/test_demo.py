@@ -16,8 +16,23 @@ def _run_demo(py_env, python, tmp_path, *extra: str) -> tuple[subprocess.Complet
     return r, json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def test_demo_moves_partitions_under_writes_and_holds_invariants(py_env, python, tmp_path) -> None:
-    r, s = _run_demo(py_env, python, tmp_path, "--no-validate", "--rate", "3000")
+def test_cluster_demo_rebalances_a_join_under_writes(py_env, python, tmp_path) -> None:
+    r, s = _run_demo(py_env, python, tmp_path, "--no-validate")
+    assert r.returncode == 0, r.stderr
+    assert s["flow"].startswith("3-node cluster")
+    # rendezvous hashing: a 4th node takes about a quarter of the 16 primaries+backups
+    assert 3 <= s["partitions_moved"] <= 14
+    assert s["bytes_moved"] > 0
+    assert s["writes_during_move"] > 0
+    assert len(s["seconds_to_owning"]) == s["partitions_moved"]
+    assert s["invariants_ok"] is True and all(s["invariants"].values()), s["invariants"]
+    work = tmp_path / "demo"
+    assert not list(work.rglob("*.delta"))
+    assert {p.name for p in work.iterdir() if (p / "node.id").exists()} == {"n1", "n2", "n3", "n4"}
+
+
+def test_two_process_demo_moves_partitions_under_writes(py_env, python, tmp_path) -> None:
+    r, s = _run_demo(py_env, python, tmp_path, "--two-process", "--no-validate", "--rate", "3000")
     assert r.returncode == 0, r.stderr
     assert s["partitions_moved"] == 2                       # p % 4 == 0 of 8
     assert s["bytes_moved"] > 0
@@ -35,9 +50,10 @@ def test_demo_moves_partitions_under_writes_and_holds_invariants(py_env, python,
 def test_demo_with_spark_validation(py_env, python, tmp_path) -> None:
     r, s = _run_demo(py_env, python, tmp_path)
     assert r.returncode == 0, r.stderr
-    assert s["validation"]["passed"] is True
+    assert s["validation"]["passed"] is True, s["validation"]
     assert s["validation"]["partitions_checked"] == 8
     assert s["validation"]["divergent"] == []
+    assert s["validation"]["corrupt_pages"] == []
 
 
 def test_demo_refuses_a_non_empty_folder(py_env, python, tmp_path) -> None:
