@@ -69,6 +69,8 @@ def run(scenario: Scenario, *, seed: int = 0, crash: CrashPlan | None = None,
         net: Any = None,
         log: Callable[[str], None] = lambda m: None) -> RunResult:
     s = validate(scenario.with_crash(crash) if crash is not None else scenario)
+    if workdir is not None:
+        os.makedirs(workdir, exist_ok=True)     # --workdir may name a folder to create
     run_dir = tempfile.mkdtemp(prefix=f"sim-{s.name}-{seed}-", dir=workdir)
     tl, model = Timeline(), Model()
     spec = s.crash.spec(seed) if s.crash else None
