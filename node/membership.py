@@ -140,6 +140,8 @@ class Membership:
                         log.info("stage=join via %s failed: %s", addr, e)
                         break
                     if "redirect" in r:
+                        if r["redirect"] == self.cfg.address and self._resume_coordination(addr):
+                            return
                         addr = r["redirect"]
                         continue
                     self.adopt(r["map"])
@@ -152,6 +154,31 @@ class Membership:
                 break
             self.stopping.wait(0.5)
         self._bootstrap()
+
+    def _resume_coordination(self, peer: str) -> bool:
+        """The members still take this node for their coordinator: it restarted within
+        the failure timeout. Take their map (its epoch and primaries are ahead of what
+        this node saved) and coordinate from it, instead of bootstrapping a cluster at
+        an older epoch that the members' maps and hand-offs would disagree with."""
+        try:
+            new = ClusterMap.from_wire(self.pool.call(peer, "get_map", timeout=5.0))
+        except NodeError as e:
+            log.info("stage=join cannot read the members' map from %s: %s", peer, e)
+            return False
+        if new.coordinator != self.id or self.id not in new.members:
+            return False
+        me = new.members[self.id]
+        me.alive, me.boot, me.address, me.transfer = True, self.boot, self.cfg.address, self.transfer_address
+        with self.map_lock:
+            self.map = new
+            self._become_coordinator()
+            self.coord._merge(self.id, self.report())
+            self.coord._changed(True, f"coordinator {self.id} restarted; resumes from the members' map")
+        self.publish()
+        self._save_cluster()
+        log.info("stage=join node=%s resumed as coordinator (version %d, epoch %d)",
+                 self.id, self.map.version, self.map.epoch)
+        return True
 
     def _been_member(self) -> bool:
         return os.path.exists(os.path.join(self.cfg.data, CLUSTER_FILE))

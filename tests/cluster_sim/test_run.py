@@ -53,3 +53,15 @@ def test_cut_link_mid_transfer_resumes_after_heal(tmp_path) -> None:
     assert "fetch failed" in log                               # the cut broke a transfer
     reused = [int(x) for x in re.findall(r"reused=(\d+)", log)]
     assert any(x > 0 for x in reused), log[-3000:]             # ... which resumed, not restarted
+
+
+@pytest.mark.slow
+def test_coordinator_killed_mid_eviction_resumes_from_the_members_map(tmp_path) -> None:
+    # Regression: n1 (coordinator) SIGKILLed while evicting restarts within the failure
+    # timeout; it used to bootstrap at an older map epoch than the members held, and the
+    # primary hand-offs of the partitions it gave away never completed.
+    s = cluster_sim.load_scenario("join")
+    r = cluster_sim.run(s, seed=1, crash=CrashPlan("owner.mid_eviction", side="third"),
+                        workdir=str(tmp_path))
+    assert r.passed, (r.problems, r.error)
+    assert [m.node for m in r.timeline.crashes()] == ["n1"]
