@@ -203,7 +203,12 @@ class Wal:
         if not isinstance(payloads, (list, tuple)):
             payloads = list(payloads)
         if not payloads:
-            return self._last_lsn
+            # The return value promises "durable up to here" like any other append, so
+            # an empty batch still waits for records appended earlier with wait=False.
+            last = self._last_lsn
+            if wait and self.mode != "none" and last >= self.first_lsn:
+                self.wait_durable(last)
+            return last
         with self._lock:
             if self._failed is not None or self._closed:
                 self._raise_unusable()

@@ -187,3 +187,14 @@ def test_follow_ends_when_closed(tmp_path) -> None:
     assert next(f).lsn == 1
     threading.Timer(0.2, w.close).start()
     assert list(f) == []
+
+
+@pytest.mark.parametrize("mode", ["group", "always"])
+def test_empty_append_many_acknowledges_earlier_unwaited_appends(tmp_path, mode) -> None:
+    # Found by the stateful model: append(wait=False) then append_many([]) returned
+    # LSN 1, which promises "durable up to 1", while nothing was fsynced yet.
+    w = Wal.open(str(tmp_path / "w"), sync=mode)
+    assert w.append(b"", wait=False) == 1
+    assert w.append_many([]) == 1
+    assert w.durable_lsn >= 1
+    w.close()
