@@ -18,9 +18,10 @@ updates exactly in the primary's order.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from typing import Any
+from typing import Any, Iterator
 
 from .assignment import partition_of
 from .errors import BadRequest, NodeError, NotPrimary, TooLarge, Unavailable
@@ -81,15 +82,22 @@ class UpdatePath:
     def op_remove(self, cache: str, key: Any) -> int:
         return self._write(cache, key, None)
 
-    def _write(self, cache: str, key: Any, value: bytes | None) -> int:
-        self._serving()
-        data, p, key = self._locate(cache, key)
+    @contextlib.contextmanager
+    def _leading(self, cache: str, p: int) -> Iterator[None]:
+        """Hold p's lock as its primary: refused before waiting for the lock (cheap
+        redirect) and again under it (a hand-off may have fenced p meanwhile)."""
         if not self.leads(cache, p):
             raise self._not_primary(cache, p)
-        t0 = time.monotonic()
         with self.plock(cache, p):
             if not self.leads(cache, p):
                 raise self._not_primary(cache, p)
+            yield
+
+    def _write(self, cache: str, key: Any, value: bytes | None) -> int:
+        self._serving()
+        data, p, key = self._locate(cache, key)
+        t0 = time.monotonic()
+        with self._leading(cache, p):
             prev = data.counter(p)
             counter = data.put(p, key, value)
             self._replicate(cache, p, key, value, counter, prev)
@@ -118,12 +126,8 @@ class UpdatePath:
             if q != p:
                 raise BadRequest(f"items[{i}] belongs to partition {q}, not {p}: one partition per batch")
             batch.append((k, v))
-        if not self.leads(cache, p):
-            raise self._not_primary(cache, p)
         t0 = time.monotonic()
-        with self.plock(cache, p):
-            if not self.leads(cache, p):
-                raise self._not_primary(cache, p)
+        with self._leading(cache, p):
             prev = data.counter(p)
             ups = [(k, v, c) for (k, v), c in zip(batch, data.put_many(p, batch))]
             self._replicate_many(cache, p, ups, prev)

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from idx_helpers import rank  # the documented order: null < bools < numbers < str < bytes
 from indexes import keycodec as kc
 
 ints = st.integers(min_value=kc.INT_MIN, max_value=kc.INT_MAX)
@@ -17,17 +18,6 @@ blobs = st.binary(max_size=300)
 scalars = st.one_of(st.none(), st.booleans(), numbers, texts, blobs)
 
 
-def rank(v: object) -> tuple:
-    """The documented order: null < false < true < numbers < strings < bytes."""
-    if v is None:
-        return (0,)
-    if isinstance(v, bool):
-        return (1, v)
-    if isinstance(v, (int, float)):
-        return (2, v)
-    if isinstance(v, str):
-        return (3, v.encode("utf-8", "surrogatepass"))
-    return (4, v)
 
 
 def long_pair(a: object, b: object) -> bool:
