@@ -1,4 +1,8 @@
-"""The double-write file ``<store>/checkpoint.dwb``: protection against torn pages.
+"""LEGACY (format of session 1): the double-write file ``<store>/checkpoint.dwb``.
+
+Checkpoints now log undo images to the node WAL instead (checkpointer.py); recovery
+still applies a complete double-write file that a crash of the old version left.
+What follows describes how that version used it.
 
 Before a checkpoint overwrites any page in place it writes the new images of all
 those pages here and fsyncs.  A crash while pages are overwritten can leave torn

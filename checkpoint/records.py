@@ -9,6 +9,13 @@ Record types are WAL ``type`` values; payloads are little-endian structs:
 * INSTALL ``partition u32 | counter u64``: a received file replaced the partition;
   earlier records of that partition are not replayed.
 * DROP    ``partition u32``: the partition was deleted; earlier records are not replayed.
+* IMAGES  ``partition u32 | page_size u32 | count u32 | free_count u32 | count x page u32 |
+  free_count x page u32 | count x page bytes``: undo images.  Before a checkpoint
+  overwrites pages in place it logs, durably, each page's bytes as they are in the file
+  (the previous checkpoint's state), except pages that are FREE there, which are only
+  listed (``free``: restored as an empty FREE page).  IMAGES records after the last
+  MARKER belong to checkpoints that did not complete: recovery writes them back
+  (earliest wins), so every file is exactly as of that marker, then replays.
 """
 from __future__ import annotations
 
@@ -20,6 +27,7 @@ _UPDATE = struct.Struct("<IQBH")
 _MARKER = struct.Struct("<QQ")
 _INSTALL = struct.Struct("<IQ")
 _DROP = struct.Struct("<I")
+_IMAGES = struct.Struct("<IIII")
 _REMOVE = 1
 
 
@@ -28,6 +36,7 @@ class RecordType(enum.IntEnum):
     MARKER = 0x4302
     INSTALL = 0x4303
     DROP = 0x4304
+    IMAGES = 0x4305
 
 
 @dataclass(frozen=True)
@@ -67,6 +76,31 @@ def encode_drop(partition: int) -> bytes:
     return _DROP.pack(partition)
 
 
+@dataclass(frozen=True)
+class Images:
+    partition: int
+    page_size: int
+    pages: list[tuple[int, bytes]]     # (page index, bytes to restore)
+    free: list[int]                    # pages to restore as empty FREE pages
+
+
+def encode_images(partition: int, page_size: int, pages: list[tuple[int, bytes | memoryview]],
+                  free: list[int]) -> bytes:
+    n, f = len(pages), len(free)
+    index = struct.pack(f"<{n + f}I", *[i for i, _ in pages], *free)
+    return b"".join([_IMAGES.pack(partition, page_size, n, f), index, *[b for _, b in pages]])
+
+
+def decode_images(payload: bytes) -> Images:
+    partition, ps, n, f = _IMAGES.unpack_from(payload, 0)
+    idx = struct.unpack_from(f"<{n + f}I", payload, _IMAGES.size)
+    body = _IMAGES.size + 4 * (n + f)
+    if len(payload) != body + n * ps:
+        raise ValueError(f"IMAGES record of {len(payload)} bytes, expected {body + n * ps}")
+    pages = [(idx[j], bytes(payload[body + j * ps:body + (j + 1) * ps])) for j in range(n)]
+    return Images(partition, ps, pages, list(idx[n:]))
+
+
 def record_partition(payload: bytes) -> int:
-    """The partition of an UPDATE, INSTALL or DROP record (all start with it)."""
+    """The partition of an UPDATE, INSTALL, DROP or IMAGES record (all start with it)."""
     return _DROP.unpack_from(payload, 0)[0]

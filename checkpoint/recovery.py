@@ -1,16 +1,24 @@
 """Opening a store after a clean close or a crash.
 
 1. ``*.delta`` files are removed: transfer snapshots do not survive a restart.
-2. A complete double-write file is written over the partition files (healing pages
-   a crash tore mid-checkpoint), fsynced, then cleared.
-3. The node WAL is opened; a first pass finds the last checkpoint marker and, per
-   partition, the last INSTALL/DROP record (records before it are not replayed);
-   partitions whose last such record is a DROP lose their file.
-4. Partition files are loaded (one sequential scan each, CRCs checked).
-5. UPDATE records after the marker's mark are applied by counter: a record at or
+2. A complete legacy double-write file (format 1 stores) is written over the
+   partition files, fsynced, then cleared.
+3. The node WAL is opened; a first pass finds the last checkpoint marker, per
+   partition the last INSTALL/DROP record (records before it are not replayed), and
+   the IMAGES records after the last marker: undo images of checkpoints that did not
+   complete.  Partitions whose last such record is a DROP lose their file.
+4. Rollback: the undo images are written back (latest record first, so the earliest
+   image of a page wins) and listed FREE pages are rewritten as empty FREE pages, then
+   each file is fsynced.  Every file is now exactly as of the last marker - torn
+   pages of the interrupted checkpoint included, whether they had an image (they are
+   overwritten) or not (appended: past the restored page count; FREE before: FREE
+   again).
+5. Partition files are loaded (one sequential scan each, CRCs checked).
+6. UPDATE records after the marker's mark are applied by counter: a record at or
    below the partition's counter (already in the file) is skipped, so replay is
-   idempotent and restoring a newer cut from the double-write file is harmless.
-6. When anything was replayed, a checkpoint is taken so the next start is short.
+   idempotent.
+7. When anything was replayed or rolled back, a checkpoint is taken so the next start
+   is short.
 """
 from __future__ import annotations
 
@@ -21,8 +29,10 @@ from typing import TYPE_CHECKING
 from faults import fileio
 
 from . import dwb
+from .checkpointer import _free_page
 from .partition import Partition
-from .records import RecordType, decode_marker, decode_update, record_partition
+from .records import (RecordType, decode_images, decode_marker, decode_update,
+                      record_partition)
 
 if TYPE_CHECKING:
     from wal import Wal
@@ -40,16 +50,17 @@ def recover(store: PartitionStore, wal_sync: str, segment_size: int) -> Wal:
     _restore_double_write(store)
     wal = Wal.open(os.path.join(store.dir, "wal"), segment_size=segment_size, sync=wal_sync)
     try:
-        mark, marker_lsn, barrier, dropped = _first_pass(wal)
+        mark, barrier, dropped, undo = _first_pass(wal)
         for pid in dropped:
             delete_partition_file(store.partition_path(pid))
+        rolled_back = rollback(store.dir, undo, barrier)
         for name in sorted(os.listdir(store.dir)):
             m = _PART.match(name)
             if m:
                 pid = int(m.group(1))
                 store.parts[pid] = Partition(pid, os.path.join(store.dir, name), store.mem)
         store.wal = wal
-        store._prev_marker_lsn = marker_lsn
+        store._prev_mark = mark
         replayed = _replay(store, wal, mark, barrier)
     except BaseException:
         for part in store.parts.values():
@@ -57,7 +68,8 @@ def recover(store: PartitionStore, wal_sync: str, segment_size: int) -> Wal:
         wal.close()
         raise
     store.replayed = replayed
-    if replayed:
+    store.rolled_back = rolled_back
+    if replayed or rolled_back:
         with store._ckpt_lock:
             store._checkpoint_locked()
     return wal
@@ -89,13 +101,17 @@ def _restore_double_write(store: PartitionStore) -> None:
     dwb.clear(store.dwb_path)
 
 
-def _first_pass(wal: Wal) -> tuple[int, int, dict[int, int], set[int]]:
-    mark = marker_lsn = 0
+def _first_pass(wal: Wal) -> tuple[int, dict[int, int], set[int], list[tuple[int, bytes]]]:
+    mark = 0
     barrier: dict[int, int] = {}
     last_kind: dict[int, int] = {}
+    undo: list[tuple[int, bytes]] = []       # (lsn, IMAGES payload) after the last marker
     for rec in wal.read_from(wal.first_lsn):
         if rec.type == RecordType.MARKER:
-            mark, marker_lsn = decode_marker(rec.payload)[0], rec.lsn
+            mark = decode_marker(rec.payload)[0]
+            undo = []
+        elif rec.type == RecordType.IMAGES:
+            undo.append((rec.lsn, rec.payload))
         elif rec.type in (RecordType.INSTALL, RecordType.DROP):
             pid = record_partition(rec.payload)
             barrier[pid] = rec.lsn
@@ -103,7 +119,50 @@ def _first_pass(wal: Wal) -> tuple[int, int, dict[int, int], set[int]]:
         elif rec.type == RecordType.UPDATE and last_kind.get(record_partition(rec.payload)) == RecordType.DROP:
             last_kind[record_partition(rec.payload)] = RecordType.UPDATE   # re-created after the drop
     dropped = {pid for pid, kind in last_kind.items() if kind == RecordType.DROP}
-    return mark, marker_lsn, barrier, dropped
+    return mark, barrier, dropped, undo
+
+
+def pending_undo(wal_dir: str) -> list[tuple[int, bytes]]:
+    """(lsn, IMAGES payload) of the checkpoints that did not complete (tests, tools)."""
+    from wal import Wal
+    return _first_pass(Wal.reader(wal_dir))[3]  # type: ignore[arg-type]
+
+
+def rollback(directory: str, undo: list[tuple[int, bytes]], barrier: dict[int, int]) -> int:
+    """Write the undo images back (step 4); returns the number of pages restored.
+    Images older than an INSTALL/DROP of their partition belong to a replaced file."""
+    io = fileio.layer()
+    fds: dict[int, int] = {}
+    restored = 0
+    try:
+        for lsn, payload in reversed(undo):
+            im = decode_images(payload)
+            if lsn <= barrier.get(im.partition, 0):
+                continue
+            fd = fds.get(im.partition)
+            if fd is None:
+                path = os.path.join(directory, f"part-{im.partition}.bin")
+                if not os.path.exists(path):
+                    continue
+                fd = fds[im.partition] = io.open(path, os.O_RDWR)
+            for index, buf in im.pages:
+                _pwrite_all(io, fd, buf, index * im.page_size)
+            for index in im.free:
+                _pwrite_all(io, fd, _free_page(index, im.page_size), index * im.page_size)
+            restored += len(im.pages) + len(im.free)
+        for fd in fds.values():
+            io.fsync(fd)
+    finally:
+        for fd in fds.values():
+            io.close(fd)
+    return restored
+
+
+def _pwrite_all(io: fileio.FileLayer, fd: int, data: bytes | bytearray, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        n = io.pwrite(fd, view, offset)
+        view, offset = view[n:], offset + n
 
 
 def _replay(store: PartitionStore, wal: Wal, mark: int, barrier: dict[int, int]) -> int:

@@ -5,9 +5,17 @@ file's first ``page_count`` pages as they were at C.  The sender reads the live 
 (sendfile) and reports progress with :meth:`TransferSnapshot.mark_sent`.  Before a
 later checkpoint overwrites page ``i`` with ``i < page_count`` and
 ``i >= sent_offset // page_size`` (not fully sent yet), it saves the page's bytes as
-they are in the file to the delta file and fsyncs it (:meth:`save_preimages`), at most
-once per page.  Overlaying the saved pages on what was sent and cutting to
-``page_count`` pages gives the partition at C exactly.
+they are in the file to the delta file (:meth:`save_preimages`), at most once per
+page.  Overlaying the saved pages on what was sent and cutting to ``page_count``
+pages gives the partition at C exactly.
+
+Durability: none is needed, so the delta file is never fsynced.  The only reader is
+the supplier process (``preimages()``), which reads through the same page cache the
+write went to, and the write completes before the checkpointer's overwrite of the
+page starts - that ordering is what "saved before the overwrite" requires.  A crash
+of the supplier process or of the machine ends the snapshot (docs/protocol.md,
+section 4: the demander re-demands and a new snapshot is opened) and the store deletes
+every ``*.delta`` at open, so no delta byte is ever read after a crash.
 
 Delta layout (little-endian)::
 
@@ -55,8 +63,6 @@ class TransferSnapshot:
         self._fd = self._io.open(self.delta_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         fileio.write_all(self._fd, _HEAD.pack(MAGIC, VERSION, 0, partition, page_size,
                                               page_count, counter), self.delta_path, io=self._io)
-        self._io.fsync(self._fd)
-        self._io.fsync_dir(os.path.dirname(os.path.abspath(self.delta_path)))
 
     # -- sender side -------------------------------------------------------------
     def mark_sent(self, offset: int) -> None:
@@ -109,25 +115,23 @@ class TransferSnapshot:
         self.close()
 
     # -- checkpointer side -------------------------------------------------------
-    def save_preimages(self, pages: list[int], read_page: Callable[[int], bytes]) -> int:
-        """Called by the checkpointer before it overwrites ``pages`` in place: save
-        the file's current bytes of each page that still needs it, durably.  Returns
-        how many were saved."""
+    def save_preimages(self, pages: list[tuple[int, bytes | memoryview]]) -> int:
+        """Called by the checkpointer before it overwrites ``pages`` in place, with
+        each page's bytes as they are in the file: save those this snapshot still
+        needs (one write, no fsync - see the module doc).  Returns how many."""
         with self._lock:
             if self._closed:
                 return 0
             first_unsent = self._sent // self.page_size
-            need = [i for i in pages
-                    if first_unsent <= i < self.page_count and i not in self._saved]
+            out, need = [], []
+            for i, page in pages:
+                if first_unsent <= i < self.page_count and i not in self._saved:
+                    out.append(_REC.pack(i, crc32c.crc32c(page)))
+                    out.append(page)
+                    need.append(i)
             if not need:
                 return 0
-            out = []
-            for i in need:
-                page = read_page(i)
-                out.append(_REC.pack(i, crc32c.crc32c(page)))
-                out.append(page)
             fileio.write_all(self._fd, b"".join(out), self.delta_path, io=self._io)
-            self._io.fsync(self._fd)
             self._saved.update(need)
             return len(need)
 

@@ -1,8 +1,10 @@
 """PartitionStore: the partitions of one node, their page memory, the node WAL and the
 checkpointer.
 
-Directory layout: ``part-<p>.bin`` per partition, ``checkpoint.dwb`` (double-write
-file), ``wal/`` (node WAL), and ``part-<p>.bin.delta`` while a transfer snapshot is open.
+Directory layout: ``part-<p>.bin`` per partition, ``wal/`` (node WAL, which also holds
+the checkpointer's undo images), and ``part-<p>.bin.delta`` while a transfer snapshot
+is open.  (``checkpoint.dwb`` was the double-write file of format 1 stores; recovery
+still applies one left by a crash of that version.)
 
 Update path: under the store lock an update gets the partition's next counter, is
 appended to the WAL (written to the OS, in lsn order) and applied to page memory;
@@ -17,7 +19,7 @@ import os
 import re
 import threading
 from contextlib import contextmanager
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from faults import fileio
 
@@ -57,9 +59,10 @@ class PartitionStore:
         self._ckpt_lock = threading.RLock()                   # one checkpoint / install / drop at a time
         self._snapshots: dict[int, TransferSnapshot] = {}
         self._callbacks: list[Callable[[dict[int, int]], None]] = []
-        self._prev_marker_lsn = 0
+        self._prev_mark = 0                        # mark of the last marker (reclaim bound)
         self._mark_override: int | None = None     # recovery: the marker's mark is the last replayed lsn
         self.replayed = 0
+        self.rolled_back = 0                       # pages restored from undo images at open
         self._batch: bytearray | None = None       # checkpoint write buffer (checkpoint lock)
         self._checkpoint_id = 0
         self._closed = False
@@ -70,6 +73,7 @@ class PartitionStore:
         self.wal = recovery.recover(self, wal_sync, wal_segment_size)
         self._wake = threading.Event()
         self._interval = checkpoint_interval
+        self._retime = False
         self._thread = threading.Thread(target=self._background, name="ferry-checkpointer",
                                         daemon=True)
         self._thread.start()
@@ -89,12 +93,78 @@ class PartitionStore:
         ignored (False) when ``counter`` is at or below the partition's counter."""
         return self._update(partition, key, value, counter) is not None
 
-    def _update(self, pid: int, key: bytes, value: bytes | None, counter: int | None) -> int | None:
+    def apply_many(self, partition: int,
+                   updates: Iterable[tuple[bytes, bytes | None, int]]) -> list[bool]:
+        """Batch form of :meth:`apply`: ``updates`` are ``(key, value or None for a
+        remove, counter)``.  Returns one bool per item, what :meth:`apply` would have
+        returned (False: its counter was at or below the partition's, ignored).
+
+        Every item is checked before anything changes (bad input loses nothing).  The
+        applied ones go to the node WAL with one ``append_many`` per chunk and the call
+        waits for durability ONCE at the end (temp-WAL replay is not bounded by an
+        fsync per update).  Chunks are sized so page memory stays within its budget;
+        between chunks writers' admission (and a checkpoint) may run, so a crash or
+        an error mid-batch leaves a prefix applied - harmless, items are idempotent."""
+        items = list(updates)
+        for key, value, counter in items:
+            if not isinstance(key, bytes) or not (value is None or isinstance(value, bytes)) \
+                    or not isinstance(counter, int):
+                raise TypeError(f"apply_many wants (bytes key, bytes or None value, int counter), "
+                                f"got ({type(key).__name__}, {type(value).__name__}, "
+                                f"{type(counter).__name__})")
+            self._check_sizes(key, value)
+        result: list[bool] = []
+        last_lsn = 0
+        at = 0
+        while at < len(items):
+            end = self._chunk_end(items, at)
+            with self._cond:
+                self._admit()
+                part = self._part(partition, create=True)
+                held = part.counter
+                take, payloads = [], []
+                for key, value, counter in items[at:end]:
+                    ok = counter > held
+                    result.append(ok)
+                    if ok:
+                        held = counter
+                        take.append((key, value, counter))
+                        payloads.append(encode_update(partition, counter, key, value))
+                if payloads:
+                    last_lsn = self.wal.append_many(payloads, RecordType.UPDATE, wait=False)
+                    for key, value, counter in take:
+                        part.write(key, value, counter)
+                    if self.mem.pressure >= self.mem.capacity * CHECKPOINT_FRACTION:
+                        self._wake.set()
+            at = end
+        if last_lsn and self._wal_sync != "none":
+            self.wal.wait_durable(last_lsn)
+        return result
+
+    def _chunk_end(self, items: list[tuple[bytes, bytes | None, int]], start: int) -> int:
+        """End of the chunk from ``start``: about an eighth of page memory in pages an
+        update may dirty (its old page, the page it lands in, overflow pages), so one
+        chunk never pushes dirty pages far past the writers' wait limit."""
+        room = max(4, self.mem.capacity // 8)
+        ps = self.page_size
+        end = start
+        while end < len(items):
+            value = items[end][1]
+            room -= 2 + (0 if value is None else len(value) // ps)
+            if room < 0 and end > start:
+                break
+            end += 1
+        return end
+
+    def _check_sizes(self, key: bytes, value: bytes | None) -> None:
         if len(key) > self.max_key:
             raise CheckpointError(f"key of {len(key)} bytes exceeds the limit of {self.max_key} "
                                   f"for {self.page_size}-byte pages")
         if value is not None and len(value) > MAX_VALUE:
             raise CheckpointError(f"value of {len(value)} bytes exceeds the limit of {MAX_VALUE}")
+
+    def _update(self, pid: int, key: bytes, value: bytes | None, counter: int | None) -> int | None:
+        self._check_sizes(key, value)
         with self._cond:
             self._admit()
             part = self._part(pid, create=True)
@@ -213,12 +283,42 @@ class PartitionStore:
         with self._ckpt_lock:
             yield
 
+    @property
+    def checkpoint_interval(self) -> float | None:
+        """Seconds between periodic checkpoints (None: only on pressure / on demand)."""
+        return self._interval
+
+    def set_checkpoint_interval(self, seconds: float | None) -> None:
+        """Change the periodic checkpoint interval live; the next periodic checkpoint
+        is due ``seconds`` after the last one (at once if that is past).  Changing it
+        does not by itself force a checkpoint."""
+        if seconds is not None and not seconds > 0:
+            raise ValueError(f"checkpoint interval must be > 0 seconds or None, not {seconds!r}")
+        self._interval = seconds
+        self._retime = True
+        self._wake.set()
+
     def _background(self) -> None:
+        import time
+        last = time.monotonic()
         while not self._closed:
-            self._wake.wait(self._interval)
+            interval = self._interval
+            timeout = None if interval is None else max(0.0, last + interval - time.monotonic())
+            self._wake.wait(timeout)
             self._wake.clear()
             if self._closed:
                 return
+            if self._retime:
+                # Woken to re-read the interval: checkpoint only if one is due anyway
+                # (interval elapsed or dirty pages over the threshold).
+                self._retime = False
+                interval = self._interval
+                due = interval is not None and time.monotonic() - last >= interval
+                with self._cond:
+                    pressed = self.mem.pressure >= self.mem.capacity * CHECKPOINT_FRACTION
+                if not due and not pressed:
+                    continue
+            last = time.monotonic()
             try:
                 self.checkpoint()
             except BaseException as e:  # latched, re-raised to the next caller

@@ -14,8 +14,9 @@ POINTS: dict[str, str] = {
                       "durable yet unacknowledged; recovery must keep them (never a hole).",
     # -- checkpointer -------------------------------------------------------------
     "checkpoint.mid_write": "Some dirty pages of the cut are written to partition files, "
-                            "others not, no fsync, no marker: recovery uses the previous "
-                            "marker and repairs torn pages from the recovery file.",
+                            "others not, no fsync, no marker: recovery rolls the files back "
+                            "to the previous marker with the undo images in the WAL "
+                            "and replays from its mark.",
     # -- supplier -----------------------------------------------------------------
     "supplier.after_snapshot": "A transfer snapshot (counter C) is open and its delta file "
                                "exists; nothing is sent. The delta is removed at restart.",

@@ -13,7 +13,9 @@ import time
 
 import pytest
 
-from checkpoint import PartitionStore, dwb, verify
+from checkpoint import PartitionStore, dwb, read_meta, verify
+from checkpoint.records import decode_images
+from checkpoint.recovery import pending_undo
 
 sys.path.insert(0, os.path.dirname(__file__))
 import crash_child  # noqa: E402
@@ -76,13 +78,18 @@ def test_sigkill_during_updates_loses_nothing_acknowledged(tmp_path, py_env, see
         _check(store, seed, _acked(ack))
 
 
+def _pending(store: str):
+    """Undo images of the interrupted checkpoint, decoded."""
+    return [decode_images(p) for _lsn, p in pending_undo(os.path.join(store, "wal"))]
+
+
 @pytest.mark.parametrize("nth", [1, 3, 6])
 def test_crash_point_mid_checkpoint_write(tmp_path, py_env, nth) -> None:
     store, ack = str(tmp_path / "store"), str(tmp_path / "ack")
     proc = _start(py_env, store, 7, 5000, ack, crash=f"checkpoint.mid_write:{nth}")
     proc.wait(timeout=120)
     assert proc.returncode == -signal.SIGKILL, proc.stderr.read().decode()
-    assert dwb.read(os.path.join(store, dwb.NAME)) is not None   # crashed after the double-write
+    assert _pending(store)              # crashed after the undo images, before the marker
     n = _check(store, 7, _acked(ack))
     # the recovered store keeps working, and survives another crash of the same kind
     proc = _start(py_env, store, 7, 5000, ack, crash="checkpoint.mid_write:2")
@@ -90,23 +97,47 @@ def test_crash_point_mid_checkpoint_write(tmp_path, py_env, nth) -> None:
     assert _check(store, 7, _acked(ack)) >= n
 
 
-def test_torn_pages_are_repaired_from_the_double_write_file(tmp_path, py_env) -> None:
+def _tear(path: str, index: int, page_size: int, rnd: random.Random) -> None:
+    with open(path, "r+b") as f:
+        f.seek(index * page_size + page_size // 2)
+        f.write(rnd.randbytes(page_size // 2))       # second half never reached the disk
+
+
+@pytest.mark.parametrize("nth", [4, 9])
+def test_torn_pages_are_rolled_back_and_replayed(tmp_path, py_env, nth) -> None:
     """A power cut mid-checkpoint can tear pages (SIGKILL alone cannot: the page cache
-    survives it), so tear every page the interrupted checkpoint was overwriting."""
+    survives it), so tear EVERY page the interrupted checkpoint may have been writing:
+    pages with an undo image, pages that were FREE (listed, no image) and pages past
+    the durable page count (no image) - the last two skipped the copy entirely."""
     store, ack = str(tmp_path / "store"), str(tmp_path / "ack")
-    proc = _start(py_env, store, 11, 5000, ack, crash="checkpoint.mid_write:4")
+    proc = _start(py_env, store, 11, 5000, ack, crash=f"checkpoint.mid_write:{nth}")
     proc.wait(timeout=120)
     assert proc.returncode == -signal.SIGKILL
-    found = dwb.read(os.path.join(store, dwb.NAME))
-    assert found is not None
-    page_size, pages = found
+    pending = _pending(store)
+    assert pending
+    ps = crash_child.PAGE_SIZE
     rnd = random.Random(3)
-    for pid, index, _img in pages:
-        with open(os.path.join(store, f"part-{pid}.bin"), "r+b") as f:
-            f.seek(index * page_size + page_size // 2)
-            f.write(rnd.randbytes(page_size // 2))       # second half never reached the disk
+    skipped = 0
+    for pid in {im.partition for im in pending}:
+        path = os.path.join(store, f"part-{pid}.bin")
+        durable = [im for im in pending if im.partition == pid]
+        meta0 = [b for im in durable for i, b in im.pages if i == 0]
+        assert meta0, "the meta page always has an undo image"
+        with open(str(tmp_path / "meta"), "wb") as f:
+            f.write(meta0[0])
+        count = read_meta(str(tmp_path / "meta")).page_count
+        beyond = range(count, os.path.getsize(path) // ps)
+        for im in durable:
+            for index, _b in im.pages:
+                _tear(path, index, ps, rnd)
+            for index in im.free:
+                _tear(path, index, ps, rnd)
+            skipped += len(im.free)
+        for index in beyond:
+            _tear(path, index, ps, rnd)
+        skipped += len(beyond)
     _check(store, 11, _acked(ack))
-    assert os.path.getsize(os.path.join(store, dwb.NAME)) == 0
+    assert not _pending(store)          # recovery completed a checkpoint
 
 
 def test_torn_double_write_file_is_ignored(tmp_path) -> None:
@@ -116,3 +147,59 @@ def test_torn_double_write_file_is_ignored(tmp_path) -> None:
     os.truncate(path, os.path.getsize(path) - 1)
     assert dwb.read(path) is None
     assert dwb.read(str(tmp_path / "absent")) is None
+
+
+class _PowerCut(Exception):
+    pass
+
+
+def test_torn_pages_that_skipped_the_undo_copy_are_recovered(tmp_path, monkeypatch) -> None:
+    """Deterministic: the interrupted checkpoint writes pages that were FREE in the file
+    and pages past its durable page count (neither gets an undo image) as well as
+    pages with one; all of them are torn; recovery must give exactly the model."""
+    from checkpoint import checkpointer
+    path = str(tmp_path / "s")
+    s = PartitionStore.open(path, page_size=1024, checkpoint_interval=None, wal_sync="none")
+    model: dict[bytes, bytes] = {}
+
+    def put(k: bytes, v: bytes) -> None:
+        s.put(0, k, v)
+        model[k] = v
+
+    for i in range(60):
+        put(b"k%03d" % i, bytes([i]) * 3000)          # overflow chains
+    s.checkpoint()
+    for i in range(0, 60, 2):
+        put(b"k%03d" % i, b"small-%d" % i)            # frees chains: FREE pages
+    s.checkpoint()
+    durable = s.parts[0].file_pages
+    for i in range(60, 100):
+        put(b"k%03d" % i, bytes([i]) * 2500)          # reuses FREE pages, then appends
+    for i in range(1, 60, 2):
+        put(b"k%03d" % i, b"v2-%d" % i)               # changes existing pages in place
+
+    def cut(name: str) -> None:
+        if name == "checkpoint.mid_write":
+            raise _PowerCut(name)
+    monkeypatch.setattr(checkpointer, "crashpoint", cut)
+    with pytest.raises(_PowerCut):
+        s.checkpoint()
+    stats_free = [im for im in _pending(path)]
+    s.close(checkpoint=False)
+    monkeypatch.undo()                                # power is back
+
+    file = os.path.join(path, "part-0.bin")
+    free = [i for im in stats_free for i in im.free]
+    imaged = [i for im in stats_free for i, _b in im.pages]
+    assert free and imaged and os.path.getsize(file) // 1024 > durable
+    rnd = random.Random(5)
+    for index in free + imaged + list(range(durable, os.path.getsize(file) // 1024)):
+        _tear(file, index, 1024, rnd)
+    s = PartitionStore.open(path, page_size=1024, checkpoint_interval=None, wal_sync="none")
+    try:
+        assert s.rolled_back == len(free) + len(imaged)
+        assert dict(s.scan(0)) == model
+        assert all(s.get(0, k) == v for k, v in model.items())
+    finally:
+        s.close()
+    assert verify(file) == []
