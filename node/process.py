@@ -5,7 +5,7 @@ import faulthandler
 import logging
 import signal
 import sys
-import threading
+import time
 
 from .config import NodeConfig
 from .errors import NodeError
@@ -28,11 +28,14 @@ def run(cfg: NodeConfig) -> int:
     except NodeError as e:
         log.error("stage=start cannot start: %s", e)
         return 2
-    done = threading.Event()
+    # The handler only records the signal. A Python signal handler runs in the main
+    # thread between bytecodes, so taking a lock there (Event.set, logging) can
+    # deadlock against the very code it interrupted: two SIGTERMs back to back once
+    # left a node hung inside Event.set while its threads went on coordinating.
+    received: list[int] = []
 
     def on_signal(signum: int, _frame: object) -> None:
-        log.info("stage=shutdown signal %s received", signal.Signals(signum).name)
-        done.set()
+        received.append(signum)
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
@@ -43,8 +46,9 @@ def run(cfg: NodeConfig) -> int:
         node.stop()
         return 2
     print(f"node {cfg.id} serving on {cfg.listen}", flush=True)
-    while not done.wait(0.2):
-        if node.left.is_set():
-            break
+    while not received and not node.left.is_set():
+        time.sleep(0.2)
+    if received:
+        log.info("stage=shutdown signal %s received", signal.Signals(received[0]).name)
     node.stop()
     return 0
