@@ -6,7 +6,7 @@ copies, serves writes and checkpoints).
 """
 from __future__ import annotations
 
-from .scenario import CacheSpec, Event, Scenario, WorkloadSpec
+from .scenario import CacheSpec, DiskSpec, Event, Scenario, WorkloadSpec
 
 BUILTINS: dict[str, Scenario] = {
     "join": Scenario(
@@ -23,7 +23,9 @@ BUILTINS: dict[str, Scenario] = {
     "kill-restart": Scenario(
         name="kill-restart", description="three nodes; n2 is SIGKILLed under writes and comes back",
         nodes=("n1", "n2", "n3"), workload=WorkloadSpec(ops=240),
-        events=(Event(60, "kill", "n2"), Event(120, "restart", "n2")),
+        # the restart comes by op 120 or 4 s after the kill: a crash plan on another node
+        # may leave partitions LOST until n2 is back, and writes to them wait 20 s each
+        events=(Event(60, "kill", "n2"), Event(120, "restart", "n2", max_wait=4.0)),
         roles={"supplier": "n1", "demander": "n2", "third": "n3"}, settle_timeout=60.0),
     "join-under-load": Scenario(
         name="join-under-load", description="two writers, more keys; n3 then n4 join",
@@ -31,6 +33,24 @@ BUILTINS: dict[str, Scenario] = {
         workload=WorkloadSpec(writers=2, ops=200, keys=300, distribution="zipf"),
         events=(Event(60, "join", "n3"), Event(200, "join", "n4")), settle_timeout=60.0,
         roles={"supplier": "n1", "demander": "n3", "third": "n2"}),
+    "disk-full": Scenario(
+        name="disk-full",
+        description="n3 joins with its data dir on a 96 MiB tmpfs filled to 16 MiB free: its "
+                    "fetches are refused (64 MiB margin), nothing installs; space freed, the "
+                    "moves retry and converge",
+        nodes=("n1", "n2"), disk=DiskSpec("n3", size_mib=96, free_mib=16),
+        # paced writes: updates keep arriving while n3's moves fail and retry
+        workload=WorkloadSpec(ops=300, rate=60.0),
+        events=(Event(60, "join", "n3"), Event(60, "fill", "n3"), Event(200, "free", "n3")),
+        roles={"supplier": "n2", "demander": "n3", "third": "n1"}, settle_timeout=90.0),
+    "net-cut": Scenario(
+        name="net-cut",
+        description="three nodes behind RPC proxies; n3 is cut off from its peers until the "
+                    "membership declares it failed, then the links heal",
+        nodes=("n1", "n2", "n3"), proxy=True,
+        workload=WorkloadSpec(ops=300, rate=60.0),
+        events=(Event(90, "cut", "n3"), Event(91, "heal", "n3")),
+        roles={"supplier": "n3", "demander": "n1", "third": "n2"}, settle_timeout=90.0),
     "file-move": Scenario(
         name="file-move", driver="file-move",
         description="the seed's file move (temp WAL, transfer, index rebuild, replay, "

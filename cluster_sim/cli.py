@@ -7,6 +7,9 @@ import sys
 import click
 
 
+SKIPPED_EXIT = 5    # `ferry sim run`: the scenario cannot run on this machine (reason printed)
+
+
 @click.group("sim")
 def sim() -> None:
     """Crash-point simulation: scenarios, crash plans, invariants, matrices."""
@@ -36,17 +39,24 @@ def _crash(point: str | None, side: str, seed: int):
 @click.option("--keep", is_flag=True, help="Keep the run folder even when it passed.")
 @click.option("--workdir", type=click.Path(file_okay=False), help="Where run folders go (default: $TMPDIR).")
 @click.option("--plot", type=click.Path(dir_okay=False), help="Write the timeline PNG here.")
+@click.option("--expected", type=click.Path(dir_okay=False),
+              help="Write the model of acknowledged writes here (JSON lines for "
+                   "`ferry validate --expected`; use with --keep).")
 def run_cmd(scenario: str, crash: str | None, side: str, seed: int, as_json: bool, keep: bool,
-            workdir: str | None, plot: str | None) -> None:
+            workdir: str | None, plot: str | None, expected: str | None) -> None:
     """Run one scenario under one seed (and crash plan); exit 0 only if every invariant holds."""
+    from .diskfull import SimSkipped
     from .errors import SimError
     from .runner import run
     from .scenario import load
     try:
         s = load(scenario)
         plan = _crash(crash, side, seed)
-        res = run(s, seed=seed, crash=plan, workdir=workdir, keep=keep,
+        res = run(s, seed=seed, crash=plan, workdir=workdir, keep=keep, expected=expected,
                   log=(lambda m: None) if as_json else (lambda m: click.echo(m, err=True)))
+    except SimSkipped as e:      # a prerequisite of the scenario is missing here (e.g. tmpfs)
+        click.echo(f"SKIPPED: {e}", err=True)
+        sys.exit(SKIPPED_EXIT)
     except (SimError, KeyError) as e:
         raise click.ClickException(str(e))
     if plot:
@@ -98,7 +108,12 @@ def matrix_cmd(points: str, sides: str, seeds: int, first_seed: int, scenario: s
             say(f"      seed {c.seed}; replay: {c.replay}\n      {bad}")
 
     say(f"{len(cells)} cells")
-    res = run_matrix(cells, workdir=workdir, on_cell=on_cell)
+    from .diskfull import SimSkipped
+    try:
+        res = run_matrix(cells, workdir=workdir, on_cell=on_cell)
+    except SimSkipped as e:
+        click.echo(f"SKIPPED: {e}", err=True)
+        sys.exit(SKIPPED_EXIT)
     if report_dir:
         from .report import write_report
         say(f"report: {write_report(res, report_dir)}")

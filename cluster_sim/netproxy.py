@@ -7,12 +7,19 @@
   "mid-transfer", placed by bytes so it lands inside a transfer however fast the
   machine is — and heal ``heal_after`` seconds later;
 - ``stall()``: stop forwarding but keep connections open (a black hole: the peer
-  sees a timeout, not a reset) until ``heal()``.
+  sees a timeout, not a reset) until ``heal()``;
+- ``block(pids)`` / ``unblock()``: cut only the connections that processes ``pids``
+  opened (now and new ones) -- one proxy in front of a node's RPC port serves every
+  peer, and this cuts the link from one peer while the others (and the harness) still
+  get through. On loopback every source address is 127.0.0.1, so the source process
+  is found by its socket: ``/proc/net/tcp`` gives the inode of the client end,
+  ``/proc/<pid>/fd`` which process holds it (Linux; root or the same user).
 
 Threads, not asyncio: two pumps per connection, a handful of connections per run.
 """
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -37,6 +44,7 @@ class Proxy:
         self.upstream = 0
         self.cuts = 0
         self.refused = 0
+        self._blocked: frozenset[int] = frozenset()
 
     def start(self) -> Proxy:
         threading.Thread(target=self._accept, name="ferry-sim-proxy", daemon=True).start()
@@ -70,6 +78,24 @@ class Proxy:
             self._cut = False
         self._open.set()
 
+    def block(self, pids: set[int]) -> None:
+        """Cut the connections of processes ``pids`` and refuse their new ones until
+        :meth:`unblock` (connections of other processes are untouched)."""
+        with self._lock:
+            self._blocked = frozenset(pids)
+            conns = list(self._conns)
+        mine = [(a, b) for a, b in conns if source_pid(a, self.port, pids) is not None]
+        with self._lock:
+            self._conns = [c for c in self._conns if c not in mine]
+            self.cuts += bool(mine)
+        for a, b in mine:
+            _close(a)
+            _close(b)
+
+    def unblock(self) -> None:
+        with self._lock:
+            self._blocked = frozenset()
+
     def stop(self) -> None:
         self._stop = True
         _close(self._srv)
@@ -84,7 +110,9 @@ class Proxy:
             except OSError:
                 return
             with self._lock:
-                refuse = self._cut
+                refuse, blocked = self._cut, self._blocked
+            if not refuse and blocked:
+                refuse = source_pid(client, self.port, blocked) is not None
             if refuse:
                 self.refused += 1
                 _close(client)
@@ -128,6 +156,48 @@ class Proxy:
         finally:
             _close(src)
             _close(dst)
+
+
+def source_pid(accepted: socket.socket, port: int, pids: set[int] | frozenset[int]) -> int | None:
+    """Which of ``pids`` holds the client end of ``accepted`` (a connection to our
+    ``port`` on loopback), or None."""
+    try:
+        peer_port = accepted.getpeername()[1]
+    except OSError:
+        return None
+    inode = _client_inode(peer_port, port)
+    if inode is None:
+        return None
+    want = f"socket:[{inode}]"
+    for pid in pids:
+        fd_dir = f"/proc/{pid}/fd"
+        try:
+            names = os.listdir(fd_dir)
+        except OSError:
+            continue
+        for fd in names:
+            try:
+                if os.readlink(os.path.join(fd_dir, fd)) == want:
+                    return pid
+            except OSError:
+                continue
+    return None
+
+
+def _client_inode(local_port: int, remote_port: int) -> str | None:
+    """Inode of the TCP socket ``127.0.0.1:local_port -> *:remote_port``."""
+    lp, rp = f":{local_port:04X}", f":{remote_port:04X}"
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                next(f, None)
+                for line in f:
+                    parts = line.split()
+                    if len(parts) > 9 and parts[1].endswith(lp) and parts[2].endswith(rp):
+                        return parts[9]
+        except OSError:
+            continue
+    return None
 
 
 def _close(s: socket.socket) -> None:

@@ -47,6 +47,7 @@ class Proc:
     popen: subprocess.Popen[bytes] | None = None
     lives: int = 0
     crashed: bool = False             # a life ended by SIGKILL we did not send
+    port_retries: int = 0             # lives started again because their port was taken
     _killed_by_us: bool = False
 
     def start(self) -> Proc:
@@ -90,10 +91,23 @@ class Proc:
             try:
                 self.popen.wait(timeout)
             except subprocess.TimeoutExpired:
+                # `ferry node` registers faulthandler on SIGUSR1: every thread's stack goes
+                # to its log, so a hang at shutdown can be diagnosed from the kept run.
+                self.popen.send_signal(signal.SIGUSR1)
+                time.sleep(1.0)
                 self.popen.kill()
                 self.popen.wait()
-                raise ProcessError(f"{self.name} ignored SIGTERM for {timeout}s:\n{self.tail()}")
+                raise ProcessError(f"{self.name} ignored SIGTERM for {timeout}s (thread stacks "
+                                   f"at the end of {self.log}):\n{self.tail()}")
         return self.popen.returncode
+
+    def current_life(self) -> str:
+        """The log of the current life."""
+        try:
+            with open(self.log, errors="replace") as f:
+                return f.read().rsplit("\n=== life ", 1)[-1]
+        except OSError:
+            return ""
 
     def tail(self, n: int = 25) -> str:
         try:

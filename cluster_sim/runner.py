@@ -66,8 +66,11 @@ def make_driver(s: Scenario, *args: Any, **kw: Any) -> Driver:
 
 def run(scenario: Scenario, *, seed: int = 0, crash: CrashPlan | None = None,
         workdir: str | None = None, keep: bool = False,
-        net: Any = None,
+        net: Any = None, expected: str | None = None,
         log: Callable[[str], None] = lambda m: None) -> RunResult:
+    """One run. ``expected``: also write the model of acknowledged writes there (JSON
+    lines for ``ferry validate --expected``, see :meth:`Model.expected_file`); keep the
+    run folder (``keep``) to validate its data directories."""
     s = validate(scenario.with_crash(crash) if crash is not None else scenario)
     if workdir is not None:
         os.makedirs(workdir, exist_ok=True)     # --workdir may name a folder to create
@@ -75,7 +78,11 @@ def run(scenario: Scenario, *, seed: int = 0, crash: CrashPlan | None = None,
     tl, model = Timeline(), Model()
     spec = s.crash.spec(seed) if s.crash else None
     t0 = time.monotonic()
-    driver = make_driver(s, seed, run_dir, tl, model, spec, net=net)
+    try:
+        driver = make_driver(s, seed, run_dir, tl, model, spec, net=net)
+    except Exception:
+        shutil.rmtree(run_dir, ignore_errors=True)   # e.g. SimSkipped: no tmpfs here
+        raise
     problems: dict[str, list[str]] = {}
     error: str | None = None
     codes: dict[str, int | None] = {}
@@ -100,13 +107,24 @@ def run(scenario: Scenario, *, seed: int = 0, crash: CrashPlan | None = None,
         if any(c == -9 for c in codes.values()) and not driver.crashed:
             driver.crashed.append("(at shutdown)")  # the armed point fired in the final stop
         _recover_unclean(driver, codes)
-        problems = check_all(driver.layout(), model)
+        layout = driver.layout()
+        problems = check_all(layout, model)
+        if expected:
+            model.expected_file(expected, layout.partitions, layout.cache)
     except Exception as e:  # noqa: BLE001 - a run that cannot finish is a failed cell, with why
         error = f"{type(e).__name__}: {e}"
         log(f"run failed: {error}")
         driver.kill_all()
+    try:
+        driver.cleanup()
+    except Exception as e:  # noqa: BLE001 - a mount that would not go is a failed run
+        error = error or f"cleanup: {type(e).__name__}: {e}"
     reached = sorted(read_trace(driver.trace))
     invariants = {n: not problems.get(n, ["not checked"]) for n in NAMES}
+    for name, bad in driver.extra_checks().items():
+        invariants[name] = not bad
+        if bad:
+            problems[name] = bad
     if s.crash and s.crash.probability is None:
         # A cell whose crash never fired proves nothing about that point: it fails.
         invariants["crash_point_reached"] = bool(driver.crashed)
@@ -158,14 +176,20 @@ def _drive(driver: Driver, s: Scenario, seed: int, model: Model, tl: Timeline,
         t.start()
     pending = sorted(s.events, key=lambda e: e.at)
     next_sample = 0.0
+    last_event = time.monotonic()
+
+    def due(ev: Any) -> bool:
+        return (issued[0] >= ev.at or not any(t.is_alive() for t in threads)
+                or (ev.max_wait > 0 and time.monotonic() - last_event >= ev.max_wait))
     try:
         while any(t.is_alive() for t in threads) or pending:
             driver.poll()
-            while pending and (issued[0] >= pending[0].at or not any(t.is_alive() for t in threads)):
+            while pending and due(pending[0]):
                 ev = pending.pop(0)
                 tl.mark(ev.node, ev.action, f"at op {issued[0]}")
                 log(f"  event {ev.action} {ev.node} at op {issued[0]}")
                 driver.event(ev.action, ev.node)
+                last_event = time.monotonic()
             if time.monotonic() >= next_sample:
                 driver.sample()
                 next_sample = time.monotonic() + SAMPLE_S

@@ -27,7 +27,7 @@ from faults import POINTS
 from .errors import ScenarioError
 
 SIDES = ("supplier", "demander", "third")
-ACTIONS = ("join", "leave", "kill", "restart", "cut", "heal")
+ACTIONS = ("join", "leave", "kill", "restart", "cut", "heal", "fill", "free")
 DRIVERS = ("cluster", "file-move")
 DISTRIBUTIONS = ("uniform", "zipf", "sequential")
 
@@ -59,11 +59,25 @@ class WorkloadSpec:
 
 
 @dataclass(frozen=True)
+class DiskSpec:
+    """One node's data directory on a tmpfs of ``size_mib``; a ``fill`` event leaves
+    ``free_mib`` free (below the transfer's 64 MiB margin: fetches are refused), a
+    ``free`` event deletes the filler once a move was seen to fail."""
+    node: str
+    size_mib: int = 96
+    free_mib: int = 16
+
+
+@dataclass(frozen=True)
 class Event:
-    """``action`` on ``node`` once the workload has issued ``at`` operations in total."""
+    """``action`` on ``node`` once the workload has issued ``at`` operations in total,
+    or at the latest ``max_wait`` seconds after the previous event (0 = no bound): a
+    workload stalled by unavailable partitions (each write waits for its timeout) must
+    not hold back the event that ends the outage, e.g. the restart after a kill."""
     at: int
     action: str
     node: str
+    max_wait: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -94,7 +108,9 @@ class Scenario:
     events: tuple[Event, ...] = ()
     roles: dict[str, str] = field(default_factory=dict)   # side -> node id
     crash: CrashPlan | None = None
-    proxy: bool = False            # file-move: put a loopback proxy on the transfer link
+    proxy: bool = False            # a loopback proxy on the transfer link (file-move) or on
+                                   # every node's RPC/heartbeat link (cluster)
+    disk: DiskSpec | None = None   # one node's data dir on a small tmpfs (cluster)
     settle_timeout: float = 90.0
     description: str = ""
 
@@ -145,8 +161,20 @@ def validate(s: Scenario) -> Scenario:
     for e in s.events:
         if e.action not in ACTIONS:
             raise bad(f"event action {e.action!r} is not one of {', '.join(ACTIONS)}")
-        if e.at < 0:
-            raise bad(f"event {e.action} {e.node}: 'at' must be >= 0")
+        if e.at < 0 or e.max_wait < 0:
+            raise bad(f"event {e.action} {e.node}: 'at' and 'max_wait' must be >= 0")
+        if e.action in ("fill", "free") and (s.disk is None or e.node != s.disk.node):
+            raise bad(f"event {e.action} {e.node}: needs disk = {{node = {e.node!r}}}")
+        if e.action in ("cut", "heal") and s.driver == "cluster" and not s.proxy:
+            raise bad(f"event {e.action} {e.node}: needs proxy = true")
+    if s.disk is not None:
+        d = s.disk
+        if s.driver != "cluster":
+            raise bad("disk needs the cluster driver")
+        if d.node not in s.all_nodes():
+            raise bad(f"disk.node {d.node!r} is not a node of the scenario")
+        if not 1 <= d.free_mib < d.size_mib:
+            raise bad("disk needs 1 <= free_mib < size_mib")
     for side, node in s.roles.items():
         if side not in SIDES:
             raise bad(f"role {side!r} is not one of {', '.join(SIDES)}")
@@ -195,6 +223,8 @@ def from_dict(data: dict[str, Any], *, where: str = "scenario") -> Scenario:
         events = tuple(_build(Event, e, f"{where}: events") for e in d.pop("events", []))
         crash = d.pop("crash", None)
         crash = _build(CrashPlan, crash, f"{where}: crash") if crash else None
+        disk = d.pop("disk", None)
+        d["disk"] = _build(DiskSpec, disk, f"{where}: disk") if disk else None
         if "nodes" in d:
             d["nodes"] = tuple(d["nodes"])
         s = _build(Scenario, d | {"caches": tuple(caches), "workload": workload,

@@ -13,7 +13,8 @@ from typing import Any
 class Mark:
     t: float
     node: str
-    kind: str          # start | crash | restart | join | leave | kill | cut | heal | settled | stop
+    kind: str          # start | crash | restart | join | leave | kill | cut | heal | fill | free |
+                       # disk full | move refused | declared failed | settled | stop
     detail: str = ""
 
 

@@ -121,13 +121,26 @@ class Model:
         return f"{key!r}: holds {_short(found)}, expected {_short(last)}" + (
             f" or one of {len(allowed) - 1} unacknowledged values" if len(allowed) > 1 else "")
 
-    def expected_file(self, path: str) -> None:
-        """The acknowledged model as JSON lines for ``validation.validate(expected=...)``
-        (keys with doubts are left out: Spark cannot express "one of")."""
+    def expected_file(self, path: str, partitions: int, cache: str | None = None) -> int:
+        """The acknowledged model as JSON lines for ``ferry validate --expected`` /
+        ``validation.validate(expected=...)``: ``key``, ``partition`` (``partition_of``
+        over ``partitions``, as the nodes place keys), ``value`` (null: must be absent)
+        and ``cache`` when given. Keys with doubts are left out (Spark cannot express
+        "one of"); if such a key is present the validator counts it as ``extra``.
+        Returns the number of rows written."""
+        from node.assignment import partition_of
+        n = 0
         with open(path, "w") as f:
             for k, v in sorted(self.acked.items()):
-                if k not in self.maybe:
-                    f.write(json.dumps({"key": k.decode(), "value": None if v is None else v.decode()}) + "\n")
+                if k in self.maybe:
+                    continue
+                row = {"key": k.decode(), "partition": partition_of(k, partitions),
+                       "value": None if v is None else v.decode()}
+                if cache is not None:
+                    row["cache"] = cache
+                f.write(json.dumps(row) + "\n")
+                n += 1
+        return n
 
 
 def _short(v: bytes | None) -> str:

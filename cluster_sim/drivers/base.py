@@ -80,6 +80,16 @@ class Driver:
     def stop(self) -> dict[str, int | None]: raise NotImplementedError
     def layout(self) -> Layout: raise NotImplementedError
 
+    def extra_checks(self) -> dict[str, list[str]]:
+        """Checks the driver made during the run (fault events): name -> problems."""
+        return {}
+
+    def cleanup(self) -> None:
+        """After the checks, processes gone: release what setup took (mounts, proxies)."""
+        self.cleanup_faults()
+
+    def cleanup_faults(self) -> None: ...
+
     def close_client(self, client: Any) -> None:
         close = getattr(client, "close", None)
         if close:

@@ -4,6 +4,8 @@ Nodes get a TOML config (short heartbeats so a killed node is declared failed in
 two seconds), join through the live members, and are driven by ``node.Client``. Settled
 means what ``cluster status`` shows: every live member in the map, no move in
 progress, every partition with exactly its ideal owners OWNING and the ideal primary.
+Fault events (``cut``/``heal`` a node's RPC links through per-node proxies, ``fill``/
+``free`` a node's tmpfs disk) live in :mod:`.clusterfaults`.
 """
 from __future__ import annotations
 
@@ -15,17 +17,18 @@ import sys
 import time
 from typing import Any
 
-from ..errors import ProcessError
+from ..errors import ProcessError, SimError
 from ..invariants import Copy, Layout
 from ..procs import ROOT, Proc, child_env, free_port
 from ..workload import Op
 from .base import Driver
+from .clusterfaults import ClusterFaults
 
 HEARTBEAT_S = 0.3
 FAILURE_S = 2.0
 
 
-class ClusterDriver(Driver):
+class ClusterDriver(ClusterFaults, Driver):
     def setup(self) -> None:
         s = self.scenario
         cache = s.caches[0]
@@ -39,19 +42,29 @@ class ClusterDriver(Driver):
         self.ports = {n: free_port() for n in s.all_nodes()}
         self.procs: dict[str, Proc] = {}
         self.left: set[str] = set()       # left gracefully: gone for good
+        if s.proxy and self.net is not None:
+            raise SimError("proxy = true runs on loopback only, not with network namespaces")
+        self.setup_faults(self.ports)
 
     def address(self, node: str) -> str:
+        """Where the node listens (the harness's clients and status use it)."""
         return f"{self.host(node)}:{self.ports[node]}"
+
+    def advertised(self, node: str) -> str:
+        """Where peers reach the node: its proxy when the scenario has one."""
+        return self.proxies[node].address if node in self.proxies else self.address(node)
 
     def _proc(self, node: str) -> Proc:
         if node not in self.procs:
             argv = [sys.executable, "-m", "ferry", "node", "start", "--config", self.config,
                     "--id", node, "--data", self.data_dir(node), "--listen", self.address(node),
                     "--secret-file", self.secret_file]
+            if node in self.proxies:
+                argv += ["--advertise", self.advertised(node)]
             self.procs[node] = Proc(node, argv, os.path.join(self.dir, f"{node}.log"),
                                     trace=self.trace, crash=self.crash_for(node), prefix=self.prefix(node))
         p = self.procs[node]
-        live = [self.address(n) for n, q in self.procs.items() if n != node and q.alive()]
+        live = [self.advertised(n) for n, q in self.procs.items() if n != node and q.alive()]
         # --join lists the members up now; a first node with no one to join starts a cluster
         p.argv = _strip_join(p.argv) + [x for a in live for x in ("--join", a)]
         return p
@@ -64,6 +77,9 @@ class ClusterDriver(Driver):
             try:
                 p.wait_for_line("serving on", timeout=60)
             except ProcessError:
+                if "Address already in use" in p.current_life() and p.port_retries < 3:
+                    self._new_port(node, wait=True)
+                    return
                 if not p.self_killed():
                     raise
                 self.on_crash(node)
@@ -71,6 +87,31 @@ class ClusterDriver(Driver):
     def start(self) -> None:
         for n in self.scenario.nodes:
             self.start_node(n)
+
+    def poll(self) -> None:
+        super().poll()
+        for n, p in self.procs.items():
+            if p.popen is None or p.popen.poll() in (None, 0) or p._killed_by_us or p.crashed:
+                continue
+            if "Address already in use" in p.current_life() and p.port_retries < 3:
+                self._new_port(n)
+            else:               # exited with an error by itself: waiting to settle is pointless
+                raise ProcessError(f"{n} exited with status {p.popen.returncode}:\n{p.tail()}")
+
+    def _new_port(self, node: str, *, wait: bool = False) -> None:
+        """The port picked at setup was taken by someone else before the node bound it
+        (free_port() releases it; a busy machine reuses ephemeral ports): pick another
+        and start the same life again (the crash plan, if any, stays armed)."""
+        p = self.procs[node]
+        old = self.address(node)
+        self.ports[node] = free_port()
+        if node in self.proxies:
+            self.proxies[node].target = ("127.0.0.1", self.ports[node])
+        p.argv = [self.address(node) if a == old else a for a in p.argv]
+        p.port_retries += 1
+        p.lives -= 1
+        self.timeline.mark(node, "port retry", f"{old} taken; now {self.address(node)}")
+        self.start_node(node, wait=wait)
 
     # -- workload ----------------------------------------------------------------------------
     def client(self, writer: int) -> Any:
@@ -87,6 +128,8 @@ class ClusterDriver(Driver):
 
     # -- events ------------------------------------------------------------------------------
     def event(self, action: str, node: str) -> None:
+        if self.fault_event(action, node):
+            return
         if action == "join":
             self.start_node(node, wait=False)
         elif action == "kill":
@@ -113,16 +156,21 @@ class ClusterDriver(Driver):
 
     # -- settle ------------------------------------------------------------------------------
     def status(self) -> dict[str, Any] | None:
+        for n, p in self.procs.items():
+            if p.alive() and n not in self.left:
+                doc = self.status_of(n)
+                if doc is not None:
+                    return doc
+        return None
+
+    def status_of(self, node: str) -> dict[str, Any] | None:
+        """``cluster status`` as seen from ``node`` (None when it does not answer)."""
         from node.status import collect
         from node.wire import Pool, load_secret
         pool = Pool(load_secret(self.secret_file), role="client")
         try:
-            for n, p in self.procs.items():
-                if p.alive() and n not in self.left:
-                    try:
-                        return collect(pool, self.address(n))
-                    except Exception:  # noqa: BLE001 - try the next member
-                        continue
+            return collect(pool, self.address(node))
+        except Exception:  # noqa: BLE001 - down or restarting: the caller tries another
             return None
         finally:
             pool.close()

@@ -1,6 +1,7 @@
 """The loopback proxy forwards, delays, cuts (now or after N bytes) and heals."""
 from __future__ import annotations
 
+import os
 import socket
 import threading
 
@@ -67,5 +68,24 @@ def test_cut_after_bytes_breaks_a_stream_midway(echo) -> None:
         px.cut_after(100_000)
         got = _roundtrip(px.port, b"y" * 400_000)
         assert 0 < len(got) < 400_000 and px.cuts == 1
+    finally:
+        px.stop()
+
+
+def test_block_cuts_only_the_named_process(echo) -> None:
+    px = Proxy(echo).start()
+    try:
+        held = socket.create_connection(("127.0.0.1", px.port), timeout=5)
+        held.sendall(b"a")
+        assert held.recv(10) == b"a"
+        px.block({os.getpid() + 10_000_000})            # another process: we pass
+        assert _roundtrip(px.port, b"pass") == b"pass"
+        px.block({os.getpid()})                          # us: our open connection is cut ...
+        held.settimeout(5)
+        assert held.recv(10) == b""
+        assert _roundtrip(px.port, b"x") == b""          # ... and new ones refused
+        px.unblock()
+        assert _roundtrip(px.port, b"back") == b"back"
+        held.close()
     finally:
         px.stop()

@@ -65,3 +65,22 @@ def test_coordinator_killed_mid_eviction_resumes_from_the_members_map(tmp_path) 
                         workdir=str(tmp_path))
     assert r.passed, (r.problems, r.error)
     assert [m.node for m in r.timeline.crashes()] == ["n1"]
+
+
+@pytest.mark.slow
+def test_node_whose_port_was_taken_starts_on_another(tmp_path, monkeypatch) -> None:
+    # free_port() releases the port it found; on a busy machine someone may take it
+    # before the node binds it. Here n3's port is held by a listening socket.
+    import socket
+
+    from cluster_sim.drivers import cluster as cluster_mod
+    from cluster_sim.procs import free_port
+    taken = socket.create_server(("127.0.0.1", 0))
+    calls = iter([free_port(), free_port(), taken.getsockname()[1]])
+    monkeypatch.setattr(cluster_mod, "free_port", lambda: next(calls, None) or free_port())
+    try:
+        r = cluster_sim.run(cluster_sim.load_scenario("join"), seed=4, workdir=str(tmp_path))
+    finally:
+        taken.close()
+    assert r.passed, (r.problems, r.error)
+    assert [m.node for m in r.timeline.marks if m.kind == "port retry"] == ["n3"]

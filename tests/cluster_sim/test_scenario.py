@@ -110,3 +110,13 @@ def test_model_acknowledged_and_unsure() -> None:
     m.ack(Op(0, 2, b"k", None))                        # acknowledged remove settles doubts
     assert m.check(b"k", None) is None
     assert "came back" in m.check(b"k", b"v2")
+
+
+def test_event_max_wait_is_loaded_and_checked() -> None:
+    from cluster_sim.scenario import from_dict
+    base = {"name": "x", "nodes": ["n1", "n2"]}
+    s = from_dict(base | {"events": [{"at": 5, "action": "kill", "node": "n2"},
+                                     {"at": 9, "action": "restart", "node": "n2", "max_wait": 2.5}]})
+    assert s.events[1].max_wait == 2.5 and s.events[0].max_wait == 0.0
+    with pytest.raises(ScenarioError, match="max_wait"):
+        from_dict(base | {"events": [{"at": 5, "action": "kill", "node": "n2", "max_wait": -1}]})

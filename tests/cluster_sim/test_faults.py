@@ -1,0 +1,90 @@
+"""Disk full on a joining demander (a tmpfs the harness mounts) and a node cut off from
+its peers by the RPC proxies: the fault lands, is seen, and the cluster converges."""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+
+import cluster_sim
+from cluster_sim import ScenarioError, load_scenario
+from cluster_sim.diskfull import FILLER, Tmpfs, free_bytes, permitted
+from cluster_sim.scenario import from_dict
+
+TMPFS_OK, TMPFS_WHY = permitted()
+needs_tmpfs = pytest.mark.skipif(not TMPFS_OK, reason=TMPFS_WHY or "tmpfs permitted")
+
+
+@needs_tmpfs
+def test_tmpfs_fill_free_and_unmount_keeps_the_files(tmp_path) -> None:
+    fs = Tmpfs(str(tmp_path / "d"), 8)
+    fs.mount()
+    try:
+        with open(tmp_path / "d" / "keep.txt", "w") as f:
+            f.write("node data")
+        fs.fill(2)
+        assert 1 << 20 <= free_bytes(fs.path) <= 3 << 20
+        fs.free()
+        assert free_bytes(fs.path) > 6 << 20
+    finally:
+        fs.unmount()
+    assert not os.path.ismount(fs.path)
+    assert open(tmp_path / "d" / "keep.txt").read() == "node data"
+    assert not os.path.exists(tmp_path / "d" / FILLER)
+
+
+def test_fault_events_are_validated() -> None:
+    base = {"name": "x", "nodes": ["n1"], "events": [{"at": 1, "action": "join", "node": "n2"}]}
+    with pytest.raises(ScenarioError, match="needs disk"):
+        from_dict(base | {"events": base["events"] + [{"at": 2, "action": "fill", "node": "n2"}]})
+    with pytest.raises(ScenarioError, match="needs proxy"):
+        from_dict(base | {"events": base["events"] + [{"at": 2, "action": "cut", "node": "n2"}]})
+    with pytest.raises(ScenarioError, match="free_mib"):
+        from_dict(base | {"disk": {"node": "n2", "size_mib": 8, "free_mib": 8}})
+    with pytest.raises(ScenarioError, match="disk.node"):
+        from_dict(base | {"disk": {"node": "n9"}})
+    with pytest.raises(ScenarioError, match="unknown key"):
+        from_dict(base | {"disk": {"node": "n2", "bytes": 3}})
+    ok = from_dict(base | {"disk": {"node": "n2"},
+                           "events": base["events"] + [{"at": 2, "action": "fill", "node": "n2"}]})
+    assert ok.disk is not None and ok.disk.free_mib < 64   # below the transfer's margin
+
+
+@needs_tmpfs
+@pytest.mark.slow
+def test_disk_full_demander_move_fails_cleanly_then_converges(tmp_path) -> None:
+    r = cluster_sim.run(load_scenario("disk-full"), seed=1, workdir=str(tmp_path), keep=True)
+    assert r.passed, (r.problems, r.error)
+    # the move really failed for lack of space, was checked clean, and then succeeded
+    assert r.invariants["disk_full_move_failed_cleanly"]
+    marks = [m.kind for m in r.timeline.marks]
+    assert "disk full" in marks and "move refused" in marks
+    log = open(os.path.join(r.dir, "n3.log")).read()
+    assert "bytes free for partition" in log and "MOVING -> OWNING" in log
+    assert not os.path.ismount(os.path.join(r.dir, "data", "n3"))   # unmounted, files kept
+    assert os.path.exists(os.path.join(r.dir, "data", "n3", "states.json"))
+
+
+NODE_BUG_1 = ("node bug 1 in /work/notes/harness_node_bugs.md: a member cut off until declared "
+              "failed keeps heartbeating a non-coordinator and never rejoins after the heal")
+
+
+@pytest.mark.slow
+def test_cut_node_is_declared_failed_and_rejoins_after_heal(tmp_path) -> None:
+    s = dataclasses.replace(load_scenario("net-cut"), settle_timeout=25.0)
+    r = cluster_sim.run(s, seed=1, workdir=str(tmp_path))
+    # the cut works: n3 is cut off both ways and the membership declares it failed
+    assert r.invariants["cut_node_declared_failed"], r.problems
+    assert "declared failed" in [m.kind for m in r.timeline.marks]
+    if not r.passed and "did not settle" in (r.error or ""):
+        pytest.xfail(NODE_BUG_1)           # the heal: n3 should rejoin and the moves converge
+    assert r.passed, (r.problems, r.error)
+
+
+def test_disk_full_without_mount_permission_is_skipped_with_the_reason(tmp_path, monkeypatch) -> None:
+    from cluster_sim import diskfull
+    monkeypatch.setattr(diskfull, "permitted", lambda: (False, "mounting a tmpfs is not permitted here: EPERM"))
+    with pytest.raises(diskfull.SimSkipped, match="need a tmpfs: mounting a tmpfs is not permitted"):
+        cluster_sim.run(load_scenario("disk-full"), seed=1, workdir=str(tmp_path))
+    assert os.listdir(tmp_path) == []            # no run folder left behind
