@@ -35,12 +35,17 @@ def _secret(path: str | None) -> bytes:
 @click.option("--secret-file", type=click.Path(dir_okay=False), help="Cluster secret file (or $FERRY_SECRET).")
 @click.option("--rate", default=None, help="Node-wide send limit, e.g. 200MB (bytes/s).")
 @click.option("--max-transfers", default=4, show_default=True, help="Concurrent transfers served.")
+@click.option("--limits-file", type=click.Path(dir_okay=False), default=None,
+              help='JSON {"rate": "200MB", "max_transfers": 4}; overrides --rate/--max-transfers '
+                   "and is re-read on SIGHUP while serving.")
 @click.option("-v", "--verbose", is_flag=True, help="Log every transfer, not only failures.")
 def serve(directory: str, port: int, host: str, secret_file: str | None, rate: str | None,
-          max_transfers: int, verbose: bool) -> None:
+          max_transfers: int, limits_file: str | None, verbose: bool) -> None:
     """Serve the partition files of DIR to authenticated demanders."""
+    import signal
+
     from .errors import TransferError
-    from .limits import Limits, parse_rate
+    from .limits import Limits, parse_rate, read_limits_file
     from .storage import DirectoryStorage
     from .supplier import SupplierServer
 
@@ -48,9 +53,30 @@ def serve(directory: str, port: int, host: str, secret_file: str | None, rate: s
                         format="%(asctime)s %(levelname)s %(message)s")
     try:
         limits = Limits(max_transfers, parse_rate(rate) if rate else None)
+        if limits_file:
+            file_rate, file_max = read_limits_file(limits_file)
+            limits.set_rate(file_rate)
+            limits.set_max_transfers(file_max)
         server = SupplierServer(DirectoryStorage(directory), _secret(secret_file), host, port, limits=limits)
     except (TransferError, ValueError, OSError) as e:
         _fail("serve", e)
+
+    def reload(signum: int, frame: Any) -> None:
+        # Runs in the main thread between accept() timeouts; running transfers take the
+        # new rate at their next slice. A bad file keeps the limits in force.
+        if not limits_file:
+            logging.getLogger("ferry.transfer").warning("SIGHUP: no --limits-file to re-read")
+            return
+        try:
+            new_rate, new_max = read_limits_file(limits_file)
+        except ValueError as e:
+            logging.getLogger("ferry.transfer").error("SIGHUP: %s; limits unchanged", e)
+            return
+        limits.set_rate(new_rate)
+        limits.set_max_transfers(new_max)
+        click.echo(f"limits now: rate={'unlimited' if new_rate is None else f'{new_rate:.0f} B/s'}, "
+                   f"max_transfers={new_max}", err=True)
+    signal.signal(signal.SIGHUP, reload)
     h, p = server.address
     click.echo(f"serving {directory} on {h}:{p}", err=True)
     sys.stderr.flush()

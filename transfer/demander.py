@@ -5,7 +5,7 @@ Stages (see docs/protocol.md): reserve -> connect -> handshake -> demand -> mani
 chunks) -> install -> applied. Data lands in ``part-<p>.bin.ferry-tmp`` next to the
 target; verified chunks are recorded durably (transfer.resume), so a later fetch of
 the same partition sends what it holds and only missing or changed chunks travel.
-Nothing is installed unless every chunk matches the manifest and every page passes
+Nothing is installed unless every chunk matches its checksum and every page passes
 the storage's page check; on failure the temp file stays for resume, never installed.
 """
 from __future__ import annotations
@@ -26,18 +26,19 @@ from .messages import (Chunk, Demand, End, Manifest, Preimage, Priority, Queued,
                        check_cache, check_partition)
 from .result import FetchResult, Progress, free_bytes
 from .resume import Receiving, checksum
+from .pipeline import ChunkSink
 from .stages import Stages
 from .storage import DEFAULT_CACHE, TransferStorage
 from .transport import Conn, connect_tcp, parse_hostport
 
 log = logging.getLogger("ferry.transfer")
 
-DEFAULT_CHUNK = 1 << 20
+DEFAULT_CHUNK = 4 << 20
 DEFAULT_MARGIN = 64 << 20
-# RECEIVED is sent per 8 MiB (and for the last chunk), not per chunk: on loopback a
+# RECEIVED is sent per 16 MiB (and for the last chunk), not per chunk: on loopback a
 # tiny send runs the peer's TCP work in our syscall and cost as much as the pwrites.
 # Acknowledging later only means the supplier keeps saving pre-images a little longer.
-ACK_BYTES = 8 << 20
+ACK_BYTES = 16 << 20
 
 
 class Demander:
@@ -183,14 +184,21 @@ class _Fetch:
         if m.size > m.page_count * m.page_size:
             raise FrameError(ErrorCode.PROTOCOL, f"manifest size {m.size} exceeds its "
                              f"{m.page_count} pages of {m.page_size} bytes")
+        # chunk -> checksum at C: the held ones the supplier confirmed (skip), then each
+        # sent chunk's from its CHUNK frame.
+        self.expected: dict[int, int] = {}
+        for i in m.skip:
+            held = self.rec.held.get(i)
+            if i not in self.offered or held is None or held[0] != m.chunk_span(i)[1]:
+                raise FrameError(ErrorCode.PROTOCOL, f"MANIFEST skips chunk {i}, which this side "
+                                 "did not offer with that length")
+            self.expected[i] = held[1]
         self.m = m
 
     def _accept(self) -> None:
         m, rec = self.m, self.rec
         assert m is not None and rec is not None
-        for i, (n, s) in rec.held.items():
-            if i < m.chunk_count and m.chunk_span(i)[1] == n and m.checksums[i] == s:
-                self.reused += n
+        self.reused = sum(m.chunk_span(i)[1] for i in m.skip)
         self.done = self.reused
         have = os.fstat(rec.fd).st_blocks * 512
         needed = max(0, m.size - have) + self.reserve_extra + self.d.margin
@@ -207,71 +215,98 @@ class _Fetch:
         assert m is not None
         self.suspect: set[int] = set()
         self.fresh: set[int] = set()       # chunks received in this fetch
-        self._read_data(acknowledge=True)
+        try:
+            self._read_data(acknowledge=True)
+        except RemoteError as e:
+            if e.code == ErrorCode.SOURCE_CHANGED:
+                raise ChecksumError(f"the supplier's file changed during the transfer: {e.reason}",
+                                    "source") from None
+            raise
         # Pages overwritten at the source after C arrive as pre-images after the data.
 
     def _read_data(self, acknowledge: bool = False) -> End:
         """Read CHUNK/PREIMAGE frames up to END; with ``acknowledge``, tell the supplier
-        after each chunk that its bytes are out of the socket (RECEIVED)."""
+        every ACK_BYTES that the bytes are out of the socket (RECEIVED). Chunks are
+        written, hashed and recorded by a ChunkSink thread while the next one arrives."""
         m, rec = self.m, self.rec
         assert m is not None and rec is not None and self.conn is not None
-        buf = bytearray(m.chunk_size)
-        view = memoryview(buf)
         bucket = self.d.limits.bucket
         last_tell = 0.0
-        # the supplier sends exactly the chunks not offered with the manifest's checksum
-        last_expected = max((i for i, s in enumerate(m.checksums) if self.offered.get(i) != s), default=-1)
+        # the supplier sends exactly the chunks its MANIFEST does not skip
+        last_expected = max((i for i in range(m.chunk_count) if i not in m.skip), default=-1)
         unacked = 0
-        while True:
-            frame = read_frame(self.conn, expect=[FrameType.CHUNK, FrameType.PREIMAGE, FrameType.END])
-            if frame.type == FrameType.END:
-                rec.flush()
-                return End.from_body(frame.body)
-            if frame.type == FrameType.PREIMAGE:
-                pre = Preimage.from_body(frame.body)
-                if pre.page >= m.page_count or len(pre.data) != m.page_size:
-                    raise FrameError(ErrorCode.PROTOCOL, f"pre-image of page {pre.page} "
-                                     f"({len(pre.data)} bytes) does not fit the manifest")
-                rec.forget(pre.page * m.page_size // m.chunk_size)
-                self.suspect.add(pre.page * m.page_size // m.chunk_size)
-                rec.write_at(pre.page * m.page_size, pre.data[:max(0, m.size - pre.page * m.page_size)])
-                self.preimages += 1
-                self.wire += len(pre.data)
-                continue
-            ch = Chunk.from_body(frame.body)
-            if ch.index >= m.chunk_count or ch.length != m.chunk_span(ch.index)[1]:
-                raise FrameError(ErrorCode.PROTOCOL, f"CHUNK {ch.index} of {ch.length} bytes does not "
-                                 f"fit the manifest ({m.chunk_count} chunks of {m.chunk_size})")
-            got = 0
-            while got < ch.length:
-                k = self.conn.recv_into(view[got:ch.length])
-                if k == 0:
-                    raise PeerClosed(f"connection closed by {self.conn.peer} in the middle of "
-                                     f"chunk {ch.index} ({got} of {ch.length} bytes)")
-                bucket.take(k)
-                got += k
-            data = view[:ch.length]
-            rec.forget(ch.index)
-            rec.write_at(ch.index * m.chunk_size, data)
-            self.wire += ch.length
-            self.fresh.add(ch.index)
-            if checksum(data) == m.checksums[ch.index]:
-                self.suspect.discard(ch.index)
-                rec.verified(ch.index, ch.length, m.checksums[ch.index])
-                self.done += ch.length
-            else:
-                # Maybe corrupted on the wire, maybe a page written after C that a
-                # pre-image will restore: decided after the pre-images, in verify.
-                self.suspect.add(ch.index)
-            unacked += ch.length
-            if acknowledge and (unacked >= ACK_BYTES or ch.index == last_expected):
-                write_frame(self.conn, FrameType.RECEIVED, Received(ch.index).to_body())
-                unacked = 0
-            crashpoint("demander.mid_receive")
-            now = time.monotonic()
-            if now - last_tell > 0.1:
-                last_tell = now
-                self._tell()
+        sink = ChunkSink(m.chunk_size, self._write_chunk, self._chunk_done)
+        try:
+            while True:
+                frame = read_frame(self.conn, expect=[FrameType.CHUNK, FrameType.PREIMAGE, FrameType.END])
+                if frame.type == FrameType.END:
+                    sink.drain()
+                    rec.flush()
+                    return End.from_body(frame.body)
+                if frame.type == FrameType.PREIMAGE:
+                    sink.drain()      # a pre-image goes over its chunk's bytes, never under
+                    self._preimage(Preimage.from_body(frame.body))
+                    continue
+                ch = Chunk.from_body(frame.body)
+                if ch.index >= m.chunk_count or ch.length != m.chunk_span(ch.index)[1] or \
+                        ch.index in m.skip or self.expected.setdefault(ch.index, ch.checksum) != ch.checksum:
+                    raise FrameError(ErrorCode.PROTOCOL, f"CHUNK {ch.index} of {ch.length} bytes does not "
+                                     f"fit the manifest ({m.chunk_count} chunks of {m.chunk_size}, "
+                                     f"{len(m.skip)} skipped) or changed its checksum")
+                buf = sink.buffer()
+                view = buf[:ch.length]
+                if bucket.rate:          # slices of ~1/20 s, so the rate stays smooth
+                    step = bucket.slice_size(ch.length)
+                    for lo in range(0, ch.length, step):
+                        self.conn.recv_fill(view[lo:lo + step])
+                        bucket.take(len(view[lo:lo + step]))
+                else:
+                    self.conn.recv_fill(view)
+                self.wire += ch.length
+                sink.put(buf, ch.index, ch.index * m.chunk_size, ch.length, ch.checksum)
+                unacked += ch.length
+                if acknowledge and (unacked >= ACK_BYTES or ch.index == last_expected):
+                    if not self.conn.peer_closed():      # else keep reading what arrived
+                        write_frame(self.conn, FrameType.RECEIVED, Received(ch.index).to_body())
+                    unacked = 0
+                now = time.monotonic()
+                if now - last_tell > 0.1:
+                    last_tell = now
+                    self._tell()
+        finally:
+            sink.close()
+
+    def _write_chunk(self, offset: int, data: memoryview) -> None:
+        """(ChunkSink thread) the chunk's old bytes stop counting as held, then go."""
+        assert self.m is not None and self.rec is not None
+        self.rec.forget(offset // self.m.chunk_size)
+        self.rec.write_at(offset, data)
+
+    def _chunk_done(self, index: int, length: int, expected: int, ok: bool) -> None:
+        """(ChunkSink thread) record a chunk that matched; a mismatch may be the wire or a
+        page written after C that a pre-image will restore: decided in verify."""
+        assert self.rec is not None
+        self.fresh.add(index)
+        if ok:
+            self.suspect.discard(index)
+            self.rec.verified(index, length, expected)
+            self.done += length
+        else:
+            self.suspect.add(index)
+        crashpoint("demander.mid_receive")
+
+    def _preimage(self, pre: Preimage) -> None:
+        m, rec = self.m, self.rec
+        assert m is not None and rec is not None
+        if pre.page >= m.page_count or len(pre.data) != m.page_size:
+            raise FrameError(ErrorCode.PROTOCOL, f"pre-image of page {pre.page} "
+                             f"({len(pre.data)} bytes) does not fit the manifest")
+        chunk = pre.page * m.page_size // m.chunk_size
+        rec.forget(chunk)
+        self.suspect.add(chunk)
+        rec.write_at(pre.page * m.page_size, pre.data[:max(0, m.size - pre.page * m.page_size)])
+        self.preimages += 1
+        self.wire += len(pre.data)
 
     def _verify(self) -> None:
         m, rec = self.m, self.rec
@@ -279,14 +314,16 @@ class _Fetch:
         for attempt in range(self.d.max_resends + 1):
             bad = []
             for i in range(m.chunk_count):
-                if i in rec.held and rec.held[i][1] == m.checksums[i]:
-                    continue
+                want = self.expected.get(i)
+                if want is None:
+                    raise FrameError(ErrorCode.PROTOCOL, f"the supplier ended without sending chunk {i} "
+                                     "(not skipped by its MANIFEST)")
+                if i not in self.suspect and (i in self.fresh or i in m.skip):
+                    continue          # verified on arrival or held (its record may be pending)
                 off, n = m.chunk_span(i)
-                if i not in self.suspect and i in self.fresh:
-                    continue          # verified on arrival (its record may be pending)
                 data = os.pread(rec.fd, n, off)
-                if len(data) == n and checksum(data) == m.checksums[i]:
-                    rec.verified(i, n, m.checksums[i])
+                if len(data) == n and checksum(data) == want:
+                    rec.verified(i, n, want)
                     self.suspect.discard(i)
                     self.fresh.add(i)
                 else:

@@ -30,7 +30,7 @@ import msgpack
 from .errors import FrameError, PeerClosed, RemoteError
 
 MAGIC = b"FY"
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2   # 2: chunk checksums in CHUNK frames, MANIFEST skip list
 HEADER = struct.Struct("<2sBBII")
 HEADER_SIZE = HEADER.size
 # Control frames are small; the largest is a MANIFEST (8 bytes per chunk, at most

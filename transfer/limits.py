@@ -149,3 +149,29 @@ def parse_rate(text: str) -> float:
     if not m or m.group(2).upper() not in _UNITS:
         raise ValueError(f"rate {text!r}: use a number with an optional unit, e.g. 200MB or 50MiB")
     return float(m.group(1)) * _UNITS[m.group(2).upper()]
+
+
+def read_limits_file(path: str) -> tuple[float | None, int]:
+    """A limits file for a running ``ferry transfer serve`` (re-read on SIGHUP): a JSON
+    object ``{"rate": "200MB" or null, "max_transfers": 4}``. Returns (rate, max);
+    ValueError with the file and the reason when it is unreadable or malformed."""
+    import json
+
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"limits file {path}: cannot read it as JSON ({e})") from None
+    if not isinstance(doc, dict) or set(doc) - {"rate", "max_transfers"}:
+        raise ValueError(f"limits file {path}: expected an object with only \"rate\" and \"max_transfers\"")
+    rate = doc.get("rate")
+    if rate is not None and not isinstance(rate, (str, int, float)) or isinstance(rate, bool):
+        raise ValueError(f"limits file {path}: \"rate\" must be like \"200MB\", a number of bytes/s, or null")
+    n = doc.get("max_transfers", 4)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"limits file {path}: \"max_transfers\" must be an integer >= 1")
+    try:
+        value = None if rate in (None, 0) else (parse_rate(rate) if isinstance(rate, str) else float(rate))
+    except ValueError as e:
+        raise ValueError(f"limits file {path}: {e}") from None
+    return value, n

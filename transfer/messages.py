@@ -20,7 +20,7 @@ from .frames import ErrorCode, FrameType
 CHECKSUM_ALGO = "xxh3_64"
 MIN_CHUNK = 64 * 1024
 MAX_CHUNK = 64 * 1024 * 1024
-MAX_CHUNKS = (1 << 20) // 8 - 1024   # a MANIFEST's checksums must fit one frame
+MAX_CHUNKS = (1 << 20) // 12 - 1024  # a DEMAND's held list (12 bytes a chunk) must fit one frame
 MAX_PARTITION = 2**31 - 1
 _CACHE_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _HELD = struct.Struct("<IQ")
@@ -97,58 +97,72 @@ class Demand:
 
 @dataclass(frozen=True)
 class Manifest:
+    """What the supplier sends before the data. Version 2 carries no checksum per
+    chunk: each chunk's checksum travels in its CHUNK frame, so the supplier hashes a
+    chunk while the previous one is on the wire instead of reading the whole file
+    before the first byte. ``skip`` lists the chunks the demander offered in its DEMAND
+    whose checksum the supplier confirmed at C: those are not sent."""
     counter: int          # snapshot update counter C
     size: int             # bytes the demander ends up with (page_count * page_size for page files)
     page_size: int
     page_count: int
     chunk_size: int
-    checksums: tuple[int, ...]
+    skip: frozenset[int] = frozenset()
     algo: str = CHECKSUM_ALGO
 
     TYPE = FrameType.MANIFEST
 
     @property
     def chunk_count(self) -> int:
-        return len(self.checksums)
+        return -(-self.size // self.chunk_size)
 
     def chunk_span(self, index: int) -> tuple[int, int]:
         off = index * self.chunk_size
         return off, min(self.chunk_size, self.size - off)
 
     def to_body(self) -> dict[str, Any]:
+        skip = sorted(self.skip)
         return {"counter": self.counter, "size": self.size, "page_size": self.page_size,
                 "page_count": self.page_count, "chunk_size": self.chunk_size, "algo": self.algo,
-                "checksums": struct.pack(f"<{len(self.checksums)}Q", *self.checksums)}
+                "skip": struct.pack(f"<{len(skip)}I", *skip)}
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> "Manifest":
         size = _int(body, "size")
         chunk = check_chunk_size(_int(body, "chunk_size"))
-        raw = _bytes(body, "checksums")
         n = -(-size // chunk)
-        if len(raw) != 8 * n:
-            raise FrameError(ErrorCode.PROTOCOL, f"MANIFEST has {len(raw) // 8} checksums for {n} chunks")
+        if n > MAX_CHUNKS:
+            raise FrameError(ErrorCode.PROTOCOL, f"MANIFEST of {n} chunks exceeds the maximum {MAX_CHUNKS}")
+        raw = _bytes(body, "skip")
+        if len(raw) % 4:
+            raise FrameError(ErrorCode.PROTOCOL, "MANIFEST skip list is malformed")
+        skip = frozenset(struct.unpack(f"<{len(raw) // 4}I", raw))
+        if any(i >= n for i in skip):
+            raise FrameError(ErrorCode.PROTOCOL, f"MANIFEST skips a chunk beyond its {n} chunks")
         if body.get("algo") != CHECKSUM_ALGO:
             raise FrameError(ErrorCode.PROTOCOL, f"MANIFEST checksum algorithm {body.get('algo')!r} "
                              f"not supported (this side uses {CHECKSUM_ALGO})")
         return cls(_int(body, "counter"), size, _int(body, "page_size", 1, 1 << 24),
-                   _int(body, "page_count"), chunk, struct.unpack(f"<{n}Q", raw))
+                   _int(body, "page_count"), chunk, skip)
 
 
 @dataclass(frozen=True)
 class Chunk:
-    """Announces ``length`` raw bytes of chunk ``index`` that follow on the stream."""
+    """Announces ``length`` raw bytes of chunk ``index`` that follow on the stream, and
+    ``checksum``, their xxh3-64 as of the snapshot's counter C."""
     index: int
     length: int
+    checksum: int
 
     TYPE = FrameType.CHUNK
 
     def to_body(self) -> dict[str, Any]:
-        return {"index": self.index, "length": self.length}
+        return {"index": self.index, "length": self.length, "sum": self.checksum}
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> "Chunk":
-        return cls(_int(body, "index", 0, MAX_CHUNKS), _int(body, "length", 0, MAX_CHUNK))
+        return cls(_int(body, "index", 0, MAX_CHUNKS), _int(body, "length", 0, MAX_CHUNK),
+                   _int(body, "sum", 0, 2**64 - 1))
 
 
 @dataclass(frozen=True)

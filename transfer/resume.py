@@ -39,6 +39,11 @@ def checksum(data: bytes | memoryview) -> int:
     return xxhash.xxh3_64_intdigest(data)
 
 
+def new_hasher() -> xxhash.xxh3_64:
+    """The same checksum fed piece by piece (``update``, then ``intdigest``)."""
+    return xxhash.xxh3_64()
+
+
 class Receiving:
     """The temp file and journal of one partition being received."""
 

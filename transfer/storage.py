@@ -6,7 +6,8 @@ check a page, install a verified file. Two implementations:
 - :class:`DirectoryStorage`: a plain directory of ``part-<p>.bin`` files of any
   content (cache ``default`` at the top, other caches in sub-directories). No page
   structure: files are checked by chunk checksums only, and a file must not change
-  while it is sent (if it does, the chunk checksums fail and the demander re-demands).
+  while it is sent (if its size/mtime/ctime change, the supplier refuses the send with
+  SOURCE_CHANGED and the demander re-demands).
 - :class:`PartitionStoreStorage`: checkpoint's PartitionStore, whose snapshots save
   the pre-image of every page overwritten after the snapshot's counter C at or beyond
   the sent offset, and whose pages carry their own CRCs.
@@ -43,6 +44,12 @@ class Snapshot:
     counter: int
     mark_sent: Callable[[int], None] = lambda offset: None
     preimages: Callable[[], Iterator[tuple[int, bytes]]] = lambda: iter(())
+    # How many pre-images are saved so far (cheap), so a sender can re-read them only
+    # when there are new ones; None: ask preimages() every time.
+    preimage_count: Callable[[], int] | None = None
+    # Why the file no longer is what was opened, or None. For storages without
+    # pre-images (plain files), where a write during the send would tear the copy.
+    changed: Callable[[], str | None] = lambda: None
     _close: Callable[[], None] = field(default=lambda: None, repr=False)
 
     def close(self) -> None:
@@ -95,8 +102,16 @@ class DirectoryStorage:
                           f"({path} does not exist)", partition=partition) from None
         except OSError as e:
             raise NotHeld(f"cannot open {path}: {e.strerror}", partition=partition) from None
-        size = os.fstat(fd).st_size
-        return Snapshot(partition, path, fd, size, NOMINAL_PAGE, -(-size // NOMINAL_PAGE), 0)
+        st = os.fstat(fd)
+        stamp = (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+        def changed() -> str | None:
+            now = os.fstat(fd)
+            if (now.st_size, now.st_mtime_ns, now.st_ctime_ns) != stamp:
+                return f"{path} was written while being sent (size/mtime changed)"
+            return None
+        return Snapshot(partition, path, fd, st.st_size, NOMINAL_PAGE, -(-st.st_size // NOMINAL_PAGE), 0,
+                        preimage_count=lambda: 0, changed=changed)   # plain files have no pre-images
 
     def check_page(self, buf: bytes, page_index: int, page_size: int) -> str | None:
         return None
@@ -158,7 +173,8 @@ class PartitionStoreStorage:
             raise TransferError(f"cannot open {snap.path}: {e.strerror}", partition=partition) from None
         return Snapshot(partition, str(snap.path), fd, snap.page_count * snap.page_size,
                         snap.page_size, snap.page_count, snap.counter,
-                        mark_sent=snap.mark_sent, preimages=snap.preimages, _close=snap.close)
+                        mark_sent=snap.mark_sent, preimages=snap.preimages,
+                        preimage_count=lambda: snap.preimage_count, _close=snap.close)
 
     def check_page(self, buf: bytes, page_index: int, page_size: int) -> str | None:
         return self._check_page(buf, page_index, page_size)

@@ -4,13 +4,14 @@ One session per connection, each stage a named method (see docs/protocol.md):
 handshake -> demand -> reserve -> snapshot -> manifest -> accepted -> send ->
 preimages -> end -> applied (or error). File data goes by sendfile (zero-copy on a
 plain socket), in throttled slices, chunk by chunk, skipping the chunks the demander
-already holds with the right checksum. Every protocol violation is answered with an
+already holds with the right checksum; each CHUNK frame carries the chunk's checksum
+at C, computed by a second thread just ahead of the send (transfer.pipeline).
+Every protocol violation is answered with an
 ERROR frame; one broken session never disturbs the others.
 """
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import threading
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from .frames import ErrorCode, FrameType, read_frame, send_error, write_frame
 from .limits import Limits
 from .messages import (Chunk, Demand, End, Manifest, Preimage, Queued, Received, Resend,
                        check_chunk_size)
+from .pipeline import SLICE, AheadHasher, Preimages, chunk_as_of_c, chunk_checksum
 from .resume import checksum
 from .stages import Stages
 from .storage import Snapshot, TransferStorage
@@ -79,13 +81,13 @@ class SupplierSession:
                 with self.stages.stage("snapshot", **ctx):
                     snap = self.server.storage.open_snapshot(demand.cache, demand.partition)
                     crashpoint("supplier.after_snapshot")
-                    manifest = self._manifest(snap, demand.chunk_size)
+                    manifest = self._manifest(snap, demand)
                 with self.stages.stage("manifest", **ctx):
                     write_frame(self.conn, FrameType.MANIFEST, manifest.to_body())
                 with self.stages.stage("accepted", **ctx):
                     read_frame(self.conn, expect=[FrameType.ACCEPT])
                 with self.stages.stage("send", **ctx):
-                    sent = self._send(snap, manifest, demand.held)
+                    sent = self._send(snap, manifest)
                 with self.stages.stage("preimages", **ctx):
                     pre = self._preimages(snap)
                 with self.stages.stage("end", **ctx):
@@ -126,55 +128,64 @@ class SupplierSession:
         write_frame(self.conn, FrameType.QUEUED, Queued(position).to_body())
 
     # -- stages ------------------------------------------------------------------
-    def _manifest(self, snap: Snapshot, chunk_size: int) -> Manifest:
-        chunk_size = check_chunk_size(chunk_size)
-        sums = []
-        for off in range(0, snap.size, chunk_size):
-            n = min(chunk_size, snap.size - off)
-            data = os.pread(snap.fd, n, off)
-            if len(data) != n:
-                raise TransferError(f"{snap.path} is shorter than its snapshot size {snap.size}")
-            sums.append(checksum(data))
-        # Pages the checkpointer overwrote after C have their pre-image saved (and made
-        # durable) BEFORE the overwrite, so any post-C bytes read above are corrected by
-        # overlaying the pre-images read after all the reads: the checksums describe the
-        # partition exactly at C, whatever the checkpointer did meanwhile.
-        pre = {i: b for i, b in snap.preimages() if i < snap.page_count}
-        for i in sorted({p * snap.page_size // chunk_size for p in pre}):
-            span = (i * chunk_size, min(chunk_size, snap.size - i * chunk_size))
-            sums[i] = checksum(self._chunk_as_of_c(snap, span, pre))
-        return Manifest(snap.counter, snap.size, snap.page_size, snap.page_count,
-                        chunk_size, tuple(sums))
+    def _manifest(self, snap: Snapshot, demand: Demand) -> Manifest:
+        """Only the chunks the demander offers are hashed here (to decide what to skip);
+        every other chunk is hashed just before it is sent (AheadHasher)."""
+        chunk_size = check_chunk_size(demand.chunk_size)
+        m = Manifest(snap.counter, snap.size, snap.page_size, snap.page_count, chunk_size)
+        self._pre = Preimages(snap)
+        self._sums: dict[int, int] = {}     # chunk -> checksum at C the demander was told
+        buf = bytearray(SLICE)
+        for i, held in sorted(demand.held.items()):
+            if i < m.chunk_count and chunk_checksum(snap, m.chunk_span(i), self._pre, buf) == held:
+                self._sums[i] = held
+        return Manifest(snap.counter, snap.size, snap.page_size, snap.page_count, chunk_size,
+                        frozenset(self._sums))
 
-    def _send(self, snap: Snapshot, m: Manifest, held: dict[int, int]) -> tuple[int, int]:
+    def _send(self, snap: Snapshot, m: Manifest) -> tuple[int, int]:
         bucket = self.server.limits.bucket
         chunks = total = 0
         last = -1                      # last chunk sent
         self._acked = -1
-        for i, want in enumerate(m.checksums):
-            if held.get(i) == want:
-                continue               # the demander holds it as of C: nothing to send
-            off, n = m.chunk_span(i)
-            write_frame(self.conn, FrameType.CHUNK, Chunk(i, n).to_body())
-            done = 0
-            while done < n:
-                k = min(bucket.slice_size(n), n - done)
-                bucket.take(k)
-                got = self.conn.sendfile(snap.fd, off + done, k)
-                if got < k:
-                    raise TransferError(f"{snap.path} shrank during the send (at offset {off + done})")
-                done += k
-            chunks, total, last = chunks + 1, total + n, i
-            self.server.stats.bytes_sent += n
-            crashpoint("supplier.mid_send")
-            while self.conn.readable():
-                self._take_received(snap, m)
+        todo = [i for i in range(m.chunk_count) if i not in m.skip]
+        hasher = AheadHasher(snap, todo, m.chunk_span, self._pre)
+        try:
+            for i in todo:
+                _, s = hasher.next()
+                self._sums[i] = s
+                off, n = m.chunk_span(i)
+                write_frame(self.conn, FrameType.CHUNK, Chunk(i, n, s).to_body())
+                done = 0
+                while done < n:
+                    k = min(bucket.slice_size(n), n - done)
+                    bucket.take(k)
+                    got = self.conn.sendfile(snap.fd, off + done, k)
+                    if got < k:
+                        raise TransferError(f"{snap.path} shrank during the send (at offset {off + done})")
+                    done += k
+                chunks, total, last = chunks + 1, total + n, i
+                self.server.stats.bytes_sent += n
+                while self.conn.readable():
+                    self._take_received(snap, m)
+                crashpoint("supplier.mid_send")
+        finally:
+            hasher.close()
         # Wait until the demander has read every byte: until then a page overwritten
         # at the source could still reach it post-C (sendfile sends references).
         while self._acked < last:
             self._take_received(snap, m)
         snap.mark_sent(m.size)
+        self._check_unchanged(snap)
         return chunks, total
+
+    def _check_unchanged(self, snap: Snapshot) -> None:
+        """Chunks are hashed just before they go, so a plain file written during the
+        send would give a copy torn between versions whose every chunk verifies."""
+        why = snap.changed()
+        if why is not None:
+            msg = f"{why}; the copy would mix versions: demand it again"
+            send_error(self.conn, ErrorCode.SOURCE_CHANGED, msg)
+            raise RemoteError(ErrorCode.SOURCE_CHANGED, msg)   # told the peer already
 
     def _take_received(self, snap: Snapshot, m: Manifest) -> None:
         r = Received.from_body(read_frame(self.conn, expect=[FrameType.RECEIVED]).body)
@@ -201,33 +212,22 @@ class SupplierSession:
             resend = Resend.from_body(frame.body)
             n_bytes = 0
             for i in resend.chunks:
-                if i >= m.chunk_count:
-                    raise FrameError(ErrorCode.PROTOCOL, f"RESEND of chunk {i}: the manifest has {m.chunk_count}")
-                data = self._chunk_as_of_c(snap, m.chunk_span(i), pre)
-                if checksum(data) != m.checksums[i]:
+                if i not in self._sums:
+                    raise FrameError(ErrorCode.PROTOCOL, f"RESEND of chunk {i}, which was neither "
+                                     f"sent nor confirmed held ({m.chunk_count} chunks)")
+                data = bytes(chunk_as_of_c(snap, m.chunk_span(i), pre))
+                if checksum(data) != self._sums[i]:
                     msg = (f"chunk {i} of {snap.path} changed at the source during the transfer "
                            "(the file was written while being sent); demand it again")
                     send_error(self.conn, ErrorCode.SOURCE_CHANGED, msg)
                     raise TransferError(msg)
-                write_frame(self.conn, FrameType.CHUNK, Chunk(i, len(data)).to_body())
+                write_frame(self.conn, FrameType.CHUNK, Chunk(i, len(data), self._sums[i]).to_body())
                 self.server.limits.bucket.take(len(data))
                 self.conn.send(data)
                 n_bytes += len(data)
             self.server.stats.bytes_sent += n_bytes
+            self._check_unchanged(snap)
             write_frame(self.conn, FrameType.END, End(len(resend.chunks), n_bytes, 0).to_body())
-
-    @staticmethod
-    def _chunk_as_of_c(snap: Snapshot, span: tuple[int, int], pre: dict[int, bytes]) -> bytes:
-        """The chunk at ``span`` (offset, length) as of C, as far as ``pre`` knows: live
-        bytes overlaid with pre-images (a re-sent chunk goes buffered, not by sendfile)."""
-        off, n = span
-        buf = bytearray(os.pread(snap.fd, n, off))
-        ps = snap.page_size
-        for page in range(off // ps, (off + n + ps - 1) // ps):
-            if page in pre:
-                lo = page * ps - off
-                buf[lo:lo + ps] = pre[page][:n - lo]
-        return bytes(buf)
 
 
 class SupplierServer:

@@ -17,6 +17,8 @@ from .errors import PeerClosed, PeerUnreachable, TransferError
 # Chunked fallback for sendfile: big enough to amortise Python overhead per call,
 # small enough that a throttled sender does not burst far past its rate.
 COPY_BLOCK = 256 * 1024
+TCP_INFO = getattr(socket, "TCP_INFO", 11)
+TCP_CLOSE_WAIT = 8      # tcpi_state once the peer's FIN has arrived (linux/tcp_states.h)
 
 
 class Conn:
@@ -42,6 +44,10 @@ class Conn:
         """True when bytes from the peer are waiting (so a read will not block)."""
         raise NotImplementedError
 
+    def peer_closed(self) -> bool:
+        """True when the peer has closed its end (we may still have its bytes to read)."""
+        return False
+
     def recv_exact(self, n: int) -> bytes:
         buf = bytearray(n)
         view = memoryview(buf)
@@ -52,6 +58,15 @@ class Conn:
                 raise PeerClosed(f"connection closed by {self.peer} after {got} of {n} expected bytes")
             got += k
         return bytes(buf)
+
+    def recv_fill(self, view: memoryview) -> None:
+        """Fill ``view`` completely (bulk data); PeerClosed if the stream ends first."""
+        got = 0
+        while got < len(view):
+            k = self.recv_into(view[got:])
+            if k == 0:
+                raise PeerClosed(f"connection closed by {self.peer} after {got} of {len(view)} bytes of data")
+            got += k
 
     def sendfile(self, fd: int, offset: int, count: int) -> int:
         """Send ``count`` bytes of ``fd`` from ``offset``; returns bytes sent (== count
@@ -121,6 +136,16 @@ class SocketConn(Conn):
 
     def readable(self) -> bool:
         return bool(select.select([self.sock], [], [], 0)[0])
+
+    def peer_closed(self) -> bool:
+        # A send to a peer that has closed makes its kernel answer with a RST, and the
+        # RST makes ours drop the bytes we have not read yet: a demander that knows the
+        # supplier died keeps reading what arrived instead of acknowledging into the void.
+        try:
+            info = self.sock.getsockopt(socket.IPPROTO_TCP, TCP_INFO, 8)
+        except (OSError, AttributeError):
+            return False
+        return info[0] == TCP_CLOSE_WAIT
 
     def close(self) -> None:
         try:

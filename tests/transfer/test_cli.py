@@ -79,3 +79,39 @@ def test_secret_from_env_and_never_from_argv(server, src, dst, monkeypatch) -> N
 def test_serve_refuses_bad_setup(tmp_path, secret_file, py_env) -> None:
     r = _run(["serve", "--dir", str(tmp_path), "--port", "0", "--secret-file", secret_file, "--rate", "fast"], py_env)
     assert r.returncode == 1 and "rate 'fast'" in r.stderr
+
+
+def test_serve_rereads_limits_file_on_sighup(src, dst, secret_file, tmp_path, py_env) -> None:
+    """Limits change while `ferry transfer serve` runs: SIGHUP re-reads --limits-file;
+    a bad file is reported and keeps the limits in force; transfers go on throughout."""
+    import signal
+
+    from transfer import Demander, DirectoryStorage
+    from transfer_helpers import SECRET
+
+    data = write_part(src, 0, 2 << 20)
+    limits = tmp_path / "limits.json"
+    limits.write_text('{"rate": "500MB", "max_transfers": 2}')
+    proc = subprocess.Popen([sys.executable, "-c", "from ferry.cli import main; main()", "transfer", "serve",
+                             "--dir", src, "--port", "0", "--secret-file", secret_file,
+                             "--limits-file", str(limits)], env=py_env, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stderr.readline()
+        assert line.startswith("serving "), line
+        peer = line.rsplit(" ", 1)[1].strip()
+
+        def hup_and_read() -> str:
+            proc.send_signal(signal.SIGHUP)
+            return proc.stderr.readline()
+        limits.write_text('{"rate": "50MiB", "max_transfers": 1}')
+        assert hup_and_read().strip() == f"limits now: rate={50 << 20} B/s, max_transfers=1"
+        limits.write_text('{"rate": "fast please"}')
+        bad = hup_and_read()
+        assert "limits file" in bad and "limits unchanged" in bad, bad
+        limits.write_text('{"rate": null, "max_transfers": 3}')
+        assert hup_and_read().strip() == "limits now: rate=unlimited, max_transfers=3"
+        Demander(DirectoryStorage(dst), peer, SECRET).fetch(0)      # still serving
+        assert read(os.path.join(dst, "part-0.bin")) == data
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(10)

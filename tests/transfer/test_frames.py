@@ -15,7 +15,7 @@ from transfer.frames import HEADER_SIZE, ErrorCode, FrameType, decode, encode
 from transfer.transport import SocketConn
 
 
-def _raw(ftype: int = FrameType.DEMAND, payload: bytes = b"\x80", version: int = 1,
+def _raw(ftype: int = FrameType.DEMAND, payload: bytes = b"\x80", version: int = frames.PROTOCOL_VERSION,
          magic: bytes = b"FY", length: int | None = None, crc: int | None = None) -> bytes:
     head = struct.pack("<2sBBI", magic, version, ftype, len(payload) if length is None else length)
     c = crc32c.crc32c(payload, crc32c.crc32c(head)) if crc is None else crc

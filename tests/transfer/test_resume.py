@@ -43,7 +43,7 @@ def _leftovers(d: str) -> list[str]:
 def test_supplier_sigkilled_at_half_resume_sends_at_most_55_percent(src, dst, secret_file, py_env) -> None:
     size = 256 * MB
     data = write_part(src, 0, size)
-    s = Served(src, secret_file, py_env, crash="supplier.mid_send:128")
+    s = Served(src, secret_file, py_env, crash="supplier.mid_send:32")    # 32 of 64 chunks of 4 MiB
     d = Demander(DirectoryStorage(dst), s.peer, SECRET)
     with pytest.raises(PeerClosed):
         d.fetch(0)
@@ -85,7 +85,7 @@ def _fetch_in_child(peer: str, dst: str, p: int, secret_file: str, env: dict[str
 def test_demander_sigkilled_mid_receive_resumes(server, src, dst, secret_file, py_env) -> None:
     from transfer_helpers import peer_of
     data = write_part(src, 2, 80 * MB)
-    rc = _fetch_in_child(peer_of(server), dst, 2, secret_file, py_env, "demander.mid_receive:40")
+    rc = _fetch_in_child(peer_of(server), dst, 2, secret_file, py_env, "demander.mid_receive:10")  # 40 MiB
     assert rc == -signal.SIGKILL
     assert not os.path.exists(os.path.join(dst, "part-2.bin"))
     assert _leftovers(dst) == ["part-2.bin.ferry-resume", "part-2.bin.ferry-tmp"]
@@ -111,7 +111,7 @@ def test_torn_and_lying_resume_records_are_refetched(server, src, dst) -> None:
     data = write_part(src, 4, 6 * MB)
     proxy = Proxy(server.address, cut_after=3 * MB + 500)
     with pytest.raises(PeerClosed):
-        Demander(DirectoryStorage(dst), proxy.peer, SECRET, sync_bytes=MB).fetch(4)
+        Demander(DirectoryStorage(dst), proxy.peer, SECRET, sync_bytes=MB, chunk_size=MB).fetch(4)
     tmp = os.path.join(dst, "part-4.bin.ferry-tmp")
     journal = os.path.join(dst, "part-4.bin.ferry-resume")
     from transfer.resume import Receiving

@@ -106,7 +106,7 @@ def test_ssh_resume_after_cut(sshd, server, src, dst) -> None:
     with sshd.tunnel() as t:
         with pytest.raises(PeerClosed):
             Demander(DirectoryStorage(dst), "ssh", SECRET, connect=t.connector(*cut.address),
-                     sync_bytes=MB).fetch(3)
+                     sync_bytes=MB, chunk_size=MB).fetch(3)
         res = Demander(DirectoryStorage(dst), "ssh", SECRET, connect=t.connector(*server.address)).fetch(3)
     assert res.bytes_reused >= 2 * MB
     assert read(os.path.join(dst, "part-3.bin")) == data
