@@ -4,16 +4,21 @@ Public face (everything else in the package is private):
 
 - :class:`Wal` -- ``Wal.open(path, *, segment_size=64 MiB, sync="group", first_lsn=1)``
   for the one writer; ``append``, ``append_many``, ``sync``, ``wait_durable``,
-  ``read_from``, ``follow``, ``truncate_before``, ``destroy``, ``close``;
-  ``first_lsn``, ``last_lsn``, ``durable_lsn``.
+  ``read_from``, ``read_batches`` (lists of ``(lsn, type, payload)``: fastest replay),
+  ``follow``, ``truncate_before``, ``destroy``, ``close``; ``first_lsn``, ``last_lsn``,
+  ``durable_lsn``.
 - :meth:`Wal.reader` / :class:`WalReader` and :func:`follow_dir`: read-only access from
   any process while the writer appends.
-- :class:`Record` (``.lsn``, ``.type``, ``.payload``), :class:`Follower`.
+- :class:`Record` (``.lsn``, ``.type``, ``.payload``), :class:`Follower` (iterate it, or
+  ``.batches()``).
 - Errors: :class:`WalError`, :class:`CorruptRecordError`, :class:`OutOfDiskError`,
   :class:`WalLockedError`, :class:`WalClosedError`.
 - :func:`verify` / :func:`repair` (what ``ferry wal verify|repair`` run).
 
-The on-disk format is in ``format.py`` and ``docs/formats.md``.
+The on-disk format is in ``format.py`` and ``docs/formats.md``. Modules: ``log.py`` (the
+public ``Wal`` and the append hot path), ``writer.py`` (its state, cuts, roll-back,
+failure), ``groupcommit.py`` (the sync thread), ``reader.py``/``decoder.py`` (reading),
+``walreader.py`` (other processes), ``segments.py``, ``recovery.py``, ``cli.py``.
 """
 from __future__ import annotations
 

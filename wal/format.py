@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 import struct
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from crc32c import crc32c
 
@@ -111,6 +111,24 @@ def encode_frames(payloads: Iterable[bytes], first_lsn: int, type: int, prev_crc
     lsn = first_lsn
     for p in payloads:
         rest = pack_rest(len(p), lsn, type)
+        crc = c(p, c(rest, crc))
+        out += pack_crc(crc)
+        out += rest
+        out += p
+        lsn += 1
+    return lsn - first_lsn, crc
+
+
+def encode_typed_frames(payloads: Sequence[bytes], types: Sequence[int], first_lsn: int,
+                        prev_crc: int, out: bytearray) -> tuple[int, int]:
+    """:func:`encode_frames` with a type per record (the group-commit queue)."""
+    pack_rest = FRAME_REST.pack
+    pack_crc = CRC_FIELD.pack
+    c = crc32c
+    crc = prev_crc
+    lsn = first_lsn
+    for p, t in zip(payloads, types):
+        rest = pack_rest(len(p), lsn, t)
         crc = c(p, c(rest, crc))
         out += pack_crc(crc)
         out += rest

@@ -32,6 +32,22 @@ class SegmentFile:
     path: str
 
 
+class OpenSegment:
+    """A segment as the writer (and its in-process readers) know it."""
+
+    __slots__ = ("seq", "first_lsn", "path", "size", "complete", "fd", "pins", "retired")
+
+    def __init__(self, seq: int, first_lsn: int, path: str, size: int, fd: int) -> None:
+        self.seq = seq
+        self.first_lsn = first_lsn
+        self.path = path
+        self.size = size           # end of the last whole frame written: readers' limit
+        self.complete = False      # set (after the final size) when the next segment exists
+        self.fd = fd
+        self.pins = 0              # 1 while the group-commit thread fsyncs this fd
+        self.retired = False       # the writer is done with it; close fd once unpinned
+
+
 def list_segments(directory: str) -> list[SegmentFile]:
     """The segments of ``directory`` in sequence order; raises on a name that claims
     to be a segment but does not parse, and on a gap in the sequence."""

@@ -198,3 +198,19 @@ def test_empty_append_many_acknowledges_earlier_unwaited_appends(tmp_path, mode)
     assert w.append_many([]) == 1
     assert w.durable_lsn >= 1
     w.close()
+
+
+def test_record_types_may_be_int_enums(tmp_path) -> None:
+    # Found by the checkpoint tests: append_many took an IntEnum type for a list of types.
+    import enum
+
+    class Kind(enum.IntEnum):
+        A = 3
+        B = 7
+
+    for mode in ("none", "group", "always"):
+        w = Wal.open(tmp_path / mode, sync=mode)
+        w.append(b"a", Kind.A)
+        w.append_many([b"b", b"c"], Kind.B)
+        assert [(r.lsn, r.type) for r in w.read_from()] == [(1, 3), (2, 7), (3, 7)]
+        w.close()

@@ -87,6 +87,8 @@ def test_power_cut_keeps_every_acknowledged_record(tmp_path, keep: float) -> Non
             if s.fd >= 0:
                 layer.close(s.fd)
         w._dirlock.release()
+        w._committer.stop(failed=True)   # the sync thread dies with the process too
+        w._committer.join_thread()
         layer.cut()
     w = Wal.open(d, segment_size=4096)
     got = [r.payload for r in w.read_from()]

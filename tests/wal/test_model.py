@@ -24,6 +24,8 @@ def abandon(w: Wal) -> None:
             s.fd = -1
     w._dirlock.release()
     w._closed = True
+    w._committer.stop(failed=True)   # the sync thread dies with the process too
+    w._committer.join_thread()
 
 
 class WalModel(RuleBasedStateMachine):

@@ -1,0 +1,179 @@
+"""The sync thread of group commit (wal/groupcommit.py) and batched replay."""
+from __future__ import annotations
+
+import errno
+import threading
+
+import pytest
+
+from faults import fileio
+from faults.fileio import FileLayer
+from wal import Record, Wal, WalError
+
+
+class FailingFsync(FileLayer):
+    """Real I/O whose fdatasync fails with EIO once ``armed`` is set."""
+
+    def __init__(self) -> None:
+        self.armed = threading.Event()
+        self.fsyncs = 0
+
+    def fdatasync(self, fd: int) -> None:
+        self.fsyncs += 1
+        if self.armed.is_set():
+            raise OSError(errno.EIO, "injected I/O error")
+        super().fdatasync(fd)
+
+
+def _sync_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("wal-sync")]
+
+
+def test_concurrent_appenders_share_fsyncs_and_every_ack_is_durable(tmp_path) -> None:
+    layer = FailingFsync()
+    with fileio.use(layer):
+        w = Wal.open(tmp_path, sync="group")
+        before = layer.fsyncs
+        errors: list[str] = []
+
+        def run(t: int) -> None:
+            for i in range(40):
+                lsn = w.append(f"{t}:{i}".encode())
+                if w.durable_lsn < lsn:        # acknowledged means durable
+                    errors.append(f"lsn {lsn} acked at durable {w.durable_lsn}")
+
+        threads = [threading.Thread(target=run, args=(t,)) for t in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        fsyncs = layer.fsyncs - before
+        assert errors == []
+        assert w.durable_lsn == w.last_lsn == 640
+        # Sharing happened: fewer fsyncs than acknowledged appends (with 16 threads it is
+        # far fewer; the bound is loose because the machine may be slow).
+        assert fsyncs < 640
+        w.close()
+    assert not any(t.is_alive() for t in _sync_threads()
+                   if str(tmp_path.name) in t.name)
+
+
+def test_unwaited_appends_then_wait_durable_from_other_threads(tmp_path) -> None:
+    w = Wal.open(tmp_path, sync="group")
+    lsns = [w.append(b"x" * i, wait=False) for i in range(100)]
+    done: list[int] = []
+
+    def waiter(lsn: int) -> None:
+        w.wait_durable(lsn)
+        done.append(lsn)
+
+    ts = [threading.Thread(target=waiter, args=(lsn,)) for lsn in lsns[::10]]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(10)
+    assert sorted(done) == lsns[::10]
+    assert w.durable_lsn >= lsns[-10]
+    w.close()
+
+
+def test_fsync_failure_fails_every_waiter_and_is_latched(tmp_path) -> None:
+    layer = FailingFsync()
+    with fileio.use(layer):
+        w = Wal.open(tmp_path, sync="group")
+        assert w.append(b"before") == 1
+        layer.armed.set()
+        results: list[str] = []
+
+        def run() -> None:
+            try:
+                w.append(b"during")
+                results.append("acked")
+            except WalError as e:
+                results.append("failed" if "fsync" in str(e) else f"other: {e}")
+
+        ts = [threading.Thread(target=run) for _ in range(6)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(10)
+        assert results == ["failed"] * 6
+        assert w.durable_lsn == 1
+        with pytest.raises(WalError, match="failed earlier"):
+            w.append(b"after")
+        with pytest.raises(WalError):
+            w.sync()
+        w.close()     # a failed log closes without fsyncing
+    w = Wal.open(tmp_path)
+    assert [r.payload for r in w.read_from()][0] == b"before"
+    w.close()
+
+
+def test_close_ends_the_sync_thread_and_releases_waiters(tmp_path) -> None:
+    w = Wal.open(tmp_path, sync="group")
+    w.append(b"a")
+    name = f"wal-sync {tmp_path.name}"
+    assert any(t.name == name for t in threading.enumerate())
+    lsn = w.append(b"b", wait=False)
+    w.close()
+    assert w.durable_lsn == lsn
+    assert not any(t.name == name and t.is_alive() for t in threading.enumerate())
+    w.wait_durable(lsn)      # durable already: returns even though closed
+
+
+def test_none_and_always_modes_start_no_sync_thread_until_asked(tmp_path) -> None:
+    for mode in ("none", "always"):
+        d = tmp_path / mode
+        w = Wal.open(d, sync=mode)
+        w.append_many([b"r"] * 10)
+        w.append(b"s")
+        assert not any(t.name == f"wal-sync {mode}" for t in threading.enumerate())
+        w.sync()
+        assert w.durable_lsn == w.last_lsn == 11
+        w.close()
+
+
+def test_read_batches_equal_read_from_across_segments_and_from_any_lsn(tmp_path) -> None:
+    w = Wal.open(tmp_path, sync="none", segment_size=4096)
+    for i in range(700):
+        w.append(bytes([i % 251]) * (i % 90), type=i % 3)
+    for start in (1, 2, 333, 700):
+        recs = list(w.read_from(start))
+        batches = list(w.read_batches(start))
+        flat = [r for b in batches for r in b]
+        assert all(b for b in batches)
+        assert flat == recs and [r.lsn for r in recs] == list(range(start, 701))
+        assert isinstance(recs[0], Record) and recs[0].type == (start - 1) % 3
+    other = [r for b in Wal.reader(tmp_path).read_from(5).batches() for r in b]
+    assert other == list(w.read_from(5))
+    assert list(w.read_batches(701)) == []
+    w.close()
+
+
+class BrokenWrite(FileLayer):
+    """A write that fails with something no one expects (not an OSError)."""
+
+    def __init__(self) -> None:
+        self.armed = False
+
+    def write(self, fd: int, data) -> int:
+        if self.armed:
+            raise RuntimeError("injected bug in the file layer")
+        return super().write(fd, data)
+
+
+def test_unexpected_error_in_the_sync_thread_fails_waiters_instead_of_hanging(tmp_path) -> None:
+    layer = BrokenWrite()
+    with fileio.use(layer):
+        w = Wal.open(tmp_path, sync="group")
+        assert w.append(b"ok") == 1
+        layer.armed = True
+        # The queued record is written by the sync thread, which hits the bug.
+        with pytest.raises(WalError, match="sync thread"):
+            w.append(b"queued")
+        with pytest.raises(WalError):
+            w.append(b"later")
+        w.close()
+    w = Wal.open(tmp_path)
+    assert [r.payload for r in w.read_from()] == [b"ok"]
+    w.close()

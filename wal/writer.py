@@ -1,0 +1,274 @@
+"""The writer's state and its slow paths, under :class:`wal.Wal` (``log.py``).
+
+``log.py`` holds the public face and the per-record hot path (``append``); this module
+holds what they stand on: opening (recovery of the tail), whole-frame writes with
+roll-back on a full disk, segment cuts, the sync thread's side of group commit
+(``groupcommit.SyncTarget``), waking in-process readers, and the latched failure.
+Every method here that changes state runs under ``_lock`` (see ``log.py``).
+"""
+from __future__ import annotations
+
+import os
+import threading
+from typing import Iterator, Sequence
+
+import faults
+from faults import crashpoint, translate_os_error
+from faults.fileio import FileLayer
+
+from . import recovery
+from .errors import OutOfDiskError, WalClosedError, WalError
+from .format import FRAME_HEADER_SIZE, HEADER_SIZE, encode_frames, encode_typed_frames
+from .groupcommit import GroupCommitter
+from .segments import DirLock, OpenSegment, create_segment, remove_temp_files
+
+_ACK = {"none": 0, "always": 1, "group": 2}     # what append(wait=True) does after writing
+
+
+class SegmentWriter:
+    """Base of :class:`wal.Wal`: state, slow paths, failure (no public methods)."""
+
+    path: str
+    segment_size: int
+    mode: str
+
+    def _start(self, path: str | os.PathLike[str], segment_size: int, sync: str,
+               first_lsn: int) -> None:
+        """Set up the writer's state: lock the directory, recover the tail, open the
+        last segment for appending."""
+        self.path = os.path.abspath(os.fspath(path))
+        self.segment_size = segment_size
+        self.mode = sync
+        self._ack = _ACK[sync]
+        self._io = faults.fileio.layer()
+        # The real layer's write is os.write behind a Python call; skip that call on
+        # the per-record path when the layer is the real one (tests' layers are not).
+        self._os_write = os.write if type(self._io).write is FileLayer.write else self._io.write
+        self._lock = threading.Lock()
+        self._append_cond = threading.Condition(threading.Lock())
+        self._readers_waiting = 0
+        self._failed: BaseException | None = None
+        self._closed = False
+        # An append whose frame would end past this offset takes the slow path
+        # (_make_room): segment_size while usable, -1 once failed or closed, so one
+        # comparison covers "segment full", "payload too big" and "log unusable".
+        self._limit = -1
+        if not os.path.isdir(self.path):
+            os.makedirs(self.path, exist_ok=True)
+            self._io.fsync_dir(os.path.dirname(self.path))
+        self._dirlock = DirLock(self.path)
+        try:
+            remove_temp_files(self.path, self._io)
+            tail = recovery.recover(self.path, self._io)
+            if tail is None:
+                sf = create_segment(self.path, 0, first_lsn, 0, self._io)
+                tail = recovery.Tail([sf], HEADER_SIZE, 0, first_lsn)
+            last = tail.segments[-1]
+            fd = self._io.open(last.path, os.O_WRONLY | os.O_APPEND)
+            segs = [OpenSegment(s.seq, s.first_lsn, s.path, 0, -1) for s in tail.segments[:-1]]
+            for s in segs:
+                s.complete, s.retired, s.size = True, True, os.path.getsize(s.path)
+            self._seg = OpenSegment(last.seq, last.first_lsn, last.path, tail.size, fd)
+            self._segs: list[OpenSegment] = segs + [self._seg]
+            self._crc = tail.crc
+            self._last_lsn = tail.next_lsn - 1
+            # What an earlier process wrote may still sit in the page cache only: make
+            # it durable now so durable_lsn tells the truth from the start.
+            self._durable_lsn = 0
+            self._fsync(self._seg)
+            self._durable_lsn = self._last_lsn
+        except BaseException:
+            self._dirlock.release()
+            raise
+        self._committer = GroupCommitter(self, self._lock, os.path.basename(self.path))
+        self._limit = segment_size
+
+    def write_records(self, payloads: Sequence[bytes], types: int | Sequence[int]) -> int:
+        """Write records in order (under the lock), one ``write`` per segment touched;
+        return the last LSN. ``types``: one type for all, or one per record. On a full
+        disk every one of them is taken back and :class:`OutOfDiskError` raised."""
+        undo = (self._seg, self._seg.size, self._crc, self._last_lsn)
+        try:
+            for start, end in self._chunks(payloads):
+                chunk = payloads if end - start == len(payloads) else payloads[start:end]
+                seg = self._seg
+                if seg.size + frames_size(chunk) > self.segment_size and \
+                        seg.size > HEADER_SIZE:
+                    seg = self._cut()
+                buf = bytearray()
+                if isinstance(types, int):
+                    count, crc = encode_frames(chunk, self._last_lsn + 1, types, self._crc, buf)
+                else:
+                    count, crc = encode_typed_frames(chunk, types[start:end],
+                                                     self._last_lsn + 1, self._crc, buf)
+                self._write(seg, buf)
+                self._crc = crc
+                self._last_lsn += count
+        except OutOfDiskError:
+            self._undo(*undo)
+            raise
+        if self._readers_waiting:
+            self._wake_readers()
+        return self._last_lsn
+
+    def _chunks(self, payloads: Sequence[bytes]) -> Iterator[tuple[int, int]]:
+        """Index ranges of a batch, split where it would overflow a segment. The common
+        case, one chunk, costs one ``sum`` and no per-record Python work; an oversized
+        record ends up alone in its chunk (and so in its own segment)."""
+        room = self.segment_size - self._seg.size
+        if frames_size(payloads) <= room:
+            yield 0, len(payloads)
+            return
+        start, size = 0, 0
+        for i, p in enumerate(payloads):
+            f = FRAME_HEADER_SIZE + len(p)
+            if i > start and size + f > room:
+                yield start, i
+                start, size, room = i, 0, self.segment_size - HEADER_SIZE
+            size += f
+        yield start, len(payloads)
+
+    def _write(self, seg: OpenSegment, data: bytes | bytearray, written: int = 0) -> None:
+        """Write whole frames (``written`` bytes of them are already in); publish them to
+        readers only once all bytes are in. On a full disk, cut the partial write off
+        again: it was never acknowledged."""
+        try:
+            faults.fileio.write_all(seg.fd, memoryview(data)[written:], seg.path,
+                                    error=OutOfDiskError, io=self._io)
+        except OutOfDiskError as e:
+            self._truncate_back(seg, seg.size, e)
+            raise
+        except OSError as e:
+            err = translate_os_error(e, seg.path, len(data), OutOfDiskError)
+            if isinstance(err, OutOfDiskError):
+                self._truncate_back(seg, seg.size, err)
+                raise err from e
+            raise self._fail(WalError(f"write to {seg.path} failed: {e}")) from e
+        seg.size += len(data)
+
+    def _truncate_back(self, seg: OpenSegment, size: int, cause: BaseException) -> None:
+        try:
+            self._io.ftruncate(seg.fd, size)
+        except OSError as e:
+            raise self._fail(WalError(
+                f"{seg.path}: could not cut a failed write back to {size} bytes ({e}) after "
+                f"{cause}; reopen the log (a torn tail is repaired on open)")) from e
+
+    def _undo(self, seg: OpenSegment, size: int, crc: int, last_lsn: int) -> None:
+        """Take back a batch that failed part-way (disk full), including segments it cut."""
+        while self._seg is not seg:
+            dead = self._segs.pop()
+            self._io.close(dead.fd)
+            self._io.unlink(dead.path)
+            self._io.fsync_dir(self.path)
+            self._seg = self._segs[-1]
+        if seg.fd < 0 or seg.retired:
+            seg.fd = self._io.open(seg.path, os.O_WRONLY | os.O_APPEND)
+            seg.retired = False
+        seg.complete = False
+        self._truncate_back(seg, size, WalError("batch rolled back"))
+        seg.size = size
+        self._crc, self._last_lsn = crc, last_lsn
+        if self._durable_lsn > last_lsn:
+            # The cut fsynced part of the batch; fsync the truncation so it cannot come back.
+            self._fsync(seg)
+            self._durable_lsn = last_lsn
+
+    # -- segments ------------------------------------------------------------------
+    def _cut(self) -> OpenSegment:
+        """Start the next segment (in the critical section). The old one is fsynced
+        first, so a segment that has a successor is always complete on disk: only the
+        last segment can have a torn tail."""
+        old = self._seg
+        self._fsync(old)
+        self._mark_durable(self._last_lsn)
+        try:
+            sf = create_segment(self.path, old.seq + 1, self._last_lsn + 1, self._crc, self._io)
+            fd = self._io.open(sf.path, os.O_WRONLY | os.O_APPEND)
+        except OSError as e:
+            err = translate_os_error(e, self.path, HEADER_SIZE, OutOfDiskError)
+            if isinstance(err, OutOfDiskError):
+                raise err from e
+            raise self._fail(WalError(f"could not cut a new segment in {self.path}: {e}")) from e
+        new = OpenSegment(sf.seq, sf.first_lsn, sf.path, HEADER_SIZE, fd)
+        self._segs.append(new)
+        self._seg = new
+        old.complete = True       # after its final size: readers check complete first
+        old.retired = True
+        if old.pins == 0:
+            self._io.close(old.fd)
+            old.fd = -1
+        return new
+
+    # The sync thread's side (groupcommit.SyncTarget).
+    def _sync_begin(self) -> tuple[OpenSegment, int] | None:
+        if self._failed is not None or self._closed:
+            return None
+        seg = self._seg
+        seg.pins += 1
+        return seg, self._last_lsn
+
+    def _sync_fsync(self, seg: OpenSegment) -> bool:
+        try:
+            self._fsync(seg)
+        except WalError:
+            return False
+        return True
+
+    def _sync_end(self, seg: OpenSegment, target: int, ok: bool) -> None:
+        seg.pins -= 1
+        if seg.retired and seg.pins == 0 and seg.fd >= 0:
+            self._io.close(seg.fd)
+            seg.fd = -1
+        if ok:
+            self._mark_durable(target)
+
+    def _fsync(self, seg: OpenSegment) -> None:
+        crashpoint("wal.before_sync")
+        try:
+            self._io.fdatasync(seg.fd)
+        except OSError as e:
+            raise self._fail(WalError(
+                f"fsync of {seg.path} failed ({e}); records since the last durable LSN "
+                f"may be lost. Reopen the log to continue from what is on disk")) from e
+        crashpoint("wal.after_sync")
+
+    def _mark_durable(self, lsn: int) -> None:
+        if lsn > self._durable_lsn:
+            self._durable_lsn = lsn
+
+    # -- in-process readers ----------------------------------------------------------
+    def _wake_readers(self) -> None:
+        with self._append_cond:
+            self._append_cond.notify_all()
+
+    def _wait_appended(self, next_lsn: int, timeout: float) -> bool:
+        with self._append_cond:
+            self._readers_waiting += 1
+            try:
+                if self._last_lsn < next_lsn and not self._closed:
+                    self._append_cond.wait(timeout)
+            finally:
+                self._readers_waiting -= 1
+        return not self._closed
+
+    # -- failure -------------------------------------------------------------------
+    def _fail(self, err: BaseException) -> BaseException:
+        if self._failed is None:
+            self._failed = err
+        self._limit = -1
+        return err
+
+    def _check_open(self) -> None:
+        if self._failed is not None or self._closed:
+            self._raise_unusable()
+
+    def _raise_unusable(self) -> None:
+        if self._failed is not None:
+            raise WalError(f"write-ahead log {self.path} failed earlier and takes no more "
+                           f"appends: {self._failed}") from self._failed
+        raise WalClosedError(f"write-ahead log {self.path} is closed")
+
+
+def frames_size(payloads: Sequence[bytes]) -> int:
+    return sum(map(len, payloads)) + FRAME_HEADER_SIZE * len(payloads)
