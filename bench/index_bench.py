@@ -3,9 +3,16 @@
 One run, same machine, same data: a partition file of N entries with ~100-byte JSON
 values and one index on an int field.
 
-* ``scan``: iterate the partition file (checkpoint.pagefile.iter_entries), nothing else.
+* ``scan``: read the partition file the way a rebuild does
+  (``PartitionFileSource.scan_batches``: checkpoint.pagefile.iter_live_batches),
+  nothing else; ``scan_entries``: the same file through ``pagefile.iter_entries``
+  (one Entry tuple per entry, what other consumers use).
+* ``scan_parse``: the scan plus the index work of the scan stage (JSON parse, field,
+  key encoding) into a plain list: no sort, no LMDB.
 * ``rebuild``: ``IndexStore.rebuild`` from the same file (scan + parse + sort + bulk
-  load + ready marker), sort memory limited to 32 MiB.
+  load + ready marker), sort memory limited to 32 MiB, default ``workers`` (a second
+  process only while a CPU is idle, see indexes/scanworker.py); ``rebuild_2proc``:
+  the same with the scan forced onto two processes.
 * ``rebuild_in_memory``: the same rebuild from an in-memory source: the index's own
   work without the file decoding.
 * ``per_entry_txn``: ``IndexStore.apply`` of the same entries, one synced LMDB commit
@@ -13,6 +20,10 @@ values and one index on an int field.
   ~1 ms per commit the full N would take many minutes.
 * peak RSS of a rebuild of N and of N/10 entries (each measured in its own process)
   shows the memory bound does not grow with the partition.
+
+Every measure reports wall-clock rate and CPU-time rate (``process_time``): on a
+shared, loaded machine the CPU rate is what the code costs, the wall rate what it got.
+Shares (``time_split``) are of the rebuild's wall time.
 
 Prints one JSON object. ``--quick``: N = 100,000 (< 30 s).
 """
@@ -70,27 +81,49 @@ def child(kind: str, work: str, n: int, sample: int, sort_memory: int) -> dict:
         with IndexStore.open(idx, definitions()):
             pass
         return {"peak_rss_mb": peak_rss_mb()}
-    if kind == "scan":
+    if kind in ("scan", "scan_entries", "scan_parse"):
         src = PartitionFileSource(data)
-        t = time.perf_counter()
-        count = sum(1 for _ in src.scan(0))
-        el = time.perf_counter() - t
-        return {"entries": count, "seconds": el, "rate": count / el, "peak_rss_mb": peak_rss_mb()}
-    if kind in ("rebuild", "rebuild_small"):
-        p = 0 if kind == "rebuild" else 1
         with IndexStore.open(idx, definitions()) as s:
-            t = time.perf_counter()
-            res = s.rebuild(p, PartitionFileSource(data), memory_limit=sort_memory)
-            el = time.perf_counter() - t
+            t, c = time.perf_counter(), time.process_time()
+            if kind == "scan":
+                count = sum(len(b) for b in src.scan_batches(0))
+            elif kind == "scan_entries":
+                count = sum(1 for _ in src.scan(0))
+            else:
+                keys: list[bytes] = []
+                count = sum(s.indexer.feed_many(b, keys.append, lambda k, d: None,
+                                                lambda pk, bad: None)
+                            for b in src.scan_batches(0))
+            el, cpu = time.perf_counter() - t, time.process_time() - c
+        return {"entries": count, "seconds": el, "rate": count / el, "cpu_rate": count / cpu,
+                "peak_rss_mb": peak_rss_mb()}
+    if kind in ("rebuild", "rebuild_small", "rebuild_2proc"):
+        from indexes import scanworker
+        p = 1 if kind == "rebuild_small" else 0
+        # rebuild / rebuild_small: the default (workers=None: a second process only
+        # for a file of 16 MiB or more while a CPU is idle); rebuild_2proc: the scan
+        # forced onto 2 processes.
+        workers = 2 if kind == "rebuild_2proc" else None
+        shared = scanworker.plan(PartitionFileSource(data), p, workers)
+        with IndexStore.open(idx, definitions()) as s:
+            t, c = time.perf_counter(), time.process_time()
+            res = s.rebuild(p, PartitionFileSource(data), memory_limit=sort_memory,
+                            workers=workers)
+            el, cpu = time.perf_counter() - t, time.process_time() - c
+        kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu += kids.ru_utime + kids.ru_stime
         return {"entries": res.scanned, "seconds": el, "rate": res.scanned / el,
-                "runs": res.runs, "peak_rss_mb": peak_rss_mb()}
+                "cpu_rate": res.scanned / cpu, "runs": res.runs, "peak_rss_mb": peak_rss_mb(),
+                "worker_peak_rss_mb": kids.ru_maxrss / 1024.0,
+                "processes": shared[2] if shared else 1}
     if kind == "rebuild_in_memory":
         src = MemorySource({0: dict(items(n))})
         with IndexStore.open(idx, definitions()) as s:
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             res = s.rebuild(0, src, memory_limit=sort_memory)
-            el = time.perf_counter() - t
-        return {"entries": res.scanned, "seconds": el, "rate": res.scanned / el, "runs": res.runs}
+            el, cpu = time.perf_counter() - t, time.process_time() - c
+        return {"entries": res.scanned, "seconds": el, "rate": res.scanned / el,
+                "cpu_rate": res.scanned / cpu, "runs": res.runs}
     if kind == "per_entry_txn":
         with IndexStore.open(idx, definitions()) as s:
             s.rebuild(0, EMPTY)
@@ -135,8 +168,8 @@ def main() -> None:
         write_partition_file(os.path.join(work, "data", "part-0.bin"), 0, items(n))
         write_partition_file(os.path.join(work, "data", "part-1.bin"), 1, items(n // 10, seed=8))
         r = {k: run_child(k, work, n, sample, mem)
-             for k in ("baseline", "scan", "rebuild", "rebuild_small", "rebuild_in_memory",
-                       "per_entry_txn")}
+             for k in ("baseline", "scan", "scan_entries", "scan_parse", "rebuild",
+                      "rebuild_2proc", "rebuild_small", "rebuild_in_memory", "per_entry_txn")}
     finally:
         shutil.rmtree(work, ignore_errors=True)
     base = r["baseline"]["peak_rss_mb"]
@@ -148,19 +181,38 @@ def main() -> None:
         "sort_memory_mb": mem >> 20,
         "rebuild_entries_per_s": round(r["rebuild"]["rate"]),
         "rebuild_in_memory_entries_per_s": round(r["rebuild_in_memory"]["rate"]),
+        "rebuild_cpu_entries_per_s": round(r["rebuild"]["cpu_rate"]),
+        "rebuild_processes": r["rebuild"]["processes"],
+        "rebuild_2proc_entries_per_s": round(r["rebuild_2proc"]["rate"]),
+        "rebuild_2proc_cpu_entries_per_s": round(r["rebuild_2proc"]["cpu_rate"]),
         "scan_entries_per_s": round(r["scan"]["rate"]),
+        "scan_cpu_entries_per_s": round(r["scan"]["cpu_rate"]),
+        "scan_iter_entries_per_s": round(r["scan_entries"]["rate"]),
+        "scan_parse_entries_per_s": round(r["scan_parse"]["rate"]),
+        "scan_parse_cpu_entries_per_s": round(r["scan_parse"]["cpu_rate"]),
         "per_entry_txn_entries_per_s": round(r["per_entry_txn"]["rate"], 1),
         "per_entry_txn_sample": sample,
         "ratio_rebuild_vs_per_entry_txn": round(r["rebuild"]["rate"] / r["per_entry_txn"]["rate"], 1),
         "ratio_in_memory_rebuild_vs_per_entry_txn": round(
             r["rebuild_in_memory"]["rate"] / r["per_entry_txn"]["rate"], 1),
         "scan_share_of_rebuild": round(r["scan"]["seconds"] / r["rebuild"]["seconds"], 3),
+        # where the rebuild's time goes (each from its own run, so only roughly
+        # additive; meaningful when the rebuild ran in one process)
+        "time_split": {
+            "scan": round(r["scan"]["seconds"] / r["rebuild"]["seconds"], 3),
+            "parse_and_encode": round((r["scan_parse"]["seconds"] - r["scan"]["seconds"])
+                                      / r["rebuild"]["seconds"], 3),
+            "sort_load_commit": round(1 - r["scan_parse"]["seconds"]
+                                      / r["rebuild"]["seconds"], 3),
+        },
         "rebuild_seconds": round(r["rebuild"]["seconds"], 2),
         "rebuild_sorted_runs": r["rebuild"]["runs"],
         "peak_rss_mb": {"baseline": round(base, 1),
                         f"rebuild_{n}": round(r["rebuild"]["peak_rss_mb"], 1),
                         f"rebuild_{n // 10}": round(r["rebuild_small"]["peak_rss_mb"], 1),
-                        "scan": round(r["scan"]["peak_rss_mb"], 1)},
+                        "scan": round(r["scan"]["peak_rss_mb"], 1),
+                        f"rebuild_{n}_2proc": round(r["rebuild_2proc"]["peak_rss_mb"], 1),
+                        f"rebuild_{n}_2proc_worker": round(r["rebuild_2proc"]["worker_peak_rss_mb"], 1)},
         "targets": {"rebuild_entries_per_s": 300_000, "ratio_vs_per_entry_txn": 10},
         "load_average": [round(x, 2) for x in os.getloadavg()],
         "cpus": os.cpu_count(),

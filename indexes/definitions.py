@@ -13,8 +13,7 @@ from typing import Any, Callable, NamedTuple
 
 import msgpack
 
-from . import keycodec
-from .errors import BadValueError, IndexDefinitionError
+from .errors import IndexDefinitionError
 
 try:  # orjson parses a 100-byte document ~5x faster than json; optional.
     import orjson as _orjson
@@ -179,105 +178,5 @@ def field_value(doc: Any, path: tuple[str, ...]) -> object:
     return v
 
 
-class Indexer:
-    """Turns (primary key, stored value) into index entries for a set of definitions."""
-
-    def __init__(self, definitions: list[IndexDefinition], ids: dict[str, int],
-                 codec: str, max_key: int) -> None:
-        self.definitions = definitions
-        self.codec = codec
-        self.max_key = max_key
-        self._decode = document_decoder(codec)
-        self._compiled = [(d, ids[d.name], d.path, d.type) for d in definitions]
-        # feed's encoding caches, one per index: {type: {value: (prefix, enc)}}
-        self._fast = [(d, iid, path, want, {}) for d, iid, path, want in self._compiled]
-        self._room = max_key - 2
-
-    def entries(self, pk: bytes, raw: bytes | None) -> tuple[list[Entry], list[Bad]]:
-        """Entries of one value; bad indexes listed by reason (the caller applies the
-        policy). ``raw=None`` (no value) has no entries and nothing bad."""
-        if raw is None or not self._compiled:
-            return [], []
-        try:
-            doc = self._decode(raw)
-        except BadDocument as e:
-            return [], [Bad(d, str(e)) for d, *_ in self._compiled]
-        out: list[Entry] = []
-        bad: list[Bad] = []
-        for d, iid, path, want in self._compiled:
-            v = field_value(doc, path)
-            if v is _MISSING:
-                bad.append(Bad(d, f"field {'.'.join(path)!r} is missing"))
-                continue
-            if not _type_ok(want, v):
-                bad.append(Bad(d, f"field {'.'.join(path)!r} is a {type(v).__name__}, "
-                                  f"expected {want}"))
-                continue
-            try:
-                enc = keycodec.encode_value(v)
-            except keycodec.UnencodableValue as e:
-                bad.append(Bad(d, f"field {'.'.join(path)!r}: {e}"))
-                continue
-            key, data = keycodec.entry(iid, enc, v, pk, self.max_key)
-            out.append(Entry(d, key, data, 2 + len(enc), v))
-        return out, bad
-
-    def refuse(self, pk: bytes, bad: list[Bad]) -> None:
-        """Raise for the first bad value whose index refuses bad values."""
-        for b in bad:
-            if b.index.on_bad == "refuse":
-                raise BadValueError(b.index.name, pk, b.reason)
-
-    def feed(self, pk: bytes, raw: bytes, add: Callable[[bytes], None],
-             add_with_data: Callable[[bytes, bytes], None]) -> list[Bad] | None:
-        """The rebuild's hot path: the same entries as :meth:`entries` (a test checks
-        it), handed to ``add(key)`` / ``add_with_data(key, data)`` without building
-        Entry tuples. Returns the bad indexes, or None when there were none."""
-        try:
-            doc = self._decode(raw)
-        except BadDocument as e:
-            return [Bad(d, str(e)) for d, *_ in self._compiled]
-        bad: list[Bad] | None = None
-        for d, iid, path, want, cache in self._fast:
-            if len(path) == 1 and type(doc) is dict:
-                v = doc.get(path[0], _MISSING)
-            else:
-                v = field_value(doc, path)
-            t = type(v)
-            # Encodings of recent (type, value) pairs are reused: indexed fields repeat
-            # values (ages, cities), and encoding is a third of the per-entry work.
-            hit = cache.get(t)
-            if hit is not None:
-                got = hit.get(v)
-                if got is not None:
-                    prefix, enc = got
-                    if len(enc) + len(pk) <= self._room:
-                        add(prefix + enc + pk)
-                        continue
-            reason = None
-            if v is _MISSING:
-                reason = f"field {'.'.join(path)!r} is missing"
-            elif want is not None and not _type_ok(want, v):
-                reason = f"field {'.'.join(path)!r} is a {t.__name__}, expected {want}"
-            else:
-                try:
-                    enc = keycodec.encode_value(v)
-                except keycodec.UnencodableValue as e:
-                    reason = f"field {'.'.join(path)!r}: {e}"
-            if reason is not None:
-                if bad is None:
-                    bad = []
-                bad.append(Bad(d, reason))
-                continue
-            key, data = keycodec.entry(iid, enc, v, pk, self.max_key)
-            if data:
-                add_with_data(key, data)
-                continue
-            add(key)
-            if hit is None and t in _CACHED:
-                hit = cache[t] = {}
-            if hit is not None:
-                if len(hit) >= _CACHE_MAX:
-                    hit.clear()
-                hit[v] = (keycodec.index_prefix(iid), enc)
-        return bad
+# The indexer lives in its own module (its rebuild hot path is long); re-exported here.
+from .indexer import Indexer  # noqa: E402,F401

@@ -1,15 +1,18 @@
 """Bounded-memory sort of index entries: sorted runs spilled to scratch files, then a
-k-way merge (heapq.merge).
+block-wise k-way merge.
 
-Run file record: u16 key length, u32 data length, key, data (little-endian). Run
-files are scratch, not state: a crash leaves them behind, the next rebuild deletes
-the directory first, so they are neither fsynced nor written through the
+Run file: blocks of ``u32 length | marshal((sorted keys, {key: data} of those keys
+with data))``; marshal reads and writes lists of bytes in C, which a per-record
+format parsed in Python cannot match. Run files are scratch, not state, and only
+this process reads them: a crash leaves them behind, the next rebuild deletes the
+directory first, so they are neither fsynced nor written through the
 ``faults.fileio`` seam.
 """
 from __future__ import annotations
 
-import heapq
+import bisect
 import itertools
+import marshal
 import os
 import shutil
 import struct
@@ -20,7 +23,7 @@ import faults
 
 from .errors import OutOfDiskError
 
-_REC = struct.Struct("<HI")
+_BLOCK = struct.Struct("<I")
 # CPython: a bytes object is 33 bytes + its length; a list slot is 8 more.
 _KEY_OVERHEAD = 41
 _EXTRA_OVERHEAD = 120      # dict slot + data bytes object header
@@ -79,15 +82,15 @@ class ExternalSorter:
         path = os.path.join(self._dir, f"run-{len(self.runs):05d}")
         keys, extra = self._keys, self._extra
         keys.sort()
+        block = self._block_keys(keys)
         try:
             with open(path, "wb", buffering=_IO_BUFFER) as f:
-                pack, write, get = _REC.pack, f.write, extra.get
-                for k in keys:
-                    d = get(k, b"")
-                    write(pack(len(k), len(d)))
-                    write(k)
-                    if d:
-                        write(d)
+                for i in range(0, len(keys), block):
+                    blk = keys[i:i + block]
+                    ex = {k: extra[k] for k in blk if k in extra} if extra else {}
+                    payload = marshal.dumps((blk, ex))
+                    f.write(_BLOCK.pack(len(payload)))
+                    f.write(payload)
         except OSError as e:
             raise faults.translate_os_error(e, path, None, OutOfDiskError) from e
         self.runs.append(path)
@@ -95,23 +98,65 @@ class ExternalSorter:
         keys.clear()
         self._extra, self._bytes, self._counted = {}, 0, 0
 
+    def spill_all(self) -> list[str]:
+        """Spill what is buffered as a last run; the run files (left in place: a scan
+        worker hands them to the process that merges)."""
+        self.check()
+        if self._keys:
+            self._spill()
+        return list(self.runs)
+
+    def adopt(self, runs: list[str], count: int) -> None:
+        """Merge ``runs`` (written by another sorter's spill_all, ``count`` keys in
+        all) with this sorter's own. Their files are removed with the scratch tree."""
+        self.runs.extend(runs)
+        self.count += count
+
+    def _block_keys(self, keys: list[bytes]) -> int:
+        """Keys per run block: about min(1 MiB, memory_limit / 16) of buffered keys, so
+        that the merge, which holds one block per run, stays small next to the limit."""
+        if not keys:
+            return 1
+        per_key = self._bytes / len(keys) if self._bytes else 64.0
+        return max(64, int(min(_IO_BUFFER, self.memory_limit // 16) / max(per_key, 1.0)))
+
     # -- merging ------------------------------------------------------------------
-    def sorted(self) -> Iterator[tuple[bytes, bytes]]:
-        """All pairs in key order (equal keys stay adjacent; the loader drops repeats)."""
+    def sorted_batches(self) -> Iterator[list[tuple[bytes, bytes]]]:
+        """All pairs in key order, in lists (equal keys stay adjacent; the loader
+        drops repeats).
+
+        The k-way merge works a block at a time: with one block of every run in
+        memory, every key up to the smallest last key of those blocks can be handed
+        out, so those prefixes are gathered and ordered by one ``list.sort`` (timsort
+        merges presorted runs in C); at least one block is used up per round."""
         self.check()
         self._keys.sort()
-        mem = self._memory_run()
         if not self.runs:
-            return mem
+            yield from _pairs_in_slices(self._keys, self._extra)
+            return
         files = [open(p, "rb", buffering=_IO_BUFFER) for p in self.runs]
         self._files = files
-        return heapq.merge(*(_read_run(f) for f in files), mem)
+        cursors = [_Cursor(_read_run(f)) for f in files]
+        cursors.append(_Cursor(iter([(self._keys, self._extra)])))
+        live = [c for c in cursors if c.advance()]
+        while live:
+            bound = min(c.keys[-1] for c in live)
+            out: list[bytes] = []
+            extras: list[dict[bytes, bytes]] = []
+            for c in live:
+                end = bisect.bisect_right(c.keys, bound, c.pos)
+                if end > c.pos:
+                    out += c.keys[c.pos:end]
+                    c.pos = end
+                    if c.extra:
+                        extras.append(c.extra)
+            out.sort()
+            yield _with_data(out, extras)
+            live = [c for c in live if c.pos < len(c.keys) or c.advance()]
 
-    def _memory_run(self) -> Iterator[tuple[bytes, bytes]]:
-        keys, extra = self._keys, self._extra
-        if not extra:
-            return zip(keys, itertools.repeat(b""))
-        return ((k, extra.get(k, b"")) for k in keys)
+    def sorted(self) -> Iterator[tuple[bytes, bytes]]:
+        """All pairs in key order, one at a time."""
+        return itertools.chain.from_iterable(self.sorted_batches())
 
     def close(self) -> None:
         for f in getattr(self, "_files", []):
@@ -123,12 +168,50 @@ class ExternalSorter:
         self._extra = {}
 
 
-def _read_run(f: BinaryIO) -> Iterator[tuple[bytes, bytes]]:
-    read, unpack, size = f.read, _REC.unpack, _REC.size
+class _Cursor:
+    """The current block of one sorted run and the position in it."""
+
+    __slots__ = ("blocks", "keys", "extra", "pos")
+
+    def __init__(self, blocks: Iterator[tuple[list[bytes], dict[bytes, bytes]]]) -> None:
+        self.blocks = blocks
+        self.keys: list[bytes] = []
+        self.extra: dict[bytes, bytes] = {}
+        self.pos = 0
+
+    def advance(self) -> bool:
+        """Load the next non-empty block; False at the end of the run."""
+        for keys, extra in self.blocks:
+            if keys:
+                self.keys, self.extra, self.pos = keys, extra, 0
+                return True
+        return False
+
+
+def _with_data(keys: list[bytes], extras: list[dict[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    if not extras:
+        return list(zip(keys, itertools.repeat(b"")))
+    if len(extras) == 1:
+        get = extras[0].get
+    else:
+        merged: dict[bytes, bytes] = {}
+        for e in extras:
+            merged.update(e)
+        get = merged.get
+    return [(k, get(k, b"")) for k in keys]
+
+
+def _pairs_in_slices(keys: list[bytes], extra: dict[bytes, bytes],
+                     size: int = 65536) -> Iterator[list[tuple[bytes, bytes]]]:
+    for i in range(0, len(keys), size):
+        yield _with_data(keys[i:i + size], [extra] if extra else [])
+
+
+def _read_run(f: BinaryIO) -> Iterator[tuple[list[bytes], dict[bytes, bytes]]]:
+    read, unpack, size = f.read, _BLOCK.unpack, _BLOCK.size
     while True:
         head = read(size)
         if not head:
             return
-        kl, dl = unpack(head)
-        k = read(kl)
-        yield (k, read(dl) if dl else b"")
+        (n,) = unpack(head)
+        yield marshal.loads(read(n))

@@ -22,11 +22,11 @@ import os
 import shutil
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 import faults
 
-from . import keycodec
+from . import keycodec, scanworker
 from .errors import RebuildCancelled
 from .extsort import DEFAULT_MEMORY, ExternalSorter
 
@@ -36,8 +36,9 @@ if TYPE_CHECKING:
 # Big enough that commits (two fsyncs each) cost little next to the work, small enough
 # that one transaction's dirty pages stay a few MB and a crash point is hit often.
 DEFAULT_BATCH = 100_000
-# Values between memory checks, cancel checks and progress reports in the scan: the
-# sorter may overshoot its limit by this many values' keys (~200 KB for 3 indexes).
+# Values between memory checks, cancel checks and progress reports in the scan (one
+# batch): the sorter may overshoot its limit by this many values' keys (~200 KB for 3
+# indexes).
 _CHECK_EVERY = 1024
 _REPORT_SECONDS = 0.2
 SCRATCH = "scratch"
@@ -109,7 +110,8 @@ def _cancel_check(cancel: Any) -> Callable[[], bool]:
 
 def rebuild(store: IndexStore, partition: int, source: Source, *,
             progress: Callable[[Progress], None] | None = None, cancel: Any = None,
-            memory_limit: int | None = None, batch: int | None = None) -> RebuildResult:
+            memory_limit: int | None = None, batch: int | None = None,
+            workers: int | None = None) -> RebuildResult:
     """Rebuild ``partition``'s entries from ``source`` (see the module doc). Values that
     an index cannot take are skipped and counted whatever its ``on_bad`` policy: the
     data is the truth here and a rebuild never fails on it."""
@@ -125,7 +127,7 @@ def rebuild(store: IndexStore, partition: int, source: Source, *,
     store._clear(partition, delete_db=False)
     sorter = ExternalSorter(scratch, memory_limit or DEFAULT_MEMORY)
     try:
-        _scan(store, partition, source, sorter, res, rep, cancelled)
+        _scan(store, partition, source, sorter, res, rep, cancelled, workers)
         _load(store, partition, sorter, res, rep, cancelled, batch or DEFAULT_BATCH)
     finally:
         res.runs = len(sorter.runs)
@@ -138,27 +140,97 @@ def rebuild(store: IndexStore, partition: int, source: Source, *,
 
 
 def _scan(store: IndexStore, partition: int, source: Source, sorter: ExternalSorter,
-          res: RebuildResult, rep: _Reporter, cancelled: Callable[[], bool]) -> None:
+          res: RebuildResult, rep: _Reporter, cancelled: Callable[[], bool],
+          workers: int | None = None) -> None:
     count = getattr(source, "count", None)
     rep.start("scan", count(partition) if callable(count) else None)
-    feed, add, addd = store.indexer.feed, sorter.append, sorter.add_with_data
-    n = 0
-    for pk, raw in source.scan(partition):
-        bad = feed(pk, raw, add, addd)
-        n += 1
-        if bad:
-            res.bad += len(bad)
-            if len(res.bad_samples) < MAX_SAMPLES:
-                res.bad_samples.extend(f"key {pk!r}: index {b.index.name!r}: {b.reason}"
-                                       for b in bad[:MAX_SAMPLES - len(res.bad_samples)])
-        if n % _CHECK_EVERY == 0:
+    feed_many, add, addd = store.indexer.feed_many, sorter.append, sorter.add_with_data
+
+    def on_bad(pk: bytes, bad: list) -> None:
+        res.bad += len(bad)
+        _samples(res, [f"key {pk!r}: index {b.index.name!r}: {b.reason}" for b in bad])
+
+    shared = scanworker.plan(source, partition, workers)
+    handles: list[scanworker.ScanWorker] = []
+    if shared is not None:
+        # Each process sorts with its share of the memory limit (see scanworker).
+        path, pcount, procs = shared
+        sorter.memory_limit //= procs
+        ranges = scanworker.Ranges(pcount)
+        handles = scanworker.start(store, path, procs, ranges, sorter.scratch_dir,
+                                   sorter.memory_limit)
+        batches: Iterable[list] = _ranges_batches(path, ranges)
+    else:
+        batches = scan_batches(source, partition)
+    try:
+        n = 0
+        for batch in batches:
+            n += feed_many(batch, add, addd, on_bad)
             sorter.check()
             if cancelled():
                 raise RebuildCancelled(f"rebuild of partition {partition} cancelled after "
                                        f"{n} values; the partition is not ready")
-            rep.report(n)
+            for h in handles:                   # serve the workers' range requests
+                h.poll()
+            rep.report(n + sum(h.done for h in handles))
+        while pending := [h for h in handles if h.result is None]:   # the last ranges
+            for h in pending:
+                h.poll(0.1 / len(pending))
+            if cancelled():
+                raise RebuildCancelled(f"rebuild of partition {partition} cancelled "
+                                       "while scanning; the partition is not ready")
+            rep.report(n + sum(h.done for h in handles))
+        for h in handles:
+            r = h.result
+            assert r is not None
+            n += r["scanned"]
+            res.bad += r["bad"]
+            _samples(res, r["bad_samples"])
+            sorter.adopt(r["runs"], r["count"])
+    except BaseException:
+        for h in handles:
+            h.kill()
+        raise
     res.scanned = n
     rep.report(n, force=True)
+
+
+def _ranges_batches(path: str, ranges: scanworker.Ranges) -> Iterator[list]:
+    """This process's share of a shared scan: the ranges it takes, in batches."""
+    from checkpoint.pagefile import iter_live_batches  # lower layer; loaded on use
+    while (pages := ranges.next()) is not None:
+        yield from _cut(iter_live_batches(path, pages=pages))
+
+
+def _samples(res: RebuildResult, samples: list[str]) -> None:
+    if len(res.bad_samples) < MAX_SAMPLES:
+        res.bad_samples.extend(samples[:MAX_SAMPLES - len(res.bad_samples)])
+
+
+def scan_batches(source: Source, partition: int) -> Iterator[list[tuple[bytes, bytes]]]:
+    """The source's live pairs in lists: its own ``scan_batches`` when it has one (a
+    partition file hands out a read chunk at a time), else ``scan`` cut in lists."""
+    own = getattr(source, "scan_batches", None)
+    if callable(own):
+        yield from _cut(own(partition))
+        return
+    it = iter(source.scan(partition))
+    while True:
+        batch = list(itertools.islice(it, _CHECK_EVERY))
+        if not batch:
+            return
+        yield batch
+
+
+def _cut(batches: Iterable[list]) -> Iterator[list]:
+    """A file's chunk is ~2 MiB of values; cut it so that memory, cancel and progress
+    are checked every _CHECK_EVERY values or so."""
+    for batch in batches:
+        if len(batch) <= 2 * _CHECK_EVERY:
+            yield batch
+        else:
+            for i in range(0, len(batch), _CHECK_EVERY):
+                yield batch[i:i + _CHECK_EVERY]
 
 
 def _load(store: IndexStore, partition: int, sorter: ExternalSorter, res: RebuildResult,
@@ -168,17 +240,13 @@ def _load(store: IndexStore, partition: int, sorter: ExternalSorter, res: Rebuil
     rep.start("load", len(sorter))
     uniq = {keycodec.index_prefix(store.schema.ids[d.name])
             for d in store.definitions if d.unique}
-    stream = sorter.sorted()
     last: tuple[bytes, bytes] = (b"", b"")
     done = 0
-    while True:
-        chunk = list(itertools.islice(stream, batch))
-        if not chunk:
-            break
+    for chunk in _chunks(sorter.sorted_batches(), batch):
         if uniq:
             last = _unique_conflicts(chunk, uniq, last, res)
 
-        def put(txn: Any) -> tuple[int, int]:
+        def put(txn: Any, chunk: list[tuple[bytes, bytes]] = chunk) -> tuple[int, int]:
             # append=True skips a key equal to the last one: that is how a value the
             # source gave twice is kept once (counted, not an error).
             return txn.cursor(db=db).putmulti(chunk, append=True)
@@ -192,6 +260,20 @@ def _load(store: IndexStore, partition: int, sorter: ExternalSorter, res: Rebuil
                                    f"{done} entries loaded; the partition is not ready")
         rep.report(done)
     rep.report(done, force=True)
+
+
+def _chunks(batches: Iterator[list[tuple[bytes, bytes]]],
+            size: int) -> Iterator[list[tuple[bytes, bytes]]]:
+    """Regroup the sorter's lists into lists of exactly ``size`` (the last shorter):
+    one LMDB commit each."""
+    buf: list[tuple[bytes, bytes]] = []
+    for b in batches:
+        buf += b
+        while len(buf) >= size:
+            yield buf[:size]
+            del buf[:size]
+    if buf:
+        yield buf
 
 
 def _unique_conflicts(chunk: list[tuple[bytes, bytes]], uniq: set[bytes],

@@ -42,6 +42,15 @@ class PartitionFileSource:
         for e in iter_entries(path, include_tombstones=False):
             yield e.key, e.value
 
+    def scan_batches(self, partition: int) -> Iterator[list[tuple[bytes, bytes]]]:
+        """The same pairs as :meth:`scan`, a read chunk (~2 MiB) at a time: the
+        decoder's bulk path, several times cheaper per entry than ``scan``."""
+        from checkpoint.pagefile import iter_live_batches  # lower layer; loaded on first use
+        path = self.file_for(partition)
+        if not os.path.exists(path):
+            raise IndexStoreError(f"partition file {path} does not exist")
+        return iter_live_batches(path)
+
 
 class MemorySource:
     """In-memory partitions ``{partition: {key: value}}`` (tests, tools)."""

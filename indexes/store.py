@@ -24,7 +24,9 @@ from .lmdbenv import INITIAL_MAP, MAX_DBS, LmdbEnv
 
 
 class Source(Protocol):
-    """Anything that lists a partition's live (key, value) pairs."""
+    """Anything that lists a partition's live (key, value) pairs. A source may also
+    have ``scan_batches(partition)`` (the same pairs in lists; rebuild and verify
+    prefer it) and ``count(partition)`` (progress totals)."""
 
     def scan(self, partition: int) -> Iterable[tuple[bytes, bytes]]: ...
 
@@ -243,12 +245,13 @@ class IndexStore:
     def rebuild(self, partition: int, source: Source, *,
                 progress: Callable[[Any], None] | None = None,
                 cancel: Any = None, memory_limit: int | None = None,
-                batch: int | None = None) -> Any:
+                batch: int | None = None, workers: int | None = None) -> Any:
         """Rebuild the partition's entries from ``source.scan(partition)``; see
-        :func:`indexes.rebuild.rebuild`."""
+        :func:`indexes.rebuild.rebuild` (``workers``: processes sharing the scan of a
+        partition file, see :mod:`indexes.scanworker`)."""
         from .rebuild import rebuild
         return rebuild(self, partition, source, progress=progress, cancel=cancel,
-                       memory_limit=memory_limit, batch=batch)
+                       memory_limit=memory_limit, batch=batch, workers=workers)
 
     def verify(self, partition: int, source: Source, *, memory_limit: int | None = None,
                max_details: int = 10_000) -> Any:

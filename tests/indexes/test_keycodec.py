@@ -124,3 +124,33 @@ def test_feed_gives_the_same_entries_as_entries() -> None:
         want, wbad = ix.entries(pk, raw)
         assert sorted(got) == sorted((e.key, e.data) for e in want)
         assert [b.reason for b in bad or []] == [b.reason for b in wbad]
+
+
+def test_feed_many_gives_the_same_entries_and_bad_values_as_feed() -> None:
+    """The batch hot path (orjson, top-level fields, shared cache keyed by value and
+    type) against feed, on values that collide in a dict (1, 1.0, True), values
+    orjson refuses but json takes (ints beyond 64 bits), unhashable fields, long
+    primary keys and long values."""
+    from indexes.definitions import IndexDefinition, Indexer
+    defs = [IndexDefinition("a", "a"), IndexDefinition("i", "a", type="int"),
+            IndexDefinition("s", "s", type="str", on_bad="refuse")]
+    docs = [b'{"a": 1, "s": "x"}', b'{"a": 1.0, "s": "x"}', b'{"a": true, "s": "y"}',
+            b'{"a": 99999999999999999999999}', b'{"a": [1], "s": {"x": 1}}', b'{"a": {}}',
+            b'[1, 2]', b'nope', b'', b'{"a": "%s"}' % (b"z" * 300), b'{"a": -0.0, "s": ""}',
+            b'{"a": 0, "s": "\\u0000"}', b'{"a": NaN}', b'{"a": 1e400}', b'"str"']
+    items = [((b"k%d" % i) if i % 4 else b"p" * (480 + i % 40), raw)
+             for i, raw in enumerate(docs * 3)]
+    ref = Indexer(defs, {"a": 1, "i": 2, "s": 3}, "json", 511)
+    want: list[tuple[bytes, bytes]] = []
+    want_bad = []
+    for pk, raw in items:
+        bad = ref.feed(pk, raw, lambda k: want.append((k, b"")), lambda k, d: want.append((k, d)))
+        if bad:
+            want_bad.append((pk, [b.reason for b in bad]))
+    ix = Indexer(defs, {"a": 1, "i": 2, "s": 3}, "json", 511)
+    got: list[tuple[bytes, bytes]] = []
+    got_bad = []
+    n = ix.feed_many(items, lambda k: got.append((k, b"")), lambda k, d: got.append((k, d)),
+                     lambda pk, bad: got_bad.append((pk, [b.reason for b in bad])))
+    assert n == len(items)
+    assert got == want and got_bad == want_bad

@@ -243,3 +243,27 @@ def test_rebuild_from_checkpoint_partition_store_and_its_file(tmp_path) -> None:
             assert s.verify(3, PartitionFileSource(ps.dir)).ok   # == the checkpointed file
     finally:
         ps.close()
+
+
+def test_external_sort_block_merge_many_runs_duplicates_and_data(tmp_path) -> None:
+    """Many small runs (blocks of 64 keys), keys given twice across runs, keys with
+    data: the merged stream is the sorted input, duplicates adjacent, data kept."""
+    import random
+    from indexes.extsort import ExternalSorter
+    rnd = random.Random(5)
+    keys = [b"%06d-%s" % (rnd.randrange(5000), b"x" * rnd.randrange(40)) for _ in range(6000)]
+    with_data = {k: b"d" + k for k in keys[::17]}
+    s = ExternalSorter(str(tmp_path / "scratch"), memory_limit=20_000)
+    for k in keys:
+        if k in with_data:
+            s.add_with_data(k, with_data[k])
+        else:
+            s.append(k)
+        if rnd.random() < 0.05:
+            s.check()
+    assert len(s.runs) >= 5
+    got = list(s.sorted())
+    s.close()
+    assert [k for k, _ in got] == sorted(keys)
+    assert all(d == with_data.get(k, b"") for k, d in got)
+    assert not os.path.exists(str(tmp_path / "scratch")) or not os.listdir(str(tmp_path / "scratch"))

@@ -1,0 +1,174 @@
+"""From (primary key, stored value) to index entries: the write path (``entries``) and
+the rebuild's hot path (``feed`` per value, ``feed_many`` per batch of values)."""
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+from . import keycodec
+from .definitions import (_CACHE_MAX, _CACHED, _MISSING, Bad, BadDocument, Entry,
+                          IndexDefinition, _orjson, _type_ok, document_decoder, field_value)
+from .errors import BadValueError
+
+
+class Indexer:
+    """Turns (primary key, stored value) into index entries for a set of definitions."""
+
+    def __init__(self, definitions: list[IndexDefinition], ids: dict[str, int],
+                 codec: str, max_key: int) -> None:
+        self.definitions = definitions
+        self.codec = codec
+        self.max_key = max_key
+        self._decode = document_decoder(codec)
+        self._compiled = [(d, ids[d.name], d.path, d.type) for d in definitions]
+        # feed's per-index specs: (top-level field name or None, path, encoding cache
+        # {value: (type, prefix + encoded value, max primary key length)}, definition,
+        # id, type); the cache is shared by feed and feed_many.
+        self._fast = [(path[0] if len(path) == 1 else None, path, {}, d, iid, want)
+                      for d, iid, path, want in self._compiled]
+        self._top_level = all(len(path) == 1 for _d, _i, path, _w in self._compiled)
+        # orjson accepts a subset of what json accepts and parses it identically, so
+        # a document it parses needs no second opinion (see definitions._json_loads).
+        self._fast_loads = _orjson.loads if (codec == "json" and _orjson is not None) else None
+
+    def entries(self, pk: bytes, raw: bytes | None) -> tuple[list[Entry], list[Bad]]:
+        """Entries of one value; bad indexes listed by reason (the caller applies the
+        policy). ``raw=None`` (no value) has no entries and nothing bad."""
+        if raw is None or not self._compiled:
+            return [], []
+        try:
+            doc = self._decode(raw)
+        except BadDocument as e:
+            return [], [Bad(d, str(e)) for d, *_ in self._compiled]
+        out: list[Entry] = []
+        bad: list[Bad] = []
+        for d, iid, path, want in self._compiled:
+            v = field_value(doc, path)
+            if v is _MISSING:
+                bad.append(Bad(d, f"field {'.'.join(path)!r} is missing"))
+                continue
+            if not _type_ok(want, v):
+                bad.append(Bad(d, f"field {'.'.join(path)!r} is a {type(v).__name__}, "
+                                  f"expected {want}"))
+                continue
+            try:
+                enc = keycodec.encode_value(v)
+            except keycodec.UnencodableValue as e:
+                bad.append(Bad(d, f"field {'.'.join(path)!r}: {e}"))
+                continue
+            key, data = keycodec.entry(iid, enc, v, pk, self.max_key)
+            out.append(Entry(d, key, data, 2 + len(enc), v))
+        return out, bad
+
+    def refuse(self, pk: bytes, bad: list[Bad]) -> None:
+        """Raise for the first bad value whose index refuses bad values."""
+        for b in bad:
+            if b.index.on_bad == "refuse":
+                raise BadValueError(b.index.name, pk, b.reason)
+
+    def feed(self, pk: bytes, raw: bytes, add: Callable[[bytes], None],
+             add_with_data: Callable[[bytes, bytes], None]) -> list[Bad] | None:
+        """The same entries as :meth:`entries` (a test checks it), handed to
+        ``add(key)`` / ``add_with_data(key, data)`` without building Entry tuples.
+        Returns the bad indexes, or None when there were none."""
+        try:
+            doc = self._decode(raw)
+        except BadDocument as e:
+            return [Bad(d, str(e)) for d, *_ in self._compiled]
+        bad: list[Bad] | None = None
+        for spec in self._fast:
+            field, path, cache = spec[0], spec[1], spec[2]
+            if field is not None and type(doc) is dict:
+                v = doc.get(field, _MISSING)
+            else:
+                v = field_value(doc, path)
+            try:
+                got = cache.get(v)
+            except TypeError:         # a list or an object: unhashable, and bad
+                got = None
+            if got is not None and got[0] is type(v) and len(pk) <= got[2]:
+                add(got[1] + pk)
+                continue
+            b = self._one(spec, pk, v, add, add_with_data)
+            if b is not None:
+                if bad is None:
+                    bad = []
+                bad.append(b)
+        return bad
+
+    def _one(self, spec: tuple, pk: bytes, v: object, add: Callable[[bytes], None],
+             add_with_data: Callable[[bytes, bytes], None]) -> Bad | None:
+        """One index's entry of field value ``v``, the uncached way; fills the cache."""
+        _field, path, cache, d, iid, want = spec
+        t = type(v)
+        if v is _MISSING:
+            return Bad(d, f"field {'.'.join(path)!r} is missing")
+        if want is not None and not _type_ok(want, v):
+            return Bad(d, f"field {'.'.join(path)!r} is a {t.__name__}, expected {want}")
+        try:
+            enc = keycodec.encode_value(v)
+        except keycodec.UnencodableValue as e:
+            return Bad(d, f"field {'.'.join(path)!r}: {e}")
+        key, data = keycodec.entry(iid, enc, v, pk, self.max_key)
+        if data:
+            add_with_data(key, data)
+            return None
+        add(key)
+        if t in _CACHED:
+            # Encodings of recent values are reused: indexed fields repeat values
+            # (ages, cities) and encoding is most of the per-entry work. Keyed by the
+            # value alone (1, 1.0 and True are one dict key), so a hit must also match
+            # the type; the entry holds how long a primary key may be for a plain key.
+            if len(cache) >= _CACHE_MAX:
+                cache.clear()
+            head = keycodec.index_prefix(iid) + enc
+            cache[v] = (t, head, self.max_key - len(head))
+        return None
+
+    def feed_many(self, items: Iterable[tuple[bytes, bytes]], add: Callable[[bytes], None],
+                  add_with_data: Callable[[bytes, bytes], None],
+                  on_bad: Callable[[bytes, list[Bad]], None]) -> int:
+        """:meth:`feed` for a batch of (primary key, value): the same entries, bad
+        values reported to ``on_bad(pk, bads)``; returns the number of values. One
+        call per batch keeps the interpreter in one loop: with orjson and top-level
+        fields the common case is a parse, a dict get, a cache hit and a concat."""
+        loads = self._fast_loads
+        if loads is None or not self._top_level:
+            n = 0
+            for pk, raw in items:
+                bad = self.feed(pk, raw, add, add_with_data)
+                if bad:
+                    on_bad(pk, bad)
+                n += 1
+            return n
+        feed, one, specs = self.feed, self._one, self._fast
+        missing = _MISSING
+        n = 0
+        for pk, raw in items:
+            n += 1
+            try:
+                doc = loads(raw)
+            except ValueError:        # orjson refuses it: the reference path decides
+                doc = None
+            if type(doc) is not dict:
+                bad = feed(pk, raw, add, add_with_data)
+                if bad:
+                    on_bad(pk, bad)
+                continue
+            bad = None
+            for spec in specs:
+                v = doc.get(spec[0], missing)
+                try:
+                    got = spec[2].get(v)
+                except TypeError:     # a list or an object: unhashable, and bad
+                    got = None
+                if got is not None and got[0] is type(v) and len(pk) <= got[2]:
+                    add(got[1] + pk)
+                    continue
+                b = one(spec, pk, v, add, add_with_data)
+                if b is not None:
+                    if bad is None:
+                        bad = []
+                    bad.append(b)
+            if bad:
+                on_bad(pk, bad)
+        return n

@@ -1,0 +1,234 @@
+"""Parallel scan of a partition file: worker processes take page ranges of the file.
+
+A rebuild is CPU-bound in the interpreter (decoding pages, parsing documents), so a
+second core only helps from a second process. For a large partition file the rebuild
+starts ``workers - 1`` child processes (``indexes.scanworker.main``) and cuts the
+file's pages into ranges of about 1/32 of the file, handed out on demand to the
+rebuild itself and to the workers (so a process that gets less CPU on a busy machine
+simply takes fewer ranges). A worker decodes its ranges, computes the entry keys with
+the same :class:`Indexer`, sorts them with its own :class:`ExternalSorter` (its share
+of the memory limit) and leaves its sorted runs in the rebuild's scratch directory;
+the rebuild merges them with its own runs in the load stage. Nothing a worker writes
+is state: the scratch tree is deleted before and after every rebuild.
+
+Protocol, JSON lines: the task on the worker's stdin, then ``{"pages": [a, b]}`` or
+``{"stop": true}`` after each ``{"want": true, "done": n}`` the worker prints; last
+``{"result": {...}}`` or ``{"error": {...}}``. A worker whose parent died (a
+SIGKILLed rebuild) sees its stdin close and stops.
+"""
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+from typing import Any, Callable
+
+from .errors import IndexStoreError
+
+_BATCH = 1024
+MAX_SAMPLES = 20
+# A worker costs a Python start (~0.2-0.5 s of CPU with its imports): only worth it
+# for files of a few hundred thousand entries and more.
+PARALLEL_MIN_BYTES = 16 << 20
+RANGES = 32                  # ranges per file (each at least MIN_RANGE pages)
+MIN_RANGE = 64
+
+
+class Ranges:
+    """The page ranges not handed out yet (front first)."""
+
+    def __init__(self, page_count: int) -> None:
+        step = max(MIN_RANGE, (page_count - 1 + RANGES - 1) // RANGES)
+        self.left = [(a, min(a + step, page_count)) for a in range(1, page_count, step)]
+        self.left.reverse()
+
+    def next(self) -> tuple[int, int] | None:
+        return self.left.pop() if self.left else None
+
+
+class ScanWorker:
+    """The parent's handle on one worker process."""
+
+    def __init__(self, task: dict[str, Any], ranges: Callable[[], tuple[int, int] | None]) -> None:
+        self.task, self.ranges = task, ranges
+        self.done = 0
+        self.result: dict[str, Any] | None = None
+        self._buf = b""
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env = dict(os.environ)
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        # -c, not -m: the package imports this module, and runpy warns about that.
+        self.proc = subprocess.Popen([sys.executable, "-c",
+                                      "from indexes.scanworker import main; main()"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     env=env, cwd=root)
+        self._send(task)
+
+    def _send(self, msg: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(msg).encode() + b"\n")
+        self.proc.stdin.flush()
+
+    def poll(self, timeout: float = 0.0) -> bool:
+        """Serve what the worker asked (waiting up to ``timeout``); True when done."""
+        out = self.proc.stdout
+        assert out is not None
+        while self.result is None:
+            ready, _, _ = select.select([out], [], [], timeout)
+            if not ready:
+                return False
+            chunk = os.read(out.fileno(), 65536)
+            if not chunk:
+                self.proc.wait()
+                raise IndexStoreError(f"scan worker of {self.task['path']} exited with status "
+                                      f"{self.proc.returncode} without a result")
+            self._buf += chunk
+            *lines, self._buf = self._buf.split(b"\n")
+            for line in lines:
+                self._line(json.loads(line))
+            timeout = 0.0
+        return True
+
+    def _line(self, msg: dict[str, Any]) -> None:
+        if "want" in msg:
+            self.done = msg["done"]
+            r = self.ranges()
+            self._send({"pages": list(r)} if r is not None else {"stop": True})
+        elif "result" in msg:
+            self.result = msg["result"]
+            self.done = self.result["scanned"]
+            self.proc.wait()
+        elif "error" in msg:
+            self.proc.wait()
+            e = msg["error"]
+            if e.get("page") is not None:
+                from checkpoint.pagefile import CorruptPageError
+                raise CorruptPageError(e["path"], e["page"], e["offset"], e["reason"])
+            raise IndexStoreError(f"scan worker of {self.task['path']} failed: {e['message']}")
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        for f in (self.proc.stdin, self.proc.stdout):
+            if f is not None:
+                try:
+                    f.close()
+                except OSError:
+                    pass
+
+
+def plan(source: Any, partition: int, workers: int | None) -> tuple[str, int, int] | None:
+    """(file, page count, processes) when the scan should be shared, else None.
+    ``workers=None``: 2 processes for a file of PARALLEL_MIN_BYTES or more when a
+    CPU is idle (see _idle_cpu); 1 or 0: never; n: n processes."""
+    from checkpoint.pagefile import CorruptPageError, read_meta
+
+    from .source import PartitionFileSource
+    if (workers is not None and workers <= 1) or not isinstance(source, PartitionFileSource):
+        return None
+    path = source.file_for(partition)
+    try:
+        size = os.path.getsize(path)
+        pcount = read_meta(path).page_count
+    except (OSError, CorruptPageError):
+        return None                             # the serial scan raises the clear error
+    if workers is None:
+        if size < PARALLEL_MIN_BYTES or not _idle_cpu():
+            return None
+        workers = 2
+    if pcount < 3:
+        return None
+    return path, pcount, workers
+
+
+def _idle_cpu() -> bool:
+    """A CPU the rebuild could use: 2+ CPUs and a 1-minute load average that leaves
+    one free. On a saturated machine a worker only adds its start-up and an extra
+    merge (measured: slower than one process at load 7 on 2 CPUs)."""
+    cpus = os.cpu_count() or 1
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        load = 0.0
+    return cpus >= 2 and load <= cpus - 1
+
+
+def start(store: Any, path: str, workers: int, ranges: Ranges, scratch: str,
+          memory: int) -> list[ScanWorker]:
+    """``workers - 1`` workers (the caller is the other process)."""
+    ix = store.indexer
+    common = {"path": path, "definitions": [d.to_json() for d in ix.definitions],
+              "ids": dict(store.schema.ids), "codec": ix.codec, "max_key": ix.max_key,
+              "memory": memory}
+    handles: list[ScanWorker] = []
+    try:
+        for i in range(1, workers):
+            handles.append(ScanWorker(dict(common, scratch=os.path.join(scratch, f"w{i}")),
+                                      ranges.next))
+    except BaseException:
+        for h in handles:
+            h.kill()
+        raise
+    return handles
+
+
+def _run(task: dict[str, Any], ask: Callable[[int], tuple[int, int] | None]) -> dict[str, Any]:
+    from checkpoint.pagefile import iter_live_batches
+
+    from .definitions import IndexDefinition
+    from .extsort import ExternalSorter
+    from .indexer import Indexer
+
+    defs = [IndexDefinition.from_json(d) for d in task["definitions"]]
+    ix = Indexer(defs, task["ids"], task["codec"], task["max_key"])
+    sorter = ExternalSorter(task["scratch"], task["memory"])
+    res: dict[str, Any] = {"scanned": 0, "bad": 0, "bad_samples": []}
+
+    def on_bad(pk: bytes, bad: list) -> None:
+        res["bad"] += len(bad)
+        if len(res["bad_samples"]) < MAX_SAMPLES:
+            res["bad_samples"].extend(f"key {pk!r}: index {b.index.name!r}: {b.reason}"
+                                      for b in bad[:MAX_SAMPLES - len(res["bad_samples"])])
+
+    while (pages := ask(res["scanned"])) is not None:
+        for batch in iter_live_batches(task["path"], pages=pages):
+            for i in range(0, len(batch), _BATCH):
+                res["scanned"] += ix.feed_many(batch[i:i + _BATCH], sorter.append,
+                                               sorter.add_with_data, on_bad)
+                sorter.check()
+    res["runs"] = sorter.spill_all()
+    res["count"] = len(sorter)
+    return res
+
+
+def _say(msg: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(msg) + "\n")
+    sys.stdout.flush()
+
+
+def main() -> None:
+    task = json.loads(sys.stdin.readline())
+
+    def ask(done: int) -> tuple[int, int] | None:
+        _say({"want": True, "done": done})
+        line = sys.stdin.readline()
+        if not line:
+            raise SystemExit(3)                 # the rebuild is gone: stop
+        msg = json.loads(line)
+        return None if msg.get("stop") else (msg["pages"][0], msg["pages"][1])
+
+    try:
+        _say({"result": _run(task, ask)})
+    except Exception as e:  # noqa: BLE001 - every failure goes back to the rebuild
+        err: dict[str, Any] = {"message": f"{type(e).__name__}: {e}"}
+        if type(e).__name__ == "CorruptPageError":
+            err.update(path=e.path, page=e.page, offset=e.offset, reason=e.reason)  # type: ignore[attr-defined]
+        _say({"error": err})
+        raise SystemExit(1) from None
+
+
+if __name__ == "__main__":
+    main()
