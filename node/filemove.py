@@ -40,7 +40,9 @@ from .states import State
 from .tempwal import TempWalSink
 
 log = logging.getLogger("ferry.node.filemove")
-REPLAY_BATCH = 4096
+REPLAY_BATCH = 4096        # temp-WAL records read at a time
+APPLY_CHUNK = 2048         # records applied with one WAL batch / durability wait / index commit
+APPLY_CHUNK_BYTES = 4 << 20
 TAIL = 64                  # records left when the switch to the direct path happens
 FETCH_GIVE_UP_S = 60.0     # every owner failing this long restarts the whole move
 CHECKPOINT_TIMEOUT_S = 120.0
@@ -67,7 +69,9 @@ class FileMoves:
                 mv.sink.close()
                 mv.sink = None
             mv.direct, mv.gap, mv.replayed = False, None, 0
+            mv.replay_rate = mv.ingest_rate = mv.ingest_replay = 0.0
             mv.sink = TempWalSink.fresh(self.cfg.data, cache, p, sync=self._tmpwal_sync())
+            mv.buffer_started = time.monotonic()
         prim_addr = self._primary_addr(mv)
         if prim_addr is None:
             return True                       # LOST, reported
@@ -100,15 +104,22 @@ class FileMoves:
                 raise MoveRestart(f"{cache}/{p} at counter {mine} but the primary is at {theirs}")
             self.states.set(cache, p, State.OWNING, reason="files move complete")
             sink, mv.sink = mv.sink, None
+            mv.buffered = sink.appended
         crashpoint("demander.after_owning")
         sink.destroy()
         mv.begin("owning")
         log.info("stage=owning cache=%s partition=%d from %s: %d bytes (%d on the wire), "
-                 "%d updates replayed, counter %d, stages %s", cache, p, mv.source, mv.bytes,
-                 mv.wire, mv.replayed, mine, mv.stage_seconds)
+                 "%d updates replayed, counter %d, replay %.0f/s vs ingest %.0f/s before it, "
+                 "stages %s", cache, p, mv.source, mv.bytes, mv.wire, mv.replayed, mine,
+                 mv.replay_rate, mv.ingest_rate, mv.stage_seconds)
         self.metrics.inc("ferry_node_moves_done_total", cache=cache)
         self.metrics.inc("ferry_node_move_bytes_total", mv.wire, cache=cache)
         self.metrics.inc("ferry_node_replayed_updates_total", mv.replayed, cache=cache)
+        self.metrics.inc("ferry_node_buffered_updates_total", mv.buffered, cache=cache)
+        if mv.replayed:
+            self.metrics.observe("ferry_node_replay_rate", mv.replay_rate)
+        if mv.ingest_rate > 0:
+            self.metrics.observe("ferry_node_tempwal_ingest_rate", mv.ingest_rate)
         return True
 
     def _tmpwal_sync(self) -> str:
@@ -183,9 +194,16 @@ class FileMoves:
         for node, _ in self._suppliers(mv.cache, mv.p)[:1]:
             with self.map_lock:
                 addr = self.map.address(node)
+                mem = self.map.members.get(node)
             if addr is None:
                 return
-            theirs = self.pool.call(addr, "ping", timeout=5.0).get("page_size", self.cfg.page_size)
+            # a process keeps its page size: ask each boot of a node once, not per move
+            known = self.__dict__.setdefault("_page_sizes", {})
+            key = (node, mem.boot if mem else None, addr)
+            theirs = known.get(key)
+            if theirs is None:
+                theirs = known[key] = self.pool.call(addr, "ping", timeout=5.0).get(
+                    "page_size", self.cfg.page_size)
             if theirs != self.cfg.page_size:
                 raise FilesImpossible(f"{node} stores {theirs}-byte pages, this node "
                                       f"{self.cfg.page_size}-byte pages: files cannot move")
@@ -194,7 +212,14 @@ class FileMoves:
         """Apply the temp WAL in order while appends go on; switch at the tail."""
         cache, p, sink = mv.cache, mv.p, mv.sink
         lsn = sink.wal.first_lsn
-        t0 = time.monotonic()
+        t0 = mv.replay_started = time.monotonic()
+        at_start = sink.appended
+        mv.ingest_rate = at_start / max(t0 - mv.buffer_started, 1e-6)
+
+        def rates() -> None:
+            span = max(time.monotonic() - t0, 1e-6)
+            mv.replay_rate = mv.replayed / span
+            mv.ingest_replay = (sink.appended - at_start) / span
         while True:
             if mv.cancelled or self.stopping.is_set():
                 raise Unavailable("move cancelled")
@@ -209,13 +234,14 @@ class FileMoves:
                 ahead = mv.replayed / limit - (time.monotonic() - t0)
                 if ahead > 0:
                     self.stopping.wait(ahead)
-            mv.replay_rate = mv.replayed / max(time.monotonic() - t0, 1e-6)
+            rates()
             crashpoint("demander.mid_replay")
         with self.plock(cache, p):          # brief: the last few records, then the switch
             tail = sink.read(lsn, None)
             self._apply_records(mv, data, tail)
             crashpoint("demander.mid_replay")
             mv.direct = True
+            rates()
 
     def _apply_records(self, mv: Any, data: Any, records: list[Any]) -> None:
         """Apply a batch of temp-WAL records (index changes in one commit)."""
@@ -229,14 +255,24 @@ class FileMoves:
                                       f"{u.counter} (an update was missed); restarting the move")
                 todo.append((u.key, u.value, u.counter))
                 cur = u.counter
-        for i in range(0, len(todo), 512):
-            mv.replayed += data.apply_many(p, todo[i:i + 512])
+        # one WAL batch + one durability wait + one index commit per chunk
+        chunk: list[tuple[bytes, bytes | None, int]] = []
+        size = 0
+        for u in todo:
+            chunk.append(u)
+            size += len(u[0]) + len(u[1] or b"")
+            if len(chunk) >= APPLY_CHUNK or size >= APPLY_CHUNK_BYTES:
+                mv.replayed += data.apply_many(p, chunk)
+                chunk, size = [], 0
+        if chunk:
+            mv.replayed += data.apply_many(p, chunk)
         if records:
             mv.sink.replayed = records[-1][0]
 
     def buffer_update(self, mv: Any, cache: str, p: int, key: bytes, value: bytes | None,
-                      counter: int, prev: int) -> str:
-        """op_replicate for a MOVING copy (partition lock held)."""
+                      counter: int, prev: int, durable: bool = True) -> str:
+        """op_replicate for a MOVING copy (partition lock held). ``durable=False``
+        (a replicated batch): the caller calls ``mv.sink.sync()`` before answering."""
         if mv.direct:
             data = self.data[cache]
             if data.counter(p) != prev:
@@ -245,22 +281,25 @@ class FileMoves:
                 return "absent"
             data.apply(p, key, value, counter)
             return "applied"
-        mv.sink.append(counter, key, value)
+        mv.sink.append(counter, key, value, durable=durable)
         return "buffered"
 
-    def backpressure(self, mv: Any) -> None:
+    def backpressure(self, mv: Any, records: int = 1) -> None:
         """Called after the partition lock is released. While the replay runs, each
-        acknowledgement of the partition waits 3 / (replay rate): the primary replicates
-        under its partition lock, so the partition then takes at most a third of the
-        replay rate and the backlog shrinks by at least two thirds of it - a sustained
-        write load cannot keep the move from finishing."""
+        acknowledgement of the partition waits 3 / (replay rate) per record it carried
+        (a replicated batch: ``records``): the primary replicates under its partition
+        lock, so the partition then takes at most a third of the replay rate and the
+        backlog shrinks by at least two thirds of it - a sustained write load cannot
+        keep the move from finishing."""
         sink = mv.sink
         if sink is None or mv.stage != "replay" or mv.direct:
             return
         # On for the whole replay, not above a threshold: with a threshold the backlog
         # settles just above it and the tail (< TAIL records) is never reached.
         if sink.backlog() > 0:
-            delay = min(BACKPRESSURE_MAX_S, 3.0 / mv.replay_rate if mv.replay_rate > 0 else 0.01)
+            # a batch may wait longer: its replicate timeout is 4x the single one's
+            cap = BACKPRESSURE_MAX_S * (4 if records > 1 else 1)
+            delay = min(cap, 3.0 * records / mv.replay_rate if mv.replay_rate > 0 else 0.01)
             self.metrics.inc("ferry_node_backpressure_seconds_total", delay, cache=mv.cache)
             time.sleep(delay)
 

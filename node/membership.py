@@ -19,6 +19,7 @@ from .states import State
 
 log = logging.getLogger("ferry.node.membership")
 CLUSTER_FILE = "cluster.json"      # last known members, to find the cluster after a restart
+REPORT_COALESCE_S = 0.02           # a state change is reported this soon (bursts coalesce)
 
 
 class Membership:
@@ -213,12 +214,24 @@ class Membership:
 
     # -- heartbeats ---------------------------------------------------------------
     def _heartbeat_loop(self) -> None:
+        """A heartbeat every ``heartbeat_interval_s``, and at once (after a short pause
+        that lets a burst of changes go out as one report) when a partition state
+        changed: the coordinator's map, and with it the hand-off of the primary and
+        the old owners' eviction, wait for that report, so a move's OWNING is not held
+        up by up to one heartbeat interval per step of that chain."""
         self._last_ok = time.monotonic()
-        while not self.stopping.wait(self.cfg.heartbeat_interval_s):
+        while not self.stopping.is_set():
+            self._report_dirty.wait(self.cfg.heartbeat_interval_s)
+            if self.stopping.wait(REPORT_COALESCE_S):
+                return
+            before = self._last_ok
             try:
                 self._heartbeat_once()
             except Exception:   # never let the failure detector die
                 log.exception("stage=membership heartbeat round failed")
+            if (self._last_ok == before and self._report_dirty.is_set()
+                    and self.stopping.wait(self.cfg.heartbeat_interval_s)):
+                return          # failed with a report pending: retry at the normal pace
 
     def _heartbeat_once(self) -> None:
         last_ok = self._last_ok

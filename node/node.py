@@ -273,9 +273,7 @@ class Node(Membership, UpdatePath, Rebalancer):
                 lim.set_max_transfers(new.transfer_concurrency)
         if new.checkpoint_interval_s != old.checkpoint_interval_s:
             for d in self.data.values():
-                # PartitionStore has no setter; its background loop re-reads _interval
-                d.store._interval = new.checkpoint_interval_s
-                d.store._wake.set()
+                d.store.set_checkpoint_interval(new.checkpoint_interval_s)
         logging.getLogger().setLevel(getattr(logging, new.log_level.upper(), logging.INFO))
 
     def op_moves_done(self) -> list[dict[str, Any]]:
@@ -306,6 +304,7 @@ class Node(Membership, UpdatePath, Rebalancer):
                 if mv.replay_rate > 0:
                     m.set("ferry_node_replay_lag_seconds", b / mv.replay_rate, cache=mv.cache,
                           partition=str(mv.p))
+                m.set("ferry_node_tempwal_ingest", mv.ingest_now(), cache=mv.cache, partition=str(mv.p))
         for stage in ("prepare", "demand", "transfer", "install", "index rebuild", "replay",
                       "checkpoint wait", "fetch", "catchup"):
             m.set("ferry_node_moves_by_stage", by_stage.get(stage, 0), stage=stage)

@@ -25,109 +25,19 @@ import logging
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
 from typing import Any
 
 from faults import crashpoint
 
 from .errors import NodeError, Unavailable
 from .filemove import FileMoves, FilesImpossible
+from .move import MemorySink, Move  # noqa: F401  (Move: public here too)
 from .tempwal import TempWalSink
 from .states import State
 
 log = logging.getLogger("ferry.node.rebalance")
 FETCH_BYTES = 512 * 1024       # per batch: well under one 1 MiB frame
 FENCE_SECONDS = 10.0           # a hand-off that is not confirmed in this time is undone
-
-
-class MemorySink:
-    """Updates replicated to a MOVING copy, kept until catch-up (messages mode)."""
-
-    def __init__(self) -> None:
-        self.items: list[tuple[int, bytes, bytes | None]] = []
-
-    def append(self, counter: int, key: bytes, value: bytes | None) -> None:
-        self.items.append((counter, key, value))
-
-    def drain(self) -> list[tuple[int, bytes, bytes | None]]:
-        out, self.items = self.items, []
-        return out
-
-    def backlog(self) -> int:
-        return len(self.items)
-
-
-@dataclass
-class Move:
-    cache: str
-    p: int
-    mode: str = "messages"
-    source: str | None = None
-    stage: str = "prepare"
-    bytes: int = 0
-    bytes_total: int = 0
-    started: float = field(default_factory=time.monotonic)
-    sink: Any = None
-    cancelled: bool = False
-    # files mode
-    direct: bool = False              # switched to the normal write path (replay done)
-    gap: str | None = None            # set when a replicated update did not follow: restart
-    wire: int = 0                     # bytes received over the wire (all attempts)
-    wire_before: int = 0
-    replayed: int = 0
-    replay_rate: float = 0.0
-    snapshot_counter: int = 0
-    index_progress: tuple[int, Any, Any] | None = None
-    stage_started: float = field(default_factory=time.monotonic)
-    stage_seconds: dict[str, float] = field(default_factory=dict)
-    on_stage: Any = None              # callback(stage, seconds) for metrics
-
-    def begin(self, stage: str) -> None:
-        now = time.monotonic()
-        spent = now - self.stage_started
-        self.stage_seconds[self.stage] = round(self.stage_seconds.get(self.stage, 0.0) + spent, 3)
-        if self.on_stage is not None:
-            self.on_stage(self.stage, spent)
-        self.stage, self.stage_started = stage, now
-        log.info("stage=%s cache=%s partition=%d move (%s) enters %s", stage, self.cache, self.p,
-                 self.mode, stage)
-
-    def eta(self) -> float | None:
-        elapsed = max(time.monotonic() - self.stage_started, 1e-6)
-        if self.stage in ("transfer", "install") and self.bytes_total:
-            rate = self.bytes / max(time.monotonic() - self.started, 1e-6)
-            return round(max(self.bytes_total - self.bytes, 0) / rate, 1) if rate > 0 else None
-        if self.stage == "index rebuild" and self.index_progress and self.index_progress[2] is not None:
-            return round(float(self.index_progress[2]), 1)
-        if self.stage == "replay" and self.sink is not None and self.replay_rate > 0:
-            return round(self.sink.backlog() / self.replay_rate, 1)
-        if self.stage == "index rebuild" and self.index_progress and self.index_progress[1]:
-            done, total = self.index_progress[0], self.index_progress[1]
-            return round((total - done) * elapsed / done, 1) if done else None
-        return None
-
-    def summary(self, me: str) -> dict[str, Any]:
-        """A finished move, for ``moves_done`` (the demo's per-partition report)."""
-        return {"cache": self.cache, "partition": self.p, "from": self.source, "to": me,
-                "mode": self.mode, "bytes": self.bytes, "wire_bytes": self.wire,
-                "replayed": self.replayed, "seconds_to_owning": round(time.monotonic() - self.started, 3),
-                "stage_seconds": dict(self.stage_seconds), "finished": time.time()}
-
-    def status(self, me: str) -> dict[str, Any]:
-        elapsed = max(time.monotonic() - self.started, 1e-6)
-        rate = self.bytes / elapsed
-        left = max(self.bytes_total - self.bytes, 0)
-        out = {"cache": self.cache, "partition": self.p, "from": self.source, "to": me,
-               "mode": self.mode, "stage": self.stage, "bytes": self.bytes,
-               "bytes_total": self.bytes_total, "rate_bps": round(rate, 1),
-               "backlog": self.sink.backlog() if self.sink else 0,
-               "eta_s": round(left / rate, 1) if rate > 0 and self.bytes_total else None}
-        if self.mode == "files":
-            out.update({"eta_s": self.eta(), "wire_bytes": self.wire, "replayed": self.replayed,
-                        "replay_rate": round(self.replay_rate, 1),
-                        "stage_seconds": dict(self.stage_seconds),
-                        "seconds": round(elapsed, 2)})
-        return out
 
 
 class Rebalancer(FileMoves):
@@ -199,7 +109,8 @@ class Rebalancer(FileMoves):
 
     def _move_once(self, mv: Move, data: Any) -> bool:
         cache, p = mv.cache, mv.p
-        mv.stage, mv.bytes, mv.bytes_total = "prepare", 0, 0
+        mv.begin("prepare")
+        mv.bytes, mv.bytes_total = 0, 0
         with self.plock(cache, p):
             if self.states.get(cache, p) != State.MOVING:
                 self.states.set(cache, p, State.MOVING, reason="move")
@@ -216,12 +127,14 @@ class Rebalancer(FileMoves):
                 log.error("stage=demand cache=%s partition=%d LOST: no live owner", cache, p)
                 return True
             raise Unavailable(f"no primary for {cache}/{p} yet")
-        mv.source, mv.stage = prim, "demand"
+        mv.source = prim
+        mv.begin("demand")
         r = self.pool.call(addr, "demand", cache=cache, p=p, node=self.id, address=self.cfg.address)
         sid, C = r["session"], int(r["counter"])
         mv.bytes_total = int(r["bytes"])
         crashpoint("demander.after_demand")
-        mv.stage, offset = "fetch", 0
+        mv.begin("fetch")
+        offset = 0
         while True:
             if mv.cancelled:
                 return True
@@ -233,7 +146,7 @@ class Rebalancer(FileMoves):
             offset = b["next"]
             if b["done"]:
                 break
-        mv.stage = "catchup"
+        mv.begin("catchup")
         with self.plock(cache, p):
             items = [it for it in mv.sink.drain() if it[0] > C]
             for i, (c, _, _) in enumerate(items):
@@ -250,8 +163,9 @@ class Rebalancer(FileMoves):
             self.states.set(cache, p, State.OWNING, reason="messages move complete")
             mv.sink = None
         crashpoint("demander.after_owning")
-        log.info("stage=owning cache=%s partition=%d from %s: %d bytes, counter %d",
-                 cache, p, mv.source, mv.bytes, want)
+        mv.begin("owning")
+        log.info("stage=owning cache=%s partition=%d from %s: %d bytes, counter %d, stages %s",
+                 cache, p, mv.source, mv.bytes, want, mv.stage_seconds)
         self.metrics.inc("ferry_node_moves_done_total", cache=cache)
         self.metrics.inc("ferry_node_move_bytes_total", mv.bytes, cache=cache)
         try:

@@ -65,7 +65,8 @@ def render(doc: dict[str, Any]) -> str:
                 f"[{mv.get('mode', 'messages')}] {mv['stage']:<15} {mv['bytes']}/{mv['bytes_total']} B "
                 f"{mv.get('rate_bps', 0) / 1e6:.1f} MB/s backlog {mv.get('backlog', 0)}")
         if mv.get("mode") == "files":
-            line += f" replayed {mv.get('replayed', 0)} ({mv.get('replay_rate', 0)}/s)"
+            line += (f" replayed {mv.get('replayed', 0)} ({mv.get('replay_rate', 0)}/s,"
+                     f" ingest {mv.get('ingest_rate', 0)}/s)")
         lines.append(line + f" eta {eta}")
     if doc["lost"]:
         lines.append(f"LOST partitions (no live OWNING copy): {', '.join(doc['lost'])}")

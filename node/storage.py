@@ -107,17 +107,36 @@ class CacheData:
         return counters
 
     def apply_many(self, p: int, updates: list[tuple[bytes, bytes | None, int]]) -> int:
-        """Backup side / temp-WAL replay, bulk: idempotent by counter like :meth:`apply`,
-        index changes in one commit. (A crash between the data and the index commit leaves
-        the index behind; the unclean start-up rebuilds it, a move starts over.)"""
-        changes = []
-        for key, value, counter in updates:
-            old = self.store.get(p, key) if self.cache.indexes else None
-            if self.store.apply(p, key, value, counter):
-                changes.append((key, old, value))
-        if changes and self.cache.indexes:
-            self.indexes.apply_many(p, changes)
-        return len(changes)
+        """Backup side / temp-WAL replay, bulk: idempotent by counter like :meth:`apply`;
+        the data in one WAL batch with ONE durability wait (``PartitionStore.apply_many``),
+        the index changes in one commit. The caller holds the partition lock, so nothing
+        else changes p meanwhile. Returns how many were applied. (A crash between the
+        data and the index commit leaves the index behind; the unclean start-up rebuilds
+        it, a move starts over.)"""
+        held = self.counter(p)
+        todo = []
+        for u in updates:                       # only what apply() would apply, in order
+            if u[2] > held:
+                todo.append(u)
+                held = u[2]
+        if not todo:
+            return 0
+        olds: list[bytes | None] = []
+        if self.cache.indexes:
+            pending: dict[bytes, bytes | None] = {}   # a key updated twice in one batch
+            for key, value, _ in todo:
+                olds.append(pending[key] if key in pending else self.store.get(p, key))
+                pending[key] = value
+        done = self.store.apply_many(p, todo)
+        if self.cache.indexes:
+            if all(done):
+                self.indexes.apply_many(p, [(k, o, v) for (k, v, _), o in zip(todo, olds)])
+            else:   # not expected under the partition lock; the index must follow the data
+                log.warning("cache=%s partition=%d: %d of %d batched updates were not applied; "
+                            "rebuilding the partition's index", self.cache.name, p,
+                            done.count(False), len(done))
+                self.indexes.rebuild(p, self.store)
+        return sum(done)
 
     def entries(self, p: int) -> list[Entry]:
         """Every entry of p with its update counter (tombstones included when the store

@@ -84,10 +84,11 @@ class TempWalSink:
 
     def __init__(self, path: str, sync: str = "group") -> None:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        self.path = path
+        self.path, self.sync_mode = path, sync
         self.wal = Wal.open(path, sync=sync, segment_size=SEGMENT_SIZE)
         self.replayed = self.wal.first_lsn - 1
         self.appended_bytes = 0
+        self.appended = 0                 # records appended by this process (ingest rate)
 
     @classmethod
     def fresh(cls, data: str, cache: str, p: int, sync: str = "group") -> "TempWalSink":
@@ -95,10 +96,18 @@ class TempWalSink:
         remove(data, cache, p)
         return cls(tmpwal_dir(data, cache, p), sync)
 
-    def append(self, counter: int, key: bytes, value: bytes | None) -> None:
+    def append(self, counter: int, key: bytes, value: bytes | None, *, durable: bool = True) -> None:
+        """Durable on return (unless sync is none); ``durable=False``: written in order
+        to the OS only, :meth:`sync` makes it durable (one fsync for a batch)."""
         payload = Update(counter, key, value).encode()
-        self.wal.append(payload, TempRecord.UPDATE)
+        self.wal.append(payload, TempRecord.UPDATE, wait=durable)
         self.appended_bytes += len(payload)
+        self.appended += 1
+
+    def sync(self) -> None:
+        """Make every append so far durable (no-op with sync = none)."""
+        if self.sync_mode != "none":
+            self.wal.sync()
 
     def read(self, lsn: int, limit: int | None) -> list[tuple[int, Update]]:
         """Up to ``limit`` (lsn, update) from ``lsn`` on; [] when nothing is there yet."""

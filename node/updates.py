@@ -26,6 +26,7 @@ from typing import Any, Iterator
 from .assignment import partition_of
 from .errors import BadRequest, NodeError, NotPrimary, TooLarge, Unavailable
 from .states import State
+from .tempwal import TempWalSink
 
 log = logging.getLogger("ferry.node.updates")
 REPLICATE_TIMEOUT = 5.0
@@ -219,15 +220,22 @@ class UpdatePath:
                     data.apply_many(p, [(k, v, c) for k, v, c in updates])   # the common case
                     self.last_applied[(cache, p)] = time.time()
                     return "applied"
-                for key, value, counter in updates:
-                    r, mv = self._replicate_one(cache, p, key, value, counter, prev, primary)
-                    if r not in ("applied", "buffered"):
-                        break
-                    prev = counter
+                try:
+                    for key, value, counter in updates:
+                        # a MOVING copy's temp WAL: written in order now, made durable
+                        # once for the whole batch below (still before the answer)
+                        r, mv = self._replicate_one(cache, p, key, value, counter, prev, primary,
+                                                    durable=False)
+                        if r not in ("applied", "buffered"):
+                            break
+                        prev = counter
+                finally:
+                    if mv is not None and isinstance(mv.sink, TempWalSink):
+                        mv.sink.sync()
             return r
         finally:
             if mv is not None and mv.mode == "files":
-                self.backpressure(mv)
+                self.backpressure(mv, records=len(updates))
 
     def op_replicate(self, cache: str, p: int, key: bytes, value: bytes | None, counter: int,
                      prev: int, primary: str) -> str:
@@ -240,8 +248,9 @@ class UpdatePath:
                 self.backpressure(mv)
 
     def _replicate_one(self, cache: str, p: int, key: bytes, value: bytes | None, counter: int,
-                       prev: int, primary: str) -> tuple[str, Any]:
-        """One replicated update (the result, and the move of p if it is MOVING here)."""
+                       prev: int, primary: str, durable: bool = True) -> tuple[str, Any]:
+        """One replicated update (the result, and the move of p if it is MOVING here).
+        ``durable=False``: a temp-WAL append is not yet synced; the caller syncs."""
         data = self.data[cache]
         mv = None
         with self.plock(cache, p):
@@ -249,7 +258,8 @@ class UpdatePath:
             if st == State.MOVING:
                 mv = self.moves.get((cache, p))
                 if mv is not None and mv.mode == "files" and (mv.sink is not None or mv.direct):
-                    return self.buffer_update(mv, cache, p, key, value, counter, prev), mv
+                    return self.buffer_update(mv, cache, p, key, value, counter, prev,
+                                              durable=durable), mv
                 if mv is not None and mv.sink is not None:
                     mv.sink.append(counter, key, value)
                     return "buffered", mv

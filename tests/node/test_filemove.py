@@ -228,11 +228,13 @@ def test_status_shows_file_moves_with_stages(tmp_path, nodes):
     assert found is not None, doc["moves"]
     assert found["mode"] == "files" and found["to"] == "n3" and found["from"] in ("n1", "n2")
     assert found["bytes_total"] > 0 and "eta_s" in found and "prepare" in found["stage_seconds"]
+    # replay vs ingest: the temp WAL's ingest is measured while the file travels
+    assert found["buffered"] > 0 and found["ingest_rate"] > 0 and found["replay_over_ingest"] is None
     assert "[files] transfer" in render(doc)
     from node.wire import Pool, load_secret
     text = Pool(load_secret(secret), role="client").call(n3.address, "metrics")
     assert 'ferry_node_moves_by_stage{stage="transfer"}' in text
-    assert "ferry_node_replay_backlog{" in text
+    assert "ferry_node_replay_backlog{" in text and "ferry_node_tempwal_ingest{" in text
 
 
 def _owners(doc: dict, cache: str = "default") -> dict[int, list[str]]:

@@ -149,3 +149,62 @@ def test_move_status_per_stage():
     mv.begin("replay")
     assert mv.status("n3")["eta_s"] is None            # no replay rate yet
     assert set(mv.stage_seconds) == {"prepare", "transfer"}
+
+
+def test_move_reports_replay_against_ingest(tmp_path):
+    """status/moves_done carry the temp-WAL ingest rate and the replay rate."""
+    mv = Move("default", 3, mode="files")
+    mv.sink = TempWalSink(str(tmp_path / "t"), sync="none")
+    mv.buffer_started = time.monotonic() - 2.0
+    for c in range(1, 11):
+        mv.sink.append(c, b"k%d" % c, b"v")
+    st = mv.status("n3")
+    assert st["buffered"] == 10 and 3.0 < st["ingest_rate"] <= 5.0   # ~10 records in 2 s
+    assert st["replay_over_ingest"] is None                          # no replay yet
+    mv.replay_started, mv.ingest_rate, mv.replay_rate, mv.replayed = time.monotonic(), 5.0, 50.0, 10
+    c = mv.catchup()
+    assert c["replay_over_ingest"] == 10.0 and c["replayed"] == 10
+    mv.buffered, sink, mv.sink = 10, mv.sink, None
+    sink.destroy()
+    assert mv.summary("n3")["buffered"] == 10 and mv.summary("n3")["replay_over_ingest"] == 10.0
+
+
+def test_cache_data_apply_many_batches_and_keeps_the_index_right(tmp_path):
+    """One batch with a key updated twice, a remove, and counters at or below the
+    partition's (skipped): data and index end as if applied one by one."""
+    from node.storage import CacheData
+    cfg = load(None, id="n1", data=str(tmp_path), listen="127.0.0.1:7001")
+    cache = CacheConfig.from_wire({"name": "default", "partitions": 4, "backups": 1,
+                                   "indexes": [{"name": "by_city", "field": "city", "unique": False}]})
+    d = CacheData(cfg, cache)
+    try:
+        d.create(1)
+        city = lambda c: json.dumps({"city": c}).encode()   # noqa: E731
+        assert d.apply(1, b"a", city("oslo"), 1)
+        n = d.apply_many(1, [(b"a", city("lima"), 1),          # at the partition's counter: skipped
+                             (b"a", city("pune"), 2), (b"b", city("kyiv"), 3),
+                             (b"a", city("oslo"), 4), (b"b", None, 5), (b"c", city("pune"), 6),
+                             (b"c", city("lima"), 6)])          # repeated counter: skipped
+        assert n == 5 and d.counter(1) == 6
+        assert d.get(1, b"a") == city("oslo") and d.get(1, b"b") is None and d.get(1, b"c") == city("pune")
+        assert sorted(d.lookup("by_city", "oslo")) == [b"a"]
+        assert d.lookup("by_city", "kyiv") == [] and d.lookup("by_city", "lima") == []
+        assert sorted(d.lookup("by_city", "pune")) == [b"c"]
+        assert d.apply_many(1, []) == 0 and d.apply_many(1, [(b"z", b"{}", 3)]) == 0
+    finally:
+        d.close()
+
+
+def test_temp_wal_batch_appends_then_one_sync(tmp_path):
+    """A replicated batch is written in order with durable=False and synced once."""
+    sink = TempWalSink(str(tmp_path / "t"), sync="group")
+    try:
+        for c in range(1, 6):
+            sink.append(c, b"k%d" % c, None if c == 3 else b"v", durable=False)
+        sink.sync()
+        assert sink.wal._durable_lsn >= sink.last_lsn     # durable after the one sync
+        got = [(u.counter, u.key, u.value) for _, u in sink.read(sink.wal.first_lsn, None)]
+        assert got == [(1, b"k1", b"v"), (2, b"k2", b"v"), (3, b"k3", None), (4, b"k4", b"v"), (5, b"k5", b"v")]
+        assert sink.appended == 5 and sink.backlog() == 5
+    finally:
+        sink.destroy()
