@@ -55,7 +55,8 @@ from .records import RecordType, encode_images, encode_marker
 if TYPE_CHECKING:
     from .store import PartitionStore
 
-BATCH = 1 << 20          # bytes per pwrite/pread and per IMAGES record
+BATCH = 1 << 20          # bytes per pwrite/pread and per IMAGES record (at most; a store
+                         # with a budget under 32 MiB uses mem.io_bytes, 1/32 of it)
 
 
 @dataclass
@@ -145,9 +146,10 @@ def run(store: PartitionStore, checkpoint_id: int) -> CheckpointStats | None:
 def _log_undo_images(store: PartitionStore, per_part: dict[int, list[tuple[int, bytearray]]],
                      stats: CheckpointStats) -> int:
     """Stages 3 and 4: read the file's current bytes of every page to be overwritten in
-    place, in runs of up to BATCH bytes; log them (IMAGES, not waited for) and hand
+    place, in runs of up to mem.io_bytes bytes; log them (IMAGES, not waited for) and hand
     them to an open transfer snapshot.  Returns the last IMAGES lsn (0: none)."""
     ps = store.page_size
+    batch = store.mem.io_bytes
     last = 0
     for pid, pages in per_part.items():
         part = store.parts[pid]
@@ -156,7 +158,7 @@ def _log_undo_images(store: PartitionStore, per_part: dict[int, list[tuple[int, 
         stats.appended += len(pages) - len(inplace)
         snap = store._snapshots.get(pid)
         olds: list[tuple[int, memoryview]] = []
-        runs = list(_index_runs(inplace, BATCH // ps))
+        runs = list(_index_runs(inplace, batch // ps))
         for r, (start, n) in enumerate(runs):
             raw = os.pread(part.fd, n * ps, start * ps)
             if len(raw) != n * ps:
@@ -165,8 +167,8 @@ def _log_undo_images(store: PartitionStore, per_part: dict[int, list[tuple[int, 
                                       f"{part.file_pages}); run `ferry partition verify`")
             view = memoryview(raw)
             olds.extend((start + j, view[j * ps:(j + 1) * ps]) for j in range(n))
-            if len(olds) * ps < BATCH and r + 1 < len(runs):
-                continue                      # one IMAGES record per ~BATCH bytes
+            if len(olds) * ps < batch and r + 1 < len(runs):
+                continue                      # one IMAGES record per ~batch bytes
             images, free = [], []
             for index, old in olds:
                 if old[8] == PageType.FREE and old == _free_page(index, ps):
@@ -217,9 +219,9 @@ class _Stages:
         self.t = now
 
 
-def _runs(pages: list[tuple[int, bytearray]], page_size: int):
-    """Consecutive pages joined into writes of at most BATCH bytes (and IOV_MAX pages)."""
-    per = max(1, min(BATCH // page_size, 512))
+def _runs(pages: list[tuple[int, bytearray]], page_size: int, batch: int = BATCH):
+    """Consecutive pages joined into writes of at most ``batch`` bytes (and IOV_MAX pages)."""
+    per = max(1, min(batch // page_size, 512))
     run: list[bytearray] = []
     start = prev = -2
     for index, buf in pages:
@@ -251,7 +253,7 @@ class _Writer:
         part = self.store.parts[pid]
         fd = part.write_fd()
         ps = self.store.page_size
-        for start, run in _runs(pages, ps):
+        for start, run in _runs(pages, ps, self.store.mem.io_bytes):
             for buf in run:
                 seal(buf)
             size = len(run) * ps

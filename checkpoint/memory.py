@@ -19,8 +19,11 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Callable
 
-SPARE_PAGES = 64       # evicted buffers kept for reuse
+SPARE_PAGES = 64       # evicted buffers kept for reuse (at most 1/32 of the capacity)
 MIN_PAGES = 32          # below this a single put (data + meta + a few overflow pages) may not fit
+IO_BYTES = 1 << 20      # largest transient read/write batch (scans, open scan, checkpoint runs)
+IO_FRACTION = 32        # ... else this fraction of the budget
+IO_MIN = 64 << 10       # ... but not below this (tiny test budgets would do page-sized I/O)
 
 
 def page_key(partition: int, index: int) -> int:
@@ -31,6 +34,12 @@ class PageMemory:
     def __init__(self, page_size: int, budget_bytes: int) -> None:
         self.page_size = page_size
         self.capacity = max(MIN_PAGES, budget_bytes // page_size)
+        # Transient buffers outside page memory (a scan batch and its decoded entries,
+        # the open-time scan, a checkpoint's undo-image reads and IMAGES record) are
+        # sized from the budget, so a small budget is not dwarfed by fixed 1 MiB batches.
+        self.io_bytes = max(page_size, IO_MIN,
+                            min(IO_BYTES, self.capacity * page_size // IO_FRACTION))
+        self.spare_limit = min(SPARE_PAGES, self.capacity // IO_FRACTION)
         self.pages: OrderedDict[int, bytearray] = OrderedDict()
         self.dirty: set[int] = set()
         self.cut: dict[int, bytearray] = {}
@@ -118,7 +127,7 @@ class PageMemory:
                     break
         for k in victims:
             buf = self.pages.pop(k)
-            if len(self.spare) < SPARE_PAGES and k not in self.cut:
+            if len(self.spare) < self.spare_limit and k not in self.cut:
                 self.spare.append(buf)
         self.evictions += len(victims)
 

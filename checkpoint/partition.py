@@ -3,22 +3,27 @@ its pages through page memory.  Every method runs under the store lock.
 
 In-memory state (rebuilt at open by one sequential scan of the file):
 
-* ``index``: key -> ``page << 16 | slot`` of its entry (live or tombstone).  This is
-  the one per-key structure kept in memory: about 100 bytes + the key per entry.
-* ``space``: DATA page -> reusable bytes; ``roomy``: DATA pages with at least a
-  quarter page free, where inserts go; ``free_pages``: a min-heap of FREE pages, reused
-  lowest first so a partition that shrinks and grows again keeps its file compact.
+* ``index``: key -> ``page << 16 | slot`` of its entry (live or tombstone), a
+  :class:`~checkpoint.keyindex.KeyIndex` of key hashes (the keys stay in the pages).
+  This is the one per-key structure kept in memory: ~28 bytes per key (16-43).
+* ``space``: reusable bytes per page (an ``array('I')``, 0 for non-DATA pages: 4 bytes
+  per page, no per-page object); ``roomy``: DATA pages with at least a quarter page
+  free, where inserts go; ``free_pages``: a min-heap of FREE pages, reused lowest first
+  so a partition that shrinks and grows again keeps its file compact.
 """
 from __future__ import annotations
 
 import heapq
 import os
+from array import array
+
 from faults import fileio
 
 from . import page as pg
+from .keyindex import KeyIndex
 from .memory import PageMemory, page_key
-from .pagefile import (F_OVERFLOW, F_TOMBSTONE, HEADER, PTR, CorruptPageError, EntryFlag,
-                       PageType, check_page, read_meta, page_entries)
+from .pagefile import (ENTRY, F_OVERFLOW, F_TOMBSTONE, HDR, HEADER, PTR, SLOT, CorruptPageError,
+                       EntryFlag, PageType, check_page, read_meta, page_entries)
 
 
 class Partition:
@@ -38,8 +43,9 @@ class Partition:
         self.file_pages = meta.page_count      # durable in the file (meta of the last checkpoint)
         self.counter = meta.counter            # latest applied update counter
         self.ckpt_counter = meta.counter       # counter of the last checkpoint
-        self.index: dict[bytes, int] = {}
-        self.space: dict[int, int] = {}
+        self.index = KeyIndex(self._key_at)
+        self._key_page = bytearray()
+        self.space = array("I", bytes(4 * self.page_count))
         self.roomy: set[int] = set()
         self.free_pages: list[int] = []
         self.fill = 0                          # current insert page (0 = none)
@@ -66,7 +72,7 @@ class Partition:
     # -- open-time scan ----------------------------------------------------------
     def _scan(self) -> None:
         ps = self.page_size
-        per = max(1, (1 << 20) // ps)
+        per = max(1, self.mem.io_bytes // ps)
         size = os.fstat(self.fd).st_size
         if size < self.page_count * ps:
             raise CorruptPageError(self.path, size // ps, size // ps * ps,
@@ -87,7 +93,7 @@ class Partition:
                 elif ptype == PageType.DATA:
                     used = pg.HDR + 2 * HEADER.unpack_from(buf, 0)[4]
                     for slot, flags, key, _c, vlen, _w in page_entries(buf):
-                        self.index[key] = i << 16 | slot
+                        self.index.add(key, i << 16 | slot)
                         used += 15 + len(key) + (4 if flags & F_OVERFLOW else vlen)
                     self._set_space(i, ps - used)
         heapq.heapify(self.free_pages)
@@ -116,6 +122,7 @@ class Partition:
         else:
             index = self.page_count
             self.page_count += 1
+            self.space.append(0)
         buf = pg.new_page(index, self.page_size, ptype, self.mem.take())
         self.mem.put_new(page_key(self.pid, index), buf)
         return index, buf
@@ -123,7 +130,7 @@ class Partition:
     def _free(self, index: int) -> None:
         self.mem.put_new(page_key(self.pid, index),
                          pg.new_page(index, self.page_size, PageType.FREE, self.mem.take()))
-        self.space.pop(index, None)
+        self.space[index] = 0
         self.roomy.discard(index)
         if self.fill == index:
             self.fill = 0
@@ -137,11 +144,20 @@ class Partition:
             self.roomy.discard(index)
 
     # -- entries -----------------------------------------------------------------
+    def _key_at(self, loc: int) -> bytearray:
+        """The key of the entry at ``loc`` (the key index compares it on a hash match).
+        Leaves the page in ``_key_page``: a successful lookup's last call is for the
+        location it returns, so :meth:`get` reads the entry from there."""
+        buf = self._key_page = self.page(loc >> 16)
+        (off,) = SLOT.unpack_from(buf, HDR + 2 * (loc & 0xFFFF))
+        k0 = off + ENTRY.size
+        return buf[k0:k0 + ENTRY.unpack_from(buf, off)[1]]
+
     def get(self, key: bytes) -> bytes | None:
         loc = self.index.get(key)
         if loc is None:
             return None
-        buf = self.page(loc >> 16)
+        buf = self._key_page          # the page of ``loc``, just read by the lookup
         flags, _c, vlen, where, _size = pg.read_entry(buf, loc & 0xFFFF)
         if flags & F_TOMBSTONE:
             return None
@@ -162,7 +178,8 @@ class Partition:
     def write(self, key: bytes, value: bytes | None, counter: int) -> None:
         """Store ``value`` (None: a tombstone) for ``key`` with update ``counter``."""
         self.counter = counter
-        old = self.index.get(key)
+        pos = self.index.find(key)
+        old = None if pos < 0 else self.index.loc_at(pos)
         if value is None and old is None:
             return                            # removing an absent key stores nothing
         if value is None:
@@ -182,22 +199,30 @@ class Partition:
             free = self.space[index] + pg.delete(buf, slot, size)
             done = pg.insert(buf, free, flags, key, counter, vlen, stored)
             if done is not None:
-                self.index[key] = index << 16 | done[0]
+                self.index.set_at(pos, index << 16 | done[0])
                 self._set_space(index, free - done[1])
                 return
             self._set_space(index, free)
             self._maybe_free_data_page(index, buf)
-        self._insert_elsewhere(key, flags, counter, vlen, stored)
+        self._insert_elsewhere(key, flags, counter, vlen, stored, pos)
 
-    def _insert_elsewhere(self, key: bytes, flags: int, counter: int, vlen: int, stored: bytes) -> None:
+    def _locate(self, key: bytes, pos: int, loc: int) -> None:
+        """Point the index at the key's new entry (``pos``: its table position, -1: new)."""
+        if pos < 0:
+            self.index.add(key, loc)
+        else:
+            self.index.set_at(pos, loc)
+
+    def _insert_elsewhere(self, key: bytes, flags: int, counter: int, vlen: int, stored: bytes,
+                          pos: int) -> None:
         need = 17 + len(key) + len(stored)
         for candidate in (self.fill, next(iter(self.roomy), 0)):
-            if candidate and self.space.get(candidate, 0) >= need:
+            if candidate and self.space[candidate] >= need:
                 buf = self.writable(candidate)
                 done = pg.insert(buf, self.space[candidate], flags, key, counter, vlen, stored)
                 if done is not None:
                     self.fill = candidate
-                    self.index[key] = candidate << 16 | done[0]
+                    self._locate(key, pos, candidate << 16 | done[0])
                     self._set_space(candidate, self.space[candidate] - done[1])
                     return
         index, buf = self._alloc(PageType.DATA)
@@ -205,7 +230,7 @@ class Partition:
         done = pg.insert(buf, free, flags, key, counter, vlen, stored)
         assert done is not None, "an inline entry always fits an empty page"
         self.fill = index
-        self.index[key] = index << 16 | done[0]
+        self._locate(key, pos, index << 16 | done[0])
         self._set_space(index, free - done[1])
 
     def _maybe_free_data_page(self, index: int, buf: bytearray) -> None:

@@ -199,8 +199,10 @@ class PartitionStore:
 
     def scan(self, partition: int) -> Iterator[tuple[bytes, bytes]]:
         """Live entries in page order.  Each batch of pages is read under the lock;
-        updates made during a scan may or may not be seen."""
-        index, batch = 1, max(1, (1 << 20) // self.page_size)
+        updates made during a scan may or may not be seen.  A batch is
+        ``mem.io_bytes`` of pages (1 MiB, less for a budget under 32 MiB): it and its
+        decoded entries are the scan's only memory beside page memory."""
+        index, batch = 1, max(1, self.mem.io_bytes // self.page_size)
         while True:
             with self._cond:
                 self._check_open()
@@ -250,7 +252,7 @@ class PartitionStore:
 
     def _batch_buffer(self) -> bytearray:
         if self._batch is None:
-            self._batch = bytearray(max(self.page_size, checkpointer.BATCH))
+            self._batch = bytearray(max(self.page_size, self.mem.io_bytes))
         return self._batch
 
     def on_checkpoint(self, callback: Callable[[dict[int, int]], None]) -> None:

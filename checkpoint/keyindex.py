@@ -1,0 +1,163 @@
+"""Compact per-partition key index: key -> packed entry location (``page << 16 | slot``).
+
+Why not a dict: a ``dict[bytes, int]`` keeps every key as a bytes object plus a
+location int plus its table slot - about 130 bytes per entry for 16-byte keys, which
+for a partition ten times the page-memory budget was larger than the budget itself.
+The keys are already in the pages, so the index keeps only a 64-bit hash of each key
+and its location, in two flat ``array('Q')`` columns of open-addressing tables with
+linear probing: 16 bytes per slot, at a load factor of 3/8..3/4, so 21-43 (typically
+~28) bytes per key, and no per-key Python object.  A small index is one table (an
+empty one costs ~0.4 KiB, so many small partitions stay cheap); past 4096 slots it
+is split into 64 segments by the hash's top bits, each growing on its own, so a
+growth step needs 1/64 of the index in extra memory, not twice the whole table.
+
+Collisions: a slot matches only if its hash equals the key's AND the key stored at its
+location (read through ``key_at``, i.e. page memory) equals the key.  Two keys with
+the same 64-bit hash therefore simply occupy two slots of the same probe chain.  The
+page read costs nothing extra on the hot paths: a get or an update of an existing key
+reads that page anyway, and a new key reads a page only on a full 64-bit collision.
+
+Empty slots have location 0 (page 0 is the meta page, so no entry lives there).  The
+index never deletes: a removed key keeps its tombstone entry and its slot.
+"""
+from __future__ import annotations
+
+from array import array
+from typing import Callable, Iterator
+
+import xxhash
+
+SEGMENT_BITS = 6            # 64 independently growing tables, chosen by the hash's top bits
+SEGMENTS = 1 << SEGMENT_BITS
+MIN_SLOTS = 8               # the first table (power of two): an empty partition costs ~0.4 KiB
+SPLIT_SLOTS = 4096          # one table up to this size (64 KiB), then SEGMENTS of them
+MAX_LOAD_NUM, MAX_LOAD_DEN = 3, 4
+_POS_BITS = 40              # a position is segment << 40 | slot
+
+
+def key_hash(key: bytes) -> int:
+    """The 64-bit hash of a key (tests replace it with a tiny one to force collisions)."""
+    return xxhash.xxh3_64_intdigest(key)
+
+
+def _zeros(n: int) -> array:
+    return array("Q", bytes(8 * n))
+
+
+class KeyIndex:
+    """key -> location; ``key_at(location)`` returns the key stored at a location."""
+
+    def __init__(self, key_at: Callable[[int], bytes | bytearray],
+                 hash_fn: Callable[[bytes], int] | None = None) -> None:
+        self._key_at = key_at
+        self._hash = hash_fn if hash_fn is not None else key_hash   # module global, read now
+        # One segment (shift 64: every 64-bit hash >> 64 is 0) until it reaches
+        # SPLIT_SLOTS; then SEGMENTS segments chosen by the top SEGMENT_BITS bits.
+        self._shift = 64
+        self._hashes = [_zeros(MIN_SLOTS)]
+        self._locs = [_zeros(MIN_SLOTS)]
+        self._masks = [MIN_SLOTS - 1]
+        self._used = [0]
+        self._len = 0
+
+    def __len__(self) -> int:
+        return self._len
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the tables (the index's whole memory, bar a few object headers)."""
+        return 16 * sum(m + 1 for m in self._masks)
+
+    # -- lookups -----------------------------------------------------------------
+    def find(self, key: bytes) -> int:
+        """The position holding ``key`` (valid until the next :meth:`add`), or -1."""
+        h = self._hash(key)
+        seg = h >> self._shift
+        hashes, locs, mask = self._hashes[seg], self._locs[seg], self._masks[seg]
+        i = h & mask
+        while True:
+            loc = locs[i]
+            if loc == 0:
+                return -1
+            if hashes[i] == h and self._key_at(loc) == key:
+                return seg << _POS_BITS | i
+            i = (i + 1) & mask
+
+    def get(self, key: bytes) -> int | None:
+        """The location of ``key`` or None (:meth:`find` inlined: the read hot path)."""
+        h = self._hash(key)
+        seg = h >> self._shift
+        hashes, locs, mask = self._hashes[seg], self._locs[seg], self._masks[seg]
+        i = h & mask
+        while True:
+            loc = locs[i]
+            if loc == 0:
+                return None
+            if hashes[i] == h and self._key_at(loc) == key:
+                return loc
+            i = (i + 1) & mask
+
+    def loc_at(self, pos: int) -> int:
+        return self._locs[pos >> _POS_BITS][pos & ((1 << _POS_BITS) - 1)]
+
+    def locations(self) -> Iterator[int]:
+        return (loc for locs in self._locs for loc in locs if loc)
+
+    # -- changes -----------------------------------------------------------------
+    def set_at(self, pos: int, loc: int) -> None:
+        """Move the key found at ``pos`` (by :meth:`find`, no add since) to ``loc``."""
+        if not loc:
+            raise ValueError("location 0 is the empty-slot marker")
+        self._locs[pos >> _POS_BITS][pos & ((1 << _POS_BITS) - 1)] = loc
+
+    def add(self, key: bytes, loc: int) -> None:
+        """Add a key the caller knows is absent (a just-failed :meth:`find`, or the
+        open-time scan, where each key appears once in the file)."""
+        if not loc:
+            raise ValueError("location 0 is the empty-slot marker")
+        h = self._hash(key)
+        seg = h >> self._shift
+        if (self._used[seg] + 1) * MAX_LOAD_DEN > (self._masks[seg] + 1) * MAX_LOAD_NUM:
+            if len(self._masks) == 1 and self._masks[0] + 1 >= SPLIT_SLOTS:
+                self._split()
+                seg = h >> self._shift
+            else:
+                self._grow(seg)
+        self._place(seg, h, loc)
+        self._used[seg] += 1
+        self._len += 1
+
+    def _place(self, seg: int, h: int, loc: int) -> None:
+        locs, mask = self._locs[seg], self._masks[seg]
+        i = h & mask
+        while locs[i]:
+            i = (i + 1) & mask
+        self._hashes[seg][i] = h
+        locs[i] = loc
+
+    def _split(self) -> None:
+        """One full table -> SEGMENTS tables with twice its slots in all."""
+        old_h, old_l = self._hashes[0], self._locs[0]
+        size = 2 * len(old_l) // SEGMENTS
+        self._shift = 64 - SEGMENT_BITS
+        self._hashes = [_zeros(size) for _ in range(SEGMENTS)]
+        self._locs = [_zeros(size) for _ in range(SEGMENTS)]
+        self._masks = [size - 1] * SEGMENTS
+        self._used = [0] * SEGMENTS
+        for h, loc in zip(old_h, old_l):
+            if loc:
+                seg = h >> self._shift
+                if (self._used[seg] + 1) * MAX_LOAD_DEN > (self._masks[seg] + 1) * MAX_LOAD_NUM:
+                    self._grow(seg)           # skewed hashes: most keys in few segments
+                self._place(seg, h, loc)
+                self._used[seg] += 1
+
+    def _grow(self, seg: int) -> None:
+        """Double one segment: the transient is that segment's old + new table, 3/64
+        of the index, not the whole index twice over."""
+        old_h, old_l = self._hashes[seg], self._locs[seg]
+        size = 2 * (self._masks[seg] + 1)
+        self._hashes[seg], self._locs[seg], self._masks[seg] = _zeros(size), _zeros(size), size - 1
+        for h, loc in zip(old_h, old_l):
+            if loc:
+                self._place(seg, h, loc)
