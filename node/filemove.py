@@ -85,7 +85,7 @@ class FileMoves:
 
         def progress(pr: Any) -> None:
             mv.index_progress = (pr.done, pr.total, pr.eta)
-        data.indexes.rebuild(p, data.store, progress=progress)
+        self._rebuild_installed(mv, data, progress)
         mv.begin("replay")
         self._replay(mv, data)
         mv.begin("checkpoint wait")
@@ -121,6 +121,35 @@ class FileMoves:
         if mv.ingest_rate > 0:
             self.metrics.observe("ferry_node_tempwal_ingest_rate", mv.ingest_rate)
         return True
+
+    def _rebuild_installed(self, mv: Any, data: Any, progress: Any) -> None:
+        """Rebuild p's indexes from the file just installed, with the page decoder's bulk
+        path (``PartitionFileSource.scan_batches``, ~3x cheaper per entry than scanning
+        the store). Between install and replay that file is exactly p's content:
+
+        - the pre-images were applied to the temp file before it was verified and
+          renamed into place (transfer's demander), so it is the snapshot at counter C;
+        - ``install_partition`` dropped p's page memory: no dirty page of p exists, so
+          no checkpoint writes the file;
+        - p is MOVING and not ``direct``: every replicated update goes to the temp WAL
+          (``buffer_update``), this node is not p's primary (``leads`` wants OWNING),
+          and the replay, the only writer of p's data, starts after this returns;
+        - eviction waits while the move is registered (reconcile skips ``self.moves``).
+
+        Should the file not read (a fault after install), the store, which reads the
+        same pages through its page memory, is the fallback."""
+        from checkpoint.pagefile import CheckpointError
+        from indexes import IndexStoreError, OutOfDiskError, PartitionFileSource
+        cache, p = mv.cache, mv.p
+        path = data.store.partition_path(p)
+        try:
+            data.indexes.rebuild(p, PartitionFileSource(path), progress=progress)
+        except OutOfDiskError:
+            raise                       # the index's disk: the store cannot help
+        except (IndexStoreError, CheckpointError, OSError) as e:
+            log.warning("stage=index cache=%s partition=%d rebuild from %s failed (%s); "
+                        "rebuilding from the store", cache, p, path, e)
+            data.indexes.rebuild(p, data.store, progress=progress)
 
     def _tmpwal_sync(self) -> str:
         return "none" if self.cfg.wal_sync == "none" else "group"

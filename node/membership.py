@@ -31,6 +31,7 @@ class Membership:
                 return False
             membership_changed = new.version != self.map.version
             self.map = new
+            self._suspects.clear()       # a newer map names the coordinator to try
             if self.coord is not None:
                 self.coord.map = new
             if new.coordinator == self.id and self.coord is None:
@@ -233,6 +234,15 @@ class Membership:
                     and self.stopping.wait(self.cfg.heartbeat_interval_s)):
                 return          # failed with a report pending: retry at the normal pace
 
+    def _heartbeat_target(self) -> str | None:
+        """Whom this member reports to: the map's coordinator unless this member could
+        not reach it for ``failure_timeout_s`` (a suspect), then the next oldest live
+        member. Suspicion stays local to the failure detector: the map is not changed,
+        so reconcile never starts moves from a view no coordinator published."""
+        with self.map_lock:
+            live = [m for m in self.map.members.values() if m.alive and m.id not in self._suspects]
+            return min(live, key=lambda m: (m.order, m.id)).id if live else None
+
     def _heartbeat_once(self) -> None:
         last_ok = self._last_ok
         dirty = False
@@ -245,7 +255,7 @@ class Membership:
                 self._last_ok = time.monotonic()
                 return
             with self.map_lock:
-                coord = self.map.coordinator
+                coord = self._heartbeat_target()
                 addr = self.map.address(coord)
                 epoch = self.map.epoch
             dirty = self._report_dirty.is_set()
@@ -253,10 +263,12 @@ class Membership:
             r = self.pool.call(addr, "heartbeat", timeout=max(1.0, self.cfg.failure_timeout_s / 2),
                                node=self.id, boot=self.boot, epoch=epoch,
                                report=self.report() if dirty else None)
+            if r.get("not_coordinator"):
+                self._not_coordinator(coord, r, last_ok, dirty)
+                return
             self._last_ok = time.monotonic()
             if not r["member"]:
-                log.warning("stage=membership coordinator %s does not know this boot; rejoining", coord)
-                self.join_cluster()
+                self._rejoin(f"coordinator {coord} does not know this boot (declared failed?)")
             elif r.get("map"):
                 self.adopt(r["map"])
         except NodeError as e:
@@ -266,19 +278,56 @@ class Membership:
                 self._last_ok = time.monotonic()
                 self._coordinator_failed(e)
 
+    def _not_coordinator(self, asked: str | None, r: dict[str, Any], last_ok: float, dirty: bool) -> None:
+        """``asked`` (the successor of a coordinator this member suspects) is alive but
+        not coordinator. Not a successful heartbeat: the report went nowhere and no
+        coordinator heard this member. Either the successor has not noticed the old
+        coordinator's death yet, or the old coordinator is alive and this member was cut
+        off from it (a network partition that healed): it may have been declared failed
+        meanwhile. A newer map from ``asked`` settles it (the next heartbeat goes to the
+        coordinator it names); otherwise, after ``failure_timeout_s`` of such answers,
+        this member drops its suspicion and tries the map's coordinator again."""
+        if dirty:
+            self._report_dirty.set()
+        if r.get("map") and self.adopt(r["map"]):
+            log.warning("stage=membership %s is not coordinator; adopted its newer map "
+                        "(epoch %d, coordinator %s)", asked, self.map.epoch, self.map.coordinator)
+            return
+        if time.monotonic() - last_ok > self.cfg.failure_timeout_s:
+            with self.map_lock:
+                suspects = sorted(self._suspects)
+                self._suspects.clear()
+            self._last_ok = time.monotonic()
+            log.warning("stage=membership %s is not coordinator and takes %s for coordinator; "
+                        "trying %s again", asked, r.get("coordinator"), ", ".join(suspects) or "it")
+
+    def _rejoin(self, why: str) -> None:
+        """The coordinator does not count this node (declared failed while it was cut
+        off, or a coordinator that does not know it). Writes may have been acknowledged
+        without this node meanwhile, so every OWNING copy it holds is unconfirmed, as
+        after a restart: the map learns they are stale, the coordinator keeps fresh
+        copies as primaries, and reconcile resyncs or evicts them."""
+        log.warning("stage=membership %s; rejoining", why)
+        for (cache, p), s in self.states.items():
+            if s == State.OWNING:
+                self.stale.add((cache, p))
+        self.join_cluster()
+        self.wake()
+
     def _coordinator_failed(self, err: Exception) -> None:
         with self.map_lock:
-            dead = self.map.coordinator
+            dead = self._heartbeat_target()
             if dead is None or dead == self.id:
                 return
-            self.map.members[dead].alive = False
-            nxt = self.map.coordinator
+            self._suspects.add(dead)
+            nxt = self._heartbeat_target()
         log.warning("stage=membership coordinator %s unreachable (%s); next is %s", dead, err, nxt)
         if nxt == self.id:
             with self.map_lock:
-                self.map.members[dead].alive = True   # take_over marks it dead and bumps
+                dead_all = sorted(self._suspects)
+                self._suspects.clear()
                 self._become_coordinator()
-            self.coord.take_over([dead])
+            self.coord.take_over(dead_all)   # marks them dead in the map and bumps it
             self._report_dirty.set()
             self._save_cluster()
 
@@ -301,6 +350,10 @@ class Membership:
         with self.map_lock:
             m = self.map.clone()
         me = self.id
+        if me in m.members and not m.members[me].alive:
+            # the coordinator declared this node failed (it learnt so from a peer's map):
+            # its owners moved on without it, so it changes nothing until it has rejoined
+            return
         for cache, data in self.data.items():
             for p in range(data.cache.partitions):
                 key = (cache, p)

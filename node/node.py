@@ -80,6 +80,7 @@ class Node(Membership, UpdatePath, Rebalancer):
         self._save_lock = threading.Lock()
         self.map = ClusterMap({c.name: c for c in cfg.caches})
         self.coord = None
+        self._suspects: set[str] = set()   # coordinators this member could not reach (local view)
         self._plocks: dict[tuple[str, int], threading.RLock] = {}
         self._plocks_lock = threading.Lock()
         self.fenced: dict[tuple[str, int], float] = {}
@@ -222,9 +223,15 @@ class Node(Membership, UpdatePath, Rebalancer):
 
     def op_heartbeat(self, node: str, boot: str, epoch: int, report: dict[str, Any] | None = None) -> Any:
         if self.coord is None:
-            # Alive but not (yet) coordinator: the sender's successor has not detected the
-            # old coordinator's failure yet. Not a failure of this node.
-            return {"member": True, "map": None, "not_coordinator": True}
+            # Not coordinator: the sender suspects the coordinator and took this node for
+            # its successor. Either this node has not detected the old coordinator's
+            # failure yet, or the sender was cut off from a coordinator that is alive (and
+            # may have declared the sender failed). Tell it whom this node follows and,
+            # when newer, this node's map, which names the real coordinator.
+            with self.map_lock:
+                newer = epoch < self.map.epoch
+                return {"member": True, "not_coordinator": True, "coordinator": self.map.coordinator,
+                        "map": self.map.to_wire() if newer else None}
         member = (self.coord.report(node, boot, report) if report is not None
                   else self.coord.heartbeat(node, boot))
         with self.map_lock:
