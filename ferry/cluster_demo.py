@@ -126,7 +126,11 @@ def run_cluster_demo(root: str, *, entries: int, partitions: int, nodes: int,
                                     "value": None if v is None else v.decode()}) + "\n")
         dirs = sorted(os.path.join(root, d) for d in os.listdir(root)
                       if os.path.isfile(os.path.join(root, d, "node.id")))
-        v = spark_validate(dirs, master=master, expected=expected)
+        try:
+            v = spark_validate(dirs, master=master, expected=expected)
+        finally:
+            from validation.session import stop_gateway
+            stop_gateway()        # no JVM outlives the demo
         summary["validation"] = {"passed": v["passed"], "partitions_checked": v["partitions_checked"],
                                  "entries": v["entries"], "divergent": v["divergent"],
                                  "corrupt_pages": v["corrupt_pages"], "expected": v.get("expected"),

@@ -288,7 +288,11 @@ def run_demo(root: str, *, entries: int, partitions: int, move_every: int, rate:
     if validate:
         _log("running Spark validation (local mode)...")
         from validation import validate as spark_validate
-        v = spark_validate([sup_dir, dem_dir], master=master, expected=stopped["expected"])
+        try:
+            v = spark_validate([sup_dir, dem_dir], master=master, expected=stopped["expected"])
+        finally:
+            from validation.session import stop_gateway
+            stop_gateway()        # no JVM outlives the demo
         summary["validation"] = {"passed": v["passed"], "partitions_checked": v["partitions_checked"],
                                  "entries": v["entries"], "divergent": v["divergent"],
                                  "expected": v.get("expected"), "seconds": v["seconds"]}

@@ -74,3 +74,39 @@ def ship_decoder(spark: "SparkSession") -> str:
     sc.addPyFile(out)
     sc._ferry_decoder_zip = out  # type: ignore[attr-defined]
     return out
+
+
+def stop_gateway(timeout: float = 20.0) -> bool:
+    """End the JVM that pyspark launched for this process, and wait until it is gone.
+
+    ``SparkSession.stop()`` leaves the gateway JVM running until this interpreter
+    exits; it then dies a second or two *after* the Python process, when it sees EOF
+    on its stdin. A command that promises to leave no process behind (``ferry demo``)
+    calls this at its end. Returns True if a JVM of ours was ended; False when there
+    was none (never started, or the JVM belongs to spark-submit)."""
+    import subprocess
+
+    from pyspark import SparkContext
+
+    if SparkContext._active_spark_context is not None:
+        SparkContext._active_spark_context.stop()
+    gw = SparkContext._gateway
+    proc = getattr(gw, "proc", None)      # set only when pyspark launched the JVM itself
+    if gw is None or proc is None:
+        return False
+    try:
+        gw.shutdown()
+    except Exception:  # noqa: BLE001 - the JVM may already be on its way out
+        pass
+    try:
+        proc.stdin.close()                # PythonGatewayServer exits on EOF of stdin
+    except (OSError, AttributeError):
+        pass
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    SparkContext._gateway = None          # a later session launches a fresh JVM
+    SparkContext._jvm = None
+    return True

@@ -4,7 +4,15 @@ import json
 import os
 import subprocess
 
+import psutil
 import pytest
+
+
+def _environ(p: psutil.Process) -> dict[str, str]:
+    try:
+        return p.environ()
+    except (psutil.Error, OSError):
+        return {}
 
 
 def _run_demo(py_env, python, tmp_path, *extra: str) -> tuple[subprocess.CompletedProcess, dict]:
@@ -48,8 +56,13 @@ def test_two_process_demo_moves_partitions_under_writes(py_env, python, tmp_path
 @pytest.mark.slow
 @pytest.mark.spark
 def test_demo_with_spark_validation(py_env, python, tmp_path) -> None:
-    r, s = _run_demo(py_env, python, tmp_path)
+    # Mark every process of this demo (the Spark JVM inherits the environment), so the
+    # check below finds this demo's JVM and not one of a parallel test.
+    mark = f"demo-{os.getpid()}-{tmp_path.name}"
+    r, s = _run_demo(py_env | {"FERRY_TEST_MARK": mark}, python, tmp_path)
     assert r.returncode == 0, r.stderr
+    left = [p.pid for p in psutil.process_iter() if _environ(p).get("FERRY_TEST_MARK") == mark]
+    assert left == [], f"processes of the demo still running after it exited: {left}"
     assert s["validation"]["passed"] is True, s["validation"]
     assert s["validation"]["partitions_checked"] == 8
     assert s["validation"]["divergent"] == []
