@@ -26,7 +26,6 @@ import itertools
 import json
 import os
 import shutil
-import signal
 import sys
 import threading
 import time
@@ -42,6 +41,7 @@ from transfer.frames import read_frame, write_frame
 from transfer.transport import connect_tcp, parse_hostport
 from wal import Wal, WalError
 
+from .signals import wait_for_sigterm
 from .wire import SimFrame
 
 CLEAN = "clean-shutdown"
@@ -251,9 +251,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--index-field", default="city")
     os.makedirs(ap.parse_args(argv).data, exist_ok=True)
     d = MoverDemander(ap.parse_args(argv))
-    signal.signal(signal.SIGTERM, d.stop)
     threading.Thread(target=d.run, daemon=True).start()
-    threading.Event().wait()
+    wait_for_sigterm()
+    d.stop()
 
 
 if __name__ == "__main__":

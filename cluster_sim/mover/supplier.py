@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import socket
 import sys
 import threading
@@ -30,6 +29,7 @@ from transfer.transport import SocketConn
 
 from ..scenario import WorkloadSpec
 from ..workload import preload
+from .signals import wait_for_sigterm
 from .wire import SimFrame
 
 FORWARD_TIMEOUT = 5.0     # a subscriber silent this long is dropped, the write still acked
@@ -140,8 +140,8 @@ def main(argv: list[str] | None = None) -> None:
     s = MoverSupplier(ap.parse_args(argv))
     s.load()
     s.serve()
-    signal.signal(signal.SIGTERM, s.stop)
-    threading.Event().wait()
+    wait_for_sigterm()
+    s.stop()
 
 
 if __name__ == "__main__":
