@@ -13,10 +13,13 @@ from __future__ import annotations
 import faulthandler
 import signal
 import time
+from typing import Callable
 
 
-def wait_for_sigterm(poll_s: float = 0.1) -> None:
-    """Block the calling (main) thread until SIGTERM or SIGINT arrives."""
+def wait_for_sigterm(poll_s: float = 0.1, ready: Callable[[], None] | None = None) -> None:
+    """Block the calling (main) thread until SIGTERM or SIGINT arrives; ``ready`` is
+    called once the handlers are in place (a signal before that would kill the
+    process with the default action)."""
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     received: list[int] = []
 
@@ -25,5 +28,7 @@ def wait_for_sigterm(poll_s: float = 0.1) -> None:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    if ready is not None:
+        ready()
     while not received:
         time.sleep(poll_s)

@@ -14,8 +14,7 @@ CHILD = r"""
 import threading, time
 from cluster_sim.mover.signals import wait_for_sigterm
 lock = threading.Lock()
-print("ready", flush=True)
-wait_for_sigterm()
+wait_for_sigterm(ready=lambda: print("ready", flush=True))
 with lock:              # a stop that holds a lock for a while, like store.close()
     time.sleep(0.5)
 print("stopped", flush=True)
