@@ -227,7 +227,7 @@ class FileMoves:
             if addr is None:
                 return
             # a process keeps its page size: ask each boot of a node once, not per move
-            known = self.__dict__.setdefault("_page_sizes", {})
+            known = self.page_sizes
             key = (node, mem.boot if mem else None, addr)
             theirs = known.get(key)
             if theirs is None:

@@ -92,6 +92,7 @@ class Node(Membership, UpdatePath, Rebalancer):
         self.handoffs: set[tuple[str, int]] = set()
         self.last_applied: dict[tuple[str, int], float] = {}
         self.supplier_load: dict[str, int] = {}           # fetches of this node per supplier
+        self.page_sizes: dict[tuple, int] = {}            # supplier (node, boot, addr) -> page size
         self.in_use: dict[tuple[str, int], int] = {}      # open transfer snapshots per partition
         self.supplier = None
         self.transfer_address = ""
