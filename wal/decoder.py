@@ -1,7 +1,8 @@
 """Decoding frames from a buffer, and telling a torn tail from corruption.
 
-:func:`decode_block` is the readers' hot loop (one ``unpack_from``, one CRC call and one
-tuple per record, no syscalls: callers hand it big blocks, it returns a list). It
+:func:`decode_block` is the readers' hot loop (one ``unpack_from``, one payload slice and
+one tuple per record, and for format version 2 one CRC call per run of frames rather
+than per frame; no syscalls: callers hand it big blocks, it returns a list). It
 stops at the first frame it cannot accept and says why in a :class:`BlockState`; the
 caller decides whether that means "read more", "torn tail" or "corrupt"
 (:func:`classify_tail`), because only the caller knows whether the segment is the last
@@ -10,15 +11,15 @@ one and whether the file is still growing.
 from __future__ import annotations
 
 import functools
-from enum import Enum
+import struct
 from operator import itemgetter
+from struct import error as struct_error
 
 from crc32c import crc32c
 
-import struct
-from struct import error as struct_error
-
-from .format import CRC_FIELD, FRAME, FRAME_HEADER_SIZE
+from .blocks import BlockState, RawRecord, Stop
+from .decoder_v1 import FRAME_SIZE as FRAME_V1_SIZE, decode_block_v1
+from .format import CHECK, CHECK_SIZE, FRAME, HEAD, HEAD_SIZE, VERSION, mix, unmix
 
 
 class Record(tuple):
@@ -40,111 +41,129 @@ class Record(tuple):
         return f"Record(lsn={self[0]}, type={self[1]}, payload={shown} ({len(p)} B))"
 
 
-RawRecord = tuple[int, int, bytes]       # (lsn, type, payload): what batches hand out
-
 # A Record from a plain tuple in one C call (no Python frame): replay maps it over
 # decoded batches.
 as_record = functools.partial(tuple.__new__, Record)
 
 
-class Stop(Enum):
-    END = "end"          # stopped exactly at the end of the buffer
-    SHORT = "short"      # a frame header or payload runs past the end of the buffer
-    BAD_CRC = "bad_crc"  # a complete frame whose CRC does not match the chain
-    BAD_LSN = "bad_lsn"  # a frame with a valid CRC but not the next LSN
-
-
-class BlockState:
-    """Where :func:`iter_block` stopped: offset, chain CRC and next LSN there, and why."""
-
-    __slots__ = ("off", "crc", "lsn", "stop", "frame_end")
-
-    def __init__(self) -> None:
-        self.off = 0
-        self.crc = 0
-        self.lsn = 0
-        self.stop = Stop.END
-        self.frame_end = 0   # declared end of the frame that stopped the scan
-
-
 def decode_block(buf: bytes, off: int, crc: int, lsn: int, state: BlockState,
-                 min_lsn: int = 0) -> list[RawRecord]:
+                 min_lsn: int = 0, version: int = VERSION) -> list[RawRecord]:
     """The valid records of ``buf`` from ``off`` on whose LSN is >= ``min_lsn``, as a
     list of plain ``(lsn, type, payload)`` tuples (earlier ones are checked, not kept).
-    ``state`` then holds where and why the scan stopped.
+    ``crc`` is the chain value the frame at ``off`` continues from; ``state`` then holds
+    where and why the scan stopped, and the chain value there. ``version`` is the
+    segment's frame format (its header says which)."""
+    if version == 2:
+        return _decode_v2(buf, off, crc, lsn, state, min_lsn)
+    return decode_block_v1(buf, off, crc, lsn, state, min_lsn)
 
-    This is the replay hot loop, so it is a flat ``while`` over locals: one
-    ``unpack_from``, one CRC32C call, one payload slice and one plain tuple per record
-    (building a :class:`Record` here cost a third more: ``as_record`` does it later, in
-    C, for callers that want them), and a list instead of a generator (a ``yield`` per
-    record through nested generators cost about a third of replay time). Per record it
-    pays for nothing else either (together ~7% of decode time): the end of the buffer is
-    found by ``unpack_from`` raising (free in 3.11 when nothing raises) instead of a
-    comparison, the stop reasons share one condition and are told apart once, after the
-    loop, and the ``min_lsn`` test lives in a loop of its own for the skipped prefix.
 
-    The CRC is checked frame by frame: a frame's CRC covers its own bytes *without* the
-    CRC fields of the frames before it, so one call over a contiguous run of frames
-    cannot be checked against the chain."""
-    unpack = FRAME.unpack_from
-    mv = memoryview(buf)
-    n = len(buf)
-    c32 = crc32c
-    hs = FRAME_HEADER_SIZE
-    cs = CRC_FIELD.size                   # the CRC covers the frame after its own field
+def _decode_v2(buf: bytes, off: int, chain: int, lsn: int, state: BlockState,
+               min_lsn: int) -> list[RawRecord]:
+    """Version 2: walk the frames without checking them (one ``unpack_from``, one
+    payload slice and one tuple per record), then check the whole run with ONE CRC32C
+    call against the last frame's check. Only when that fails is the run decoded
+    again frame by frame (:func:`_decode_v2_each`), to stop at exactly the bad frame.
+
+    The walk still compares each LSN with the next expected one (cheap, and it keeps
+    the result identical to the frame-by-frame loop even for a file whose chain is
+    intact but whose LSNs are not, i.e. a writer bug). The end of the buffer is found by
+    ``unpack_from`` raising (free in 3.11 unless it raises); the ``min_lsn`` test lives
+    in a loop of its own for the skipped prefix (see version 1 for the measurements)."""
+    unpack = HEAD.unpack_from
+    hs = HEAD_SIZE
+    limit = len(buf) - CHECK_SIZE        # a payload must end by here: its check follows
+    start, lsn0 = off, lsn
     out: list[RawRecord] = []
     keep = out.append
-    # Records below min_lsn are checked, not kept: a separate loop, so the keeping loop
-    # below tests nothing it does not have to.
     while lsn < min_lsn:
         try:
-            fcrc, length, flsn, typ = unpack(buf, off)
-        except struct_error:        # fewer than a frame header's bytes left
+            length, flsn, typ = unpack(buf, off)
+        except struct_error:        # fewer than a head's bytes left
             break
         end = off + hs + length
-        if end > n or c32(mv[off + cs:end], crc) != fcrc or flsn != lsn:
+        if end > limit or flsn != lsn:
             break
-        off = end
-        crc = fcrc
+        off = end + 4
         lsn += 1
     else:
-        # One test per stop reason would cost a branch each per record; a record
-        # that fails any of them is classified once, after the loop.
         while True:
             try:
-                fcrc, length, flsn, typ = unpack(buf, off)
+                length, flsn, typ = unpack(buf, off)
             except struct_error:
                 break
             p = off + hs
             end = p + length
-            if end > n or c32(mv[off + cs:end], crc) != fcrc or flsn != lsn:
+            if end > limit or flsn != lsn:
                 break
             keep((flsn, typ, buf[p:end]))
-            off = end
-            crc = fcrc
+            off = end + 4
             lsn += 1
-    if off + FRAME_HEADER_SIZE > n:
-        stop = Stop.END if off == n else Stop.SHORT
-        frame_end = n + 1 if off < n else n
-    else:
-        fcrc, length, flsn, _ = unpack(buf, off)
-        frame_end = off + FRAME_HEADER_SIZE + length
-        if frame_end > n:
-            stop = Stop.SHORT
-        elif c32(mv[off + cs:frame_end], crc) != fcrc:
-            stop = Stop.BAD_CRC
-        elif flsn != lsn:
-            stop = Stop.BAD_LSN
-        else:       # only min_lsn stopped the first loop: cannot happen (else branch)
-            raise AssertionError("decode_block stopped at a valid frame")
-    state.off, state.crc, state.lsn, state.stop, state.frame_end = off, crc, lsn, stop, frame_end
+    if off > start:
+        mv = memoryview(buf)
+        v = crc32c(mv[start:off - 4], chain)
+        if _mix(v) != _check_at(buf, off - 4)[0]:
+            return _decode_v2_each(buf, start, chain, lsn0, state, min_lsn)
+        chain = crc32c(mv[off - 4:off], v)
+    _stop_v2(buf, off, chain, lsn, state)
     return out
 
 
-def scan(buf: bytes, off: int, crc: int, lsn: int) -> BlockState:
+def _decode_v2_each(buf: bytes, off: int, chain: int, lsn: int, state: BlockState,
+                    min_lsn: int) -> list[RawRecord]:
+    """Version 2 frame by frame: the plain reading of the format, used to find the
+    first bad frame of a run whose one-call check failed."""
+    unpack = HEAD.unpack_from
+    mv = memoryview(buf)
+    limit = len(buf) - CHECK_SIZE
+    out: list[RawRecord] = []
+    while off + HEAD_SIZE <= len(buf):
+        length, flsn, typ = unpack(buf, off)
+        end = off + HEAD_SIZE + length
+        if end > limit:
+            break
+        v = crc32c(mv[off:end], chain)
+        if _mix(v) != _check_at(buf, end)[0] or flsn != lsn:
+            break
+        if flsn >= min_lsn:
+            out.append((flsn, typ, buf[off + HEAD_SIZE:end]))
+        chain = crc32c(mv[end:end + 4], v)
+        off = end + 4
+        lsn += 1
+    _stop_v2(buf, off, chain, lsn, state)
+    return out
+
+
+def _stop_v2(buf: bytes, off: int, chain: int, lsn: int, state: BlockState) -> None:
+    """Fill ``state`` for a version-2 scan that stopped at ``off`` (every frame before
+    it checked out): why the frame there is not accepted."""
+    n = len(buf)
+    if off + HEAD_SIZE > n:
+        stop = Stop.END if off == n else Stop.SHORT
+        frame_end = n + 1 if off < n else n
+    else:
+        length, flsn, _ = HEAD.unpack_from(buf, off)
+        end = off + HEAD_SIZE + length
+        frame_end = end + CHECK_SIZE
+        if frame_end > n:
+            stop = Stop.SHORT
+        elif _mix(crc32c(memoryview(buf)[off:end], chain)) != _check_at(buf, end)[0]:
+            stop = Stop.BAD_CRC
+        elif flsn != lsn:
+            stop = Stop.BAD_LSN
+        else:
+            raise AssertionError("decode_block stopped at a valid frame")
+    state.off, state.crc, state.lsn, state.stop, state.frame_end = off, chain, lsn, stop, frame_end
+
+
+_check_at = CHECK.unpack_from
+_mix = mix
+
+
+def scan(buf: bytes, off: int, crc: int, lsn: int, version: int = VERSION) -> BlockState:
     """Check every frame of ``buf`` from ``off`` without keeping records."""
     state = BlockState()
-    decode_block(buf, off, crc, lsn, state, min_lsn=1 << 64)
+    decode_block(buf, off, crc, lsn, state, 1 << 64, version)
     return state
 
 
@@ -152,7 +171,8 @@ _SECTOR = 512
 _LSN = struct.Struct("<Q")
 
 
-def classify_tail(data: bytes, file_offset: int, state: BlockState) -> str | None:
+def classify_tail(data: bytes, file_offset: int, state: BlockState,
+                  version: int = VERSION) -> str | None:
     """For a scan of a segment's bytes up to its end that stopped at ``state.off``:
     None when what follows is a torn tail (safe to truncate: never fsynced, never
     acknowledged), else the reason it is corruption.
@@ -168,7 +188,8 @@ def classify_tail(data: bytes, file_offset: int, state: BlockState) -> str | Non
     off = state.off
     if state.stop is Stop.END:
         return None
-    if not any(data[off:off + FRAME_HEADER_SIZE]):
+    head = HEAD_SIZE if version == 2 else FRAME_V1_SIZE
+    if not any(data[off:off + head]):
         # A frame header of zeros: a write that never reached the disk (a hole the file
         # system left, or preallocated space). Appends are sequential and an fsync
         # covers a prefix, so nothing after it was ever acknowledged.
@@ -178,7 +199,7 @@ def classify_tail(data: bytes, file_offset: int, state: BlockState) -> str | Non
     if state.stop is Stop.SHORT:
         # A frame running past the end is what an interrupted append leaves, unless its
         # length field was damaged: then the frames after it are still there.
-        later = _chained_frames_after(data, off + FRAME_HEADER_SIZE, state.lsn + 1)
+        later = _chained_frames_after(data, off + head, state.lsn + 1, version)
         if later is not None:
             return (f"frame length runs past the end of the file but valid frames follow "
                     f"(LSN {state.lsn + 1} at offset {file_offset + later}): damaged length field")
@@ -199,23 +220,45 @@ def classify_tail(data: bytes, file_offset: int, state: BlockState) -> str | Non
     return "CRC mismatch (record damaged after it was written)"
 
 
-def _chained_frames_after(data: bytes, start: int, lsn: int) -> int | None:
+def _chained_frames_after(data: bytes, start: int, lsn: int, version: int) -> int | None:
     """Offset of a frame with LSN ``lsn`` after ``start`` that is proven real by the
     frame after it (whose CRC is seeded by this one's), or None. A bare LSN match could
     be payload bytes; a verified chain link cannot, short of a 2**-32 accident."""
     needle = _LSN.pack(lsn)
-    at = data.find(needle, start + 8)
+    lsn_at = 4 if version == 2 else 8          # where the LSN sits in a frame
+    at = data.find(needle, start + lsn_at)
     tries = 0
     while at >= 0 and tries < 256:
-        q = at - 8
-        fcrc, length, _, _ = FRAME.unpack_from(data, q)
-        q2 = q + FRAME_HEADER_SIZE + length
-        if q2 + FRAME_HEADER_SIZE <= len(data):
-            crc2, length2, lsn2, _ = FRAME.unpack_from(data, q2)
-            end2 = q2 + FRAME_HEADER_SIZE + length2
-            if lsn2 == lsn + 1 and end2 <= len(data) and \
-                    crc32c(data[q2 + 4:end2], fcrc) == crc2:
+        q = at - lsn_at
+        if version == 2:
+            if _link_v2(data, q, lsn):
                 return q
+        else:
+            fcrc, length, _, _ = FRAME.unpack_from(data, q)
+            q2 = q + FRAME_V1_SIZE + length
+            if q2 + FRAME_V1_SIZE <= len(data):
+                crc2, length2, lsn2, _ = FRAME.unpack_from(data, q2)
+                end2 = q2 + FRAME_V1_SIZE + length2
+                if lsn2 == lsn + 1 and end2 <= len(data) and \
+                        crc32c(data[q2 + 4:end2], fcrc) == crc2:
+                    return q
         at = data.find(needle, at + 1)
         tries += 1
     return None
+
+
+def _link_v2(data: bytes, q: int, lsn: int) -> bool:
+    """True when a v2 frame at ``q`` is followed by a frame with LSN ``lsn + 1`` whose
+    check holds with the chain continued from ``q``'s check (``unmix`` gives the chain
+    value that check was made from)."""
+    length, _, _ = HEAD.unpack_from(data, q)
+    end = q + HEAD_SIZE + length
+    q2 = end + CHECK_SIZE
+    if q2 + HEAD_SIZE > len(data):
+        return False
+    chain = crc32c(data[end:q2], unmix(CHECK.unpack_from(data, end)[0]))
+    length2, lsn2, _ = HEAD.unpack_from(data, q2)
+    end2 = q2 + HEAD_SIZE + length2
+    if lsn2 != lsn + 1 or end2 + CHECK_SIZE > len(data):
+        return False
+    return mix(crc32c(data[q2:end2], chain)) == CHECK.unpack_from(data, end2)[0]

@@ -7,13 +7,28 @@ Written out in prose in ``docs/formats.md`` ("Write-ahead log"). Summary:
   else), so a name that does not round-trip is not a segment.
 * It starts with a 32-byte header: magic ``FWAL``, format version, flags, sequence,
   first LSN, the CRC the chain continues from, and a CRC32C of the header itself.
-* Then frames, back to back, no padding::
+* Then frames, back to back, no padding. Version 2 (written since session 3)::
+
+      length u32 | lsn u64 | type u16 | reserved u16 (0) | payload[length] | check u32
+
+  The *chain* is the running CRC32C of the segment's frame bytes, seeded with the
+  header's ``prev_crc``. ``check`` is ``mix(chain just before check)``, and the chain
+  then runs on through ``check``'s own bytes. So a whole run of frames is verified
+  with ONE CRC32C call over its bytes (up to the last ``check``) against the last
+  ``check``. ``mix`` (:func:`mix`) is a fixed invertible bit mix whose sum with the
+  identity is invertible too: storing the plain CRC would bring the running CRC back
+  to a constant after every frame (CRC residue), and the chain would forget what came
+  before -- with ``mix`` the chain after a frame is a bijection of everything before it,
+  so a missing, extra or reordered frame still changes every later check.
+* Version 1 (still read; never written now)::
 
       crc u32 | length u32 | lsn u64 | type u16 | reserved u16 (0) | payload[length]
 
   ``crc`` is CRC32C over the frame from ``length`` to the end of the payload, seeded
-  with the previous frame's ``crc`` (the header's ``prev_crc`` for a segment's first
-  frame). The chain is a running CRC: a frame is only valid after all before it.
+  with the previous frame's ``crc``: one CRC call per frame, as the CRC fields of the
+  frames before are not covered.
+
+Both versions spend 20 bytes per frame (:data:`FRAME_OVERHEAD`).
 """
 from __future__ import annotations
 
@@ -25,7 +40,8 @@ from typing import Iterable, Sequence
 from crc32c import crc32c
 
 MAGIC = b"FWAL"
-VERSION = 1
+VERSION = 2                                   # what new segments are written as
+READABLE_VERSIONS = (1, 2)
 
 # The header has its own CRC so a flipped bit in it is caught before its fields
 # (first LSN, chain seed) are trusted.
@@ -33,10 +49,21 @@ HEADER = struct.Struct("<4sHHQQII")          # magic, version, flags, seq, first
 HEADER_SIZE = HEADER.size                     # 32
 _HEADER_BODY = struct.Struct("<4sHHQQI")      # the part the header CRC covers
 
+# Version 2: head, payload, check.
+HEAD = struct.Struct("<IQH2x")                # length, lsn, type (+2 reserved zero bytes)
+HEAD_SIZE = HEAD.size                         # 16
+CHECK = struct.Struct("<I")                   # mix(chain) after the payload
+CHECK_SIZE = CHECK.size                       # 4
+# The previous frame's check and this frame's head, packed in one call (append_many).
+CHECK_HEAD = struct.Struct("<IIQH2x")
+
+# Version 1: crc, then what the crc covers (the same fields as HEAD), then the payload.
 FRAME = struct.Struct("<IIQH2x")              # crc, length, lsn, type (+2 reserved zero bytes)
-FRAME_HEADER_SIZE = FRAME.size                # 20
-FRAME_REST = struct.Struct("<IQH2x")         # what the CRC covers before the payload
-CRC_FIELD = struct.Struct("<I")
+FRAME_REST = HEAD                             # what the v1 CRC covers before the payload
+CRC_FIELD = CHECK
+
+FRAME_OVERHEAD = HEAD_SIZE + CHECK_SIZE       # 20 bytes per frame, both versions
+FRAME_HEADER_SIZE = FRAME_OVERHEAD            # (old name, kept for callers)
 
 MAX_TYPE = 0xFFFF
 MAX_PAYLOAD = 0xFFFFFFFF                      # u32 length; 4 GiB - 1
@@ -68,10 +95,12 @@ def looks_like_segment(name: str) -> bool:
 class SegmentHeader:
     seq: int
     first_lsn: int
-    prev_crc: int
+    prev_crc: int            # the chain value the segment's first frame continues from
+    version: int = VERSION   # frame format of this segment
 
     def encode(self) -> bytes:
-        body = _HEADER_BODY.pack(MAGIC, VERSION, 0, self.seq, self.first_lsn, self.prev_crc)
+        body = _HEADER_BODY.pack(MAGIC, self.version, 0, self.seq, self.first_lsn,
+                                 self.prev_crc)
         return body + CRC_FIELD.pack(crc32c(body))
 
     @staticmethod
@@ -84,57 +113,93 @@ class SegmentHeader:
             return f"bad segment magic {magic!r}"
         if crc32c(data[:HEADER_SIZE - 4]) != crc:
             return "segment header CRC mismatch"
-        if version != VERSION:
-            return f"unsupported segment format version {version} (this build reads {VERSION})"
+        if version not in READABLE_VERSIONS:
+            return (f"unsupported segment format version {version} (this build reads "
+                    f"{', '.join(map(str, READABLE_VERSIONS))})")
         if flags != 0:
             return f"unknown segment flags {flags:#x}"
-        return SegmentHeader(seq, first_lsn, prev_crc)
+        return SegmentHeader(seq, first_lsn, prev_crc, version)
 
 
-def encode_frame(payload: bytes, lsn: int, type: int, prev_crc: int) -> tuple[bytes, int]:
-    """One frame and its CRC (the seed of the next frame)."""
+def mix(v: int) -> int:
+    """The check stored for chain value ``v``: the 16-bit halves (hi, lo) become
+    (hi ^ lo, hi). Over GF(2) both this map M and M + I are invertible: M so the check
+    keeps all 32 bits, M + I so the chain after the check's bytes (``~v ^ M(v)`` fed
+    through the CRC) still depends on ``v`` -- storing ``v`` itself (M = I) would
+    reset the chain to a constant after every frame. (Inlined on the append path.)"""
+    h = v >> 16
+    return (((h ^ v) & 0xFFFF) << 16) | h
+
+
+def unmix(g: int) -> int:
+    """Inverse of :func:`mix`."""
+    lo = g & 0xFFFF
+    return (lo << 16) | ((g >> 16) ^ lo)
+
+
+def encode_frame(payload: bytes, lsn: int, type: int, chain: int) -> tuple[bytes, int]:
+    """One version-2 frame and the chain after it (the seed of the next frame)."""
+    head = HEAD.pack(len(payload), lsn, type)
+    v = crc32c(payload, crc32c(head, chain))
+    check = CHECK.pack(mix(v))
+    return b"".join((head, payload, check)), crc32c(check, v)
+
+
+def encode_frame_v1(payload: bytes, lsn: int, type: int, prev_crc: int) -> tuple[bytes, int]:
+    """One version-1 frame and its CRC (for tests and tools; the log writes v2)."""
     rest = FRAME_REST.pack(len(payload), lsn, type)
     crc = crc32c(payload, crc32c(rest, prev_crc))
     return b"".join((CRC_FIELD.pack(crc), rest, payload)), crc
 
 
-def encode_frames(payloads: Iterable[bytes], first_lsn: int, type: int, prev_crc: int,
+def encode_frames(payloads: Iterable[bytes], first_lsn: int, type: int, chain: int,
                   out: bytearray) -> tuple[int, int]:
-    """Append the frames of ``payloads`` to ``out``; return (count, last crc).
+    """Append the v2 frames of ``payloads`` to ``out``; return (count, chain after).
 
-    The hot loop of ``append_many``: locals only, one bytearray, no per-record object
-    beyond the packed header (pure Python pays for every attribute lookup here)."""
-    pack_rest = FRAME_REST.pack
-    pack_crc = CRC_FIELD.pack
+    The hot loop of ``append_many``: locals only, one bytearray. A frame's check and
+    the next frame's head are packed together and fed to the CRC in one call, so a
+    record costs what it did in version 1: one pack, two CRC calls (plus the mix)."""
+    return encode_typed_frames(payloads, None, first_lsn, chain, out, type)
+
+
+def encode_typed_frames(payloads: Iterable[bytes], types: Sequence[int] | None,
+                        first_lsn: int, chain: int, out: bytearray,
+                        type: int = 0) -> tuple[int, int]:
+    """:func:`encode_frames` with a type per record (the group-commit queue), or one
+    ``type`` for all when ``types`` is None."""
+    pack_check_head = CHECK_HEAD.pack
     c = crc32c
-    crc = prev_crc
     lsn = first_lsn
-    for p in payloads:
-        rest = pack_rest(len(p), lsn, type)
-        crc = c(p, c(rest, crc))
-        out += pack_crc(crc)
-        out += rest
+    it = iter(payloads)
+    tt = iter(types) if types is not None else None
+    for p in it:
+        head = HEAD.pack(len(p), lsn, type if tt is None else next(tt))
+        v = c(p, c(head, chain))
+        out += head
         out += p
-        lsn += 1
-    return lsn - first_lsn, crc
-
-
-def encode_typed_frames(payloads: Sequence[bytes], types: Sequence[int], first_lsn: int,
-                        prev_crc: int, out: bytearray) -> tuple[int, int]:
-    """:func:`encode_frames` with a type per record (the group-commit queue)."""
-    pack_rest = FRAME_REST.pack
-    pack_crc = CRC_FIELD.pack
-    c = crc32c
-    crc = prev_crc
-    lsn = first_lsn
-    for p, t in zip(payloads, types):
-        rest = pack_rest(len(p), lsn, t)
-        crc = c(p, c(rest, crc))
-        out += pack_crc(crc)
-        out += rest
-        out += p
-        lsn += 1
-    return lsn - first_lsn, crc
+        break
+    else:
+        return 0, chain
+    lsn += 1
+    if tt is None:
+        for p in it:
+            h = v >> 16
+            ch = pack_check_head((((h ^ v) & 0xFFFF) << 16) | h, len(p), lsn, type)
+            v = c(p, c(ch, v))
+            out += ch
+            out += p
+            lsn += 1
+    else:
+        for p, t in zip(it, tt):
+            h = v >> 16
+            ch = pack_check_head((((h ^ v) & 0xFFFF) << 16) | h, len(p), lsn, t)
+            v = c(p, c(ch, v))
+            out += ch
+            out += p
+            lsn += 1
+    check = CHECK.pack(mix(v))
+    out += check
+    return lsn - first_lsn, c(check, v)
 
 
 def check_type(type: int) -> None:

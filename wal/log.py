@@ -11,9 +11,9 @@ Concurrency, in one place:
   measured no faster -- finding out which thread calls costs what the uncontended
   lock does.
 * Durability in mode ``group`` (and ``wait_durable``/``sync`` in any mode) is the sync
-  thread of ``groupcommit.py``: ``append`` queues its record there (the sync thread
-  writes it, under ``_lock``, just before its fsync) and waits on the one shared batch
-  of that fsync generation.
+  threads of ``groupcommit.py``: ``append`` queues its record there without taking
+  ``_lock`` (a sync thread writes it, under ``_lock``, just before its fsync) and waits
+  on its own ticket.
   In mode ``always`` the appender fsyncs under the lock, before it returns.
 * A segment being fsynced by the sync thread is *pinned*: a cut that retires it
   meanwhile leaves its descriptor open and the sync thread closes it when done (else
@@ -32,7 +32,7 @@ from crc32c import crc32c
 
 from . import groupcommit
 from .decoder import RawRecord
-from .format import (CRC_FIELD, FRAME_REST, FRAME_HEADER_SIZE, HEADER_SIZE, MAX_PAYLOAD,
+from .format import (CHECK, CHECK_HEAD, FRAME_HEADER_SIZE, HEAD, HEADER_SIZE, MAX_PAYLOAD,
                      MAX_TYPE, check_type)
 from .groupcommit import Ticket
 from .reader import Follower, WriterSource
@@ -122,15 +122,34 @@ class Wal(SegmentWriter):
             if seg.size + flen > self._limit:
                 seg = self._make_room(flen)
             lsn = self._last_lsn + 1
+            # Frame format v2 (format.py): check = mix(v), v = CRC of head + payload
+            # seeded with the chain; the chain then runs on through the check. The
+            # chain is kept as (v, m) of the previous frame (see writer.py): the
+            # previous check and this head are packed together and fed to the CRC in
+            # the same call as the payload -- one CRC call per record, plus the mix.
+            m = self._m
             try:
-                rest = _pack_rest(n, lsn, type)
+                if m >= 0:
+                    pre = _pack_check_head(m, n, lsn, type)
+                    head = pre[4:]
+                else:
+                    pre = head = _pack_head(n, lsn, type)
             except struct.error:
                 # The type is checked here, by the packing, not before (the hot path):
                 # nothing has changed yet.
                 check_type(int(type))
                 raise
-            crc = crc32c(payload, crc32c(rest, self._crc))
-            frame = b"".join((_pack_crc(crc), rest, payload))
+            if n <= _COPY_MAX:
+                # Copying a small payload next to the head costs less than a CRC call.
+                try:
+                    v = crc32c(pre + payload, self._v)
+                except TypeError:              # a memoryview or other buffer
+                    v = crc32c(b"".join((pre, payload)), self._v)
+            else:
+                v = crc32c(payload, crc32c(pre, self._v))
+            h = v >> 16
+            m = (((h ^ v) & 0xFFFF) << 16) | h
+            frame = b"".join((head, payload, _pack_check(m)))
             try:
                 written = self._os_write(seg.fd, frame)
             except OSError:
@@ -139,7 +158,8 @@ class Wal(SegmentWriter):
                 seg.size += flen
             else:
                 self._write(seg, frame, written)
-            self._crc = crc
+            self._v = v
+            self._m = m
             self._last_lsn = lsn
             if self._readers_waiting:
                 self._wake_readers()
@@ -165,11 +185,10 @@ class Wal(SegmentWriter):
         if type.__class__ is not int or not 0 <= type <= MAX_TYPE:
             check_type(int(type))
             type = int(type)
-        with self._lock:
-            if self._limit < 0:
-                self._check_open()
-            ticket = self._committer.join(payload, type)
-        lsn = groupcommit.wait(ticket)
+        if self._limit < 0:
+            self._check_open()
+        # No lock: the committer's queue is a deque (see groupcommit.py).
+        lsn = groupcommit.wait(self._committer.join(payload, type))
         if lsn < 0:
             self._raise_unusable()
         return lsn
@@ -315,7 +334,9 @@ class Wal(SegmentWriter):
 
 
 _OPEN = object()
-_pack_rest = FRAME_REST.pack
-_pack_crc = CRC_FIELD.pack
+_pack_head = HEAD.pack
+_pack_check = CHECK.pack
+_pack_check_head = CHECK_HEAD.pack
+_COPY_MAX = 1024       # payloads up to this size are copied next to their head (append)
 
 

@@ -149,8 +149,9 @@ class Follower:
         self._gen.close()
 
 
-def _open_segment(source: Source, seg: _Seg) -> tuple[int, int]:
-    """Open a segment for reading; (fd, prev_crc) after checking its header."""
+def _open_segment(source: Source, seg: _Seg) -> tuple[int, int, int]:
+    """Open a segment for reading; (fd, prev_crc, frame version) after checking its
+    header."""
     try:
         fd = os.open(seg.path, os.O_RDONLY)
     except FileNotFoundError:
@@ -161,7 +162,7 @@ def _open_segment(source: Source, seg: _Seg) -> tuple[int, int]:
     except BaseException:
         os.close(fd)
         raise
-    return fd, hdr.prev_crc
+    return fd, hdr.prev_crc, hdr.version
 
 
 def _locate(source: Source, start: int | None) -> tuple[_Seg, int] | None:
@@ -199,7 +200,7 @@ def _batches(source: Source, start: int | None, follow: bool, timeout: float | N
             return
         found = _locate(source, start)
     seg, start = found
-    fd, crc = _open_segment(source, seg)
+    fd, crc, version = _open_segment(source, seg)
     try:
         off, lsn, pending = HEADER_SIZE, seg.first_lsn, b""
         state = BlockState()
@@ -212,7 +213,7 @@ def _batches(source: Source, start: int | None, follow: bool, timeout: float | N
                 data = os.pread(fd, want, pos)
                 buf = pending + data if pending else data
                 before = lsn
-                recs = decode_block(buf, 0, crc, lsn, state, start)
+                recs = decode_block(buf, 0, crc, lsn, state, start, version)
                 if recs:
                     yield recs
                 off += state.off
@@ -229,9 +230,9 @@ def _batches(source: Source, start: int | None, follow: bool, timeout: float | N
                     if not source.trusted and source.end(seg, fd) > off + len(pending):
                         continue    # completed while we looked: read the rest first
                     why = "segment ends inside a frame" if not bad else \
-                        classify_tail(pending, off, _rebased(state)) or "CRC mismatch"
+                        classify_tail(pending, off, _rebased(state), version) or "CRC mismatch"
                     raise CorruptRecordError(seg.path, off, why)
-                why = classify_tail(pending, off, _rebased(state))
+                why = classify_tail(pending, off, _rebased(state), version)
                 if why is not None:
                     raise CorruptRecordError(seg.path, off, why)
                 pending = b""       # torn or still being written: re-read next time
@@ -242,7 +243,7 @@ def _batches(source: Source, start: int | None, follow: bool, timeout: float | N
             if source.complete(seg):
                 if source.end(seg, fd) > off:
                     continue        # it grew before it was completed
-                seg, fd, crc = _next_segment(source, seg, fd, lsn, crc)
+                seg, fd, crc, version = _next_segment(source, seg, fd, lsn, crc)
                 off, pending = HEADER_SIZE, b""
                 continue
             if not keep_waiting(lsn):
@@ -260,7 +261,7 @@ def _rebased(state: BlockState) -> BlockState:
 
 
 def _next_segment(source: Source, seg: _Seg, fd: int, lsn: int,
-                  crc: int) -> tuple[_Seg, int, int]:
+                  crc: int) -> tuple[_Seg, int, int, int]:
     """Step from a complete segment to its successor, checking that the chain (LSN and
     CRC) runs on across the file boundary."""
     nxt = next((s for s in source.segments() if s.seq == seg.seq + 1), None)
@@ -269,10 +270,10 @@ def _next_segment(source: Source, seg: _Seg, fd: int, lsn: int,
     if nxt.first_lsn != lsn:
         raise CorruptRecordError(nxt.path, 0, f"first LSN {nxt.first_lsn}, but the previous "
                                  f"segment ends at LSN {lsn - 1}")
-    nfd, prev_crc = _open_segment(source, nxt)
+    nfd, prev_crc, version = _open_segment(source, nxt)
     if prev_crc != crc:
         os.close(nfd)
         raise CorruptRecordError(nxt.path, 0, f"header continues the CRC chain from "
                                  f"{prev_crc:#010x}, the previous segment ends at {crc:#010x}")
     os.close(fd)
-    return nxt, nfd, crc
+    return nxt, nfd, crc, version

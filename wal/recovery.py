@@ -33,6 +33,7 @@ class Tail:
     size: int          # valid bytes of the last segment
     crc: int           # chain CRC after its last frame
     next_lsn: int
+    version: int = 2   # frame format of the last segment
 
 
 def _read_file(path: str) -> bytes:
@@ -55,9 +56,9 @@ def recover(directory: str, io: FileLayer) -> Tail | None:
     data = _read_file(last.path)
     hdr = SegmentHeader.decode(data)
     assert isinstance(hdr, SegmentHeader)   # read_header passed above
-    state = scan(data, HEADER_SIZE, hdr.prev_crc, hdr.first_lsn)
+    state = scan(data, HEADER_SIZE, hdr.prev_crc, hdr.first_lsn, hdr.version)
     if state.stop is not Stop.END:
-        why = classify_tail(data, 0, state)
+        why = classify_tail(data, 0, state, hdr.version)
         if why is not None:
             raise CorruptRecordError(last.path, state.off, why)
         log.warning("write-ahead log %s: cutting a torn tail of %d bytes at offset %d "
@@ -69,7 +70,7 @@ def recover(directory: str, io: FileLayer) -> Tail | None:
             io.fsync(fd)
         finally:
             io.close(fd)
-    return Tail(segs, state.off, state.crc, state.lsn)
+    return Tail(segs, state.off, state.crc, state.lsn, hdr.version)
 
 
 @dataclass
@@ -126,12 +127,12 @@ def verify(directory: str) -> Report:
             return rep
         if rep.first_lsn is None:
             rep.first_lsn = hdr.first_lsn
-        state = scan(data, HEADER_SIZE, hdr.prev_crc, hdr.first_lsn)
+        state = scan(data, HEADER_SIZE, hdr.prev_crc, hdr.first_lsn, hdr.version)
         rep.records += state.lsn - hdr.first_lsn
         crc, lsn = state.crc, state.lsn
         if state.stop is not Stop.END:
             last = i == len(segs) - 1
-            why = classify_tail(data, 0, state) if last else \
+            why = classify_tail(data, 0, state, hdr.version) if last else \
                 "damaged frame in a segment that is not the last (it was fsynced whole)"
             if why is not None:
                 rep.corruption = (seg.path, state.off, why)

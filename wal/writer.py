@@ -18,7 +18,10 @@ from faults.fileio import FileLayer
 
 from . import recovery
 from .errors import OutOfDiskError, WalClosedError, WalError
-from .format import FRAME_HEADER_SIZE, HEADER_SIZE, encode_frames, encode_typed_frames
+from crc32c import crc32c
+
+from .format import (CHECK, FRAME_HEADER_SIZE, HEADER_SIZE, VERSION, encode_frames,
+                     encode_typed_frames)
 from .groupcommit import GroupCommitter
 from .segments import DirLock, OpenSegment, create_segment, remove_temp_files
 
@@ -63,6 +66,8 @@ class SegmentWriter:
             if tail is None:
                 sf = create_segment(self.path, 0, first_lsn, 0, self._io)
                 tail = recovery.Tail([sf], HEADER_SIZE, 0, first_lsn)
+            if tail.version != VERSION:
+                tail = self._upgrade(tail)
             last = tail.segments[-1]
             fd = self._io.open(last.path, os.O_WRONLY | os.O_APPEND)
             segs = [OpenSegment(s.seq, s.first_lsn, s.path, 0, -1) for s in tail.segments[:-1]]
@@ -82,6 +87,19 @@ class SegmentWriter:
             raise
         self._committer = GroupCommitter(self, self._lock, os.path.basename(self.path))
         self._limit = segment_size
+
+    def _upgrade(self, tail: recovery.Tail) -> recovery.Tail:
+        """The last segment is of an older frame format: append to a fresh segment in
+        the current one (a segment holds one format), continuing LSNs and the chain.
+        The old segment is fsynced first: a segment with a successor must be whole."""
+        last = tail.segments[-1]
+        fd = self._io.open(last.path, os.O_WRONLY)
+        try:
+            self._io.fdatasync(fd)
+        finally:
+            self._io.close(fd)
+        sf = create_segment(self.path, last.seq + 1, tail.next_lsn, tail.crc, self._io)
+        return recovery.Tail(tail.segments + [sf], HEADER_SIZE, tail.crc, tail.next_lsn)
 
     def write_records(self, payloads: Sequence[bytes], types: int | Sequence[int]) -> int:
         """Write records in order (under the lock), one ``write`` per segment touched;
@@ -251,6 +269,20 @@ class SegmentWriter:
             finally:
                 self._readers_waiting -= 1
         return not self._closed
+
+    # -- the chain -----------------------------------------------------------------
+    # The chain value after the last frame is kept as the pair (v, m): the CRC before
+    # that frame's check and the check (m = mix(v)), chain = crc32c(check bytes, v).
+    # ``append`` then feeds the previous check and its own head to the CRC as one packed
+    # struct, which saves a CRC call per record. m = -1: no check pending, chain = v.
+    @property
+    def _crc(self) -> int:
+        m = self._m
+        return self._v if m < 0 else crc32c(CHECK.pack(m), self._v)
+
+    @_crc.setter
+    def _crc(self, chain: int) -> None:
+        self._v, self._m = chain, -1
 
     # -- failure -------------------------------------------------------------------
     def _fail(self, err: BaseException) -> BaseException:

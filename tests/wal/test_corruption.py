@@ -79,7 +79,7 @@ CASES = [
     Case("foreign_file_ignored", lambda d, s: (d / "notes.txt").write_text("hi"), "torn", N),
     Case("flipped_byte_mid_last_segment", lambda d, s: flip(s[-1], frame_at(5) + 50),
          "corrupt_open", bad_seg=-1, bad_offset=frame_at(5)),
-    Case("flipped_length_mid_last_segment", lambda d, s: flip(s[-1], frame_at(5) + 6),
+    Case("flipped_length_mid_last_segment", lambda d, s: flip(s[-1], frame_at(5) + 2),
          "corrupt_open", bad_seg=-1, bad_offset=frame_at(5)),
     Case("truncated_header", lambda d, s: cut(s[-1], 10), "corrupt_open", bad_seg=-1,
          bad_offset=0),

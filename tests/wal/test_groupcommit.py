@@ -112,12 +112,15 @@ def test_fsync_failure_fails_every_waiter_and_is_latched(tmp_path) -> None:
 def test_close_ends_the_sync_thread_and_releases_waiters(tmp_path) -> None:
     w = Wal.open(tmp_path, sync="group")
     w.append(b"a")
-    name = f"wal-sync {tmp_path.name}"
-    assert any(t.name == name for t in threading.enumerate())
+
+    def ours(t: threading.Thread) -> bool:
+        return t.name.startswith("wal-sync") and t.name.endswith(f" {tmp_path.name}")
+
+    assert any(ours(t) for t in threading.enumerate())
     lsn = w.append(b"b", wait=False)
     w.close()
     assert w.durable_lsn == lsn
-    assert not any(t.name == name and t.is_alive() for t in threading.enumerate())
+    assert not any(ours(t) and t.is_alive() for t in threading.enumerate())
     w.wait_durable(lsn)      # durable already: returns even though closed
 
 
@@ -127,7 +130,8 @@ def test_none_and_always_modes_start_no_sync_thread_until_asked(tmp_path) -> Non
         w = Wal.open(d, sync=mode)
         w.append_many([b"r"] * 10)
         w.append(b"s")
-        assert not any(t.name == f"wal-sync {mode}" for t in threading.enumerate())
+        assert not any(t.name.startswith("wal-sync") and t.name.endswith(f" {mode}")
+                       for t in threading.enumerate())
         w.sync()
         assert w.durable_lsn == w.last_lsn == 11
         w.close()
@@ -176,4 +180,69 @@ def test_unexpected_error_in_the_sync_thread_fails_waiters_instead_of_hanging(tm
         w.close()
     w = Wal.open(tmp_path)
     assert [r.payload for r in w.read_from()] == [b"ok"]
+    w.close()
+
+
+def test_a_waiter_interrupted_by_a_signal_does_not_stall_the_others() -> None:
+    """Waiters of one fsync are woken one after the other (a baton); one that gives up
+    (a signal in the main thread) must still hand the baton on."""
+    import signal
+
+    from wal import tickets
+
+    def ticket() -> list:
+        gate = threading.Lock()
+        gate.acquire()
+        return [None, 0, gate, 0, None, False]
+
+    t1, t2, t3 = ticket(), ticket(), ticket()
+    done: list[int] = []
+    others = [threading.Thread(target=lambda t=t: done.append(tickets.wait(t)))
+              for t in (t1, t3)]
+    for th in others:
+        th.start()
+
+    def interrupt(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        with pytest.raises(KeyboardInterrupt):
+            tickets.wait(t2)         # main thread, interrupted before its turn
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert t2[5] is True
+    tickets.finish([t1, t2, t3], True)
+    for th in others:
+        th.join(10)
+    assert not any(th.is_alive() for th in others) and done == [0, 0]
+
+
+@pytest.mark.parametrize("sync_threads", [1, 2])
+def test_concurrent_group_appends_each_get_a_unique_durable_lsn(tmp_path, monkeypatch,
+                                                                sync_threads: int) -> None:
+    from wal import groupcommit
+
+    monkeypatch.setattr(groupcommit.GroupCommitter.__init__, "__defaults__", (sync_threads,))
+    w = Wal.open(tmp_path, sync="group", segment_size=4096)
+    got: dict[int, bytes] = {}
+
+    def run(i: int) -> None:
+        for k in range(60):
+            p = f"t{i}-{k}".encode()
+            lsn = w.append(p)
+            assert lsn <= w.durable_lsn
+            got[lsn] = p
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(30)
+    assert sorted(got) == list(range(1, 481))
+    w.close()
+    w = Wal.open(tmp_path, segment_size=4096)
+    assert {r.lsn: r.payload for r in w.read_from()} == got
     w.close()
