@@ -7,7 +7,8 @@ joins with no other load, and a 5th joins while writers keep writing. Measured p
 join: seconds from the join to every partition OWNING on its ideal owners, bytes the
 moves received (files: bytes on the wire; messages: key + value bytes, a lower bound
 of the wire), CPU seconds of the joining node (demander) and of the others
-(suppliers), writes acknowledged during the move. Ratios are messages / files, both
+(suppliers), writes acknowledged during the move. A node's CPU includes its child
+processes (the index scan workers). Ratios are messages / files, both
 from the process launch (``seconds_to_owning``) and from the join (``seconds_from_join``:
 first move started -> settled). Files mode only, a third phase: a plan moves one
 partition while writers write only its keys; the temp-WAL replay rate against the
@@ -242,7 +243,8 @@ def replay_phase(cluster: LocalCluster, writers: int, value_size: int, timeout: 
 def run_mode(root: str, mode: str, args: argparse.Namespace) -> dict[str, object]:
     out: dict[str, object] = {}
     with LocalCluster(os.path.join(root, mode), partitions=args.partitions, mode=mode,
-                      concurrency=4, checkpoint_interval=2.0, log_level="WARNING") as c:
+                      concurrency=4, checkpoint_interval=2.0, log_level="WARNING",
+                      index_workers=args.index_workers) as c:
         c.start(3)
         t0 = time.monotonic()
         c.load(args.entries, value_size=args.value_size, threads=args.threads)
@@ -268,6 +270,9 @@ def main() -> None:
     ap.add_argument("--replay-writers", type=int, default=4,
                     help="writers on one partition while a plan moves it (files mode; 0: skip)")
     ap.add_argument("--replay-batch", type=int, default=32, help="entries per put_batch of those writers")
+    ap.add_argument("--index-workers", type=int, default=None,
+                    help="[rebalance] index_workers of the nodes (files mode; default: the "
+                         "node's default; 0: index rebuilds in the node's process, as before)")
     ap.add_argument("--timeout", type=float, default=900.0)
     ap.add_argument("--dir", default=None, help="work folder (default: a temp dir under /work or /tmp)")
     args = ap.parse_args()
@@ -294,7 +299,7 @@ def main() -> None:
     print(json.dumps({
         "bench": "rebalance", "quick": args.quick, "entries": args.entries,
         "value_size": args.value_size, "data_bytes": args.entries * args.value_size,
-        "partitions": args.partitions, "backups": 1, "nodes": "3 -> 4 (idle) -> 5 (under writes)",
+        "partitions": args.partitions, "backups": 1, "index_workers": args.index_workers, "nodes": "3 -> 4 (idle) -> 5 (under writes)",
         "files": res["files"], "messages": res["messages"], "ratios": ratios,
         "target": "files >= 10x faster to OWNING than messages; replay >= 5x the ingest rate",
         "replay_over_ingest": res["files"].get("replay_one_partition", {}).get("replay_over_ingest"),

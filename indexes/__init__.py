@@ -4,6 +4,7 @@ verify against data; the OWNING gate's index step. See docs/indexes.md.
 Public face:
 - :class:`IndexStore` (``open``, ``apply``, ``lookup``, ``range``, ``rebuild``,
   ``drop``, ``ready``, ``verify``, ``close``) and :class:`IndexDefinition`
+- :class:`ScanPool`: worker processes a rebuild hands a partition file's scan to
 - sources: :class:`PartitionFileSource`, :class:`MemorySource`, :data:`EMPTY`
 - results: :class:`RebuildResult`, :class:`Progress`, :class:`VerifyReport`
 - errors: :class:`IndexStoreError` and its subclasses
@@ -15,13 +16,14 @@ from .errors import (BadQueryError, BadValueError, IndexCorruptError, IndexDefin
                      IndexNotReadyError, IndexStoreError, OutOfDiskError, RebuildCancelled,
                      UniqueViolationError)
 from .rebuild import Progress, RebuildResult
+from .scanpool import ScanPool
 from .source import EMPTY, MemorySource, PartitionFileSource
 from .store import IndexStore, Source
 from .verify import EntryRef, VerifyReport, WrongEntry
 
 __all__ = [
     "IndexStore", "IndexDefinition", "Source", "PartitionFileSource", "MemorySource", "EMPTY",
-    "RebuildResult", "Progress", "VerifyReport", "EntryRef", "WrongEntry",
+    "ScanPool", "RebuildResult", "Progress", "VerifyReport", "EntryRef", "WrongEntry",
     "IndexStoreError", "IndexCorruptError", "IndexDefinitionError", "IndexNotReadyError",
     "BadValueError", "BadQueryError", "UniqueViolationError", "RebuildCancelled",
     "OutOfDiskError",

@@ -31,6 +31,7 @@ from .errors import RebuildCancelled
 from .extsort import DEFAULT_MEMORY, ExternalSorter
 
 if TYPE_CHECKING:
+    from .scanpool import ScanPool
     from .store import IndexStore, Source
 
 # Big enough that commits (two fsyncs each) cost little next to the work, small enough
@@ -111,10 +112,12 @@ def _cancel_check(cancel: Any) -> Callable[[], bool]:
 def rebuild(store: IndexStore, partition: int, source: Source, *,
             progress: Callable[[Progress], None] | None = None, cancel: Any = None,
             memory_limit: int | None = None, batch: int | None = None,
-            workers: int | None = None) -> RebuildResult:
+            workers: int | None = None, pool: ScanPool | None = None) -> RebuildResult:
     """Rebuild ``partition``'s entries from ``source`` (see the module doc). Values that
     an index cannot take are skipped and counted whatever its ``on_bad`` policy: the
-    data is the truth here and a rebuild never fails on it."""
+    data is the truth here and a rebuild never fails on it. ``pool``: a partition
+    file's whole scan goes to one of the pool's processes (:mod:`indexes.scanpool`);
+    this thread only serves its page ranges, then merges and loads."""
     cancelled = _cancel_check(cancel)
     rep = _Reporter(partition, progress)
     res = RebuildResult(partition)
@@ -127,7 +130,7 @@ def rebuild(store: IndexStore, partition: int, source: Source, *,
     store._clear(partition, delete_db=False)
     sorter = ExternalSorter(scratch, memory_limit or DEFAULT_MEMORY)
     try:
-        _scan(store, partition, source, sorter, res, rep, cancelled, workers)
+        _scan(store, partition, source, sorter, res, rep, cancelled, workers, pool)
         _load(store, partition, sorter, res, rep, cancelled, batch or DEFAULT_BATCH)
     finally:
         res.runs = len(sorter.runs)
@@ -141,7 +144,7 @@ def rebuild(store: IndexStore, partition: int, source: Source, *,
 
 def _scan(store: IndexStore, partition: int, source: Source, sorter: ExternalSorter,
           res: RebuildResult, rep: _Reporter, cancelled: Callable[[], bool],
-          workers: int | None = None) -> None:
+          workers: int | None = None, pool: ScanPool | None = None) -> None:
     count = getattr(source, "count", None)
     rep.start("scan", count(partition) if callable(count) else None)
     feed_many, add, addd = store.indexer.feed_many, sorter.append, sorter.add_with_data
@@ -150,16 +153,32 @@ def _scan(store: IndexStore, partition: int, source: Source, sorter: ExternalSor
         res.bad += len(bad)
         _samples(res, [f"key {pk!r}: index {b.index.name!r}: {b.reason}" for b in bad])
 
-    shared = scanworker.plan(source, partition, workers)
+    offload = _offload(source, partition, pool)
+    shared = None if offload else scanworker.plan(source, partition, workers)
     handles: list[scanworker.ScanWorker] = []
-    if shared is not None:
+    if offload is not None:
+        # The whole scan in a pool process: it takes every range, sorts with the
+        # memory limit, and this process holds no keys until the merge.
+        assert pool is not None
+        path, pcount = offload
+        proc = pool.checkout(cancelled)
+        try:
+            handles = [scanworker.ScanWorker(
+                scanworker.task(scanworker.common_task(store, path, sorter.memory_limit),
+                                sorter.scratch_dir, 0),
+                scanworker.Ranges(pcount).next, proc=proc)]
+        except BaseException:
+            pool.checkin(proc, healthy=False)
+            raise
+        batches: Iterable[list] = ()
+    elif shared is not None:
         # Each process sorts with its share of the memory limit (see scanworker).
         path, pcount, procs = shared
         sorter.memory_limit //= procs
         ranges = scanworker.Ranges(pcount)
         handles = scanworker.start(store, path, procs, ranges, sorter.scratch_dir,
                                    sorter.memory_limit)
-        batches: Iterable[list] = _ranges_batches(path, ranges)
+        batches = _ranges_batches(path, ranges)
     else:
         batches = scan_batches(source, partition)
     try:
@@ -190,9 +209,33 @@ def _scan(store: IndexStore, partition: int, source: Source, sorter: ExternalSor
     except BaseException:
         for h in handles:
             h.kill()
+            if h.keep and pool is not None:
+                pool.checkin(h.proc, healthy=False)
         raise
+    for h in handles:
+        if h.keep and pool is not None:
+            pool.checkin(h.proc, healthy=True)
     res.scanned = n
     rep.report(n, force=True)
+
+
+def _offload(source: Source, partition: int, pool: ScanPool | None) -> tuple[str, int] | None:
+    """(file, page count) when the scan should go to ``pool``: a partition file the pool
+    wants (``ScanPool.wants``: size, idle CPU) whose meta page reads (else the serial
+    scan runs and raises the clear error)."""
+    from checkpoint.pagefile import CorruptPageError, read_meta
+
+    from .source import PartitionFileSource
+    if pool is None or not isinstance(source, PartitionFileSource):
+        return None
+    path = source.file_for(partition)
+    try:
+        if not pool.wants(os.path.getsize(path)):
+            return None
+        pcount = read_meta(path).page_count
+    except (OSError, CorruptPageError):
+        return None
+    return (path, pcount) if pcount >= 2 else None
 
 
 def _ranges_batches(path: str, ranges: scanworker.Ranges) -> Iterator[list]:

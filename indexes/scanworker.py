@@ -13,8 +13,10 @@ is state: the scratch tree is deleted before and after every rebuild.
 
 Protocol, JSON lines: the task on the worker's stdin, then ``{"pages": [a, b]}`` or
 ``{"stop": true}`` after each ``{"want": true, "done": n}`` the worker prints; last
-``{"result": {...}}`` or ``{"error": {...}}``. A worker whose parent died (a
-SIGKILLed rebuild) sees its stdin close and stops.
+``{"result": {...}}`` or ``{"error": {...}}``; then the next task, if any (a process
+of a :class:`~indexes.scanpool.ScanPool` serves one rebuild after another). A worker
+whose parent died (a SIGKILLed rebuild or node) sees its stdin close and stops; one
+that reported an error exits and is not reused.
 """
 from __future__ import annotations
 
@@ -48,22 +50,31 @@ class Ranges:
         return self.left.pop() if self.left else None
 
 
-class ScanWorker:
-    """The parent's handle on one worker process."""
+def spawn() -> subprocess.Popen[bytes]:
+    """A worker process, waiting for a task on its stdin (it serves one task after
+    another until its stdin closes)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    # -c, not -m: the package imports this module, and runpy warns about that.
+    return subprocess.Popen([sys.executable, "-c", "from indexes.scanworker import main; main()"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd=root)
 
-    def __init__(self, task: dict[str, Any], ranges: Callable[[], tuple[int, int] | None]) -> None:
+
+class ScanWorker:
+    """The parent's handle on one worker process doing one task. ``proc``: a process
+    of a :class:`~indexes.scanpool.ScanPool`, left running after the result (the pool
+    takes it back); without it the handle starts its own process, which ends with the
+    task."""
+
+    def __init__(self, task: dict[str, Any], ranges: Callable[[], tuple[int, int] | None],
+                 proc: subprocess.Popen[bytes] | None = None) -> None:
         self.task, self.ranges = task, ranges
         self.done = 0
         self.result: dict[str, Any] | None = None
         self._buf = b""
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        env = dict(os.environ)
-        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        # -c, not -m: the package imports this module, and runpy warns about that.
-        self.proc = subprocess.Popen([sys.executable, "-c",
-                                      "from indexes.scanworker import main; main()"],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     env=env, cwd=root)
+        self.keep = proc is not None
+        self.proc = proc if proc is not None else spawn()
         self._send(task)
 
     def _send(self, msg: dict[str, Any]) -> None:
@@ -99,7 +110,8 @@ class ScanWorker:
         elif "result" in msg:
             self.result = msg["result"]
             self.done = self.result["scanned"]
-            self.proc.wait()
+            if not self.keep:                   # its own process: no further task
+                self.close()
         elif "error" in msg:
             self.proc.wait()
             e = msg["error"]
@@ -108,22 +120,31 @@ class ScanWorker:
                 raise CorruptPageError(e["path"], e["page"], e["offset"], e["reason"])
             raise IndexStoreError(f"scan worker of {self.task['path']} failed: {e['message']}")
 
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
+    def close(self) -> None:
+        """End the process after its task: stdin closed, it exits."""
+        self._close_pipes(stdin_only=True)
         self.proc.wait()
-        for f in (self.proc.stdin, self.proc.stdout):
+        self._close_pipes()
+
+    def _close_pipes(self, stdin_only: bool = False) -> None:
+        for f in (self.proc.stdin,) if stdin_only else (self.proc.stdin, self.proc.stdout):
             if f is not None:
                 try:
                     f.close()
                 except OSError:
                     pass
 
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self._close_pipes()
+
 
 def plan(source: Any, partition: int, workers: int | None) -> tuple[str, int, int] | None:
     """(file, page count, processes) when the scan should be shared, else None.
     ``workers=None``: 2 processes for a file of PARALLEL_MIN_BYTES or more when a
-    CPU is idle (see _idle_cpu); 1 or 0: never; n: n processes."""
+    CPU is idle (see idle_cpu); 1 or 0: never; n: n processes."""
     from checkpoint.pagefile import CorruptPageError, read_meta
 
     from .source import PartitionFileSource
@@ -136,7 +157,7 @@ def plan(source: Any, partition: int, workers: int | None) -> tuple[str, int, in
     except (OSError, CorruptPageError):
         return None                             # the serial scan raises the clear error
     if workers is None:
-        if size < PARALLEL_MIN_BYTES or not _idle_cpu():
+        if size < PARALLEL_MIN_BYTES or not idle_cpu():
             return None
         workers = 2
     if pcount < 3:
@@ -144,7 +165,7 @@ def plan(source: Any, partition: int, workers: int | None) -> tuple[str, int, in
     return path, pcount, workers
 
 
-def _idle_cpu() -> bool:
+def idle_cpu() -> bool:
     """A CPU the rebuild could use: 2+ CPUs and a 1-minute load average that leaves
     one free. On a saturated machine a worker only adds its start-up and an extra
     merge (measured: slower than one process at load 7 on 2 CPUs)."""
@@ -156,18 +177,30 @@ def _idle_cpu() -> bool:
     return cpus >= 2 and load <= cpus - 1
 
 
+
+def common_task(store: Any, path: str, memory: int) -> dict[str, Any]:
+    """What every worker of one scan is told: the file and how to index it."""
+    ix = store.indexer
+    return {"path": path, "definitions": [d.to_json() for d in ix.definitions],
+            "ids": dict(store.schema.ids), "codec": ix.codec, "max_key": ix.max_key,
+            "memory": memory}
+
+
+def task(common: dict[str, Any], scratch: str, i: int) -> dict[str, Any]:
+    """Worker ``i``'s task; its own scratch folder, named uniquely so that a worker
+    orphaned by a killed rebuild (it stops at its next range request) never writes
+    into the folder of a later rebuild's worker."""
+    return dict(common, scratch=os.path.join(scratch, f"w{i}-{os.urandom(4).hex()}"))
+
+
 def start(store: Any, path: str, workers: int, ranges: Ranges, scratch: str,
           memory: int) -> list[ScanWorker]:
     """``workers - 1`` workers (the caller is the other process)."""
-    ix = store.indexer
-    common = {"path": path, "definitions": [d.to_json() for d in ix.definitions],
-              "ids": dict(store.schema.ids), "codec": ix.codec, "max_key": ix.max_key,
-              "memory": memory}
+    common = common_task(store, path, memory)
     handles: list[ScanWorker] = []
     try:
         for i in range(1, workers):
-            handles.append(ScanWorker(dict(common, scratch=os.path.join(scratch, f"w{i}")),
-                                      ranges.next))
+            handles.append(ScanWorker(task(common, scratch, i), ranges.next))
     except BaseException:
         for h in handles:
             h.kill()
@@ -210,8 +243,16 @@ def _say(msg: dict[str, Any]) -> None:
 
 
 def main() -> None:
-    task = json.loads(sys.stdin.readline())
+    """Serve tasks until stdin closes (a pool's process serves many; a rebuild's own
+    worker one). A failed task ends the process: the parent discards it."""
+    while True:
+        line = sys.stdin.readline()
+        if not line:
+            return                              # the parent closed stdin or died
+        _serve(json.loads(line))
 
+
+def _serve(task: dict[str, Any]) -> None:
     def ask(done: int) -> tuple[int, int] | None:
         _say({"want": True, "done": done})
         line = sys.stdin.readline()

@@ -245,13 +245,15 @@ class IndexStore:
     def rebuild(self, partition: int, source: Source, *,
                 progress: Callable[[Any], None] | None = None,
                 cancel: Any = None, memory_limit: int | None = None,
-                batch: int | None = None, workers: int | None = None) -> Any:
+                batch: int | None = None, workers: int | None = None,
+                pool: Any = None) -> Any:
         """Rebuild the partition's entries from ``source.scan(partition)``; see
         :func:`indexes.rebuild.rebuild` (``workers``: processes sharing the scan of a
-        partition file, see :mod:`indexes.scanworker`)."""
+        partition file, see :mod:`indexes.scanworker`; ``pool``: a
+        :class:`~indexes.scanpool.ScanPool` that takes the whole scan of a file)."""
         from .rebuild import rebuild
         return rebuild(self, partition, source, progress=progress, cancel=cancel,
-                       memory_limit=memory_limit, batch=batch, workers=workers)
+                       memory_limit=memory_limit, batch=batch, workers=workers, pool=pool)
 
     def verify(self, partition: int, source: Source, *, memory_limit: int | None = None,
                max_details: int = 10_000) -> Any:

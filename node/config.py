@@ -69,6 +69,12 @@ class NodeConfig:
     rebalance_mode: str = "files"
     rebalance_batch: int = 512            # entries per batch in the messages mode
     replay_rate_limit: int = 0            # temp-WAL records/s replayed per move, 0 = unlimited
+    # processes a files move may hand its index rebuild's scan to (indexes.ScanPool),
+    # so the scan does not take the GIL from the other moves; 0 = never (the node's
+    # process); index_offload "idle": only while a CPU is idle (docs/rebalancing.md)
+    index_workers: int = 2
+    index_offload: str = "idle"              # "idle": only while a CPU is idle; "always"
+    index_offload_min_bytes: int = 8 << 20   # smaller files are scanned in the node's process
     heartbeat_interval_s: float = 0.5
     failure_timeout_s: float = 3.0
     max_key_bytes: int = MAX_KEY_BYTES
@@ -143,6 +149,9 @@ _KEYS: dict[tuple[str, ...], str] = {
     ("rebalance", "mode"): "rebalance_mode",
     ("rebalance", "batch"): "rebalance_batch",
     ("rebalance", "replay_rate_limit"): "replay_rate_limit",
+    ("rebalance", "index_workers"): "index_workers",
+    ("rebalance", "index_offload"): "index_offload",
+    ("rebalance", "index_offload_min_bytes"): "index_offload_min_bytes",
     ("membership", "heartbeat_interval_s"): "heartbeat_interval_s",
     ("membership", "failure_timeout_s"): "failure_timeout_s",
     ("limits", "max_key_bytes"): "max_key_bytes",
@@ -222,6 +231,15 @@ def validate(cfg: NodeConfig) -> NodeConfig:
         raise ConfigError("membership: need 0 < heartbeat_interval_s < failure_timeout_s")
     if cfg.rebalance_batch < 1 or cfg.transfer_concurrency < 1:
         raise ConfigError("rebalance.batch and transfer.concurrency must be >= 1")
+    if not isinstance(cfg.index_workers, int) or not 0 <= cfg.index_workers <= 64:
+        raise ConfigError(f"rebalance.index_workers must be 0 (in the node's process) to 64, "
+                          f"not {cfg.index_workers!r}")
+    if cfg.index_offload not in ("idle", "always"):
+        raise ConfigError(f"rebalance.index_offload must be 'idle' or 'always' (got {cfg.index_offload!r}; "
+                          "index_workers = 0 keeps every rebuild in the node's process)")
+    if not isinstance(cfg.index_offload_min_bytes, int) or cfg.index_offload_min_bytes < 0:
+        raise ConfigError(f"rebalance.index_offload_min_bytes must be >= 0 bytes, "
+                          f"not {cfg.index_offload_min_bytes!r}")
     if cfg.max_key_bytes < 1 or cfg.max_value_bytes < 0:
         raise ConfigError("limits: max_key_bytes must be >= 1 and max_value_bytes >= 0")
     return cfg

@@ -136,14 +136,23 @@ class FileMoves:
           and the replay, the only writer of p's data, starts after this returns;
         - eviction waits while the move is registered (reconcile skips ``self.moves``).
 
+        While a CPU is idle (``[rebalance] index_offload``), the scan goes to the node's
+        scan pool (``index_workers`` processes, :class:`indexes.ScanPool`): decoding
+        pages and parsing documents there leaves this process's GIL to the transfers,
+        installs and replays of the other moves; this thread only serves page ranges,
+        merges the sorted keys and loads LMDB.
+
         Should the file not read (a fault after install), the store, which reads the
-        same pages through its page memory, is the fallback."""
+        same pages through its page memory, is the fallback (in this process)."""
         from checkpoint.pagefile import CheckpointError
-        from indexes import IndexStoreError, OutOfDiskError, PartitionFileSource
+        from indexes import IndexStoreError, OutOfDiskError, PartitionFileSource, RebuildCancelled
         cache, p = mv.cache, mv.p
         path = data.store.partition_path(p)
         try:
-            data.indexes.rebuild(p, PartitionFileSource(path), progress=progress)
+            data.indexes.rebuild(p, PartitionFileSource(path), progress=progress,
+                                 pool=self.scan_pool, cancel=lambda: mv.cancelled or self.stopping.is_set())
+        except RebuildCancelled as e:
+            raise Unavailable(f"index rebuild of {cache}/{p} stopped: {e}") from None
         except OutOfDiskError:
             raise                       # the index's disk: the store cannot help
         except (IndexStoreError, CheckpointError, OSError) as e:
@@ -188,7 +197,11 @@ class FileMoves:
 
         self._check_page_size(mv)
 
+        pool = self.scan_pool
+
         def progress(pr: Any) -> None:
+            if pool is not None and pr.total and pool.wants(pr.total):
+                pool.warm()     # once per node: the workers' start runs during the transfer
             if pr.stage in ("verify", "install", "applied") and mv.stage != "install":
                 mv.begin("install")
             mv.bytes, mv.bytes_total, mv.wire = pr.done, pr.total, mv.wire_before + pr.wire

@@ -41,7 +41,7 @@ interval_s = {checkpoint_interval}
 [transfer]
 concurrency = {concurrency}
 [rebalance]
-mode = "{mode}"
+mode = "{mode}"{extra_rebalance}
 [membership]
 heartbeat_interval_s = 0.3
 failure_timeout_s = 3.0
@@ -115,18 +115,27 @@ class LocalNode:
             self.proc.wait()
 
     def cpu_seconds(self) -> float:
-        """User + system CPU of the running process (psutil)."""
+        """User + system CPU of the running process and of its child processes (the
+        index scan workers: their CPU is the node's work too), live or ended (psutil)."""
         import psutil
         if self.proc is None or self.proc.poll() is not None:
             return 0.0
-        t = psutil.Process(self.proc.pid).cpu_times()
-        return t.user + t.system
+        proc = psutil.Process(self.proc.pid)
+        t = proc.cpu_times()
+        total = t.user + t.system + t.children_user + t.children_system
+        for child in proc.children(recursive=True):
+            try:
+                c = child.cpu_times()
+            except psutil.Error:            # ended meanwhile (then counted as reaped, or lost)
+                continue
+            total += c.user + c.system
+        return total
 
 
 class LocalCluster:
     def __init__(self, root: str, *, partitions: int = 16, backups: int = 1, mode: str = "files",
                  concurrency: int = 4, checkpoint_interval: float = 5.0, log_level: str = "INFO",
-                 wal_sync: str = "group") -> None:
+                 wal_sync: str = "group", index_workers: int | None = None) -> None:
         self.root = os.path.abspath(root)
         os.makedirs(self.root, exist_ok=True)
         self.partitions, self.backups = partitions, backups
@@ -139,7 +148,9 @@ class LocalCluster:
         with open(self.config, "w") as f:
             f.write(TOML.format(mode=mode, partitions=partitions, backups=backups,
                                 concurrency=concurrency, checkpoint_interval=checkpoint_interval,
-                                log_level=log_level, wal_sync=wal_sync))
+                                log_level=log_level, wal_sync=wal_sync,
+                                extra_rebalance="" if index_workers is None
+                                else f"\nindex_workers = {index_workers}"))
         self.nodes: list[LocalNode] = []
 
     # -- processes --------------------------------------------------------------------

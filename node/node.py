@@ -94,6 +94,10 @@ class Node(Membership, UpdatePath, Rebalancer):
         self.supplier_load: dict[str, int] = {}           # fetches of this node per supplier
         self.page_sizes: dict[tuple, int] = {}            # supplier (node, boot, addr) -> page size
         self.in_use: dict[tuple[str, int], int] = {}      # open transfer snapshots per partition
+        # index rebuilds of files moves scan in these processes (started on the first move)
+        from indexes import ScanPool
+        self.scan_pool = (ScanPool(cfg.index_workers, min_bytes=cfg.index_offload_min_bytes,
+                                   when=cfg.index_offload) if cfg.index_workers > 0 else None)
         self.supplier = None
         self.transfer_address = ""
         from transfer import Limits
@@ -169,6 +173,8 @@ class Node(Membership, UpdatePath, Rebalancer):
             self.server.stop()
         if self.supplier:
             self.supplier.stop()
+        if self.scan_pool is not None:
+            self.scan_pool.close()
         if self.http:
             self.http.shutdown()
         for name, d in self.data.items():

@@ -13,7 +13,11 @@ import pytest
 from nodeharness import NodeProc, offline_check, status, wait_settled, write_secret
 from test_cluster import CONFIG, Writer, check_model, writes_during
 
-FILES = CONFIG.replace("[membership]", "[rebalance]\nmode = \"files\"\n[membership]")
+# index_offload = "always", min_bytes 0: every move's index rebuild scans in the
+# node's scan pool (indexes.ScanPool), so the crash points are hit with a worker running
+# (mode stays the table's last key: slow_moves() appends a [transfer] table after it)
+FILES = CONFIG.replace("[membership]", "[rebalance]\nindex_offload = \"always\"\n"
+                                       "index_offload_min_bytes = 0\nmode = \"files\"\n[membership]")
 
 
 def start_pair(tmp_path, nodes, config: str = FILES):

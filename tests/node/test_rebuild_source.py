@@ -1,15 +1,28 @@
 """The move's index rebuild reads the installed partition file (the bulk decoder of
-``PartitionFileSource``) and gives the same index as a rebuild from the store; a file
-that cannot be read falls back to the store."""
+``PartitionFileSource``), in the node's scan pool or in its own process, and gives the
+same index as a rebuild from the store; a file that cannot be read falls back to the
+store; a stopping node ends the rebuild without the fallback."""
 from __future__ import annotations
 
 import json
 import logging
+import threading
 from types import SimpleNamespace
 
+import pytest
+
 from checkpoint import PartitionStore
-from indexes import IndexDefinition, IndexStore, PartitionFileSource
+from indexes import IndexDefinition, IndexStore, PartitionFileSource, RebuildCancelled, ScanPool
+from node.errors import Unavailable
 from node.filemove import FileMoves
+
+
+def _node(pool=None) -> SimpleNamespace:
+    return SimpleNamespace(scan_pool=pool, stopping=threading.Event())
+
+
+def _move(cache: str, p: int) -> SimpleNamespace:
+    return SimpleNamespace(cache=cache, p=p, cancelled=False)
 
 
 def _store_with_entries(tmp_path) -> PartitionStore:
@@ -24,15 +37,17 @@ def _store_with_entries(tmp_path) -> PartitionStore:
     return store
 
 
-def test_rebuild_from_the_installed_file_equals_a_rebuild_from_the_store(tmp_path) -> None:
+@pytest.mark.parametrize("pooled", [False, True])
+def test_rebuild_from_the_installed_file_equals_a_rebuild_from_the_store(tmp_path, pooled) -> None:
     store = _store_with_entries(tmp_path)
+    pool = ScanPool(1, min_bytes=0, when="always") if pooled else None
     defs = [IndexDefinition("by_city", "city")]
     via_file = IndexStore.open(str(tmp_path / "ix-file"), defs)
     via_store = IndexStore.open(str(tmp_path / "ix-store"), defs)
     try:
-        mv = SimpleNamespace(cache="default", p=3)
-        FileMoves._rebuild_installed(SimpleNamespace(), mv, SimpleNamespace(store=store, indexes=via_file),
-                                     None)
+        FileMoves._rebuild_installed(_node(pool), _move("default", 3),
+                                     SimpleNamespace(store=store, indexes=via_file), None)
+        assert pool is None or pool.started == 1           # the scan ran in the pool
         via_store.rebuild(3, store)
         for city in ("Oslo", "Lima", "Pune"):
             got = sorted(via_file.lookup("by_city", city))
@@ -41,6 +56,8 @@ def test_rebuild_from_the_installed_file_equals_a_rebuild_from_the_store(tmp_pat
             + via_file.lookup("by_city", "Oslo")
         assert via_file.ready(3)
     finally:
+        if pool is not None:
+            pool.close()
         via_file.close()
         via_store.close()
         store.close()
@@ -50,14 +67,32 @@ def test_an_unreadable_installed_file_falls_back_to_the_store(tmp_path, caplog) 
     sources = []
 
     class Indexes:
-        def rebuild(self, p, source, progress=None):
+        def rebuild(self, p, source, progress=None, pool=None, cancel=None):
             sources.append(source)
             if isinstance(source, PartitionFileSource):
                 list(source.scan_batches(p))       # the file is missing: IndexStoreError
 
     store = SimpleNamespace(partition_path=lambda p: str(tmp_path / f"part-{p}.bin"))
     with caplog.at_level(logging.WARNING, logger="ferry.node.filemove"):
-        FileMoves._rebuild_installed(SimpleNamespace(), SimpleNamespace(cache="c", p=5),
+        FileMoves._rebuild_installed(_node(), _move("c", 5),
                                      SimpleNamespace(store=store, indexes=Indexes()), None)
     assert isinstance(sources[0], PartitionFileSource) and sources[1] is store
     assert "rebuilding from the store" in caplog.text
+
+
+def test_a_stopping_node_ends_the_rebuild_without_falling_back(tmp_path) -> None:
+    sources = []
+
+    class Indexes:
+        def rebuild(self, p, source, progress=None, pool=None, cancel=None):
+            sources.append(source)
+            if cancel():
+                raise RebuildCancelled("cancelled")
+
+    node = _node()
+    node.stopping.set()
+    store = SimpleNamespace(partition_path=lambda p: str(tmp_path / f"part-{p}.bin"))
+    with pytest.raises(Unavailable, match="index rebuild of c/5 stopped"):
+        FileMoves._rebuild_installed(node, _move("c", 5), SimpleNamespace(store=store, indexes=Indexes()),
+                                     None)
+    assert len(sources) == 1                             # no rebuild from the store after it

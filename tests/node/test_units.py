@@ -37,6 +37,9 @@ def test_toml_with_flag_override(tmp_path):
     ('id = "n1"\ndata = "d"\nlisten = "nowhere"\n', "HOST:PORT"),
     ('id = "n1"\ndata = "d"\n[[caches]]\npartitions = 0\n', "partitions"),
     ('id = "n1"\ndata = "d"\n[rebalance]\nmode = "carrier-pigeon"\n', "rebalance.mode"),
+    ('id = "n1"\ndata = "d"\n[rebalance]\nindex_workers = -1\n', "rebalance.index_workers"),
+    ('id = "n1"\ndata = "d"\n[rebalance]\nindex_offload = "sometimes"\n', "rebalance.index_offload"),
+    ('id = "n1"\ndata = "d"\n[rebalance]\nindex_offload_min_bytes = -5\n', "index_offload_min_bytes"),
     ('id = "n1"\ndata = \n', "not valid TOML"),
     ('data = "d"\n', "'id' is required"),
 ])
