@@ -1,41 +1,50 @@
 """The checkpoint procedure: a consistent cut of all dirty pages written to the
-partition files, torn-page safe, with copy-on-write pre-images for open transfer
-snapshots, then a marker in the node WAL.
+partition files, torn-page safe, then a marker in the node WAL.
 
 Stages (one checkpoint at a time; install/drop/snapshot-open take the same lock):
 
-1. cut      under the store lock: WAL mark = last appended lsn, dirty pages -> cut,
-            meta pages of changed partitions encoded.  Writers copy a cut page before
-            changing it (page memory), so the cut stays exactly "every update <= mark".
+1. cut      under the store lock: the meta pages' undo images (page 0 as the last
+            checkpoint wrote it, kept in memory: ``Partition.meta_bytes``) are
+            appended to the WAL and handed to open transfer snapshots; THEN
+            ``images_from`` = the WAL's last lsn, so these images are rolled back only
+            if this checkpoint does not complete; WAL mark = the same lsn (recovery's
+            checkpoints: the last replayed record), dirty pages -> cut, new meta pages
+            encoded, every partition's ``cut_pages`` = its page count.  Writers copy a
+            cut page before changing it (page memory), so the cut stays exactly
+            "every update <= mark" without holding the lock while it is written.
 2. sort     each partition's pages by index (they are sealed as they are written).
-3. undo     pages to overwrite in place (index below the file's durable page count,
-            meta included) are read from the file in runs and logged to the node WAL as
-            IMAGES records (undo images; a page that is FREE in the file is only
-            listed: it holds nothing the previous checkpoint needs).  Pages appended
-            past the durable page count need nothing.  Each open transfer snapshot
-            saves, from the same bytes, the pre-images it still needs (one write per
-            run, no fsync: see snapshot.py).
+3. undo     nothing to do: every other page to overwrite in place (below the file's
+            durable page count) already has its undo image in the WAL at an lsn <=
+            images_from, logged from page memory when a writer first changed the page
+            after the previous cut (undo.py; format 2); open transfer snapshots saved
+            it at the same moment.
 4. append   pages past the durable page count are written while a helper thread
-            makes the WAL durable up to max(mark, last IMAGES): ONE fsync covers the
-            undo images and every update up to the mark (WAL before data).
+            makes the WAL durable up to images_from: ONE fsync
+            covers the undo images and every update up to the mark (WAL before data).
 5. write    the in-place pages, per file sorted and coalesced into pwritev runs of
             up to 1 MiB (crash point ``checkpoint.mid_write`` halfway through all
             pages), then one fsync per file.  Pages are sealed (CRC) as written.
-6. marker   MARKER(mark) appended to the WAL, NOT waited for: the next WAL fsync (a
-            writer's group commit or the next checkpoint's stage 3) makes it durable.
-            Until then a crash rolls the files back to the previous marker with the
-            undo images and replays from there - the same data.  So WAL segments are
-            reclaimed only below the PREVIOUS checkpoint's mark (whose marker stage 3
-            made durable).
-7. publish  under the store lock: cut ends, partitions learn their checkpoint counter.
+6. marker   MARKER(mark, images_from) appended to the WAL, NOT waited for: the next
+            WAL fsync (a writer's group commit or the next checkpoint's stage 4)
+            makes it durable.  Until then a crash rolls the files back to the previous
+            marker with the undo images and replays from there - the same data.  So
+            WAL segments are reclaimed only below the PREVIOUS checkpoint's mark
+            (whose marker stage 4 made durable); every undo image recovery may need
+            has an lsn above that checkpoint's images_from >= its mark.
+7. publish  under the store lock: cut ends, partitions learn their checkpoint counter,
+            page count and meta bytes.
 
 Why undo images rather than a double-write file of the new images: the new images
 would have to be durable (fsync) before the first in-place write and the double-write
-file cleared (fsync) after the marker; undo images ride in the WAL fsync that stage 3
-needs anyway, and are never cleared (records before the last marker are ignored).
-Pages that were not live in the previous checkpoint (appended, or FREE there) need no
-copy at all: rolled back they are unreachable or FREE again, and their content is
-rebuilt by replaying the WAL from the previous marker.
+file cleared (fsync) after the marker; undo images ride in WAL fsyncs that happen
+anyway, and are never cleared (recovery ignores those at or below the last complete
+marker's images_from).  Why at the first change rather than at checkpoint time
+(format 1 read every in-place page back from the file and logged it here): the
+checkpoint then writes only the pages, the image costs no read (the page is in
+memory, being changed), and it shares the updates' group commit.  Pages that were not
+live at the previous checkpoint (appended, or FREE there) need no copy at all: rolled
+back they are unreachable or FREE again, and their content is rebuilt by replaying
+the WAL from the previous marker.
 """
 from __future__ import annotations
 
@@ -47,16 +56,15 @@ from typing import TYPE_CHECKING
 
 from faults import crashpoint, fileio, translate_os_error
 
-from . import page as pg
-from .errors import CheckpointError, OutOfDiskError
-from .pagefile import PageType, encode_meta, seal
+from .errors import OutOfDiskError
+from .pagefile import encode_meta, seal
 from .records import RecordType, encode_images, encode_marker
 
 if TYPE_CHECKING:
     from .store import PartitionStore
 
-BATCH = 1 << 20          # bytes per pwrite/pread and per IMAGES record (at most; a store
-                         # with a budget under 32 MiB uses mem.io_bytes, 1/32 of it)
+BATCH = 1 << 20          # bytes per pwritev run (at most; a store with a budget under
+                         # 32 MiB uses mem.io_bytes, 1/32 of it)
 
 
 @dataclass
@@ -66,11 +74,13 @@ class CheckpointStats:
     pages: int = 0
     appended: int = 0            # pages at or past the durable page count
     overwritten: int = 0         # pages below it (meta included)
-    undo_images: int = 0         # of those, logged with their bytes
-    undo_free: int = 0           # of those, FREE in the file: only listed
-    preimages: int = 0           # saved to transfer snapshot delta files
+    undo_images: int = 0         # first-change undo images logged since the previous cut
+    undo_free: int = 0           # ... of pages FREE at that cut: only listed
+    first_change_image_bytes: int = 0   # their IMAGES payload bytes (logged by writers)
+    preimages: int = 0           # saved to transfer snapshot delta files (same interval)
     bytes_written: int = 0       # partition file bytes
-    wal_image_bytes: int = 0     # IMAGES payload bytes
+    wal_image_bytes: int = 0     # IMAGES payload bytes logged by the checkpoint (meta pages)
+    images_from: int = 0         # WAL lsn at the cut (MARKER field)
     seconds: float = 0.0
     stages: dict[str, float] = field(default_factory=dict)
     counters: dict[int, int] = field(default_factory=dict)
@@ -80,29 +90,42 @@ def run(store: PartitionStore, checkpoint_id: int) -> CheckpointStats | None:
     """One checkpoint; the caller holds the checkpoint lock.  None when nothing changed."""
     t0 = time.perf_counter()
     with store._cond:
-        mark = store.wal.last_lsn if store._mark_override is None else store._mark_override
-        cut = store.mem.begin_cut()
-        changed = {k >> 32 for k in cut}
+        store.undo.flush()                    # defensive: updates flush before unlocking
+        changed = {k >> 32 for k in store.mem.dirty}
         changed.update(pid for pid, p in store.parts.items()
                        if p.counter != p.ckpt_counter or p.page_count != p.file_pages)
-        metas = {pid: (store.parts[pid].page_count, store.parts[pid].counter) for pid in changed}
         if not changed:
-            store.mem.end_cut()
             return None
+        old_metas = {pid: store.parts[pid].meta_bytes for pid in changed}
+        _lsn, meta_bytes, meta_saved = _log_meta_images(store, old_metas)
+        # after the meta images: they belong to THIS checkpoint (rolled back only if
+        # it does not complete), so their lsn must be <= its images_from
+        images_from = store.wal.last_lsn
+        mark = images_from if store._mark_override is None else store._mark_override
+        cut = store.mem.begin_cut()
+        for part in store.parts.values():
+            part.cut_pages = part.page_count  # first changes from now log an undo image
+        metas = {pid: (store.parts[pid].page_count, store.parts[pid].counter) for pid in changed}
         per_part: dict[int, list[tuple[int, bytearray]]] = {pid: [] for pid in changed}
         for k, buf in cut.items():
             per_part[k >> 32].append((k & 0xFFFFFFFF, buf))
         for pid, (count, counter) in metas.items():
             per_part[pid].append((0, encode_meta(pid, store.page_size, count, counter)))
-    stats = CheckpointStats(checkpoint_id, mark, counters={p: c for p, (_n, c) in metas.items()})
+        images, free, image_bytes, preimages = store.undo.take_counts()
+    stats = CheckpointStats(checkpoint_id, mark, counters={p: c for p, (_n, c) in metas.items()},
+                            undo_images=images, undo_free=free, first_change_image_bytes=image_bytes,
+                            preimages=preimages + meta_saved, images_from=images_from,
+                            wal_image_bytes=meta_bytes)
     stage = _Stages(stats)
     try:
-        for pages in per_part.values():
+        for pid, pages in per_part.items():
             pages.sort(key=lambda t: t[0])
-        last = _log_undo_images(store, per_part, stats)
-        stage("undo")
+            fp = store.parts[pid].file_pages
+            inplace = sum(1 for i, _ in pages if i < fp)
+            stats.overwritten += inplace
+            stats.appended += len(pages) - inplace
         writer = _Writer(store, stats, sum(map(len, per_part.values())))
-        syncer = _Syncer(store.wal, max(mark, last))
+        syncer = _Syncer(store.wal, images_from)   # >= mark and every image it needs
         try:
             for pid, pages in per_part.items():
                 fp = store.parts[pid].file_pages
@@ -115,7 +138,8 @@ def run(store: PartitionStore, checkpoint_id: int) -> CheckpointStats | None:
             writer.write(pid, [t for t in pages if t[0] < fp])
         writer.fsync(per_part)
         stage("write")
-        store.wal.append(encode_marker(mark, checkpoint_id), RecordType.MARKER, wait=False)
+        store.wal.append(encode_marker(mark, checkpoint_id, images_from), RecordType.MARKER,
+                         wait=False)
         if store._mark_override is None:      # not while recovery still reads the log
             if store._prev_mark:
                 store.wal.truncate_before(store._prev_mark + 1)
@@ -124,7 +148,9 @@ def run(store: PartitionStore, checkpoint_id: int) -> CheckpointStats | None:
     except BaseException:
         with store._cond:
             # Not in the files: the next checkpoint must write these pages again
-            # (and they must not be evicted as clean meanwhile).
+            # (and they must not be evicted as clean meanwhile).  Their undo images
+            # (logged after the previous cut) stay valid: rollback goes back to the
+            # last COMPLETE checkpoint, earliest image per page.
             store.mem.dirty.update(k for k in cut if k in store.mem.pages)
         raise
     finally:
@@ -134,79 +160,30 @@ def run(store: PartitionStore, checkpoint_id: int) -> CheckpointStats | None:
     with store._cond:
         for pid, (count, counter) in metas.items():
             part = store.parts.get(pid)
-            if part is not None:
+            if part is not None and part.meta_bytes is old_metas[pid]:   # not replaced meanwhile
                 part.ckpt_counter = max(part.ckpt_counter, counter)
                 part.file_pages = max(part.file_pages, count)
+                part.meta_bytes = bytes(per_part[pid][0][1])
         store._cond.notify_all()
     stats.pages = stats.appended + stats.overwritten
     stats.seconds = time.perf_counter() - t0
     return stats
 
 
-def _log_undo_images(store: PartitionStore, per_part: dict[int, list[tuple[int, bytearray]]],
-                     stats: CheckpointStats) -> int:
-    """Stages 3 and 4: read the file's current bytes of every page to be overwritten in
-    place, in runs of up to mem.io_bytes bytes; log them (IMAGES, not waited for) and hand
-    them to an open transfer snapshot.  Returns the last IMAGES lsn (0: none)."""
-    ps = store.page_size
-    batch = store.mem.io_bytes
-    last = 0
-    for pid, pages in per_part.items():
-        part = store.parts[pid]
-        inplace = [i for i, _ in pages if i < part.file_pages]
-        stats.overwritten += len(inplace)
-        stats.appended += len(pages) - len(inplace)
+def _log_meta_images(store: PartitionStore, old_metas: dict[int, bytes]) -> tuple[int, int, int]:
+    """Stage 3, at the cut (store lock held): the meta pages' undo images (page 0 as the
+    last checkpoint wrote it, kept in memory), one IMAGES record per partition, not
+    waited for; open transfer snapshots get the same bytes.
+    Returns (last lsn, IMAGES bytes, snapshot pre-images saved)."""
+    payloads = []
+    saved = 0
+    for pid, meta in old_metas.items():
+        payloads.append(encode_images(pid, store.page_size, [(0, meta)], []))
         snap = store._snapshots.get(pid)
-        olds: list[tuple[int, memoryview]] = []
-        runs = list(_index_runs(inplace, batch // ps))
-        for r, (start, n) in enumerate(runs):
-            raw = os.pread(part.fd, n * ps, start * ps)
-            if len(raw) != n * ps:
-                raise CheckpointError(f"{part.path}: short read of {n} pages at page {start} "
-                                      f"(file shorter than its durable page count "
-                                      f"{part.file_pages}); run `ferry partition verify`")
-            view = memoryview(raw)
-            olds.extend((start + j, view[j * ps:(j + 1) * ps]) for j in range(n))
-            if len(olds) * ps < batch and r + 1 < len(runs):
-                continue                      # one IMAGES record per ~batch bytes
-            images, free = [], []
-            for index, old in olds:
-                if old[8] == PageType.FREE and old == _free_page(index, ps):
-                    free.append(index)
-                else:
-                    images.append((index, old))
-            payload = encode_images(pid, ps, images, free)
-            last = store.wal.append(payload, RecordType.IMAGES, wait=False)
-            stats.undo_images += len(images)
-            stats.undo_free += len(free)
-            stats.wal_image_bytes += len(payload)
-            if snap is not None:
-                stats.preimages += snap.save_preimages(olds)
-            olds = []
-    return last
-
-
-def _free_page(index: int, page_size: int) -> bytearray:
-    """The exact bytes of an empty FREE page (what rollback writes for a listed page)."""
-    buf = pg.new_page(index, page_size, PageType.FREE)
-    seal(buf)
-    return buf
-
-
-def _index_runs(indexes: list[int], per: int):
-    """(start, count) runs of consecutive sorted page indexes, at most ``per`` long."""
-    start = prev = -2
-    n = 0
-    for i in indexes:
-        if n and (i != prev + 1 or n >= per):
-            yield start, n
-            n = 0
-        if not n:
-            start = i
-        n += 1
-        prev = i
-    if n:
-        yield start, n
+        if snap is not None:
+            saved += snap.save_preimages([(0, meta)])
+    lsn = store.wal.append_many(payloads, RecordType.IMAGES, wait=False)
+    return lsn, sum(map(len, payloads)), saved
 
 
 class _Stages:

@@ -35,8 +35,9 @@ class PageMemory:
         self.page_size = page_size
         self.capacity = max(MIN_PAGES, budget_bytes // page_size)
         # Transient buffers outside page memory (a scan batch and its decoded entries,
-        # the open-time scan, a checkpoint's undo-image reads and IMAGES record) are
-        # sized from the budget, so a small budget is not dwarfed by fixed 1 MiB batches.
+        # the open-time scan, the undo images an apply_many batch queues before it
+        # flushes them) are sized from the budget, so a small budget is not dwarfed by
+        # fixed 1 MiB batches.
         self.io_bytes = max(page_size, IO_MIN,
                             min(IO_BYTES, self.capacity * page_size // IO_FRACTION))
         self.spare_limit = min(SPARE_PAGES, self.capacity // IO_FRACTION)

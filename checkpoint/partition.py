@@ -10,12 +10,17 @@ In-memory state (rebuilt at open by one sequential scan of the file):
   per page, no per-page object); ``roomy``: DATA pages with at least a quarter page
   free, where inserts go; ``free_pages``: a min-heap of FREE pages, reused lowest first
   so a partition that shrinks and grows again keeps its file compact.
+
+Every change of a page goes through :meth:`writable`, :meth:`_alloc` or :meth:`_free`,
+which first hand the page's bytes at the last checkpoint cut to the store's undo-image
+log when this is the page's first change since that cut (``checkpoint/undo.py``).
 """
 from __future__ import annotations
 
 import heapq
 import os
 from array import array
+from typing import TYPE_CHECKING
 
 from faults import fileio
 
@@ -25,10 +30,13 @@ from .memory import PageMemory, page_key
 from .pagefile import (ENTRY, F_OVERFLOW, F_TOMBSTONE, HDR, HEADER, PTR, SLOT, CorruptPageError,
                        EntryFlag, PageType, check_page, read_meta, page_entries)
 
+if TYPE_CHECKING:
+    from .undo import ImageLog
+
 
 class Partition:
-    def __init__(self, pid: int, path: str, mem: PageMemory) -> None:
-        self.pid, self.path, self.mem = pid, path, mem
+    def __init__(self, pid: int, path: str, mem: PageMemory, undo: ImageLog | None = None) -> None:
+        self.pid, self.path, self.mem, self.undo = pid, path, mem, undo
         self.page_size = mem.page_size
         meta = read_meta(path)
         if meta.page_size != self.page_size:
@@ -43,6 +51,8 @@ class Partition:
         self.file_pages = meta.page_count      # durable in the file (meta of the last checkpoint)
         self.counter = meta.counter            # latest applied update counter
         self.ckpt_counter = meta.counter       # counter of the last checkpoint
+        self.cut_pages = meta.page_count       # page count at the last cut: pages below it
+                                               # get an undo image at their first change
         self.index = KeyIndex(self._key_at)
         self._key_page = bytearray()
         self.space = array("I", bytes(4 * self.page_count))
@@ -52,6 +62,8 @@ class Partition:
         self.quarter = self.page_size // 4
         self.inline_max = pg.inline_limit(self.page_size)
         try:
+            # page 0 as in the file: the meta page's undo image at the next checkpoint
+            self.meta_bytes = os.pread(self.fd, self.page_size, 0)
             self._scan()
         except BaseException:
             os.close(self.fd)
@@ -113,12 +125,22 @@ class Partition:
     def page(self, index: int) -> bytearray:
         return self.mem.get(page_key(self.pid, index), self._load(index))
 
+    def _first_change(self, index: int) -> bool:
+        """True when page ``index`` is about to change for the first time since the last
+        cut and was live at it (below its page count), so it needs an undo image."""
+        return (index < self.cut_pages and self.undo is not None
+                and page_key(self.pid, index) not in self.mem.dirty)
+
     def writable(self, index: int) -> bytearray:
+        if self._first_change(index):
+            self.undo.image(self, index, self.page(index))   # type: ignore[union-attr]
         return self.mem.writable(page_key(self.pid, index), self._load(index))
 
     def _alloc(self, ptype: PageType) -> tuple[int, bytearray]:
         if self.free_pages:
             index = heapq.heappop(self.free_pages)
+            if self._first_change(index):       # FREE at the cut: listed, not read
+                self.undo.free_page(self, index)  # type: ignore[union-attr]
         else:
             index = self.page_count
             self.page_count += 1
@@ -128,6 +150,8 @@ class Partition:
         return index, buf
 
     def _free(self, index: int) -> None:
+        if self._first_change(index):
+            self.undo.image(self, index, self.page(index))   # type: ignore[union-attr]
         self.mem.put_new(page_key(self.pid, index),
                          pg.new_page(index, self.page_size, PageType.FREE, self.mem.take()))
         self.space[index] = 0

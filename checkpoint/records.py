@@ -4,18 +4,22 @@ Record types are WAL ``type`` values; payloads are little-endian structs:
 
 * UPDATE  ``partition u32 | counter u64 | flags u8 | key_len u16 | key | value``
   (flags bit 0 = remove: no value).  Replayed idempotently by counter.
-* MARKER  ``mark_lsn u64 | checkpoint_id u64``: every record with lsn <= mark_lsn is in
-  the partition files (written and fsynced) when this record exists.
+* MARKER  ``mark_lsn u64 | checkpoint_id u64 | images_from u64``: every record with
+  lsn <= mark_lsn is in the partition files (written and fsynced) when this record
+  exists; IMAGES records with lsn > images_from (the WAL's last lsn at the cut) are
+  the undo images of later checkpoints.  A 16-byte marker (format 1, no images_from)
+  counts as ``images_from`` = its own lsn: format 1 logged a checkpoint's images
+  between its cut and its marker, and they were of the checkpoint before.
 * INSTALL ``partition u32 | counter u64``: a received file replaced the partition;
   earlier records of that partition are not replayed.
 * DROP    ``partition u32``: the partition was deleted; earlier records are not replayed.
 * IMAGES  ``partition u32 | page_size u32 | count u32 | free_count u32 | count x page u32 |
-  free_count x page u32 | count x page bytes``: undo images.  Before a checkpoint
-  overwrites pages in place it logs, durably, each page's bytes as they are in the file
-  (the previous checkpoint's state), except pages that are FREE there, which are only
-  listed (``free``: restored as an empty FREE page).  IMAGES records after the last
-  MARKER belong to checkpoints that did not complete: recovery writes them back
-  (earliest wins), so every file is exactly as of that marker, then replays.
+  free_count x page u32 | count x page bytes``: undo images - pages as the last
+  checkpoint cut left them, logged at each page's first change after that cut
+  (``undo.py``; the meta page by the checkpoint itself), except pages that were FREE,
+  which are only listed (``free``: restored as an empty FREE page).  IMAGES records
+  with lsn > the last complete MARKER's images_from are written back at open (earliest
+  image of a page wins), so every file is exactly as of that marker, then replay.
 """
 from __future__ import annotations
 
@@ -24,7 +28,8 @@ import struct
 from dataclasses import dataclass
 
 _UPDATE = struct.Struct("<IQBH")
-_MARKER = struct.Struct("<QQ")
+_MARKER = struct.Struct("<QQQ")
+_MARKER_V1 = struct.Struct("<QQ")
 _INSTALL = struct.Struct("<IQ")
 _DROP = struct.Struct("<I")
 _IMAGES = struct.Struct("<IIII")
@@ -60,11 +65,17 @@ def decode_update(payload: bytes) -> Update:
     return Update(partition, counter, key, value)
 
 
-def encode_marker(mark_lsn: int, checkpoint_id: int) -> bytes:
-    return _MARKER.pack(mark_lsn, checkpoint_id)
+def encode_marker(mark_lsn: int, checkpoint_id: int, images_from: int) -> bytes:
+    return _MARKER.pack(mark_lsn, checkpoint_id, images_from)
 
 
-def decode_marker(payload: bytes) -> tuple[int, int]:
+def decode_marker(payload: bytes) -> tuple[int, int, int | None]:
+    """(mark_lsn, checkpoint_id, images_from); images_from is None for a format-1
+    marker (the caller uses the marker's own lsn)."""
+    if len(payload) == _MARKER_V1.size:
+        return (*_MARKER_V1.unpack_from(payload, 0), None)
+    if len(payload) != _MARKER.size:
+        raise ValueError(f"MARKER record of {len(payload)} bytes, expected {_MARKER.size}")
     return _MARKER.unpack_from(payload, 0)
 
 

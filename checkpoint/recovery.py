@@ -3,16 +3,18 @@
 1. ``*.delta`` files are removed: transfer snapshots do not survive a restart.
 2. A complete legacy double-write file (format 1 stores) is written over the
    partition files, fsynced, then cleared.
-3. The node WAL is opened; a first pass finds the last checkpoint marker, per
-   partition the last INSTALL/DROP record (records before it are not replayed), and
-   the IMAGES records after the last marker: undo images of checkpoints that did not
-   complete.  Partitions whose last such record is a DROP lose their file.
-4. Rollback: the undo images are written back (latest record first, so the earliest
-   image of a page wins) and listed FREE pages are rewritten as empty FREE pages, then
-   each file is fsynced.  Every file is now exactly as of the last marker - torn
-   pages of the interrupted checkpoint included, whether they had an image (they are
-   overwritten) or not (appended: past the restored page count; FREE before: FREE
-   again).
+3. The node WAL is opened; a first pass finds the last checkpoint marker (its mark
+   and images_from) and, per partition, the last INSTALL/DROP record (records before
+   it are not replayed).  Partitions whose last such record is a DROP lose their file.
+4. Rollback: every IMAGES record with lsn > images_from (undo images of pages changed
+   after the last complete checkpoint's cut - those logged while that checkpoint was
+   still writing sit between its mark and its marker - and the meta images of a
+   checkpoint that did not complete) is written back in WAL order, the EARLIEST image
+   of a page winning; listed FREE pages are rewritten as empty FREE pages; each file is
+   fsynced.  Every file is now exactly as of the last marker - torn pages of an
+   interrupted checkpoint included, whether they had an image (they are overwritten)
+   or not (appended: past the restored page count).  Images of pages no checkpoint
+   overwrote since write the bytes the file already holds.
 5. Partition files are loaded (one sequential scan each, CRCs checked).
 6. UPDATE records after the marker's mark are applied by counter: a record at or
    below the partition's counter (already in the file) is skipped, so replay is
@@ -24,15 +26,15 @@ from __future__ import annotations
 
 import os
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 from faults import fileio
 
 from . import dwb
-from .checkpointer import _free_page
 from .partition import Partition
 from .records import (RecordType, decode_images, decode_marker, decode_update,
                       record_partition)
+from .undo import free_page
 
 if TYPE_CHECKING:
     from wal import Wal
@@ -50,15 +52,16 @@ def recover(store: PartitionStore, wal_sync: str, segment_size: int) -> Wal:
     _restore_double_write(store)
     wal = Wal.open(os.path.join(store.dir, "wal"), segment_size=segment_size, sync=wal_sync)
     try:
-        mark, barrier, dropped, undo = _first_pass(wal)
+        mark, images_from, barrier, dropped = _first_pass(wal)
         for pid in dropped:
             delete_partition_file(store.partition_path(pid))
-        rolled_back = rollback(store.dir, undo, barrier)
+        rolled_back = rollback(store.dir, _images_after(wal, images_from), barrier)
         for name in sorted(os.listdir(store.dir)):
             m = _PART.match(name)
             if m:
                 pid = int(m.group(1))
-                store.parts[pid] = Partition(pid, os.path.join(store.dir, name), store.mem)
+                store.parts[pid] = Partition(pid, os.path.join(store.dir, name), store.mem,
+                                             store.undo)
         store.wal = wal
         store._prev_mark = mark
         replayed = _replay(store, wal, mark, barrier)
@@ -101,17 +104,15 @@ def _restore_double_write(store: PartitionStore) -> None:
     dwb.clear(store.dwb_path)
 
 
-def _first_pass(wal: Wal) -> tuple[int, dict[int, int], set[int], list[tuple[int, bytes]]]:
-    mark = 0
+def _first_pass(wal: Wal) -> tuple[int, int, dict[int, int], set[int]]:
+    """(mark, images_from) of the last marker, INSTALL/DROP barriers, dropped partitions."""
+    mark = images_from = 0
     barrier: dict[int, int] = {}
     last_kind: dict[int, int] = {}
-    undo: list[tuple[int, bytes]] = []       # (lsn, IMAGES payload) after the last marker
     for rec in wal.read_from(wal.first_lsn):
         if rec.type == RecordType.MARKER:
-            mark = decode_marker(rec.payload)[0]
-            undo = []
-        elif rec.type == RecordType.IMAGES:
-            undo.append((rec.lsn, rec.payload))
+            mark, _id, since = decode_marker(rec.payload)
+            images_from = rec.lsn if since is None else since
         elif rec.type in (RecordType.INSTALL, RecordType.DROP):
             pid = record_partition(rec.payload)
             barrier[pid] = rec.lsn
@@ -119,23 +120,37 @@ def _first_pass(wal: Wal) -> tuple[int, dict[int, int], set[int], list[tuple[int
         elif rec.type == RecordType.UPDATE and last_kind.get(record_partition(rec.payload)) == RecordType.DROP:
             last_kind[record_partition(rec.payload)] = RecordType.UPDATE   # re-created after the drop
     dropped = {pid for pid, kind in last_kind.items() if kind == RecordType.DROP}
-    return mark, barrier, dropped, undo
+    return mark, images_from, barrier, dropped
+
+
+def _images_after(wal, images_from: int) -> Iterator[tuple[int, bytes]]:
+    """(lsn, payload) of the IMAGES records with lsn > images_from, in WAL order."""
+    start = max(wal.first_lsn or 0, images_from + 1)
+    last = getattr(wal, "last_lsn", None)     # a WalReader does not know it: read to the end
+    if last is not None and start > last:
+        return
+    for rec in wal.read_from(start):
+        if rec.type == RecordType.IMAGES:
+            yield rec.lsn, rec.payload
 
 
 def pending_undo(wal_dir: str) -> list[tuple[int, bytes]]:
-    """(lsn, IMAGES payload) of the checkpoints that did not complete (tests, tools)."""
+    """(lsn, IMAGES payload) that the next open rolls back (tests, tools)."""
     from wal import Wal
-    return _first_pass(Wal.reader(wal_dir))[3]  # type: ignore[arg-type]
+    reader = Wal.reader(wal_dir)
+    _mark, images_from, _b, _d = _first_pass(reader)  # type: ignore[arg-type]
+    return list(_images_after(reader, images_from))
 
 
-def rollback(directory: str, undo: list[tuple[int, bytes]], barrier: dict[int, int]) -> int:
-    """Write the undo images back (step 4); returns the number of pages restored.
-    Images older than an INSTALL/DROP of their partition belong to a replaced file."""
+def rollback(directory: str, undo: Iterable[tuple[int, bytes]], barrier: dict[int, int]) -> int:
+    """Write the undo images back in WAL order, only the earliest image of each page
+    (step 4); returns the number of pages restored.  Images older than an INSTALL/DROP
+    of their partition belong to a replaced file."""
     io = fileio.layer()
     fds: dict[int, int] = {}
-    restored = 0
+    done: set[int] = set()
     try:
-        for lsn, payload in reversed(undo):
+        for lsn, payload in undo:
             im = decode_images(payload)
             if lsn <= barrier.get(im.partition, 0):
                 continue
@@ -145,17 +160,21 @@ def rollback(directory: str, undo: list[tuple[int, bytes]], barrier: dict[int, i
                 if not os.path.exists(path):
                     continue
                 fd = fds[im.partition] = io.open(path, os.O_RDWR)
+            base = im.partition << 32
             for index, buf in im.pages:
-                _pwrite_all(io, fd, buf, index * im.page_size)
+                if base | index not in done:
+                    done.add(base | index)
+                    _pwrite_all(io, fd, buf, index * im.page_size)
             for index in im.free:
-                _pwrite_all(io, fd, _free_page(index, im.page_size), index * im.page_size)
-            restored += len(im.pages) + len(im.free)
+                if base | index not in done:
+                    done.add(base | index)
+                    _pwrite_all(io, fd, free_page(index, im.page_size), index * im.page_size)
         for fd in fds.values():
             io.fsync(fd)
     finally:
         for fd in fds.values():
             io.close(fd)
-    return restored
+    return len(done)
 
 
 def _pwrite_all(io: fileio.FileLayer, fd: int, data: bytes | bytearray, offset: int) -> None:
@@ -179,6 +198,8 @@ def _replay(store: PartitionStore, wal: Wal, mark: int, barrier: dict[int, int])
         part = store._part(u.partition, create=True)
         if u.counter > part.counter:
             part.write(u.key, u.value, u.counter)
+            if store.undo.full:               # first-change undo images, as a writer's
+                store.undo.flush()
             replayed += 1
             if store.mem.pressure >= store.mem.capacity * REPLAY_CHECKPOINT_FRACTION:
                 # Bounded memory during a long replay: checkpoint what is applied so far.
@@ -188,6 +209,7 @@ def _replay(store: PartitionStore, wal: Wal, mark: int, barrier: dict[int, int])
                 with store._ckpt_lock:
                     store._checkpoint_locked()
                 store._mark_override = None
+    store.undo.flush()
     return replayed
 
 

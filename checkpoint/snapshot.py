@@ -2,12 +2,14 @@
 
 A snapshot is fixed at the checkpoint with update counter C that opened it: the live
 file's first ``page_count`` pages as they were at C.  The sender reads the live file
-(sendfile) and reports progress with :meth:`TransferSnapshot.mark_sent`.  Before a
-later checkpoint overwrites page ``i`` with ``i < page_count`` and
-``i >= sent_offset // page_size`` (not fully sent yet), it saves the page's bytes as
-they are in the file to the delta file (:meth:`save_preimages`), at most once per
-page.  Overlaying the saved pages on what was sent and cutting to ``page_count``
-pages gives the partition at C exactly.
+(sendfile) and reports progress with :meth:`TransferSnapshot.mark_sent`.  Page ``i``
+with ``i < page_count`` and ``i >= sent_offset // page_size`` (not fully sent yet) is
+saved to the delta file (:meth:`save_preimages`), at most once per page, with its
+bytes at C, before any checkpoint can overwrite it: when a writer first changes it
+after a cut (the same bytes as its undo image, ``undo.py``), when the snapshot opens
+for pages changed since C's cut (read from the file, which C left as of C), and at a
+checkpoint's cut for the meta page.  Overlaying the saved pages on what was sent and
+cutting to ``page_count`` pages gives the partition at C exactly.
 
 Durability: none is needed, so the delta file is never fsynced.  The only reader is
 the supplier process (``preimages()``), which reads through the same page cache the
@@ -115,9 +117,9 @@ class TransferSnapshot:
         self.close()
 
     # -- checkpointer side -------------------------------------------------------
-    def save_preimages(self, pages: list[tuple[int, bytes | memoryview]]) -> int:
-        """Called by the checkpointer before it overwrites ``pages`` in place, with
-        each page's bytes as they are in the file: save those this snapshot still
+    def save_preimages(self, pages: list[tuple[int, bytes | bytearray | memoryview]]) -> int:
+        """Called before any checkpoint can overwrite ``pages`` in place, with each
+        page's bytes as of the snapshot's checkpoint: save those this snapshot still
         needs (one write, no fsync - see the module doc).  Returns how many."""
         with self._lock:
             if self._closed:

@@ -2,13 +2,16 @@
 checkpointer.
 
 Directory layout: ``part-<p>.bin`` per partition, ``wal/`` (node WAL, which also holds
-the checkpointer's undo images), and ``part-<p>.bin.delta`` while a transfer snapshot
-is open.  (``checkpoint.dwb`` was the double-write file of format 1 stores; recovery
-still applies one left by a crash of that version.)
+the undo images of pages changed since the last checkpoint cut: ``undo.py``), and
+``part-<p>.bin.delta`` while a transfer snapshot is open.  (``checkpoint.dwb`` was the
+double-write file of session-1 stores; recovery still applies one left by a crash of
+that version.)
 
 Update path: under the store lock an update gets the partition's next counter, is
 appended to the WAL (written to the OS, in lsn order) and applied to page memory;
-outside the lock the caller waits until the WAL is durable (group commit).  Writers
+the undo images of pages it changes for the first time since the last cut follow it
+in the WAL before the lock is released (``undo.py``); outside the lock the caller
+waits until its record is durable (group commit).  Writers
 wait before changing anything while dirty + in-checkpoint pages exceed
 ``WAIT_FRACTION`` of the page-memory budget; a checkpoint starts at
 ``CHECKPOINT_FRACTION``.
@@ -32,6 +35,7 @@ from .pagefile import MAX_VALUE, check_page, encode_meta, read_meta, valid_page_
 from .partition import Partition
 from .records import RecordType, encode_drop, encode_install, encode_update
 from .snapshot import TransferSnapshot
+from .undo import ImageLog
 
 PART_FILE = re.compile(r"^part-(\d+)\.bin$")
 CHECKPOINT_FRACTION = 0.25
@@ -54,6 +58,7 @@ class PartitionStore:
         self.page_size = page_size
         self.dwb_path = os.path.join(self.dir, dwb.NAME)
         self.mem = PageMemory(page_size, memory_budget)
+        self.undo = ImageLog(self)
         self.parts: dict[int, Partition] = {}
         self._cond = threading.Condition(threading.Lock())   # the store lock
         self._ckpt_lock = threading.RLock()                   # one checkpoint / install / drop at a time
@@ -132,8 +137,13 @@ class PartitionStore:
                         payloads.append(encode_update(partition, counter, key, value))
                 if payloads:
                     last_lsn = self.wal.append_many(payloads, RecordType.UPDATE, wait=False)
-                    for key, value, counter in take:
-                        part.write(key, value, counter)
+                    try:
+                        for key, value, counter in take:
+                            part.write(key, value, counter)
+                            if self.undo.full:
+                                self.undo.flush()
+                    finally:
+                        self.undo.flush()
                     if self.mem.pressure >= self.mem.capacity * CHECKPOINT_FRACTION:
                         self._wake.set()
             at = end
@@ -174,7 +184,10 @@ class PartitionStore:
                 return None
             lsn = self.wal.append(encode_update(pid, counter, key, value), RecordType.UPDATE,
                                   wait=False)
-            part.write(key, value, counter)
+            try:
+                part.write(key, value, counter)
+            finally:
+                self.undo.flush()
             if self.mem.pressure >= self.mem.capacity * CHECKPOINT_FRACTION:
                 self._wake.set()
         if self._wal_sync != "none":
@@ -342,7 +355,7 @@ class PartitionStore:
             path = self.partition_path(pid)
             fileio.atomic_write(path, bytes(encode_meta(pid, self.page_size, 1, 0)),
                                 error=OutOfDiskError)
-            part = self.parts[pid] = Partition(pid, path, self.mem)
+            part = self.parts[pid] = Partition(pid, path, self.mem, self.undo)
         return part
 
     def install_partition(self, partition: int, src_path: str) -> None:
@@ -370,7 +383,7 @@ class PartitionStore:
             dst = self.partition_path(partition)
             io.replace(src_path, dst)
             io.fsync_dir(self.dir)
-            self.parts[partition] = Partition(partition, dst, self.mem)
+            self.parts[partition] = Partition(partition, dst, self.mem, self.undo)
             self._cond.notify_all()
 
     def drop_partition(self, partition: int) -> None:
@@ -389,6 +402,7 @@ class PartitionStore:
         if part is not None:
             part.close()
         self.mem.forget_partition(partition)
+        self.undo.discard(partition)
 
     # -- transfer snapshots ------------------------------------------------------
     def open_transfer_snapshot(self, partition: int) -> TransferSnapshot:
@@ -404,7 +418,19 @@ class PartitionStore:
                 snap = TransferSnapshot(partition, part.path, self.page_size, part.file_pages,
                                         part.ckpt_counter, self._snapshot_closed)
                 self._snapshots[partition] = snap
+                self._save_changed_pages(part, snap)
             return snap
+
+    def _save_changed_pages(self, part: Partition, snap: TransferSnapshot) -> None:
+        """Pages changed since the snapshot's checkpoint cut, before the snapshot was
+        registered, logged their undo image without it; the file (that checkpoint,
+        complete) still holds them as of C: save them now.  Later first changes save
+        their page as they log its image (undo.py).  Store lock held."""
+        lo = part.pid << 32
+        ps = self.page_size
+        indexes = sorted(k - lo for k in self.mem.dirty if lo <= k < lo + snap.page_count)
+        for index in indexes:
+            self.undo.preimages += snap.save_preimages([(index, os.pread(part.fd, ps, index * ps))])
 
     def _snapshot_closed(self, snap: TransferSnapshot) -> None:
         with self._cond:

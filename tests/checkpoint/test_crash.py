@@ -122,10 +122,12 @@ def test_torn_pages_are_rolled_back_and_replayed(tmp_path, py_env, nth) -> None:
         path = os.path.join(store, f"part-{pid}.bin")
         durable = [im for im in pending if im.partition == pid]
         meta0 = [b for im in durable for i, b in im.pages if i == 0]
-        assert meta0, "the meta page always has an undo image"
-        with open(str(tmp_path / "meta"), "wb") as f:
-            f.write(meta0[0])
-        count = read_meta(str(tmp_path / "meta")).page_count
+        if meta0:        # the interrupted checkpoint was writing this partition
+            with open(str(tmp_path / "meta"), "wb") as f:
+                f.write(meta0[0])
+            count = read_meta(str(tmp_path / "meta")).page_count
+        else:            # only first-change images logged after its cut: not written
+            count = read_meta(path).page_count
         beyond = range(count, os.path.getsize(path) // ps)
         for im in durable:
             for index, _b in im.pages:
