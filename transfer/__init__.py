@@ -13,6 +13,8 @@ Public face:
   every Ferry protocol; :mod:`transfer.transport` (``Conn``, ``SocketConn``,
   ``ChannelConn``, ``connect_tcp``)
 - :mod:`transfer.ssh` (``SSHTunnel``: reach a supplier through OpenSSH with paramiko)
+- :mod:`transfer.splice` (the demander's zero-copy receive, socket -> pipe -> file;
+  ``Demander(splice=False)`` forces the copying path, ``FetchResult.spliced`` tells)
 - errors: :class:`TransferError` and subclasses in :mod:`transfer.errors`
 
 The protocol is written down in docs/protocol.md.

@@ -22,11 +22,10 @@ from .errors import (ChecksumError, FrameError, OutOfDiskError, PageCheckError, 
                      RemoteError, TransferError)
 from .frames import ErrorCode, FrameType, read_frame, send_error, write_frame
 from .limits import Limits
-from .messages import (Chunk, Demand, End, Manifest, Preimage, Priority, Queued, Received, Resend,
-                       check_cache, check_partition)
+from .messages import Demand, Manifest, Priority, Queued, Resend, check_cache, check_partition
 from .result import FetchResult, Progress, free_bytes
+from .receive import DataStage
 from .resume import Receiving, checksum
-from .pipeline import ChunkSink
 from .stages import Stages
 from .storage import DEFAULT_CACHE, TransferStorage
 from .transport import Conn, connect_tcp, parse_hostport
@@ -35,10 +34,6 @@ log = logging.getLogger("ferry.transfer")
 
 DEFAULT_CHUNK = 4 << 20
 DEFAULT_MARGIN = 64 << 20
-# RECEIVED is sent per 16 MiB (and for the last chunk), not per chunk: on loopback a
-# tiny send runs the peer's TCP work in our syscall and cost as much as the pwrites.
-# Acknowledging later only means the supplier keeps saving pre-images a little longer.
-ACK_BYTES = 16 << 20
 
 
 class Demander:
@@ -47,13 +42,15 @@ class Demander:
     ``connect`` replaces the plain TCP connection (e.g. transfer.ssh's tunnel);
     ``limits`` is the node-wide receiving limit shared by all demanders of a node;
     ``margin`` bytes of free disk must remain beyond the partition and
-    ``reserve_extra`` (the caller's own needs during the move, e.g. its temp WAL)."""
+    ``reserve_extra`` (the caller's own needs during the move, e.g. its temp WAL);
+    ``splice=False`` turns off the zero-copy receive (transfer.splice) where it
+    would otherwise be used."""
 
     def __init__(self, storage: TransferStorage, peer: str, secret: bytes, *,
                  limits: Limits | None = None, connect: Callable[[], Conn] | None = None,
                  chunk_size: int = DEFAULT_CHUNK, timeout: float = 60.0,
                  margin: int = DEFAULT_MARGIN, max_resends: int = 3,
-                 sync_bytes: int = 32 << 20) -> None:
+                 sync_bytes: int = 32 << 20, splice: bool = True) -> None:
         self.storage = storage
         self.peer = peer
         self.secret = secret
@@ -64,6 +61,7 @@ class Demander:
         self.margin = margin
         self.max_resends = max_resends
         self.sync_bytes = sync_bytes
+        self.splice = splice
 
     def fetch(self, partition: int, *, cache: str = DEFAULT_CACHE,
               progress: Callable[[Progress], None] | None = None,
@@ -74,7 +72,7 @@ class Demander:
         return run.run()
 
 
-class _Fetch:
+class _Fetch(DataStage):
     """One fetch of one partition; attributes are its state across the stages."""
 
     def __init__(self, d: Demander, cache: str, partition: int,
@@ -90,6 +88,7 @@ class _Fetch:
         self.preimages = 0
         self.resent = 0
         self.done = 0
+        self.spliced = False     # whether the last data stage used the zero-copy path
 
     def _tell(self) -> None:
         total = self.m.size if self.m else 0
@@ -130,7 +129,7 @@ class _Fetch:
         assert self.m is not None
         res = FetchResult(self.partition, self.cache, self.m.size, self.wire, self.reused,
                           time.perf_counter() - t0, True, self.m.counter, self.preimages,
-                          self.resent, dict(self.stages.seconds))
+                          self.resent, dict(self.stages.seconds), self.spliced)
         log.info("demander: partition %s installed from %s: %s bytes, %s over the wire, %.1f MB/s",
                  self.partition, self.d.peer, res.bytes, res.bytes_wire, res.mb_per_s)
         return res
@@ -223,90 +222,6 @@ class _Fetch:
                                     "source") from None
             raise
         # Pages overwritten at the source after C arrive as pre-images after the data.
-
-    def _read_data(self, acknowledge: bool = False) -> End:
-        """Read CHUNK/PREIMAGE frames up to END; with ``acknowledge``, tell the supplier
-        every ACK_BYTES that the bytes are out of the socket (RECEIVED). Chunks are
-        written, hashed and recorded by a ChunkSink thread while the next one arrives."""
-        m, rec = self.m, self.rec
-        assert m is not None and rec is not None and self.conn is not None
-        bucket = self.d.limits.bucket
-        last_tell = 0.0
-        # the supplier sends exactly the chunks its MANIFEST does not skip
-        last_expected = max((i for i in range(m.chunk_count) if i not in m.skip), default=-1)
-        unacked = 0
-        sink = ChunkSink(m.chunk_size, self._write_chunk, self._chunk_done)
-        try:
-            while True:
-                frame = read_frame(self.conn, expect=[FrameType.CHUNK, FrameType.PREIMAGE, FrameType.END])
-                if frame.type == FrameType.END:
-                    sink.drain()
-                    rec.flush()
-                    return End.from_body(frame.body)
-                if frame.type == FrameType.PREIMAGE:
-                    sink.drain()      # a pre-image goes over its chunk's bytes, never under
-                    self._preimage(Preimage.from_body(frame.body))
-                    continue
-                ch = Chunk.from_body(frame.body)
-                if ch.index >= m.chunk_count or ch.length != m.chunk_span(ch.index)[1] or \
-                        ch.index in m.skip or self.expected.setdefault(ch.index, ch.checksum) != ch.checksum:
-                    raise FrameError(ErrorCode.PROTOCOL, f"CHUNK {ch.index} of {ch.length} bytes does not "
-                                     f"fit the manifest ({m.chunk_count} chunks of {m.chunk_size}, "
-                                     f"{len(m.skip)} skipped) or changed its checksum")
-                buf = sink.buffer()
-                view = buf[:ch.length]
-                if bucket.rate:          # slices of ~1/20 s, so the rate stays smooth
-                    step = bucket.slice_size(ch.length)
-                    for lo in range(0, ch.length, step):
-                        self.conn.recv_fill(view[lo:lo + step])
-                        bucket.take(len(view[lo:lo + step]))
-                else:
-                    self.conn.recv_fill(view)
-                self.wire += ch.length
-                sink.put(buf, ch.index, ch.index * m.chunk_size, ch.length, ch.checksum)
-                unacked += ch.length
-                if acknowledge and (unacked >= ACK_BYTES or ch.index == last_expected):
-                    if not self.conn.peer_closed():      # else keep reading what arrived
-                        write_frame(self.conn, FrameType.RECEIVED, Received(ch.index).to_body())
-                    unacked = 0
-                now = time.monotonic()
-                if now - last_tell > 0.1:
-                    last_tell = now
-                    self._tell()
-        finally:
-            sink.close()
-
-    def _write_chunk(self, offset: int, data: memoryview) -> None:
-        """(ChunkSink thread) the chunk's old bytes stop counting as held, then go."""
-        assert self.m is not None and self.rec is not None
-        self.rec.forget(offset // self.m.chunk_size)
-        self.rec.write_at(offset, data)
-
-    def _chunk_done(self, index: int, length: int, expected: int, ok: bool) -> None:
-        """(ChunkSink thread) record a chunk that matched; a mismatch may be the wire or a
-        page written after C that a pre-image will restore: decided in verify."""
-        assert self.rec is not None
-        self.fresh.add(index)
-        if ok:
-            self.suspect.discard(index)
-            self.rec.verified(index, length, expected)
-            self.done += length
-        else:
-            self.suspect.add(index)
-        crashpoint("demander.mid_receive")
-
-    def _preimage(self, pre: Preimage) -> None:
-        m, rec = self.m, self.rec
-        assert m is not None and rec is not None
-        if pre.page >= m.page_count or len(pre.data) != m.page_size:
-            raise FrameError(ErrorCode.PROTOCOL, f"pre-image of page {pre.page} "
-                             f"({len(pre.data)} bytes) does not fit the manifest")
-        chunk = pre.page * m.page_size // m.chunk_size
-        rec.forget(chunk)
-        self.suspect.add(chunk)
-        rec.write_at(pre.page * m.page_size, pre.data[:max(0, m.size - pre.page * m.page_size)])
-        self.preimages += 1
-        self.wire += len(pre.data)
 
     def _verify(self) -> None:
         m, rec = self.m, self.rec

@@ -27,6 +27,7 @@ class FetchResult:
     preimages: int = 0
     resent_chunks: int = 0
     stages: dict[str, float] = field(default_factory=dict)
+    spliced: bool = False      # chunk data went socket -> file by splice (transfer.splice)
 
     @property
     def mb_per_s(self) -> float:

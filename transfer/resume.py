@@ -125,6 +125,10 @@ class Receiving:
         except OSError as e:
             raise _disk_error(e, self.tmp_path, len(view)) from e
 
+    def write_error(self, e: OSError, needed: int | None) -> BaseException:
+        """A failed write to the temp file as the error to raise (disk full ...)."""
+        return _disk_error(e, self.tmp_path, needed)
+
     def verified(self, index: int, length: int, s: int) -> None:
         """Chunk ``index`` is in the temp file and matches; make it durable in batches."""
         self._pending.append((index, length, s))

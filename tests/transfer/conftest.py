@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from typing import Iterator
 
 import pytest
@@ -42,3 +43,12 @@ def server(src) -> Iterator[SupplierServer]:
     srv.stop()
 
 
+@pytest.fixture
+def tmpfs(tmp_path) -> Iterator[str]:
+    """A 6 MiB file system of its own, to fill up for real (root and mount(2) only)."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if os.geteuid() != 0 or os.system(f"mount -t tmpfs -o size=6m tmpfs {mnt} 2>/dev/null") != 0:
+        pytest.skip("needs root and mount(2) to make a small tmpfs")
+    yield str(mnt)
+    os.system(f"umount {mnt}")

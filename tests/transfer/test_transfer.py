@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from transfer import (ChecksumError, Demander, DirectoryStorage, NotHeld, RemoteError, SupplierServer,
+from transfer import (ChecksumError, Demander, DirectoryStorage, RemoteError, SupplierServer,
                       Limits, Priority)
 from transfer import frames
 from transfer.auth import client_handshake
@@ -245,16 +245,6 @@ def test_free_disk_checked_before_accepting(server, src, dst) -> None:
     while server.stats.transfers_failed < 1 and time.monotonic() < deadline:
         time.sleep(0.02)
     assert server.stats.transfers_failed == 1
-
-
-@pytest.fixture
-def tmpfs(tmp_path):
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    if os.geteuid() != 0 or os.system(f"mount -t tmpfs -o size=6m tmpfs {mnt} 2>/dev/null") != 0:
-        pytest.skip("needs root and mount(2) to make a small tmpfs")
-    yield str(mnt)
-    os.system(f"umount {mnt}")
 
 
 def test_disk_filling_mid_transfer(server, src, tmpfs) -> None:

@@ -5,7 +5,7 @@ import os
 import random
 import socket
 import threading
-from typing import Callable, Iterator
+from typing import Callable
 
 from transfer import SupplierServer
 

@@ -1,0 +1,166 @@
+"""The demander's data stage: CHUNK and PREIMAGE frames up to END, into the temp file.
+
+Each chunk goes socket -> temp file either by splice (transfer.splice: no user-space
+copy, where Linux, a plain socket and the real file layer allow it) or by
+``recv_into`` a buffer that a ChunkSink thread writes. Either way the ChunkSink thread
+hashes the chunk and records it for resume only if it matches; a mismatch is left to
+the verify stage (re-request). Mixed into the demander's per-fetch state (_Fetch).
+"""
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from faults import crashpoint, fileio
+
+from .errors import FrameError
+from .frames import ErrorCode, FrameType, read_frame, write_frame
+from .limits import TokenBucket
+from .messages import Chunk, End, Manifest, Preimage, Received
+from .pipeline import ChunkSink
+from .resume import Receiving
+from .splice import SpliceReceiver, available as splice_available
+from .transport import Conn, SocketConn
+
+if TYPE_CHECKING:
+    from .demander import Demander
+
+# RECEIVED is sent per 16 MiB (and for the last chunk), not per chunk: on loopback a
+# tiny send runs the peer's TCP work in our syscall and cost as much as the pwrites.
+# Acknowledging later only means the supplier keeps saving pre-images a little longer.
+ACK_BYTES = 16 << 20
+
+
+class DataStage:
+    """The data-stage methods of a fetch; the state (m, rec, conn, d, expected,
+    suspect, fresh, counters) belongs to demander._Fetch."""
+
+    d: Demander
+    m: Manifest | None
+    rec: Receiving | None
+    conn: Conn | None
+    expected: dict[int, int]      # chunk -> checksum at C
+    suspect: set[int]             # chunks that failed their checksum (decided in verify)
+    fresh: set[int]               # chunks received in this fetch
+    wire: int
+    done: int
+    preimages: int
+    spliced: bool
+
+    def _tell(self) -> None:        # progress report, defined by the fetch
+        raise NotImplementedError
+
+    def _read_data(self, acknowledge: bool = False) -> End:
+        """Read CHUNK/PREIMAGE frames up to END; with ``acknowledge``, tell the supplier
+        every ACK_BYTES that the bytes are out of the socket (RECEIVED). Chunks are
+        written, hashed and recorded by a ChunkSink thread while the next one arrives."""
+        m, rec = self.m, self.rec
+        assert m is not None and rec is not None and self.conn is not None
+        bucket = self.d.limits.bucket
+        last_tell = 0.0
+        # the supplier sends exactly the chunks its MANIFEST does not skip
+        last_expected = max((i for i in range(m.chunk_count) if i not in m.skip), default=-1)
+        unacked = 0
+        splicer = self._splicer()
+        self.spliced = splicer is not None
+        sink = ChunkSink(m.chunk_size, self._write_chunk, self._chunk_done, depth=4 if splicer else 3,
+                         in_file=rec.fd if splicer else None)
+        try:
+            while True:
+                frame = read_frame(self.conn, expect=[FrameType.CHUNK, FrameType.PREIMAGE, FrameType.END])
+                if frame.type == FrameType.END:
+                    sink.drain()
+                    rec.flush()
+                    return End.from_body(frame.body)
+                if frame.type == FrameType.PREIMAGE:
+                    sink.drain()      # a pre-image goes over its chunk's bytes, never under
+                    self._preimage(Preimage.from_body(frame.body))
+                    continue
+                ch = Chunk.from_body(frame.body)
+                if ch.index >= m.chunk_count or ch.length != m.chunk_span(ch.index)[1] or \
+                        ch.index in m.skip or self.expected.setdefault(ch.index, ch.checksum) != ch.checksum:
+                    raise FrameError(ErrorCode.PROTOCOL, f"CHUNK {ch.index} of {ch.length} bytes does not "
+                                     f"fit the manifest ({m.chunk_count} chunks of {m.chunk_size}, "
+                                     f"{len(m.skip)} skipped) or changed its checksum")
+                buf = sink.buffer()
+                if splicer is not None:
+                    self._splice_chunk(splicer, ch, bucket)
+                else:
+                    view = buf[:ch.length]
+                    if bucket.rate:          # slices of ~1/20 s, so the rate stays smooth
+                        step = bucket.slice_size(ch.length)
+                        for lo in range(0, ch.length, step):
+                            self.conn.recv_fill(view[lo:lo + step])
+                            bucket.take(len(view[lo:lo + step]))
+                    else:
+                        self.conn.recv_fill(view)
+                self.wire += ch.length
+                sink.put(buf, ch.index, ch.index * m.chunk_size, ch.length, ch.checksum)
+                unacked += ch.length
+                if acknowledge and (unacked >= ACK_BYTES or ch.index == last_expected):
+                    if not self.conn.peer_closed():      # else keep reading what arrived
+                        write_frame(self.conn, FrameType.RECEIVED, Received(ch.index).to_body())
+                    unacked = 0
+                now = time.monotonic()
+                if now - last_tell > 0.1:
+                    last_tell = now
+                    self._tell()
+        finally:
+            sink.close()
+            if splicer is not None:
+                splicer.close()
+
+    def _splicer(self) -> SpliceReceiver | None:
+        """The zero-copy receiver, where it applies: a plain socket, Linux, and the real
+        file layer (a swapped-in layer must see every write)."""
+        conn, rec = self.conn, self.rec
+        assert rec is not None
+        if not (self.d.splice and splice_available() and isinstance(conn, SocketConn)
+                and type(rec.io) is fileio.FileLayer):
+            return None
+        return SpliceReceiver(conn.sock.fileno(), conn.sock.gettimeout(), conn.peer)
+
+    def _splice_chunk(self, splicer: SpliceReceiver, ch: Chunk, bucket: TokenBucket) -> None:
+        """Socket -> temp file, no user-space copy; the ChunkSink hashes it from there."""
+        m, rec = self.m, self.rec
+        assert m is not None and rec is not None
+        rec.forget(ch.index)            # its old bytes stop counting as held, then go
+        off = ch.index * m.chunk_size
+        step = bucket.slice_size(ch.length) if bucket.rate else ch.length
+        for lo in range(0, ch.length, step):
+            k = min(step, ch.length - lo)
+            splicer.receive(rec.fd, off + lo, k, rec.write_error)
+            if bucket.rate:
+                bucket.take(k)
+
+    def _write_chunk(self, offset: int, data: memoryview) -> None:
+        """(ChunkSink thread) the chunk's old bytes stop counting as held, then go."""
+        assert self.m is not None and self.rec is not None
+        self.rec.forget(offset // self.m.chunk_size)
+        self.rec.write_at(offset, data)
+
+    def _chunk_done(self, index: int, length: int, expected: int, ok: bool) -> None:
+        """(ChunkSink thread) record a chunk that matched; a mismatch may be the wire or a
+        page written after C that a pre-image will restore: decided in verify."""
+        assert self.rec is not None
+        self.fresh.add(index)
+        if ok:
+            self.suspect.discard(index)
+            self.rec.verified(index, length, expected)
+            self.done += length
+        else:
+            self.suspect.add(index)
+        crashpoint("demander.mid_receive")
+
+    def _preimage(self, pre: Preimage) -> None:
+        m, rec = self.m, self.rec
+        assert m is not None and rec is not None
+        if pre.page >= m.page_count or len(pre.data) != m.page_size:
+            raise FrameError(ErrorCode.PROTOCOL, f"pre-image of page {pre.page} "
+                             f"({len(pre.data)} bytes) does not fit the manifest")
+        chunk = pre.page * m.page_size // m.chunk_size
+        rec.forget(chunk)
+        self.suspect.add(chunk)
+        rec.write_at(pre.page * m.page_size, pre.data[:max(0, m.size - pre.page * m.page_size)])
+        self.preimages += 1
+        self.wire += len(pre.data)
