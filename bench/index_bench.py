@@ -25,6 +25,13 @@ Every measure reports wall-clock rate and CPU-time rate (``process_time``): on a
 shared, loaded machine the CPU rate is what the code costs, the wall rate what it got.
 Shares (``time_split``) are of the rebuild's wall time.
 
+``--value-size B`` (default 100): values of ~B bytes. Values too big to sit inline
+(e.g. 65536, a move of a partition of 64 KiB JSON documents) go to overflow chains;
+that file is written by a real ``PartitionStore`` (puts, then a checkpoint), so its
+chains are laid out as a checkpoint lays them out, and N defaults to 4,000 (~256 MiB;
+``--quick``: 1,000). Rates are also given in MB/s of value bytes (``*_mb_per_s``).
+``install``: ``PartitionStore.install_partition`` of the file (its key-index scan).
+
 Prints one JSON object. ``--quick``: N = 100,000 (< 30 s).
 """
 from __future__ import annotations
@@ -56,6 +63,28 @@ def value(i: int, rnd: random.Random) -> bytes:
     return json.dumps(d, separators=(",", ":")).encode()
 
 
+def set_value_size(n: int) -> None:
+    global VALUE_BYTES
+    VALUE_BYTES = n
+
+
+def write_store_file(path: str, partition: int, it) -> None:
+    """A partition file with overflow chains, written by a real store (put + checkpoint)."""
+    from checkpoint import PartitionStore
+    d = path + ".store"
+    s = PartitionStore.open(d, wal_sync="none", checkpoint_interval=None,
+                            memory_budget=64 << 20)
+    try:
+        s.create_partition(partition)
+        for k, v in it:
+            s.put(partition, k, v)
+        s.checkpoint()
+        shutil.copyfile(s.partition_path(partition), path)
+    finally:
+        s.close()
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def items(n: int, seed: int = 7):
     rnd = random.Random(seed)
     for i in range(n):
@@ -81,6 +110,21 @@ def child(kind: str, work: str, n: int, sample: int, sort_memory: int) -> dict:
         with IndexStore.open(idx, definitions()):
             pass
         return {"peak_rss_mb": peak_rss_mb()}
+    if kind == "install":
+        from checkpoint import PartitionStore
+        d = os.path.join(work, "install-store")
+        shutil.rmtree(d, ignore_errors=True)
+        s = PartitionStore.open(d, wal_sync="none", checkpoint_interval=None)
+        try:
+            src = os.path.join(work, "install.bin")
+            shutil.copyfile(os.path.join(data, "part-0.bin"), src)
+            t, c = time.perf_counter(), time.process_time()
+            s.install_partition(0, src)
+            el, cpu = time.perf_counter() - t, time.process_time() - c
+        finally:
+            s.close()
+            shutil.rmtree(d, ignore_errors=True)
+        return {"entries": n, "seconds": el, "rate": n / el, "cpu_rate": n / cpu}
     if kind in ("scan", "scan_entries", "scan_parse"):
         src = PartitionFileSource(data)
         with IndexStore.open(idx, definitions()) as s:
@@ -138,7 +182,8 @@ def child(kind: str, work: str, n: int, sample: int, sort_memory: int) -> dict:
 
 def run_child(kind: str, work: str, n: int, sample: int, sort_memory: int) -> dict:
     r = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", kind, "--work", work,
-                        "--n", str(n), "--sample", str(sample), "--sort-memory", str(sort_memory)],
+                        "--n", str(n), "--sample", str(sample), "--sort-memory", str(sort_memory),
+                        "--value-size", str(VALUE_BYTES)],
                        capture_output=True, text=True, check=False)
     if r.returncode != 0:
         raise SystemExit(f"child {kind} failed:\n{r.stderr}")
@@ -151,10 +196,17 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=None)
     ap.add_argument("--sample", type=int, default=None, help="entries for per_entry_txn")
     ap.add_argument("--sort-memory", type=int, default=None, help="bytes of sort buffer")
+    ap.add_argument("--value-size", type=int, default=VALUE_BYTES,
+                    help="bytes per value (> ~2 KiB: overflow chains, file written by a store)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--work", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
-    n = a.n or (100_000 if a.quick else 1_000_000)
+    set_value_size(a.value_size)
+    big = a.value_size > 2000          # past the inline limit of 4 KiB pages
+    if big:
+        n = a.n or (1_000 if a.quick else 4_000)
+    else:
+        n = a.n or (100_000 if a.quick else 1_000_000)
     sample = a.sample or (1_000 if a.quick else 10_000)
     mem = a.sort_memory or (4 << 20 if a.quick else SORT_MEMORY)
     if a.child:
@@ -165,14 +217,17 @@ def main() -> None:
     work = tempfile.mkdtemp(prefix="ferry-index-bench-")
     try:
         os.makedirs(os.path.join(work, "data"))
-        write_partition_file(os.path.join(work, "data", "part-0.bin"), 0, items(n))
-        write_partition_file(os.path.join(work, "data", "part-1.bin"), 1, items(n // 10, seed=8))
+        write = write_store_file if big else write_partition_file
+        write(os.path.join(work, "data", "part-0.bin"), 0, items(n))
+        write(os.path.join(work, "data", "part-1.bin"), 1, items(n // 10, seed=8))
         r = {k: run_child(k, work, n, sample, mem)
              for k in ("baseline", "scan", "scan_entries", "scan_parse", "rebuild",
-                      "rebuild_2proc", "rebuild_small", "rebuild_in_memory", "per_entry_txn")}
+                      "rebuild_2proc", "rebuild_small", "rebuild_in_memory", "per_entry_txn",
+                      "install")}
     finally:
         shutil.rmtree(work, ignore_errors=True)
     base = r["baseline"]["peak_rss_mb"]
+    mb = VALUE_BYTES / 1e6           # value megabytes per entry
     out = {
         "bench": "index_rebuild",
         "entries": n,
@@ -190,6 +245,14 @@ def main() -> None:
         "scan_iter_entries_per_s": round(r["scan_entries"]["rate"]),
         "scan_parse_entries_per_s": round(r["scan_parse"]["rate"]),
         "scan_parse_cpu_entries_per_s": round(r["scan_parse"]["cpu_rate"]),
+        "scan_mb_per_s": round(r["scan"]["rate"] * mb, 1),
+        "scan_cpu_mb_per_s": round(r["scan"]["cpu_rate"] * mb, 1),
+        "rebuild_mb_per_s": round(r["rebuild"]["rate"] * mb, 1),
+        "rebuild_cpu_mb_per_s": round(r["rebuild"]["cpu_rate"] * mb, 1),
+        "scan_cpu_seconds": round(r["scan"]["entries"] / r["scan"]["cpu_rate"], 3),
+        "rebuild_cpu_seconds": round(r["rebuild"]["entries"] / r["rebuild"]["cpu_rate"], 3),
+        "install_seconds": round(r["install"]["seconds"], 3),
+        "install_cpu_entries_per_s": round(r["install"]["cpu_rate"]),
         "per_entry_txn_entries_per_s": round(r["per_entry_txn"]["rate"], 1),
         "per_entry_txn_sample": sample,
         "ratio_rebuild_vs_per_entry_txn": round(r["rebuild"]["rate"] / r["per_entry_txn"]["rate"], 1),

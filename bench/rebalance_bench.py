@@ -19,6 +19,7 @@ Prints ONE JSON object.
     .venv/bin/python bench/rebalance_bench.py --quick     # ~4 MiB of entries, < 1 min
     .venv/bin/python bench/rebalance_bench.py             # 256 MiB
     .venv/bin/python bench/rebalance_bench.py --entries 16384 --value-size 65536   # 1 GiB
+    .venv/bin/python bench/rebalance_bench.py --modes messages   # one mode (e.g. an older tree's baseline)
 """
 from __future__ import annotations
 
@@ -273,6 +274,9 @@ def main() -> None:
     ap.add_argument("--index-workers", type=int, default=None,
                     help="[rebalance] index_workers of the nodes (files mode; default: the "
                          "node's default; 0: index rebuilds in the node's process, as before)")
+    ap.add_argument("--modes", default="files,messages",
+                    help="comma-separated modes to run (ratios need both; one mode alone: "
+                         "e.g. the messages baseline of an older tree)")
     ap.add_argument("--timeout", type=float, default=900.0)
     ap.add_argument("--dir", default=None, help="work folder (default: a temp dir under /work or /tmp)")
     args = ap.parse_args()
@@ -282,12 +286,16 @@ def main() -> None:
         args.value_size = 4096 if args.quick else 16384
     root = args.dir or tempfile.mkdtemp(prefix="ferry-rebalance-bench-")
     try:
-        res = {m: run_mode(root, m, args) for m in ("files", "messages")}
+        modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+        bad = [m for m in modes if m not in ("files", "messages")]
+        if bad or not modes:
+            ap.error(f"--modes takes files and/or messages (got {args.modes!r})")
+        res = {m: run_mode(root, m, args) for m in modes}
     finally:
         if not args.dir:
             shutil.rmtree(root, ignore_errors=True)
     ratios = {}
-    for phase in ("join_idle", "join_under_writes"):
+    for phase in ("join_idle", "join_under_writes") if len(res) == 2 else ():
         f, m = res["files"][phase], res["messages"][phase]
         fj, mj = f.get("seconds_from_join"), m.get("seconds_from_join")
         ratios[phase] = {
@@ -300,9 +308,9 @@ def main() -> None:
         "bench": "rebalance", "quick": args.quick, "entries": args.entries,
         "value_size": args.value_size, "data_bytes": args.entries * args.value_size,
         "partitions": args.partitions, "backups": 1, "index_workers": args.index_workers, "nodes": "3 -> 4 (idle) -> 5 (under writes)",
-        "files": res["files"], "messages": res["messages"], "ratios": ratios,
+        "files": res.get("files"), "messages": res.get("messages"), "ratios": ratios,
         "target": "files >= 10x faster to OWNING than messages; replay >= 5x the ingest rate",
-        "replay_over_ingest": res["files"].get("replay_one_partition", {}).get("replay_over_ingest"),
+        "replay_over_ingest": (res.get("files") or {}).get("replay_one_partition", {}).get("replay_over_ingest"),
         "loaded_machine": os.getloadavg()[0],
     }))
 

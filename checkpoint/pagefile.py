@@ -201,28 +201,73 @@ def page_entries(buf) -> Iterator[tuple[int, int, bytes, int, int, int]]:
                 yield s, flags, key, counter, vlen, k0 + klen
 
 
-def overflow_chain(read_page: Callable[[int], bytes], first: int, length: int,
-                   page_size: int, page_count: int) -> tuple[bytes | None, PageProblem | None, list[int]]:
-    """Follow an overflow chain; returns (value, problem, pages of the chain)."""
-    parts: list[bytes] = []
+def chain_limit(length: int, page_size: int) -> int:
+    """The most pages an overflow chain of a ``length``-byte value may have: a writer
+    fills every page but the last (``ceil(length / payload)``); a longer chain is
+    corrupt. Bounding the walk by it (and by never revisiting a page) is what keeps a
+    cyclic or runaway chain from looping forever."""
+    payload = page_size - HDR
+    return max(1, -(-length // payload))
+
+
+def chain_link_problem(at: int, page: int, got: int, length: int, visited, page_size: int,
+                       page_count: int) -> str | None:
+    """Why the link from ``at`` to ``page`` (the next page of a chain that holds ``got``
+    of ``length`` bytes over the pages in ``visited``) cannot be followed, or None.
+    One place for the chain rules: the decoder and the store's chain walks use it."""
+    if page == 0:
+        if not visited:
+            return f"overflow chain of a {length}-byte value starts at page 0 (the meta page)"
+        return f"overflow chain ends after {got} bytes, entry says {length}"
+    if page >= page_count:
+        return (f"overflow chain points to page {page}, past the end of the file "
+                f"(page count {page_count})")
+    if page in visited:
+        return f"overflow chain loops: page {at} points back to page {page} of the chain"
+    limit = chain_limit(length, page_size)
+    if len(visited) >= limit:
+        return (f"overflow chain longer than its value allows: {length} bytes fill at most "
+                f"{limit} pages of {page_size - HDR} bytes, page {at} points on to page {page}")
+    return None
+
+
+def overflow_chain(read_page: Callable[[int], bytes | memoryview], first: int, length: int,
+                   page_size: int, page_count: int, origin: int | None = None,
+                   checked: bytearray | None = None
+                   ) -> tuple[bytes | None, PageProblem | None, list[int]]:
+    """Follow an overflow chain; returns (value, problem, pages of the chain).
+
+    ``origin``: the DATA page holding the entry (a bad first link is reported there;
+    default: at ``first``). ``checked``: pages known to pass :func:`check_page`
+    (index -> nonzero); pages checked here are added, so a bulk reader checks each
+    page once. The walk visits at most :func:`chain_limit` pages and never one twice."""
+    parts: list = []
     pages: list[int] = []
+    visited: set[int] = set()
     got, page = 0, first
+    at = first if origin is None else origin
+    ncheck = len(checked) if checked is not None else 0
     while got < length:
-        if not 0 < page < page_count or page in pages:
-            at = pages[-1] if pages else first
-            return None, PageProblem(at, at * page_size,
-                                     f"overflow chain points to page {page} (page count {page_count})"), pages
+        bad = chain_link_problem(at, page, got, length, visited, page_size, page_count)
+        if bad:
+            return None, PageProblem(at, at * page_size, bad), pages
         buf = read_page(page)
-        reason = check_page(buf, page, page_size)
+        if page < ncheck and checked[page]:           # type: ignore[index]
+            reason = None
+        else:
+            reason = check_page(buf, page, page_size)
+            if reason is None and page < ncheck:
+                checked[page] = 1                      # type: ignore[index]
         if reason is None and buf[8] != PageType.OVERFLOW:
             reason = f"page of an overflow chain has type {PageType(buf[8]).name}"
         if reason:
             return None, PageProblem(page, page * page_size, reason), pages
         _crc, _i, _t, _f, used, nxt = HEADER.unpack_from(buf, 0)
-        parts.append(bytes(buf[HDR:HDR + used]))
+        parts.append(memoryview(buf)[HDR:HDR + used])
         pages.append(page)
+        visited.add(page)
         got += used
-        page = nxt
+        at, page = page, nxt
     if got != length:
         return None, PageProblem(pages[-1], pages[-1] * page_size,
                                  f"overflow chain holds {got} bytes, entry says {length}"), pages
@@ -249,36 +294,78 @@ def read_meta(path: str) -> Meta:
 
 
 class _Reader:
-    """Sequential reads of whole pages in large chunks, plus random page reads for
-    overflow chains."""
+    """Sequential reads of whole pages in large chunks, and page reads for overflow
+    chains that take the page from a chunk when it is (or will soon be) read anyway.
+
+    Chunks are numbered from the first page read; the sequential pass holds the
+    current one and the one before, and a chain may pull chunks up to LOOKAHEAD bytes
+    ahead into the same cache, so that the pass later uses them instead of reading
+    again. After a checkpoint a chain is usually laid out right after (or just before)
+    its DATA page, so a partition of big values is read once, in big reads; a chain
+    elsewhere (a reused FREE page, another worker's page range) is read by ``pread``."""
 
     # Big sequential reads: one syscall per ~500 4 KiB pages, and the chunk stays a
     # ``bytes`` so that slicing it yields keys and values with a single copy.
     CHUNK = 1 << 21
+    LOOKAHEAD = 16 << 20           # cache bound for chunks pulled ahead by chains
 
-    def __init__(self, path: str, meta: Meta) -> None:
+    def __init__(self, path: str, meta: Meta, start: int = 1, stop: int | None = None) -> None:
         self.path, self.meta = path, meta
         self.fd = os.open(path, os.O_RDONLY)
         self.size = os.fstat(self.fd).st_size
+        ps = meta.page_size
+        self.start = max(1, start)
+        self.stop = meta.page_count if stop is None else min(stop, meta.page_count)
+        self.per = max(1, self.CHUNK // ps)
+        self.ahead = max(1, self.LOOKAHEAD // (self.per * ps))
+        self.cache: dict[int, bytes] = {}
+        self.cur = 0
+        # pages that passed check_page (bounded by the file, not by a meta page count
+        # that may be corrupt): a page is CRC-checked once, by the pass or by a chain
+        self.checked = bytearray(min(meta.page_count, self.size // ps + 1))
 
     def close(self) -> None:
         os.close(self.fd)
 
-    def page(self, i: int) -> bytes:
-        return os.pread(self.fd, self.meta.page_size, i * self.meta.page_size)
+    def _chunk(self, c: int) -> bytes:
+        got = self.cache.get(c)
+        if got is None:
+            ps, first = self.meta.page_size, self.start + c * self.per
+            n = min(self.per, self.stop - first)
+            got = self.cache[c] = os.pread(self.fd, n * ps, first * ps)
+        return got
 
-    def chunks(self, start: int = 1, stop: int | None = None) -> Iterator[tuple[int, bytes]]:
+    def chunk_of(self, i: int) -> tuple[int, bytes] | None:
+        """(first page, bytes) of the chunk holding page ``i`` when it is in the
+        window (the current chunk, the one before, or up to LOOKAHEAD ahead)."""
+        if self.start <= i < self.stop:
+            c = (i - self.start) // self.per
+            if self.cur - 1 <= c <= self.cur + self.ahead:
+                return self.start + c * self.per, self._chunk(c)
+        return None
+
+    def page(self, i: int) -> bytes | memoryview:
+        ps = self.meta.page_size
+        if self.start <= i < self.stop:
+            c, j = divmod(i - self.start, self.per)
+            if self.cur - 1 <= c <= self.cur + self.ahead:
+                chunk = self._chunk(c)
+                if (j + 1) * ps <= len(chunk):
+                    return memoryview(chunk)[j * ps:(j + 1) * ps]
+        return os.pread(self.fd, ps, i * ps)
+
+    def chunks(self) -> Iterator[tuple[int, bytes]]:
         """(index of the first page, bytes of up to CHUNK of pages) for pages
         [start, stop); the last chunk of a truncated file is short (a partial page at
         its end is left to the caller)."""
         ps = self.meta.page_size
-        count = self.meta.page_count if stop is None else min(stop, self.meta.page_count)
-        per = max(1, self.CHUNK // ps)
-        for first in range(max(1, start), count, per):
-            n = min(per, count - first)
-            chunk = os.pread(self.fd, n * ps, first * ps)
+        for c, first in enumerate(range(self.start, self.stop, self.per)):
+            self.cur = c
+            for old in [k for k in self.cache if k < c - 1]:
+                del self.cache[old]
+            chunk = self._chunk(c)
             yield first, chunk
-            if len(chunk) < n * ps:
+            if len(chunk) < min(self.per, self.stop - first) * ps:
                 return
 
 
@@ -373,21 +460,26 @@ def _batches(path: str, tombstones: bool, on_error: Callable[[PageProblem], None
     except CorruptPageError as e:
         problem(PageProblem(0, 0, e.reason))
         return
-    r = _Reader(path, meta)
+    start, stop = pages if pages is not None else (1, None)
+    r = _Reader(path, meta, start, stop)
     ps, pcount = meta.page_size, meta.page_count
     crc = crc32c.crc32c
+    checked = r.checked
+    ncheck = len(checked)
     try:
         trunc = _truncation(r)
-        start, stop = pages if pages is not None else (1, None)
         if stop is not None and stop < pcount:
             trunc = None                       # the range ends before the file end
-        for first, chunk in r.chunks(start, stop):
+        for first, chunk in r.chunks():
             view = memoryview(chunk)
             acc: list = []
             for j in range(len(chunk) // ps):
                 index, base = first + j, j * ps
                 stored, idx, ptype, _f, count, heap = _unpack_header(chunk, base)
-                if ptype != _DATA or idx != index or stored != crc(view[base + 4:base + ps]):
+                if index < ncheck and checked[index]:
+                    if ptype != _DATA:         # checked already, by a chain that used it
+                        continue
+                elif ptype != _DATA or idx != index or stored != crc(view[base + 4:base + ps]):
                     reason = check_page(view[base:base + ps], index, ps)
                     if reason:
                         if acc:
@@ -395,6 +487,8 @@ def _batches(path: str, tombstones: bool, on_error: Callable[[PageProblem], None
                             acc = []
                         problem(PageProblem(index, index * ps, reason))
                         continue
+                    if index < ncheck:
+                        checked[index] = 1
                     if ptype != _DATA:
                         continue
                 got = _data_page(chunk, base, ps, count, heap, tombstones, pairs)
@@ -409,7 +503,8 @@ def _batches(path: str, tombstones: bool, on_error: Callable[[PageProblem], None
                     if acc:
                         yield acc
                         acc = []
-                    yield from _overflow_page(r, view[base:base + ps], tombstones, pairs, problem)
+                    yield from _overflow_page(r, index, view[base:base + ps], tombstones, pairs,
+                                              problem)
                 elif acc:
                     acc.extend(got)            # type: ignore[arg-type]
                 else:
@@ -422,9 +517,10 @@ def _batches(path: str, tombstones: bool, on_error: Callable[[PageProblem], None
         r.close()
 
 
-def _overflow_page(r: _Reader, page: memoryview, tombstones: bool, pairs: bool,
+def _overflow_page(r: _Reader, index: int, page: memoryview, tombstones: bool, pairs: bool,
                    problem: Callable[[PageProblem], None]) -> Iterator[list]:
-    """A valid DATA page with overflow entries, entry by entry (the reference path)."""
+    """A valid DATA page with overflow entries, entry by entry (the reference path);
+    chain pages come from the reader's chunks when it has them, each checked once."""
     ps, pcount = r.meta.page_size, r.meta.page_count
     items: list = []
     for _s, flags, key, counter, vlen, where in page_entries(page):
@@ -433,7 +529,10 @@ def _overflow_page(r: _Reader, page: memoryview, tombstones: bool, pairs: bool,
                 items.append((key, None) if pairs else Entry(key, None, counter, True))
             continue
         if flags & F_OVERFLOW:
-            value, bad, _pages = overflow_chain(r.page, where, vlen, ps, pcount)
+            value, bad = _chain_value(r, where, vlen, index), None
+            if value is None:                  # a fault somewhere: the reference says which
+                value, bad, _pages = overflow_chain(r.page, where, vlen, ps, pcount, index,
+                                                    r.checked)
             if bad:
                 if items:
                     yield items                # what came before the bad entry, first
@@ -445,6 +544,122 @@ def _overflow_page(r: _Reader, page: memoryview, tombstones: bool, pairs: bool,
         items.append((key, value) if pairs else Entry(key, value, counter, False))
     if items:
         yield items
+
+
+_OVF = int(PageType.OVERFLOW)
+
+
+def _chain_value(r: _Reader, page: int, length: int, origin: int) -> bytes | None:
+    """The value of an intact overflow chain, or None when anything is wrong with it
+    (the caller then runs :func:`overflow_chain`, which names the fault). The bulk
+    path's chain walk: the same rules, pages taken from the reader's chunks (one
+    ``pread`` per page only outside them), each page CRC-checked once (``r.checked``),
+    and the value joined from views of the chunks (one copy)."""
+    ps, pcount = r.meta.page_size, r.meta.page_count
+    checked = r.checked
+    ncheck, room, limit = len(checked), ps - HDR, chain_limit(length, ps)
+    crc = crc32c.crc32c
+    parts: list = []
+    visited: set[int] = set()
+    got, cfirst, cend = 0, 0, 0
+    mv: memoryview = memoryview(b"")
+    while got < length:
+        if page == 0 or page >= pcount or page in visited or len(visited) >= limit:
+            return None
+        if cfirst <= page < cend:
+            base = (page - cfirst) * ps
+        else:
+            held = r.chunk_of(page)
+            if held is not None and (page - held[0] + 1) * ps <= len(held[1]):
+                cfirst, mv = held[0], memoryview(held[1])
+                cend = cfirst + len(held[1]) // ps
+                base = (page - cfirst) * ps
+            else:                              # outside the window: this page alone
+                one = os.pread(r.fd, ps, page * ps)
+                if len(one) != ps:
+                    return None
+                cfirst, cend, mv, base = page, page + 1, memoryview(one), 0
+        stored, idx, ptype, _f, used, nxt = _unpack_header(mv, base)
+        if ptype != _OVF:
+            return None
+        if not (page < ncheck and checked[page]):
+            if idx != page or used > room or stored != crc(mv[base + 4:base + ps]):
+                return None
+            if page < ncheck:
+                checked[page] = 1
+        parts.append(mv[base + HDR:base + HDR + used])
+        visited.add(page)
+        got += used
+        page = nxt
+    if got != length:
+        return None
+    return b"".join(parts)
+
+
+def _data_keys(chunk: bytes, base: int, ps: int, count: int, heap: int
+               ) -> tuple[int, list[tuple[int, bytes]]] | None:
+    """(bytes in use, [(slot, key)]) of the DATA page at ``chunk[base:base+ps]`` (CRC
+    already checked) in one pass that also makes the checks of _check_data; None when
+    the page fails them. Values are not touched (overflow chains are not followed)."""
+    if not HDR + 2 * count <= heap <= ps:
+        return None
+    used = HDR + 2 * count
+    out: list[tuple[int, bytes]] = []
+    for slot, off in enumerate(_slot_reader(count)(chunk, base + HDR)):
+        if not off:
+            continue
+        if off < heap or off + _ENTRY_SIZE > ps:
+            return None
+        flags, klen, vlen, _counter = _unpack_entry(chunk, base + off)
+        stored = 4 if flags & F_OVERFLOW else vlen
+        size = _ENTRY_SIZE + klen + stored
+        if (flags & ~_KNOWN_FLAGS or off + size > ps or (flags & F_TOMBSTONE and vlen)
+                or vlen > MAX_VALUE):
+            return None
+        k0 = base + off + _ENTRY_SIZE
+        out.append((slot, chunk[k0:k0 + klen]))
+        used += size
+    return used, out
+
+
+def iter_page_keys(path: str, chunk_bytes: int | None = None
+                   ) -> Iterator[tuple[int, int, int, list[tuple[int, bytes]]]]:
+    """For a key index built at open/install: ``(page, type, bytes in use, [(slot,
+    key)])`` of every FREE and DATA page in page order (OVERFLOW pages are checked but
+    not reported; values are never read). Every page is checked (CRC and structure)
+    once; the first problem raises CorruptPageError (a truncated file before any page).
+    ``chunk_bytes``: size of the sequential reads."""
+    meta = read_meta(path)
+    r = _Reader(path, meta)
+    if chunk_bytes:
+        r.per = max(1, chunk_bytes // meta.page_size)
+    ps = meta.page_size
+    crc = crc32c.crc32c
+    free, data = int(PageType.FREE), _DATA
+    try:
+        trunc = _truncation(r)
+        if trunc:
+            raise CorruptPageError(path, trunc.page, trunc.offset, trunc.reason)
+        for first, chunk in r.chunks():
+            view = memoryview(chunk)
+            for j in range(len(chunk) // ps):
+                index, base = first + j, j * ps
+                stored, idx, ptype, _f, count, heap = _unpack_header(chunk, base)
+                if ptype != _DATA or idx != index or stored != crc(view[base + 4:base + ps]):
+                    reason = check_page(view[base:base + ps], index, ps)
+                    if reason:
+                        raise CorruptPageError(path, index, index * ps, reason)
+                    if ptype == free:
+                        yield index, free, 0, []
+                    if ptype != _DATA:
+                        continue
+                got = _data_keys(chunk, base, ps, count, heap)
+                if got is None:
+                    reason = _check_data(view[base:base + ps], count, heap, ps) or "bad slot directory"
+                    raise CorruptPageError(path, index, index * ps, reason)
+                yield index, data, got[0], got[1]
+    finally:
+        r.close()
 
 
 def iter_entry_batches(path: str, *, include_tombstones: bool = True,

@@ -20,7 +20,7 @@ from __future__ import annotations
 import heapq
 import os
 from array import array
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 from faults import fileio
 
@@ -28,7 +28,8 @@ from . import page as pg
 from .keyindex import KeyIndex
 from .memory import PageMemory, page_key
 from .pagefile import (ENTRY, F_OVERFLOW, F_TOMBSTONE, HDR, HEADER, PTR, SLOT, CorruptPageError,
-                       EntryFlag, PageType, check_page, read_meta, page_entries)
+                       EntryFlag, PageType, chain_link_problem, check_page, iter_page_keys,
+                       read_meta, page_entries)
 
 if TYPE_CHECKING:
     from .undo import ImageLog
@@ -83,31 +84,18 @@ class Partition:
 
     # -- open-time scan ----------------------------------------------------------
     def _scan(self) -> None:
+        """The key index and space maps from one sequential pass of the file, keys
+        only (pagefile.iter_page_keys: each page checked once, overflow values never
+        read); a bad page or a truncated file raises CorruptPageError."""
         ps = self.page_size
-        per = max(1, self.mem.io_bytes // ps)
-        size = os.fstat(self.fd).st_size
-        if size < self.page_count * ps:
-            raise CorruptPageError(self.path, size // ps, size // ps * ps,
-                                   f"file truncated: {size} bytes, meta page count "
-                                   f"{self.page_count} needs {self.page_count * ps}")
-        for first in range(1, self.page_count, per):
-            n = min(per, self.page_count - first)
-            chunk = memoryview(os.pread(self.fd, n * ps, first * ps))
-            for j in range(n):
-                i = first + j
-                buf = chunk[j * ps:(j + 1) * ps]
-                reason = check_page(buf, i, ps)
-                if reason:
-                    raise CorruptPageError(self.path, i, i * ps, reason)
-                ptype = buf[8]
-                if ptype == PageType.FREE:
-                    self.free_pages.append(i)
-                elif ptype == PageType.DATA:
-                    used = pg.HDR + 2 * HEADER.unpack_from(buf, 0)[4]
-                    for slot, flags, key, _c, vlen, _w in page_entries(buf):
-                        self.index.add(key, i << 16 | slot)
-                        used += 15 + len(key) + (4 if flags & F_OVERFLOW else vlen)
-                    self._set_space(i, ps - used)
+        for i, ptype, used, keys in iter_page_keys(self.path, self.mem.io_bytes):
+            if ptype == PageType.FREE:
+                self.free_pages.append(i)
+                continue
+            add = self.index.add
+            for slot, key in keys:
+                add(key, i << 16 | slot)
+            self._set_space(i, ps - used)
         heapq.heapify(self.free_pages)
 
     # -- pages -------------------------------------------------------------------
@@ -186,17 +174,36 @@ class Partition:
         if flags & F_TOMBSTONE:
             return None
         if flags & F_OVERFLOW:
-            return self._read_chain(where, vlen)
+            return self._read_chain(where, vlen, loc >> 16)
         return bytes(buf[where:where + vlen])
 
-    def _read_chain(self, first: int, length: int) -> bytes:
-        parts, got, index = [], 0, first
+    def _chain_pages(self, first: int, length: int, origin: int) -> Iterator[bytearray]:
+        """The pages of the overflow chain of a ``length``-byte value whose entry is on
+        page ``origin``, checked link by link (pagefile.chain_link_problem): a corrupt
+        chain (a cycle, a link to page 0 or past the end, more pages than the length
+        allows, a page that is not OVERFLOW) raises CorruptPageError, never loops."""
+        visited: set[int] = set()
+        got, at, index = 0, origin, first
         while got < length:
+            bad = chain_link_problem(at, index, got, length, visited, self.page_size,
+                                     self.page_count)
+            if bad:
+                raise CorruptPageError(self.path, at, at * self.page_size, bad)
             buf = self.page(index)
-            used = HEADER.unpack_from(buf, 0)[4]
-            parts.append(bytes(buf[pg.HDR:pg.HDR + used]))
-            got += used
-            index = pg.overflow_next(buf)
+            if buf[8] != PageType.OVERFLOW:
+                raise CorruptPageError(self.path, index, index * self.page_size,
+                                       f"page of an overflow chain has type {PageType(buf[8]).name}")
+            visited.add(index)
+            got += HEADER.unpack_from(buf, 0)[4]
+            yield buf
+            at, index = index, pg.overflow_next(buf)
+        if got != length:
+            raise CorruptPageError(self.path, at, at * self.page_size,
+                                   f"overflow chain holds {got} bytes, entry says {length}")
+
+    def _read_chain(self, first: int, length: int, origin: int) -> bytes:
+        parts = [bytes(buf[pg.HDR:pg.HDR + HEADER.unpack_from(buf, 0)[4]])
+                 for buf in self._chain_pages(first, length, origin)]
         return b"".join(parts)
 
     def write(self, key: bytes, value: bytes | None, counter: int) -> None:
@@ -216,9 +223,9 @@ class Partition:
         if old is not None:
             index, slot = old >> 16, old & 0xFFFF
             buf = self.writable(index)
-            oflags, _c, _v, where, size = pg.read_entry(buf, slot)
+            oflags, _c, ovlen, where, size = pg.read_entry(buf, slot)
             if oflags & F_OVERFLOW:
-                self._free_chain(where)
+                self._free_chain(where, ovlen, index)
                 buf = self.writable(index)    # loading the chain may have evicted our page copy
             free = self.space[index] + pg.delete(buf, slot, size)
             done = pg.insert(buf, free, flags, key, counter, vlen, stored)
@@ -272,12 +279,12 @@ class Partition:
                              pg.overflow_page(index, self.page_size, piece, nxt, self.mem.take()))
         return indexes[0]
 
-    def _free_chain(self, first: int) -> None:
-        index = first
-        while index:
-            nxt = pg.overflow_next(self.page(index))
+    def _free_chain(self, first: int, length: int, origin: int) -> None:
+        # Walk (and so validate) the whole chain before freeing any page of it: a
+        # corrupt chain raises before the partition is changed.
+        indexes = [HEADER.unpack_from(buf, 0)[1] for buf in self._chain_pages(first, length, origin)]
+        for index in indexes:
             self._free(index)
-            index = nxt
 
     # -- scans -------------------------------------------------------------------
     def scan_range(self, first: int, n: int) -> list[tuple[bytes, bytes]]:
@@ -304,7 +311,7 @@ class Partition:
                 if flags & F_TOMBSTONE:
                     continue
                 if flags & F_OVERFLOW:
-                    out.append((key, self._read_chain(where, vlen)))
+                    out.append((key, self._read_chain(where, vlen, index)))
                 else:
                     out.append((key, bytes(buf[where:where + vlen])))
         return out

@@ -28,7 +28,9 @@ POINTS: dict[str, str] = {
     "demander.after_demand": "The partition is MOVING and its temp WAL exists (buffering "
                              "started before the DEMAND); nothing received yet.",
     "demander.mid_receive": "A temp file with some verified chunks and their durable "
-                            "record; nothing installed.",
+                            "record; nothing installed. (Messages mode: some supply "
+                            "batches applied to the MOVING partition; the restart drops "
+                            "p and starts the move over.)",
     "demander.before_install": "The received file is complete and verified in its temp "
                                "file, fsynced, not yet renamed into place.",
     "demander.after_install": "part-<p>.bin is installed and the directory fsynced; "

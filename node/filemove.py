@@ -49,6 +49,26 @@ CHECKPOINT_TIMEOUT_S = 120.0
 BACKPRESSURE_MAX_S = 0.5  # below the primary's replicate timeout (5 s) by far
 
 
+def apply_chunked(data: Any, p: int, updates: list[tuple[bytes, bytes | None, int]]) -> int:
+    """Apply ``(key, value or None, counter)`` updates of p (partition lock held) in
+    chunks of at most APPLY_CHUNK records / APPLY_CHUNK_BYTES: each chunk ONE WAL batch,
+    ONE durability wait and ONE index commit (``CacheData.apply_many``); counters at or
+    below the partition's are skipped. Returns how many were applied. Both the temp-WAL
+    replay and the messages mode's supply batches and catch-up go through here."""
+    done = 0
+    chunk: list[tuple[bytes, bytes | None, int]] = []
+    size = 0
+    for u in updates:
+        chunk.append(u)
+        size += len(u[0]) + len(u[1] or b"")
+        if len(chunk) >= APPLY_CHUNK or size >= APPLY_CHUNK_BYTES:
+            done += data.apply_many(p, chunk)
+            chunk, size = [], 0
+    if chunk:
+        done += data.apply_many(p, chunk)
+    return done
+
+
 class MoveRestart(Unavailable):
     """The move must start over (gap in the buffered updates, counter behind)."""
 
@@ -297,17 +317,7 @@ class FileMoves:
                                       f"{u.counter} (an update was missed); restarting the move")
                 todo.append((u.key, u.value, u.counter))
                 cur = u.counter
-        # one WAL batch + one durability wait + one index commit per chunk
-        chunk: list[tuple[bytes, bytes | None, int]] = []
-        size = 0
-        for u in todo:
-            chunk.append(u)
-            size += len(u[0]) + len(u[1] or b"")
-            if len(chunk) >= APPLY_CHUNK or size >= APPLY_CHUNK_BYTES:
-                mv.replayed += data.apply_many(p, chunk)
-                chunk, size = [], 0
-        if chunk:
-            mv.replayed += data.apply_many(p, chunk)
+        mv.replayed += apply_chunked(data, p, todo)
         if records:
             mv.sink.replayed = records[-1][0]
 

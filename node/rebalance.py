@@ -9,11 +9,15 @@ The move of partition p to this node (the demander), stage by stage:
 ``demand``   DEMAND to the primary: under its partition lock it registers this node as
              a copy (every later update is replicated here) and snapshots the entries
              with their counters as of counter C.
-``fetch``    batches of entries (ascending counter) applied with ``apply(counter)``,
-             the normal backup path (data + indexes).
+``fetch``    supply batches of entries (ascending counter, at most FETCH_BYTES each),
+             each applied as ONE batch like a real message-based rebalancer (Ignite's
+             supply messages): ``apply_chunked`` -> ``CacheData.apply_many``, one WAL
+             batch, one durability wait and one index commit per batch (the temp-WAL
+             replay's code). Counters at or below the partition's are skipped, so an
+             entry is never applied over a newer update of p.
 ``catchup``  under the partition lock: buffered updates with counter > C applied in
-             order (they must be contiguous from C+1, else the move restarts), then
-             p -> OWNING; later updates take the normal path.
+             order, batched the same way (they must be contiguous from C+1, else the
+             move restarts), then p -> OWNING; later updates take the normal path.
 
 A failure at any stage restarts the move from ``prepare``; a restart of the process
 finds p MOVING and does the same. Old owners go RENTING -> EVICTED once every ideal
@@ -30,7 +34,7 @@ from typing import Any
 from faults import crashpoint
 
 from .errors import NodeError, Unavailable
-from .filemove import FileMoves, FilesImpossible
+from .filemove import FileMoves, FilesImpossible, apply_chunked
 from .move import MemorySink, Move  # noqa: F401  (Move: public here too)
 from .tempwal import TempWalSink
 from .states import State
@@ -38,6 +42,30 @@ from .states import State
 log = logging.getLogger("ferry.node.rebalance")
 FETCH_BYTES = 512 * 1024       # per batch: well under one 1 MiB frame
 FENCE_SECONDS = 10.0           # a hand-off that is not confirmed in this time is undone
+
+
+def supply_batch(cache: str, p: int, entries: Any, last: int, C: int) -> list[tuple[bytes, bytes | None, int]]:
+    """One supply message's entries as ``(key, value or None, counter)``, checked:
+    counters strictly ascending after ``last`` (the previous message's) and at most the
+    snapshot's C. apply_many skips a counter at or below the partition's, so an entry
+    out of order would be dropped silently; such a message restarts the move instead."""
+    out: list[tuple[bytes, bytes | None, int]] = []
+    for e in entries:
+        if not (isinstance(e, (list, tuple)) and len(e) == 3):
+            raise Unavailable(f"supply message for {cache}/{p} holds a malformed entry "
+                              f"{str(e)[:80]!r}; restarting the move")
+        k, v, c = e
+        if not isinstance(k, bytes) or not (v is None or isinstance(v, bytes)) or not isinstance(c, int):
+            raise Unavailable(f"supply message for {cache}/{p} holds an entry of the wrong types "
+                              f"({type(k).__name__}, {type(v).__name__}, {type(c).__name__}); "
+                              f"restarting the move")
+        if c <= last or c > C:
+            raise Unavailable(f"supply message for {cache}/{p} has counter {c} after {last} "
+                              f"(snapshot at {C}): not ascending or beyond the snapshot; "
+                              f"restarting the move")
+        out.append((k, v, c))
+        last = c
+    return out
 
 
 class Rebalancer(FileMoves):
@@ -134,15 +162,18 @@ class Rebalancer(FileMoves):
         mv.bytes_total = int(r["bytes"])
         crashpoint("demander.after_demand")
         mv.begin("fetch")
-        offset = 0
+        offset, last = 0, 0
         while True:
             if mv.cancelled:
                 return True
             b = self.pool.call(addr, "fetch", session=sid, offset=offset, max_bytes=FETCH_BYTES, timeout=30.0)
+            batch = supply_batch(cache, p, b["entries"], last, C)
             with self.plock(cache, p):
-                for k, v, c in b["entries"]:
-                    data.apply(p, k, v, c)
-                    mv.bytes += len(k) + (len(v) if v else 0)
+                apply_chunked(data, p, batch)      # the whole supply message at once
+            if batch:
+                last = batch[-1][2]
+            mv.bytes += sum(len(k) + (len(v) if v else 0) for k, v, _ in batch)
+            crashpoint("demander.mid_receive")   # a supply message applied, more may come
             offset = b["next"]
             if b["done"]:
                 break
@@ -153,9 +184,11 @@ class Rebalancer(FileMoves):
                 if c != C + 1 + i:
                     raise Unavailable(f"buffered updates of {cache}/{p} have a gap at {C + 1 + i} "
                                       f"(got {c}); restarting the move")
-            for c, k, v in items:
-                data.apply(p, k, v, c)
+            apply_chunked(data, p, [(k, v, c) for c, k, v in items])
             want = items[-1][0] if items else C
+            if items:
+                log.info("stage=catchup cache=%s partition=%d %d buffered updates applied after "
+                         "the supplied entries (counters %d..%d)", cache, p, len(items), C + 1, want)
             if data.counter(p) != want:
                 raise Unavailable(f"{cache}/{p} at counter {data.counter(p)} after catch-up, "
                                   f"expected {want}; restarting the move")

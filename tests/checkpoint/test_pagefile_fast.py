@@ -54,7 +54,7 @@ def reference_iter(path, *, include_tombstones=True, on_error=None):
                         yield Entry(key, None, counter, True)
                     continue
                 if flags & F_OVERFLOW:
-                    value, bad, _ = overflow_chain(page, where, vlen, ps, count)
+                    value, bad, _ = overflow_chain(page, where, vlen, ps, count, index)
                     if bad:
                         problem(bad)
                         continue
@@ -204,3 +204,142 @@ def test_not_a_file_or_bad_meta_raises_like_the_reference(tmp_path) -> None:
     assert events(iter_entries, str(p), True)[0][0] == "raised"
     with pytest.raises(FileNotFoundError):
         next(iter_live_batches(str(tmp_path / "missing.bin")))
+
+
+# -- overflow-heavy files: chains taken from the read chunks, each page checked once --
+def build_overflow(open_store, page_size=1024, n=40):
+    """Many values of several overflow pages each, some rewritten (so FREE pages are
+    reused and some chains are no longer contiguous), plus inline entries."""
+    s = open_store(page_size=page_size)
+    rnd = random.Random(n)
+    for i in range(n):
+        s.put(7, b"doc-%04d" % i, os.urandom(rnd.choice([3000, 6000, 9000])))
+        if i % 5 == 0:
+            s.put(7, b"small-%04d" % i, b"s" * 40)
+    s.checkpoint()
+    for i in range(0, n, 4):                            # rewrite: freed pages get reused
+        s.put(7, b"doc-%04d" % i, os.urandom(rnd.choice([2500, 7000])))
+    for i in range(0, n, 9):
+        s.remove(7, b"doc-%04d" % i)
+    s.close()
+    return s.partition_path(7)
+
+
+def _mutate_chain(path: str, rnd: random.Random, page_size: int, page_count: int) -> None:
+    """Re-sealed edits of overflow pages' links and lengths (the chain checks), or a
+    flipped byte anywhere (the page checks)."""
+    with open(path, "r+b") as f:
+        data = f.read()
+        ovf = [i for i in range(1, page_count)
+               if data[i * page_size + 8] == pagefile.PageType.OVERFLOW]
+        index = rnd.choice(ovf) if ovf and rnd.random() < 0.8 else rnd.randrange(page_count)
+        buf = bytearray(data[index * page_size:(index + 1) * page_size])
+        what = rnd.randrange(5)
+        if what == 0:
+            struct.pack_into("<I", buf, 12, index)                       # self-loop
+        elif what == 1:
+            struct.pack_into("<I", buf, 12, rnd.choice(ovf + [0, page_count + 3]))
+        elif what == 2:
+            struct.pack_into("<H", buf, 10, rnd.randrange(page_size - 16))
+        elif what == 3:
+            buf[rnd.randrange(4, page_size)] ^= 0x40                    # payload byte
+        else:
+            buf[8] = pagefile.PageType.FREE if rnd.random() < 0.5 else pagefile.PageType.DATA
+        if rnd.random() < 0.9:
+            pagefile.seal(buf)
+        f.seek(index * page_size)
+        f.write(buf)
+
+
+@pytest.mark.parametrize("chunk,lookahead", [(1 << 21, 16 << 20), (4 * 1024, 8 * 1024),
+                                             (16 * 1024, 1024)])
+def test_overflow_heavy_files_decode_like_the_reference(open_store, tmp_path, monkeypatch,
+                                                        chunk, lookahead) -> None:
+    """Chunk/look-ahead sizes: everything in one chunk; small chunks pulled ahead by
+    chains; no look-ahead at all (chains ahead of the chunk read by pread)."""
+    monkeypatch.setattr(pagefile._Reader, "CHUNK", chunk)
+    monkeypatch.setattr(pagefile._Reader, "LOOKAHEAD", lookahead)
+    clean = build_overflow(open_store)
+    count = read_meta(clean).page_count
+    seen = same_everywhere(clean)
+    assert all(k == "entry" for k, _ in seen)
+    rnd = random.Random(chunk + lookahead)
+    path = str(tmp_path / "bad.bin")
+    reasons = set()
+    for _ in range(20):
+        shutil.copyfile(clean, path)
+        _mutate_chain(path, rnd, 1024, count)
+        reasons.update(p.reason.split(":")[0].split(" page")[0]
+                       for k, p in same_everywhere(path) if k == "problem")
+    assert any("loops" in r for r in reasons), reasons
+    assert any("overflow chain" in r for r in reasons), reasons
+
+
+def test_each_page_checked_once(open_store, monkeypatch) -> None:
+    path = build_overflow(open_store)
+    calls: list[int] = []
+    real = pagefile.check_page
+
+    def counting(buf, index, page_size):
+        calls.append(index)
+        return real(buf, index, page_size)
+
+    monkeypatch.setattr(pagefile, "check_page", counting)
+    reads: list[int] = []
+    real_pread = os.pread
+    monkeypatch.setattr(pagefile.os, "pread", lambda fd, n, off: reads.append(n) or
+                        real_pread(fd, n, off))
+    n = sum(len(b) for b in iter_live_batches(path))
+    assert n > 30
+    assert len(calls) == len(set(calls)), "a page was checked twice"
+    # the whole small file is one chunk: no per-page reads for the chains
+    assert all(r > 1024 for r in reads), reads
+
+
+def reference_page_keys(path):
+    """The store's open-time scan as it was: check_page, then page_entries, per page."""
+    meta = read_meta(path)
+    ps = meta.page_size
+    with open(path, "rb") as f:
+        data = f.read()
+    if len(data) < meta.page_count * ps:
+        raise CorruptPageError(path, len(data) // ps, len(data) // ps * ps, "file truncated")
+    out = []
+    for i in range(1, meta.page_count):
+        buf = data[i * ps:(i + 1) * ps]
+        reason = check_page(buf, i, ps)
+        if reason:
+            raise CorruptPageError(path, i, i * ps, reason)
+        if buf[8] == pagefile.PageType.FREE:
+            out.append((i, int(pagefile.PageType.FREE), 0, []))
+        elif buf[8] == pagefile.PageType.DATA:
+            used = 16 + 2 * pagefile.HEADER.unpack_from(buf, 0)[4]
+            keys = []
+            for slot, flags, key, _c, vlen, _w in page_entries(buf):
+                keys.append((slot, key))
+                used += 15 + len(key) + (4 if flags & F_OVERFLOW else vlen)
+            out.append((i, int(pagefile.PageType.DATA), used, keys))
+    return out
+
+
+def _page_keys(decode, path):
+    try:
+        return [tuple(x) for x in decode(path)]
+    except CorruptPageError as e:
+        return ("raised", e.page, e.reason.split(":")[0])
+
+
+def test_page_keys_like_the_store_scan(open_store, tmp_path) -> None:
+    clean = build_overflow(open_store)
+    want = _page_keys(reference_page_keys, clean)
+    assert want and _page_keys(pagefile.iter_page_keys, clean) == want
+    count = read_meta(clean).page_count
+    rnd = random.Random(5)
+    path = str(tmp_path / "bad.bin")
+    for _ in range(30):
+        shutil.copyfile(clean, path)
+        _mutate(path, rnd, 1024, count)
+        got, want = _page_keys(pagefile.iter_page_keys, path), _page_keys(reference_page_keys, path)
+        assert got == want or (got[0] == want[0] == "raised" and got[1:] == want[1:])
+    os.truncate(path, os.path.getsize(clean) - 1500)
+    assert _page_keys(pagefile.iter_page_keys, path)[0] == "raised"

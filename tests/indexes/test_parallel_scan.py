@@ -42,7 +42,7 @@ def part_dir(tmp_path, monkeypatch):
     return str(d)
 
 
-def _children() -> set[int]:
+def _all_children() -> set[int]:
     me = os.getpid()
     out = set()
     for pid in os.listdir("/proc"):
@@ -54,6 +54,24 @@ def _children() -> set[int]:
             except OSError:
                 pass
     return out
+
+
+_before: set[int] = set()
+
+
+@pytest.fixture(autouse=True)
+def children_before_the_test():
+    """Children this process had before the test started (under xdist an earlier test in
+    the same worker may have left one on purpose, e.g. the Spark gateway JVM) are not
+    the test's to clean up; _children() counts only the ones started since."""
+    global _before
+    _before = _all_children()
+    yield
+
+
+def _children() -> set[int]:
+    """Child processes started since the test began and still alive."""
+    return _all_children() - _before
 
 
 def test_page_ranges_of_the_decoder_cover_the_file_once(part_dir) -> None:

@@ -16,7 +16,7 @@ from indexes import rebuild as rb
 from indexes.testing import write_partition_file
 
 from idx_helpers import dump
-from test_parallel_scan import DEFS, _children, _data
+from test_parallel_scan import DEFS, _children, _data, children_before_the_test  # noqa: F401 (autouse)
 
 
 @pytest.fixture
