@@ -228,7 +228,10 @@ def test_status_shows_file_moves_with_stages(tmp_path, nodes):
                 i += 1
                 c.put("default", f"s-{i}", json.dumps({"city": "oslo"}))
             doc = status(n1.address, secret)
-            found = next((m for m in doc["moves"] if m["stage"] == "transfer" and m["backlog"] > 0), None)
+            # bytes_total is known once the MANIFEST is in: the move enters the transfer
+            # stage a round trip before that, so wait for it rather than race it
+            found = next((m for m in doc["moves"] if m["stage"] == "transfer" and m["backlog"] > 0
+                          and m["bytes_total"] > 0), None)
     assert found is not None, doc["moves"]
     assert found["mode"] == "files" and found["to"] == "n3" and found["from"] in ("n1", "n2")
     assert found["bytes_total"] > 0 and "eta_s" in found and "prepare" in found["stage_seconds"]
