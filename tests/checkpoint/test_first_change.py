@@ -25,6 +25,7 @@ from checkpoint.recovery import pending_undo, rollback
 
 sys.path.insert(0, os.path.dirname(__file__))
 import first_change_child as child  # noqa: E402
+from test_crash import _acked  # noqa: E402  (the SIGKILL tests' acknowledged-count file)
 
 CHILD = os.path.join(os.path.dirname(__file__), "first_change_child.py")
 PS = 1024
@@ -164,14 +165,6 @@ def test_sigkill_after_first_change_images_before_any_checkpoint(tmp_path, py_en
                 child.model(seed, n)
         finally:
             s.close()
-
-
-def _acked(path: str) -> int:
-    try:
-        lines = open(path, "rb").read().split()
-    except FileNotFoundError:
-        return 0
-    return int(lines[-1]) if lines else 0
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])

@@ -16,7 +16,7 @@ from transfer import splice
 from transfer.pipeline import ChunkSink
 from transfer.resume import checksum
 
-from transfer_helpers import SECRET, Proxy, peer_of, read, write_part
+from transfer_helpers import SECRET, Proxy, disk_filler, peer_of, read, write_part
 
 MB = 1 << 20
 MARKER = b"\xde\xad\xbe\xef-corrupt-me-here"
@@ -102,14 +102,7 @@ def test_always_corrupted_chunk_is_never_installed(server, src, dst, use_splice)
 def test_disk_full_mid_transfer_on_both_paths(server, src, tmpfs, use_splice, counted) -> None:
     data = write_part(src, 5, 4 * MB)
     filler = os.path.join(tmpfs, "filler")
-
-    def fill(ev) -> None:
-        if ev.stage == "receive" and ev.done >= MB and not os.path.exists(filler):
-            try:                               # another writer takes the space mid-transfer
-                with open(filler, "wb") as f:
-                    f.write(b"\0" * (5 * MB))
-            except OSError:
-                pass
+    fill = disk_filler(tmpfs, after=MB, size=5 * MB)   # another writer takes the space
     d = _demander(peer_of(server), tmpfs, use_splice, margin=0, sync_bytes=MB, limits=Limits(1, 4 * MB))
     with pytest.raises(OutOfDiskError, match="out of disk space") as ei:
         d.fetch(5, progress=fill)

@@ -12,7 +12,7 @@ from transfer.auth import client_handshake
 from transfer.frames import ErrorCode, FrameType
 from transfer.transport import connect_tcp
 
-from transfer_helpers import SECRET, Proxy, peer_of, read, write_part
+from transfer_helpers import SECRET, Proxy, disk_filler, peer_of, read, write_part
 
 MB = 1 << 20
 
@@ -251,14 +251,7 @@ def test_disk_filling_mid_transfer(server, src, tmpfs) -> None:
     from transfer import OutOfDiskError
     data = write_part(src, 10, 4 * MB)
     filler = os.path.join(tmpfs, "filler")
-
-    def fill(ev) -> None:
-        if ev.stage == "receive" and ev.done >= MB and not os.path.exists(filler):
-            try:                               # another writer takes the space mid-transfer
-                with open(filler, "wb") as f:
-                    f.write(b"\0" * (5 * MB))
-            except OSError:
-                pass
+    fill = disk_filler(tmpfs, after=MB, size=5 * MB)   # another writer takes the space
     # received at 4 MB/s, so the filler lands while chunks are still arriving
     d = Demander(DirectoryStorage(tmpfs), peer_of(server), SECRET, margin=0, sync_bytes=MB,
                  limits=Limits(1, 4 * MB), chunk_size=MB)

@@ -119,3 +119,18 @@ class Proxy:
 
     def close(self) -> None:
         self.sock.close()
+
+
+def disk_filler(directory: str, after: int, size: int) -> Callable:
+    """A fetch progress callback: once ``after`` bytes are received, another writer
+    takes ``size`` bytes of ``directory``'s filesystem (the disk fills mid-transfer)."""
+    filler = os.path.join(directory, "filler")
+
+    def fill(ev) -> None:
+        if ev.stage == "receive" and ev.done >= after and not os.path.exists(filler):
+            try:
+                with open(filler, "wb") as f:
+                    f.write(b"\0" * size)
+            except OSError:
+                pass
+    return fill
