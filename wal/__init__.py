@@ -18,7 +18,7 @@ Public face (everything else in the package is private):
 The on-disk format is in ``format.py`` and ``docs/formats.md``. Modules: ``log.py`` (the
 public ``Wal`` and the append hot path), ``writer.py`` (its state, cuts, roll-back,
 failure), ``groupcommit.py`` (the sync threads) and ``tickets.py`` (their waiters),
-``reader.py`` (reading), ``decoder.py`` (frame loop of format version 2, torn vs
+``reader.py`` (reading), ``decoder.py`` (frame loop of format versions 2 and 3, torn vs
 corrupt), ``decoder_v1.py`` (version 1, still read), ``blocks.py`` (what the loops
 report), ``walreader.py`` (other processes), ``segments.py``, ``recovery.py``,
 ``cli.py``.

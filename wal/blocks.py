@@ -14,6 +14,7 @@ class Stop(Enum):
     SHORT = "short"      # a frame header or payload runs past the end of the buffer
     BAD_CRC = "bad_crc"  # a complete frame whose CRC does not match the chain
     BAD_LSN = "bad_lsn"  # a frame with a valid CRC but not the next LSN
+    BAD_BODY = "bad_body"  # a valid CRC, but unknown flags or a malformed batch body
 
 
 class BlockState:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import functools
 import struct
+from array import array
+from itertools import accumulate, repeat
 from operator import itemgetter
 from struct import error as struct_error
 
@@ -19,7 +21,8 @@ from crc32c import crc32c
 
 from .blocks import BlockState, RawRecord, Stop
 from .decoder_v1 import FRAME_SIZE as FRAME_V1_SIZE, decode_block_v1
-from .format import CHECK, CHECK_SIZE, FRAME, HEAD, HEAD_SIZE, VERSION, mix, unmix
+from .format import (BATCH_COUNT, CHECK, CHECK_SIZE, FLAG_BATCH, FRAME, HEAD3, HEAD_SIZE,
+                     VERSION, batch_lengths, mix, unmix)
 
 
 class Record(tuple):
@@ -53,24 +56,29 @@ def decode_block(buf: bytes, off: int, crc: int, lsn: int, state: BlockState,
     ``crc`` is the chain value the frame at ``off`` continues from; ``state`` then holds
     where and why the scan stopped, and the chain value there. ``version`` is the
     segment's frame format (its header says which)."""
-    if version == 2:
-        return _decode_v2(buf, off, crc, lsn, state, min_lsn)
+    if version >= 2:
+        return _decode_v2(buf, off, crc, lsn, state, min_lsn, version >= 3)
     return decode_block_v1(buf, off, crc, lsn, state, min_lsn)
 
 
 def _decode_v2(buf: bytes, off: int, chain: int, lsn: int, state: BlockState,
-               min_lsn: int) -> list[RawRecord]:
-    """Version 2: walk the frames without checking them (one ``unpack_from``, one
-    payload slice and one tuple per record), then check the whole run with ONE CRC32C
-    call against the last frame's check. Only when that fails is the run decoded
+               min_lsn: int, batches: bool) -> list[RawRecord]:
+    """Versions 2 and 3: walk the frames without checking them (one ``unpack_from``,
+    one payload slice and one tuple per record), then check the whole run with ONE
+    CRC32C call against the last frame's check. Only when that fails is the run decoded
     again frame by frame (:func:`_decode_v2_each`), to stop at exactly the bad frame.
+    A batch frame (version 3, ``batches``) is expanded into its records with C-level
+    calls only (:func:`_expand`); in version 2 any flags are a bad frame.
 
     The walk still compares each LSN with the next expected one (cheap, and it keeps
     the result identical to the frame-by-frame loop even for a file whose chain is
     intact but whose LSNs are not, i.e. a writer bug). The end of the buffer is found by
     ``unpack_from`` raising (free in 3.11 unless it raises); the ``min_lsn`` test lives
-    in a loop of its own for the skipped prefix (see version 1 for the measurements)."""
-    unpack = HEAD.unpack_from
+    in a loop of its own for the skipped prefix (see version 1 for the measurements).
+    That loop leaves a batch frame that reaches ``min_lsn`` to the main loop, which
+    drops the batch's records below it; whatever else stops the first loop stops the
+    second at the same frame."""
+    unpack = HEAD3.unpack_from
     hs = HEAD_SIZE
     limit = len(buf) - CHECK_SIZE        # a payload must end by here: its check follows
     start, lsn0 = off, lsn
@@ -78,71 +86,111 @@ def _decode_v2(buf: bytes, off: int, chain: int, lsn: int, state: BlockState,
     keep = out.append
     while lsn < min_lsn:
         try:
-            length, flsn, typ = unpack(buf, off)
+            length, flsn, typ, flags = unpack(buf, off)
         except struct_error:        # fewer than a head's bytes left
             break
         end = off + hs + length
         if end > limit or flsn != lsn:
             break
-        off = end + 4
-        lsn += 1
-    else:
-        while True:
-            try:
-                length, flsn, typ = unpack(buf, off)
-            except struct_error:
+        if flags:
+            lens = _lengths(buf, off + hs, end, flags, batches)
+            if lens is None or lsn + len(lens) > min_lsn:
                 break
-            p = off + hs
-            end = p + length
-            if end > limit or flsn != lsn:
-                break
-            keep((flsn, typ, buf[p:end]))
-            off = end + 4
+            lsn += len(lens)
+        else:
             lsn += 1
+        off = end + 4
+    while True:
+        try:
+            length, flsn, typ, flags = unpack(buf, off)
+        except struct_error:
+            break
+        p = off + hs
+        end = p + length
+        if end > limit or flsn != lsn:
+            break
+        if flags:
+            lens = _lengths(buf, p, end, flags, batches)
+            if lens is None:
+                break
+            recs = _expand(buf, p + 4 + 4 * len(lens), lens, flsn, typ)
+            out += recs[min_lsn - flsn:] if flsn < min_lsn else recs
+            lsn += len(lens)
+        else:
+            keep((flsn, typ, buf[p:end]))
+            lsn += 1
+        off = end + 4
     if off > start:
         mv = memoryview(buf)
         v = crc32c(mv[start:off - 4], chain)
         if _mix(v) != _check_at(buf, off - 4)[0]:
-            return _decode_v2_each(buf, start, chain, lsn0, state, min_lsn)
+            return _decode_v2_each(buf, start, chain, lsn0, state, min_lsn, batches)
         chain = crc32c(mv[off - 4:off], v)
-    _stop_v2(buf, off, chain, lsn, state)
+    _stop_v2(buf, off, chain, lsn, state, batches)
     return out
 
 
+def _lengths(buf: bytes, p: int, end: int, flags: int, batches: bool) -> array | None:
+    """The record lengths of a frame with ``flags``, or None when it is not a valid
+    batch frame (unknown flags, flags in a version-2 segment, a malformed body)."""
+    if flags != FLAG_BATCH or not batches:
+        return None
+    return batch_lengths(buf, p, end)
+
+
+def _expand(buf: bytes, q: int, lens: array, lsn: int, typ: int) -> list[RawRecord]:
+    """The records of a batch frame whose payloads start at ``q``: ``(lsn, type,
+    payload)`` tuples built by ``map``/``zip`` over C iterators (no Python-level loop)."""
+    ends = list(accumulate(lens, initial=q))
+    return list(zip(range(lsn, lsn + len(lens)), repeat(typ),
+                    map(buf.__getitem__, map(slice, ends, ends[1:]))))
+
+
 def _decode_v2_each(buf: bytes, off: int, chain: int, lsn: int, state: BlockState,
-                    min_lsn: int) -> list[RawRecord]:
-    """Version 2 frame by frame: the plain reading of the format, used to find the
-    first bad frame of a run whose one-call check failed."""
-    unpack = HEAD.unpack_from
+                    min_lsn: int, batches: bool) -> list[RawRecord]:
+    """Versions 2 and 3 frame by frame: the plain reading of the format, used to find
+    the first bad frame of a run whose one-call check failed."""
+    unpack = HEAD3.unpack_from
     mv = memoryview(buf)
     limit = len(buf) - CHECK_SIZE
     out: list[RawRecord] = []
     while off + HEAD_SIZE <= len(buf):
-        length, flsn, typ = unpack(buf, off)
-        end = off + HEAD_SIZE + length
+        length, flsn, typ, flags = unpack(buf, off)
+        p = off + HEAD_SIZE
+        end = p + length
         if end > limit:
             break
         v = crc32c(mv[off:end], chain)
         if _mix(v) != _check_at(buf, end)[0] or flsn != lsn:
             break
-        if flsn >= min_lsn:
-            out.append((flsn, typ, buf[off + HEAD_SIZE:end]))
+        if flags:
+            lens = _lengths(buf, p, end, flags, batches)
+            if lens is None:
+                break
+            out += [r for r in _expand(buf, p + 4 + 4 * len(lens), lens, flsn, typ)
+                    if r[0] >= min_lsn]
+            n = len(lens)
+        else:
+            if flsn >= min_lsn:
+                out.append((flsn, typ, buf[p:end]))
+            n = 1
         chain = crc32c(mv[end:end + 4], v)
         off = end + 4
-        lsn += 1
-    _stop_v2(buf, off, chain, lsn, state)
+        lsn += n
+    _stop_v2(buf, off, chain, lsn, state, batches)
     return out
 
 
-def _stop_v2(buf: bytes, off: int, chain: int, lsn: int, state: BlockState) -> None:
-    """Fill ``state`` for a version-2 scan that stopped at ``off`` (every frame before
+def _stop_v2(buf: bytes, off: int, chain: int, lsn: int, state: BlockState,
+             batches: bool) -> None:
+    """Fill ``state`` for a version-2/3 scan that stopped at ``off`` (every frame before
     it checked out): why the frame there is not accepted."""
     n = len(buf)
     if off + HEAD_SIZE > n:
         stop = Stop.END if off == n else Stop.SHORT
         frame_end = n + 1 if off < n else n
     else:
-        length, flsn, _ = HEAD.unpack_from(buf, off)
+        length, flsn, _, flags = HEAD3.unpack_from(buf, off)
         end = off + HEAD_SIZE + length
         frame_end = end + CHECK_SIZE
         if frame_end > n:
@@ -151,6 +199,8 @@ def _stop_v2(buf: bytes, off: int, chain: int, lsn: int, state: BlockState) -> N
             stop = Stop.BAD_CRC
         elif flsn != lsn:
             stop = Stop.BAD_LSN
+        elif flags and _lengths(buf, off + HEAD_SIZE, end, flags, batches) is None:
+            stop = Stop.BAD_BODY
         else:
             raise AssertionError("decode_block stopped at a valid frame")
     state.off, state.crc, state.lsn, state.stop, state.frame_end = off, chain, lsn, stop, frame_end
@@ -188,7 +238,7 @@ def classify_tail(data: bytes, file_offset: int, state: BlockState,
     off = state.off
     if state.stop is Stop.END:
         return None
-    head = HEAD_SIZE if version == 2 else FRAME_V1_SIZE
+    head = HEAD_SIZE if version >= 2 else FRAME_V1_SIZE
     if not any(data[off:off + head]):
         # A frame header of zeros: a write that never reached the disk (a hole the file
         # system left, or preallocated space). Appends are sequential and an fsync
@@ -196,10 +246,14 @@ def classify_tail(data: bytes, file_offset: int, state: BlockState,
         return None
     if state.stop is Stop.BAD_LSN:
         return f"frame holds LSN out of order (expected {state.lsn})"
+    if state.stop is Stop.BAD_BODY:
+        return ("frame has unknown flags, or a batch frame whose record lengths do not "
+                "add up to its size (written that way: not a torn write)")
     if state.stop is Stop.SHORT:
         # A frame running past the end is what an interrupted append leaves, unless its
         # length field was damaged: then the frames after it are still there.
-        later = _chained_frames_after(data, off + head, state.lsn + 1, version)
+        later = _chained_frames_after(data, off + head,
+                                      state.lsn + _records_in(data, off, version), version)
         if later is not None:
             return (f"frame length runs past the end of the file but valid frames follow "
                     f"(LSN {state.lsn + 1} at offset {file_offset + later}): damaged length field")
@@ -220,18 +274,27 @@ def classify_tail(data: bytes, file_offset: int, state: BlockState,
     return "CRC mismatch (record damaged after it was written)"
 
 
+def _records_in(data: bytes, off: int, version: int) -> int:
+    """How many records the frame at ``off`` claims to hold: a batch frame's count
+    (when its head and count are there), else 1."""
+    if version >= 3 and off + HEAD_SIZE + 4 <= len(data) and \
+            HEAD3.unpack_from(data, off)[3] == FLAG_BATCH:
+        return max(1, BATCH_COUNT.unpack_from(data, off + HEAD_SIZE)[0])
+    return 1
+
+
 def _chained_frames_after(data: bytes, start: int, lsn: int, version: int) -> int | None:
     """Offset of a frame with LSN ``lsn`` after ``start`` that is proven real by the
     frame after it (whose CRC is seeded by this one's), or None. A bare LSN match could
     be payload bytes; a verified chain link cannot, short of a 2**-32 accident."""
     needle = _LSN.pack(lsn)
-    lsn_at = 4 if version == 2 else 8          # where the LSN sits in a frame
+    lsn_at = 4 if version >= 2 else 8          # where the LSN sits in a frame
     at = data.find(needle, start + lsn_at)
     tries = 0
     while at >= 0 and tries < 256:
         q = at - lsn_at
-        if version == 2:
-            if _link_v2(data, q, lsn):
+        if version >= 2:
+            if _link_v2(data, q, lsn, version):
                 return q
         else:
             fcrc, length, _, _ = FRAME.unpack_from(data, q)
@@ -247,18 +310,18 @@ def _chained_frames_after(data: bytes, start: int, lsn: int, version: int) -> in
     return None
 
 
-def _link_v2(data: bytes, q: int, lsn: int) -> bool:
-    """True when a v2 frame at ``q`` is followed by a frame with LSN ``lsn + 1`` whose
-    check holds with the chain continued from ``q``'s check (``unmix`` gives the chain
-    value that check was made from)."""
-    length, _, _ = HEAD.unpack_from(data, q)
+def _link_v2(data: bytes, q: int, lsn: int, version: int) -> bool:
+    """True when a v2/v3 frame at ``q`` is followed by the frame with the LSN after
+    ``q``'s records whose check holds with the chain continued from ``q``'s check
+    (``unmix`` gives the chain value that check was made from)."""
+    length = HEAD3.unpack_from(data, q)[0]
     end = q + HEAD_SIZE + length
     q2 = end + CHECK_SIZE
     if q2 + HEAD_SIZE > len(data):
         return False
     chain = crc32c(data[end:q2], unmix(CHECK.unpack_from(data, end)[0]))
-    length2, lsn2, _ = HEAD.unpack_from(data, q2)
+    length2, lsn2, _, _ = HEAD3.unpack_from(data, q2)
     end2 = q2 + HEAD_SIZE + length2
-    if lsn2 != lsn + 1 or end2 + CHECK_SIZE > len(data):
+    if lsn2 != lsn + _records_in(data, q, version) or end2 + CHECK_SIZE > len(data):
         return False
     return mix(crc32c(data[q2:end2], chain)) == CHECK.unpack_from(data, end2)[0]

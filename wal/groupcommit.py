@@ -125,14 +125,17 @@ class GroupCommitter:
         self._stopping = False
         self._closing: list[Ticket] = []    # written by write_queue(), finished by stop()
 
-    def join(self, payload: bytes | None = None, type: int = 0) -> Ticket:
+    def join(self, payload: bytes | None = None, type: int = 0,
+             abandoned: bool = False) -> Ticket:
         """Join the next sync generation; pass the ticket to :func:`wait`. With a
         ``payload``, queue that record for a sync thread to write (in queue order,
         just before its fsync). Without one, the caller's records must already be
-        written. Needs no lock: ``deque.append`` is atomic."""
+        written. ``abandoned``: nobody will wait for the ticket (an fsync asked for
+        in the background); the baton passes over it. Needs no lock:
+        ``deque.append`` is atomic."""
         gate = _allocate_lock()
         gate.acquire()
-        ticket = [payload, type, gate, 0, None, False]
+        ticket = [payload, type, gate, 0, None, abandoned]
         q = self._q
         q.append(ticket)
         if self._stopping:

@@ -145,15 +145,26 @@ class Wal(SegmentWriter):
                     v = crc32c(pre + payload, self._v)
                 except TypeError:              # a memoryview or other buffer
                     v = crc32c(b"".join((pre, payload)), self._v)
+                h = v >> 16
+                m = (((h ^ v) & 0xFFFF) << 16) | h
+                frame = b"".join((head, payload, _pack_check(m)))
+                try:
+                    written = self._os_write(seg.fd, frame)
+                except OSError:
+                    written = 0      # _write tries again and turns the error into ours
             else:
                 v = crc32c(payload, crc32c(pre, self._v))
-            h = v >> 16
-            m = (((h ^ v) & 0xFFFF) << 16) | h
-            frame = b"".join((head, payload, _pack_check(m)))
-            try:
-                written = self._os_write(seg.fd, frame)
-            except OSError:
-                written = 0          # _write tries again and turns the error into ours
+                h = v >> 16
+                m = (((h ^ v) & 0xFFFF) << 16) | h
+                # A big payload goes out by writev, not copied into one frame first
+                # (4 KiB: -0.4 us of ~7 us); 100 B measured faster joined.
+                frame = (head, payload, _pack_check(m))
+                try:
+                    written = self._writev(seg.fd, frame)
+                except OSError:
+                    written = 0
+                if written != flen:
+                    frame = b"".join(frame)
             if written == flen:
                 seg.size += flen
             else:
@@ -195,20 +206,27 @@ class Wal(SegmentWriter):
 
     def _make_room(self, flen: int) -> OpenSegment:
         """The slow path of an append whose frame passes ``_limit``: the log is
-        unusable, the payload too big, or the segment full (cut the next one; a record
-        bigger than a segment gets a fresh segment to itself)."""
+        unusable, the payload too big, the segment full (cut the next one; a record
+        bigger than a segment gets a fresh segment to itself), or the write-behind
+        mark passed (``writer.WRITE_BEHIND``)."""
         self._check_open()
         if flen - FRAME_HEADER_SIZE > MAX_PAYLOAD:
             raise ValueError(f"payload of {flen - FRAME_HEADER_SIZE} bytes exceeds the "
                              f"maximum {MAX_PAYLOAD}")
-        if self._seg.size > HEADER_SIZE:
-            return self._cut()
-        return self._seg
+        seg = self._seg
+        if seg.size + flen > self.segment_size:
+            if seg.size > HEADER_SIZE:
+                return self._cut()
+            return seg
+        self._flush_behind()      # only the write-behind mark was passed
+        return seg
 
     def append_many(self, payloads: Sequence[bytes] | Iterable[bytes], type: int = 0, *,
                     wait: bool = True) -> int:
-        """Append records in order with one write per segment touched; return the last
-        LSN (``last_lsn`` unchanged when ``payloads`` is empty). All of them are
+        """Append records in order; return the last LSN (``last_lsn`` unchanged when
+        ``payloads`` is empty). Two or more go into one batch frame (format version 3:
+        one CRC call and one ``writev`` for the batch), whole in one segment: after a
+        crash all of them are there or none, and no reader sees part of them. All are
         acknowledged together; on an error none is."""
         check_type(type)
         if not isinstance(payloads, (list, tuple)):

@@ -34,6 +34,7 @@ from .format import HEADER_SIZE
 from .segments import SegmentFile, list_segments, read_header
 
 BLOCK = 128 << 10
+_BAD = (Stop.BAD_CRC, Stop.BAD_LSN, Stop.BAD_BODY)   # a whole frame that is not acceptable
 
 
 class _Seg(Protocol):
@@ -222,7 +223,7 @@ def _batches(source: Source, start: int | None, follow: bool, timeout: float | N
                 if lsn != before:
                     last_progress = time.monotonic()
                     source.progressed()
-                bad = state.stop is Stop.BAD_CRC or state.stop is Stop.BAD_LSN
+                bad = state.stop in _BAD
                 if not bad and off + len(pending) < end:
                     continue        # more bytes already there
             if pending or bad:

@@ -20,7 +20,7 @@ from faults.fileio import FileLayer
 
 from .decoder import Stop, classify_tail, scan
 from .errors import CorruptRecordError, WalError
-from .format import HEADER_SIZE, SegmentHeader, looks_like_segment, parse_segment_name
+from .format import HEADER_SIZE, VERSION, SegmentHeader, looks_like_segment, parse_segment_name
 from .segments import (LOCK_NAME, DirLock, SegmentFile, create_segment, list_segments,
                        read_header)
 
@@ -33,7 +33,7 @@ class Tail:
     size: int          # valid bytes of the last segment
     crc: int           # chain CRC after its last frame
     next_lsn: int
-    version: int = 2   # frame format of the last segment
+    version: int = VERSION   # frame format of the last segment
 
 
 def _read_file(path: str) -> bytes:

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from wal import Wal
-from wal.format import FRAME_HEADER_SIZE, HEADER_SIZE, parse_segment_name
+from wal.format import FRAME_HEADER_SIZE, HEAD3, HEADER_SIZE, parse_segment_name
 
 SEG = 2048
 
@@ -26,6 +26,22 @@ def abandon(w: Wal) -> None:
     w._closed = True
     w._committer.stop(failed=True)   # the sync thread dies with the process too
     w._committer.join_thread()
+
+
+def durable_end(path: str, durable: int) -> int:
+    """End of the frame holding LSN ``durable`` in the segment at ``path`` (its header's
+    end when the segment holds no durable record): a walk over the frame heads. A batch
+    frame (format version 3) holds several records, and group commit writes the records
+    it gathers as one, so the frame boundaries come from the file, not the model."""
+    with open(path, "rb") as f:
+        data = f.read()
+    off = HEADER_SIZE
+    while off + HEAD3.size <= len(data):
+        length, lsn, _, _ = HEAD3.unpack_from(data, off)
+        if lsn > durable:      # (durable LSNs end frames: a frame is written whole)
+            break
+        off += FRAME_HEADER_SIZE + length
+    return off
 
 
 class WalModel(RuleBasedStateMachine):
@@ -68,9 +84,8 @@ class WalModel(RuleBasedStateMachine):
         assert durable >= self.acked
         last = w._seg
         abandon(w)
-        # Byte where the last durable record of the last segment ends.
-        end = HEADER_SIZE + sum(FRAME_HEADER_SIZE + len(p)
-                                for p in self.written[last.first_lsn - 1:max(durable, last.first_lsn - 1)])
+        # Byte where the frame holding the last durable record of the last segment ends.
+        end = durable_end(last.path, durable)
         size = os.path.getsize(last.path)
         assert end <= size
         cut_at = end + int((size - end) * where)
