@@ -180,7 +180,8 @@ def catchup_figures(moves: list[dict]) -> dict[str, object]:
             "replay_over_ingest": round(replay_rate / ingest_rate, 1)
             if replay_rate and ingest_rate else None,
             "per_move": [{k: m.get(k) for k in ("partition", "buffered", "replayed", "replay_rate",
-                                               "ingest_rate", "ingest_rate_during_replay",
+                                               "ingest_rate", "ingest_rate_during_replay", "replay_cpu_s",
+                                               "replay_from_disk",
                                                "stage_seconds")}
                          for m in mv]}
 

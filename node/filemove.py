@@ -40,18 +40,23 @@ from .states import State
 from .tempwal import TempWalSink
 
 log = logging.getLogger("ferry.node.filemove")
-REPLAY_BATCH = 4096        # temp-WAL records read at a time
-APPLY_CHUNK = 2048         # records applied with one WAL batch / durability wait / index commit
+APPLY_CHUNK = 2048         # messages mode: records per WAL batch / durability wait / index commit
 APPLY_CHUNK_BYTES = 4 << 20
+# temp-WAL replay: records / payload bytes read and applied with ONE apply_many (one
+# durability wait, one index commit); the bytes bound what the replay holds in memory
+REPLAY_RECORDS = 16384
+REPLAY_BYTES = 32 << 20
 TAIL = 64                  # records left when the switch to the direct path happens
 FETCH_GIVE_UP_S = 60.0     # every owner failing this long restarts the whole move
 CHECKPOINT_TIMEOUT_S = 120.0
 BACKPRESSURE_MAX_S = 0.5  # below the primary's replicate timeout (5 s) by far
 
 
-def apply_chunked(data: Any, p: int, updates: list[tuple[bytes, bytes | None, int]]) -> int:
+def apply_chunked(data: Any, p: int, updates: list[tuple[bytes, bytes | None, int]],
+                  max_records: int = APPLY_CHUNK, max_bytes: int = APPLY_CHUNK_BYTES) -> int:
     """Apply ``(key, value or None, counter)`` updates of p (partition lock held) in
-    chunks of at most APPLY_CHUNK records / APPLY_CHUNK_BYTES: each chunk ONE WAL batch,
+    chunks of at most ``max_records`` records / ``max_bytes`` (the messages mode: a
+    supply message's APPLY_CHUNK / APPLY_CHUNK_BYTES): each chunk ONE WAL batch,
     ONE durability wait and ONE index commit (``CacheData.apply_many``); counters at or
     below the partition's are skipped. Returns how many were applied. Both the temp-WAL
     replay and the messages mode's supply batches and catch-up go through here."""
@@ -61,7 +66,7 @@ def apply_chunked(data: Any, p: int, updates: list[tuple[bytes, bytes | None, in
     for u in updates:
         chunk.append(u)
         size += len(u[0]) + len(u[1] or b"")
-        if len(chunk) >= APPLY_CHUNK or size >= APPLY_CHUNK_BYTES:
+        if len(chunk) >= max_records or size >= max_bytes:
             done += data.apply_many(p, chunk)
             chunk, size = [], 0
     if chunk:
@@ -271,41 +276,57 @@ class FileMoves:
                                       f"{self.cfg.page_size}-byte pages: files cannot move")
 
     def _replay(self, mv: Any, data: Any) -> None:
-        """Apply the temp WAL in order while appends go on; switch at the tail."""
+        """Apply the temp WAL in order while appends go on; switch at the tail.
+
+        One open reader for the whole replay (:class:`TempWalCursor`), and batches of up
+        to REPLAY_BYTES applied with ONE ``apply_many`` each: one node-WAL durability wait
+        and one index commit per batch, not per 4 MiB. Those waits protect nothing
+        here: until OWNING this copy counts for no acknowledgement (the primary acks on
+        its OWNING copies; this one answers ``buffered``), a crash restarts the move
+        from ``prepare`` with a fresh temp WAL and a fresh install (whose WAL INSTALL
+        record voids every earlier record of p), and OWNING waits for a checkpoint
+        that covers everything applied (pages fsynced, marker durable)."""
         cache, p, sink = mv.cache, mv.p, mv.sink
-        lsn = sink.wal.first_lsn
+        cursor = sink.cursor(sink.wal.first_lsn)
         t0 = mv.replay_started = time.monotonic()
+        cpu0 = time.thread_time()
         at_start = sink.appended
         mv.ingest_rate = at_start / max(t0 - mv.buffer_started, 1e-6)
 
         def rates() -> None:
             span = max(time.monotonic() - t0, 1e-6)
+            mv.replay_cpu = time.thread_time() - cpu0
+            mv.replay_from_disk = cursor.from_disk
             mv.replay_rate = mv.replayed / span
             mv.ingest_replay = (sink.appended - at_start) / span
-        while True:
-            if mv.cancelled or self.stopping.is_set():
-                raise Unavailable("move cancelled")
-            limit = self.cfg.replay_rate_limit
-            # with a replay rate limit (records/s): batches of a tenth of a second
-            batch = sink.read(lsn, max(TAIL, limit // 10) if limit else REPLAY_BATCH)
-            if len(batch) < TAIL:
-                break
-            self._apply_records(mv, data, batch)
-            lsn = batch[-1][0] + 1
-            if limit:
-                ahead = mv.replayed / limit - (time.monotonic() - t0)
-                if ahead > 0:
-                    self.stopping.wait(ahead)
-            rates()
-            crashpoint("demander.mid_replay")
-        with self.plock(cache, p):          # brief: the last few records, then the switch
-            tail = sink.read(lsn, None)
-            self._apply_records(mv, data, tail)
-            crashpoint("demander.mid_replay")
-            mv.direct = True
-            rates()
+        try:
+            while True:
+                if mv.cancelled or self.stopping.is_set():
+                    raise Unavailable("move cancelled")
+                limit = self.cfg.replay_rate_limit
+                if sink.last_lsn - cursor.next + 1 < TAIL:
+                    break
+                # with a replay rate limit (records/s): batches of a tenth of a second
+                batch = cursor.read(max(TAIL, limit // 10) if limit else REPLAY_RECORDS,
+                                    REPLAY_BYTES)
+                self._apply_records(mv, data, batch, REPLAY_RECORDS, REPLAY_BYTES)
+                if limit:
+                    ahead = mv.replayed / limit - (time.monotonic() - t0)
+                    if ahead > 0:
+                        self.stopping.wait(ahead)
+                rates()
+                crashpoint("demander.mid_replay")
+            with self.plock(cache, p):      # brief: the last few records, then the switch
+                tail = cursor.read(None)    # appends hold this lock: this is all of them
+                self._apply_records(mv, data, tail, REPLAY_RECORDS, REPLAY_BYTES)
+                crashpoint("demander.mid_replay")
+                mv.direct = True
+                rates()
+        finally:
+            cursor.close()
 
-    def _apply_records(self, mv: Any, data: Any, records: list[Any]) -> None:
+    def _apply_records(self, mv: Any, data: Any, records: list[Any], max_records: int = APPLY_CHUNK,
+                       max_bytes: int = APPLY_CHUNK_BYTES) -> None:
         """Apply a batch of temp-WAL records (index changes in one commit)."""
         p = mv.p
         cur = data.counter(p)
@@ -317,7 +338,7 @@ class FileMoves:
                                       f"{u.counter} (an update was missed); restarting the move")
                 todo.append((u.key, u.value, u.counter))
                 cur = u.counter
-        mv.replayed += apply_chunked(data, p, todo)
+        mv.replayed += apply_chunked(data, p, todo, max_records, max_bytes)
         if records:
             mv.sink.replayed = records[-1][0]
 

@@ -53,6 +53,8 @@ class Move:
     replay_rate: float = 0.0         # records/s applied since the replay began
     buffer_started: float = 0.0      # monotonic time the temp WAL of this attempt was created
     replay_started: float = 0.0
+    replay_from_disk: int = 0        # replayed records read from disk (the rest: the memory tail)
+    replay_cpu: float = 0.0          # CPU seconds of the replaying thread (its wall time is the replay stage)
     ingest_rate: float = 0.0         # records/s into the temp WAL before the replay began
     ingest_replay: float = 0.0       # records/s into the temp WAL during the replay
     snapshot_counter: int = 0
@@ -106,6 +108,7 @@ class Move:
                 "replayed": self.replayed, "replay_rate": round(self.replay_rate, 1),
                 "ingest_rate": round(self.ingest_rate, 1),
                 "ingest_rate_during_replay": round(self.ingest_replay, 1),
+                "replay_cpu_s": round(self.replay_cpu, 3), "replay_from_disk": self.replay_from_disk,
                 "replay_over_ingest": round(ratio, 1) if ratio is not None else None}
 
     def summary(self, me: str) -> dict[str, Any]:

@@ -208,3 +208,45 @@ def test_temp_wal_batch_appends_then_one_sync(tmp_path):
         assert sink.appended == 5 and sink.backlog() == 5
     finally:
         sink.destroy()
+
+
+@pytest.mark.parametrize("cache_bytes", [0, 3000, 1 << 30])
+def test_replay_cursor_reads_memory_tail_and_disk_in_order(tmp_path, cache_bytes):
+    """The replay's cursor, with no memory tail, a tail too small for the backlog (the
+    older records come from disk) and one that holds everything, while a writer keeps
+    appending: every record exactly once, in LSN order, equal to what is on disk;
+    ``read`` never returns more than asked, nor a record not yet written."""
+    import random
+    rnd = random.Random(7)
+    sink = TempWalSink(str(tmp_path / "t"), sync="none", cache_bytes=cache_bytes)
+    n = 3000
+
+    def writer() -> None:
+        for i in range(n):
+            sink.append(i + 1, b"k%d" % i, None if i % 7 == 0 else bytes(i % 300))
+    t = threading.Thread(target=writer)
+    t.start()
+    cursor = sink.cursor(sink.wal.first_lsn)
+    got: list = []
+    try:
+        deadline = time.monotonic() + 30
+        while len(got) < n and time.monotonic() < deadline:
+            limit, max_bytes = rnd.randrange(1, 50), rnd.choice([None, 500, 5000])
+            batch = cursor.read(limit, max_bytes)
+            assert len(batch) <= limit and all(lsn <= sink.wal.last_lsn for lsn, _ in batch)
+            if batch and max_bytes is not None:   # stops once max_bytes is reached
+                sizes = [len(u.encode()) for _, u in batch]
+                assert sum(sizes[:-1]) < max_bytes
+            got += batch
+    finally:
+        t.join()
+        cursor.close()
+    try:
+        assert [u.counter for _, u in got] == list(range(1, n + 1))
+        assert [lsn for lsn, _ in got] == list(range(sink.wal.first_lsn, sink.wal.first_lsn + n))
+        assert [u for _, u in got] == list(sink.records())
+        if cache_bytes == 0:
+            assert cursor.from_disk == n
+        assert sink.cache_size <= max(cache_bytes, 0) and len(sink.cache) == 0
+    finally:
+        sink.destroy()
