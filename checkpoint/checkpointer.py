@@ -12,18 +12,27 @@ Stages (one checkpoint at a time; install/drop/snapshot-open take the same lock)
             encoded, every partition's ``cut_pages`` = its page count.  Writers copy a
             cut page before changing it (page memory), so the cut stays exactly
             "every update <= mark" without holding the lock while it is written.
-2. sort     each partition's pages by index (they are sealed as they are written).
+2. sort     outside the lock: the WAL fsync up to images_from starts in a helper
+            thread; the cut's page keys are sorted once (partition-major, index-
+            minor), so each partition is one slice: in-place pages (below the
+            file's durable page count), then appended pages.
 3. undo     nothing to do: every other page to overwrite in place (below the file's
             durable page count) already has its undo image in the WAL at an lsn <=
             images_from, logged from page memory when a writer first changed the page
             after the previous cut (undo.py; format 2); open transfer snapshots saved
             it at the same moment.
-4. append   pages past the durable page count are written while a helper thread
-            makes the WAL durable up to images_from: ONE fsync
+4. append   pages past the durable page count are sealed and written while the
+            helper thread makes the WAL durable up to images_from: ONE fsync
             covers the undo images and every update up to the mark (WAL before data).
-5. write    the in-place pages, per file sorted and coalesced into pwritev runs of
-            up to 1 MiB (crash point ``checkpoint.mid_write`` halfway through all
-            pages), then one fsync per file.  Pages are sealed (CRC) as written.
+5. write    the new meta page and the in-place pages, per file coalesced into
+            pwritev runs of up to 1 MiB (crash point ``checkpoint.mid_write`` halfway
+            through all pages), then one fsync per file.  Pages are sealed (CRC) as
+            written.  In stages 4 and 5 every 2 MiB written to a file is handed to the
+            kernel's writeback at once (``sync_file_range``, writeback.py), so the
+            device works while later pages are sealed and copied and the fsync waits
+            only for the tail.  Only a hint: the kernel may write back any written
+            page at any moment anyway, so what may be on disk at a crash is the
+            same (every write is issued only once it is allowed to reach the disk).
 6. marker   MARKER(mark, images_from) appended to the WAL, NOT waited for: the next
             WAL fsync (a writer's group commit or the next checkpoint's stage 4)
             makes it durable.  Until then a crash rolls the files back to the previous
@@ -33,6 +42,10 @@ Stages (one checkpoint at a time; install/drop/snapshot-open take the same lock)
             has an lsn above that checkpoint's images_from >= its mark.
 7. publish  under the store lock: cut ends, partitions learn their checkpoint counter,
             page count and meta bytes.
+
+Stage timings (``CheckpointStats.stages``, seconds): cut, sort, seal (part of
+append), walsync_thread (the helper's fsync, overlapped), append+walsync, write,
+marker.
 
 Why undo images rather than a double-write file of the new images: the new images
 would have to be durable (fsync) before the first in-place write and the double-write
@@ -51,14 +64,16 @@ from __future__ import annotations
 import os
 import threading
 import time
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from faults import crashpoint, fileio, translate_os_error
 
 from .errors import OutOfDiskError
-from .pagefile import encode_meta, seal
+from .pagefile import encode_meta, seal_many
 from .records import RecordType, encode_images, encode_marker
+from .writeback import WriteBehind
 
 if TYPE_CHECKING:
     from .store import PartitionStore
@@ -79,6 +94,7 @@ class CheckpointStats:
     first_change_image_bytes: int = 0   # their IMAGES payload bytes (logged by writers)
     preimages: int = 0           # saved to transfer snapshot delta files (same interval)
     bytes_written: int = 0       # partition file bytes
+    writeback_ranges: int = 0    # write-behind starts handed to the kernel (writeback.py)
     wal_image_bytes: int = 0     # IMAGES payload bytes logged by the checkpoint (meta pages)
     images_from: int = 0         # WAL lsn at the cut (MARKER field)
     seconds: float = 0.0
@@ -106,37 +122,45 @@ def run(store: PartitionStore, checkpoint_id: int) -> CheckpointStats | None:
         for part in store.parts.values():
             part.cut_pages = part.page_count  # first changes from now log an undo image
         metas = {pid: (store.parts[pid].page_count, store.parts[pid].counter) for pid in changed}
-        per_part: dict[int, list[tuple[int, bytearray]]] = {pid: [] for pid in changed}
-        for k, buf in cut.items():
-            per_part[k >> 32].append((k & 0xFFFFFFFF, buf))
-        for pid, (count, counter) in metas.items():
-            per_part[pid].append((0, encode_meta(pid, store.page_size, count, counter)))
+        new_metas = {pid: encode_meta(pid, store.page_size, count, counter)
+                     for pid, (count, counter) in metas.items()}
         images, free, image_bytes, preimages = store.undo.take_counts()
+    # Outside the store lock from here: ``cut`` is this checkpoint's (writers only read
+    # it, to copy a cut page before changing it; install/drop wait for the checkpoint
+    # lock).  The WAL fsync starts first, so it has the longest head start.
     stats = CheckpointStats(checkpoint_id, mark, counters={p: c for p, (_n, c) in metas.items()},
                             undo_images=images, undo_free=free, first_change_image_bytes=image_bytes,
                             preimages=preimages + meta_saved, images_from=images_from,
                             wal_image_bytes=meta_bytes)
     stage = _Stages(stats)
     try:
-        for pid, pages in per_part.items():
-            pages.sort(key=lambda t: t[0])
-            fp = store.parts[pid].file_pages
-            inplace = sum(1 for i, _ in pages if i < fp)
-            stats.overwritten += inplace
-            stats.appended += len(pages) - inplace
-        writer = _Writer(store, stats, sum(map(len, per_part.values())))
         syncer = _Syncer(store.wal, images_from)   # >= mark and every image it needs
+        stats.stages["cut"] = time.perf_counter() - t0
         try:
-            for pid, pages in per_part.items():
-                fp = store.parts[pid].file_pages
-                writer.write(pid, [t for t in pages if t[0] >= fp])
+            # page keys sort partition-major, index-minor: each partition is one slice,
+            # its in-place pages (below the durable page count) first, then the appended
+            keys = sorted(cut)
+            spans = {}
+            for pid in changed:
+                lo = bisect_left(keys, pid << 32)
+                hi = bisect_left(keys, (pid + 1) << 32, lo)
+                mid = bisect_left(keys, pid << 32 | store.parts[pid].file_pages, lo, hi)
+                spans[pid] = (lo, mid, hi)
+                stats.overwritten += mid - lo + 1      # + the meta page
+                stats.appended += hi - mid
+            writer = _Writer(store, stats, len(keys) + len(changed), cut, syncer.done)
+            stage("sort")
+            for pid, (_lo, mid, hi) in spans.items():
+                writer.write(pid, keys[mid:hi])
         finally:
             syncer.join()                     # undo images + updates <= mark durable
+        writer.release()                      # held write-behind of the appended pages
+        stats.stages["seal"] = writer.seal_s
+        stats.stages["walsync_thread"] = syncer.seconds
         stage("append+walsync")
-        for pid, pages in per_part.items():
-            fp = store.parts[pid].file_pages
-            writer.write(pid, [t for t in pages if t[0] < fp])
-        writer.fsync(per_part)
+        for pid, (lo, mid, _hi) in spans.items():
+            writer.write(pid, keys[lo:mid], head=new_metas[pid])
+        writer.fsync(changed)
         stage("write")
         store.wal.append(encode_marker(mark, checkpoint_id, images_from), RecordType.MARKER,
                          wait=False)
@@ -163,7 +187,7 @@ def run(store: PartitionStore, checkpoint_id: int) -> CheckpointStats | None:
             if part is not None and part.meta_bytes is old_metas[pid]:   # not replaced meanwhile
                 part.ckpt_counter = max(part.ckpt_counter, counter)
                 part.file_pages = max(part.file_pages, count)
-                part.meta_bytes = bytes(per_part[pid][0][1])
+                part.meta_bytes = bytes(new_metas[pid])
         store._cond.notify_all()
     stats.pages = stats.appended + stats.overwritten
     stats.seconds = time.perf_counter() - t0
@@ -196,18 +220,24 @@ class _Stages:
         self.t = now
 
 
-def _runs(pages: list[tuple[int, bytearray]], page_size: int, batch: int = BATCH):
-    """Consecutive pages joined into writes of at most ``batch`` bytes (and IOV_MAX pages)."""
+def _runs(keys: list[int], cut: dict[int, bytearray], page_size: int, batch: int = BATCH,
+          head: bytearray | None = None):
+    """The pages of ``keys`` (page keys of one partition, ascending; buffers in ``cut``),
+    consecutive ones joined into writes of at most ``batch`` bytes (and IOV_MAX pages).
+    ``head``: page 0 (the new meta page), written first."""
     per = max(1, min(batch // page_size, 512))
     run: list[bytearray] = []
     start = prev = -2
-    for index, buf in pages:
+    if head is not None:
+        run, start, prev = [head], 0, 0
+    for k in keys:
+        index = k & 0xFFFFFFFF
         if run and (index != prev + 1 or len(run) >= per):
             yield start, run
             run = []
         if not run:
             start = index
-        run.append(buf)
+        run.append(cut[k])
         prev = index
     if run:
         yield start, run
@@ -220,19 +250,30 @@ class _Writer:
     (no copy); a layer that overrides ``pwrite`` (the crash harness) gets one
     ``pwrite`` of the run copied into a reused buffer, so it still sees every byte."""
 
-    def __init__(self, store: PartitionStore, stats: CheckpointStats, total: int) -> None:
-        self.store, self.stats, self.total = store, stats, total
+    def __init__(self, store: PartitionStore, stats: CheckpointStats, total: int,
+                 cut: dict[int, bytearray], gate) -> None:
+        self.store, self.stats, self.total, self.cut = store, stats, total, cut
+        self.gate = gate      # write-behind waits for the WAL fsync (writeback.py)
         self.io = fileio.layer()
         self.vector = type(self.io).pwrite is fileio.FileLayer.pwrite and hasattr(os, "pwritev")
         self.done, self.crashed = 0, False
+        self.seal_s = 0.0
+        self.behind: dict[int, WriteBehind] = {}
 
-    def write(self, pid: int, pages: list[tuple[int, bytearray]]) -> None:
+    def write(self, pid: int, keys: list[int], head: bytearray | None = None) -> None:
+        """Seal and write the cut pages ``keys`` of partition ``pid`` (and ``head``)."""
         part = self.store.parts[pid]
         fd = part.write_fd()
         ps = self.store.page_size
-        for start, run in _runs(pages, ps, self.store.mem.io_bytes):
-            for buf in run:
-                seal(buf)
+        behind = None
+        if self.vector:       # real file layer: start writeback as we go (writeback.py)
+            behind = self.behind.get(pid)
+            if behind is None:
+                behind = self.behind[pid] = WriteBehind(fd, gate=self.gate)
+        for start, run in _runs(keys, self.cut, ps, self.store.mem.io_bytes, head):
+            ts = time.perf_counter()
+            seal_many(run)
+            self.seal_s += time.perf_counter() - ts
             size = len(run) * ps
             if self.vector:
                 try:
@@ -247,12 +288,22 @@ class _Writer:
                     batch[j * ps:(j + 1) * ps] = buf
                 _pwrite_all(self.io, fd, memoryview(batch)[n:size], start * ps + n, part.path)
             self.stats.bytes_written += size
+            if behind is not None:
+                behind.wrote(start * ps, size)
             self.done += len(run)
             if not self.crashed and self.done * 2 >= self.total:
                 self.crashed = True
                 crashpoint("checkpoint.mid_write")
+        if behind is not None:
+            behind.flush()
+
+    def release(self) -> None:
+        """The WAL fsync is done: start the write-behind it held back."""
+        for behind in self.behind.values():
+            behind.flush(force=True)
 
     def fsync(self, pids) -> None:
+        self.stats.writeback_ranges = sum(b.started for b in self.behind.values())
         for pid in pids:
             self.io.fsync(self.store.parts[pid].write_fd())
 
@@ -263,6 +314,7 @@ class _Syncer:
 
     def __init__(self, wal, lsn: int) -> None:
         self.error: BaseException | None = None
+        self.seconds = 0.0
         self.thread: threading.Thread | None = None
         if lsn > wal.durable_lsn:
             self.thread = threading.Thread(target=self._run, args=(wal, lsn),
@@ -270,10 +322,15 @@ class _Syncer:
             self.thread.start()
 
     def _run(self, wal, lsn: int) -> None:
+        t0 = time.perf_counter()
         try:
             wal.wait_durable(lsn)
+            self.seconds = time.perf_counter() - t0
         except BaseException as e:
             self.error = e
+
+    def done(self) -> bool:
+        return self.thread is None or not self.thread.is_alive()
 
     def join(self) -> None:
         if self.thread is not None:

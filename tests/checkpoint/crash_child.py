@@ -39,7 +39,9 @@ def model(seed: int, n: int) -> dict[tuple[int, bytes], bytes]:
 
 
 def main() -> None:
-    from checkpoint import PartitionStore
+    from checkpoint import PartitionStore, writeback
+    if os.environ.get("FERRY_TEST_WRITE_BEHIND"):     # test_writeback: start writeback per run
+        writeback.WRITE_BEHIND_BYTES = int(os.environ["FERRY_TEST_WRITE_BEHIND"])
     directory, seed, total, ack = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     s = PartitionStore.open(directory, page_size=PAGE_SIZE, memory_budget=48 * PAGE_SIZE,
                             checkpoint_interval=0.02, wal_sync="group",
