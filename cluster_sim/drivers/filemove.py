@@ -107,9 +107,33 @@ class FileMoveDriver(Driver):
             try:
                 p.wait_for_line("serving", timeout=90)
             except ProcessError:
-                if not p.self_killed():
+                if p.self_killed():
+                    self.on_crash(name)
+                elif "Address already in use" in p.current_life() and p.port_retries < 3:
+                    self._new_ports()
+                    self._start(name)
+                else:
                     raise
-                self.on_crash(name)
+
+    def _new_ports(self) -> None:
+        """A port picked at setup was taken before the supplier bound it (free_port()
+        releases it, and parallel tests reuse ephemeral ports): pick new ones and start
+        the same life again, with its crash plan still armed (as the cluster driver
+        does)."""
+        p = self.procs["supplier"]
+        self.transfer_port, self.control_port = free_port(), free_port()
+        p.argv[p.argv.index("--transfer-port") + 1] = str(self.transfer_port)
+        p.argv[p.argv.index("--control-port") + 1] = str(self.control_port)
+        d = self.procs["demander"]
+        d.argv[d.argv.index("--control") + 1] = f"127.0.0.1:{self.control_port}"
+        if self.proxy is not None:
+            self.proxy.target = ("127.0.0.1", self.transfer_port)
+        else:
+            d.argv[d.argv.index("--transfer") + 1] = f"127.0.0.1:{self.transfer_port}"
+        p.port_retries += 1
+        p.lives -= 1
+        self.timeline.mark("supplier", "port retry",
+                           f"now transfer={self.transfer_port} control={self.control_port}")
 
     def start(self) -> None:
         self._start("supplier")

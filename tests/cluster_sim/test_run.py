@@ -84,3 +84,26 @@ def test_node_whose_port_was_taken_starts_on_another(tmp_path, monkeypatch) -> N
         taken.close()
     assert r.passed, (r.problems, r.error)
     assert [m.node for m in r.timeline.marks if m.kind == "port retry"] == ["n3"]
+
+
+def test_file_move_supplier_whose_port_was_taken_starts_on_another(tmp_path, monkeypatch) -> None:
+    # The same race for the file-move driver (seen once in CI: the matrix cell
+    # wal.after_sync:30 on the supplier failed with EADDRINUSE before "serving").
+    # Here the supplier's control port is held by a listening socket; the retry must
+    # keep the crash plan armed, so the crash point is still reached.
+    import socket
+
+    from cluster_sim.drivers import filemove as filemove_mod
+    from cluster_sim.procs import free_port
+    taken = socket.create_server(("127.0.0.1", 0))
+    calls = iter([free_port(), taken.getsockname()[1]])
+    monkeypatch.setattr(filemove_mod, "free_port", lambda: next(calls, None) or free_port())
+    try:
+        r = cluster_sim.run(cluster_sim.load_scenario("file-move"), seed=1,
+                            crash=CrashPlan("wal.after_sync", side="supplier", nth=30),
+                            workdir=str(tmp_path))
+    finally:
+        taken.close()
+    assert r.passed, (r.problems, r.error)
+    assert [m.node for m in r.timeline.marks if m.kind == "port retry"] == ["supplier"]
+    assert "wal.after_sync" in r.reached
