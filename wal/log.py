@@ -258,15 +258,21 @@ class Wal(SegmentWriter):
         current one); return how many were deleted. Oldest first, each removal made
         durable before the next, so a crash leaves a gap-free run of segments."""
         removed = 0
-        with self._lock:
-            self._check_open()
-            while len(self._segs) > 1 and self._segs[1].first_lsn <= lsn:
-                seg = self._segs[0]
+        with self._truncating:            # oldest first, also across callers
+            while True:
+                with self._lock:
+                    self._check_open()
+                    if len(self._segs) < 2 or self._segs[1].first_lsn > lsn:
+                        return removed
+                    seg = self._segs.pop(0)
+                # Outside the writer's lock: an unlink plus a directory fsync is a
+                # journal commit (30-40 ms on this disk), and appends must not stall
+                # behind it. Readers already tolerate a segment vanishing under them;
+                # a crash before the unlink leaves an old segment that the next open
+                # lists again, which is harmless (it only holds records below lsn).
                 self._io.unlink(seg.path)
                 self._io.fsync_dir(self.path)
-                self._segs.pop(0)
                 removed += 1
-        return removed
 
     # -- durability ----------------------------------------------------------------
     def wait_durable(self, lsn: int) -> None:

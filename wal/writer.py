@@ -57,6 +57,7 @@ class SegmentWriter:
         self._os_writev = os.writev if real else None
         self._writev = os.writev if real else self._joined_write
         self._lock = threading.Lock()
+        self._truncating = threading.Lock()   # one truncate_before at a time (log.py)
         self._append_cond = threading.Condition(threading.Lock())
         self._readers_waiting = 0
         self._failed: BaseException | None = None

@@ -246,3 +246,58 @@ def test_concurrent_group_appends_each_get_a_unique_durable_lsn(tmp_path, monkey
     w = Wal.open(tmp_path, segment_size=4096)
     assert {r.lsn: r.payload for r in w.read_from()} == got
     w.close()
+
+
+class SlowDirFsync(FileLayer):
+    """Real I/O whose directory fsync blocks until ``release`` is set once ``armed``."""
+
+    def __init__(self) -> None:
+        self.armed = False
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def fsync_dir(self, path: str) -> None:
+        if self.armed:
+            self.entered.set()
+            assert self.release.wait(30)
+        super().fsync_dir(path)
+
+
+@pytest.mark.parametrize("mode", ["none", "group", "always"])
+def test_appends_do_not_wait_for_segment_reclaim(tmp_path, mode) -> None:
+    # truncate_before's unlink + directory fsync is a journal commit (30-40 ms on the
+    # dev disk); it used to run under the writer's lock and stall every append.
+    layer = SlowDirFsync()
+    with fileio.use(layer):
+        w = Wal.open(tmp_path, sync=mode, segment_size=4096)
+        for i in range(200):
+            w.append(b"r%03d" % i + b"x" * 200)
+        assert len(list(tmp_path.glob("*.wal"))) > 3
+        layer.armed = True
+        result: list[int] = []
+        t = threading.Thread(target=lambda: result.append(w.truncate_before(150)))
+        t.start()
+        assert layer.entered.wait(10)          # the reclaim is inside its dir fsync
+        done = threading.Event()
+
+        def appender() -> None:
+            for i in range(20):
+                w.append(b"during %d" % i)
+            done.set()
+        a = threading.Thread(target=appender)
+        a.start()
+        try:
+            assert done.wait(10), "appends stalled behind truncate_before"
+        finally:
+            layer.release.set()
+            layer.armed = False
+            t.join(10)
+            a.join(10)
+        assert result and result[0] >= 1
+        assert w.first_lsn <= 150
+        got = [r.payload for r in w.read_from(w.first_lsn)]
+        assert got[-20:] == [b"during %d" % i for i in range(20)]
+        w.close()
+    w2 = Wal.open(tmp_path, sync="none")
+    assert w2.first_lsn <= 150 and w2.last_lsn == 220
+    w2.close()
