@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import collections
 import enum
-import itertools
 import os
 import shutil
 import struct
@@ -131,11 +130,13 @@ class TempWalSink:
             self.wal.sync()
 
     def read(self, lsn: int, limit: int | None) -> list[tuple[int, Update]]:
-        """Up to ``limit`` (lsn, update) from ``lsn`` on; [] when nothing is there yet."""
-        if self.wal.last_lsn < lsn:
-            return []
-        return [(r.lsn, Update.decode(r.payload))
-                for r in itertools.islice(self.wal.read_from(lsn), limit)]
+        """Up to ``limit`` (lsn, update) from ``lsn`` on; [] when nothing is there yet.
+        (One read through a :meth:`cursor`, the replay's reader.)"""
+        cursor = self.cursor(lsn)
+        try:
+            return cursor.read(limit)
+        finally:
+            cursor.close()
 
     def cursor(self, lsn: int) -> "TempWalCursor":
         """A forward reader from ``lsn`` kept open for a whole replay (see

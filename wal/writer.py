@@ -52,9 +52,9 @@ class SegmentWriter:
         # the per-record path when the layer is the real one (tests' layers are not).
         real = type(self._io).write is FileLayer.write
         self._os_write = os.write if real else self._io.write
-        # Batch frames go out with writev (no copy into one buffer) when the layer is
-        # the real one; other layers get the frame joined, through their write.
-        self._os_writev = os.writev if real else None
+        # Frames given as parts (batch frames, big payloads) go out with writev (no copy
+        # into one buffer) when the layer is the real one; other layers get them joined,
+        # through their write (see _write_parts).
         self._writev = os.writev if real else self._joined_write
         self._lock = threading.Lock()
         self._truncating = threading.Lock()   # one truncate_before at a time (log.py)
@@ -96,8 +96,7 @@ class SegmentWriter:
             self._dirlock.release()
             raise
         self._committer = GroupCommitter(self, self._lock, os.path.basename(self.path))
-        self._flush_at = self._seg.size + WRITE_BEHIND
-        self._limit = min(segment_size, self._flush_at)
+        self._set_flush_mark(self._seg.size + WRITE_BEHIND)
 
     def _upgrade(self, tail: recovery.Tail) -> recovery.Tail:
         """The last segment is of an older frame format: append to a fresh segment in
@@ -116,6 +115,24 @@ class SegmentWriter:
         """writev for a file layer that has none (tests' layers): join, then write."""
         return self._io.write(fd, b"".join(parts))
 
+    def _write_parts(self, seg: OpenSegment, parts: tuple[bytes, ...], size: int) -> None:
+        """Write one frame given as ``parts`` (``size`` bytes in all) with one writev;
+        a short or failed writev is finished, or its error translated, by :meth:`_write`."""
+        try:
+            written = self._writev(seg.fd, parts)
+        except OSError:
+            written = 0          # _write tries again and turns the error into ours
+        if written == size:
+            seg.size += size
+        else:
+            self._write(seg, b"".join(parts), written)
+
+    def _set_flush_mark(self, at: int) -> None:
+        """Next write-behind fsync once the current segment passes ``at`` bytes;
+        ``_limit`` (what an append checks) is the nearer of that and the segment end."""
+        self._flush_at = at
+        self._limit = min(self.segment_size, at)
+
     def _flush_behind(self) -> None:
         """Another :data:`WRITE_BEHIND` bytes were written since the last write-behind
         fsync: ask the sync thread for an fsync nobody waits for, and move the mark.
@@ -123,8 +140,7 @@ class SegmentWriter:
         the cut's fsync (a segment with a successor must be whole on disk) stalls the
         appender for the whole of it: in mode none most of the 4 KiB appends' lost
         wall time (RocksDB's ``wal_bytes_per_sync`` does the same)."""
-        self._flush_at = self._seg.size + WRITE_BEHIND
-        self._limit = min(self.segment_size, self._flush_at)
+        self._set_flush_mark(self._seg.size + WRITE_BEHIND)
         self._committer.join(abandoned=True)
 
     def write_records(self, payloads: Sequence[bytes], types: int | Sequence[int]) -> int:
@@ -171,18 +187,7 @@ class SegmentWriter:
         seg = self._seg
         if seg.size + size > self.segment_size and seg.size > HEADER_SIZE:
             seg = self._cut()
-        writev = self._os_writev
-        if writev is None:
-            self._write(seg, b"".join(parts))
-        else:
-            try:
-                written = writev(seg.fd, parts)
-            except OSError:
-                written = 0          # _write tries again and turns the error into ours
-            if written == size:
-                seg.size += size
-            else:
-                self._write(seg, b"".join(parts), written)
+        self._write_parts(seg, parts, size)
         self._crc = chain
         self._last_lsn += len(payloads)
 
@@ -287,8 +292,7 @@ class SegmentWriter:
         self._segs.append(new)
         self._seg = new
         if self._limit >= 0:
-            self._flush_at = HEADER_SIZE + WRITE_BEHIND
-            self._limit = min(self.segment_size, self._flush_at)
+            self._set_flush_mark(HEADER_SIZE + WRITE_BEHIND)
         old.complete = True       # after its final size: readers check complete first
         old.retired = True
         if old.pins == 0:
