@@ -358,33 +358,58 @@ class PartitionStore:
             part = self.parts[pid] = Partition(pid, path, self.mem, self.undo)
         return part
 
-    def install_partition(self, partition: int, src_path: str) -> None:
-        """Atomically replace ``partition`` by a verified received file: fsync it,
-        WAL INSTALL record (earlier records of the partition are never replayed),
-        os.replace, fsync the directory, then forget the old page memory."""
+    def prepare_install(self, partition: int, src_path: str) -> Partition:
+        """Check a received file for install, without any store lock: its meta page
+        names this partition and page size, and one sequential pass checks every page
+        (CRC and structure) while it builds the key index and space maps that the
+        installed partition will use. A bad page raises CorruptPageError (page, reason)
+        and nothing changes. Pass the result to :meth:`install_partition`, or
+        ``close()`` it to give up."""
         meta = read_meta(src_path)
         if meta.partition != partition or meta.page_size != self.page_size:
             raise CheckpointError(f"{src_path}: partition {meta.partition} / page size "
                                   f"{meta.page_size} cannot be installed as partition "
                                   f"{partition} of a store with {self.page_size}-byte pages")
-        io = fileio.layer()
-        fd = io.open(src_path, os.O_RDONLY)
+        return Partition(partition, src_path, self.mem, self.undo)
+
+    def install_partition(self, partition: int, src_path: str,
+                          prepared: Partition | None = None) -> None:
+        """Atomically replace ``partition`` by a verified received file: fsync it,
+        WAL INSTALL record (earlier records of the partition are never replayed),
+        os.replace, fsync the directory, then forget the old page memory.
+
+        The page check and key scan (:meth:`prepare_install`, done here unless
+        ``prepared`` is given) run before the store lock is taken: writers of other
+        partitions and the checkpointer do not wait for a scan of the whole file."""
+        part = prepared if prepared is not None else self.prepare_install(partition, src_path)
+        if part.pid != partition or part.path != src_path:
+            part.close()
+            raise CheckpointError(f"prepared install of {part.path} (partition {part.pid}) "
+                                  f"used for {src_path} (partition {partition})")
         try:
-            io.fsync(fd)
-        finally:
-            io.close(fd)
-        with self._ckpt_lock, self._cond:
-            self._check_open()
-            if partition in self._snapshots:
-                raise SnapshotBusyError(f"partition {partition} has an open transfer snapshot")
-            lsn = self.wal.append(encode_install(partition, meta.counter), RecordType.INSTALL)
-            self.wal.wait_durable(lsn)
-            self._forget(partition)
-            dst = self.partition_path(partition)
-            io.replace(src_path, dst)
-            io.fsync_dir(self.dir)
-            self.parts[partition] = Partition(partition, dst, self.mem, self.undo)
-            self._cond.notify_all()
+            io = fileio.layer()
+            fd = io.open(src_path, os.O_RDONLY)
+            try:
+                io.fsync(fd)
+            finally:
+                io.close(fd)
+            with self._ckpt_lock, self._cond:
+                self._check_open()
+                if partition in self._snapshots:
+                    raise SnapshotBusyError(f"partition {partition} has an open transfer snapshot")
+                lsn = self.wal.append(encode_install(partition, part.counter), RecordType.INSTALL)
+                self.wal.wait_durable(lsn)
+                self._forget(partition)
+                dst = self.partition_path(partition)
+                io.replace(src_path, dst)
+                part.path = dst           # the open fd follows the inode; later opens use dst
+                io.fsync_dir(self.dir)
+                self.parts[partition] = part
+                self._cond.notify_all()
+        except BaseException:
+            if self.parts.get(partition) is not part:
+                part.close()
+            raise
 
     def drop_partition(self, partition: int) -> None:
         """Delete the partition's file and memory, durably (WAL DROP record first)."""

@@ -27,7 +27,7 @@ from .result import FetchResult, Progress, free_bytes
 from .receive import DataStage
 from .resume import Receiving, checksum
 from .stages import Stages
-from .storage import DEFAULT_CACHE, TransferStorage
+from .storage import DEFAULT_CACHE, BadPage, TransferStorage
 from .transport import Conn, connect_tcp, parse_hostport
 
 log = logging.getLogger("ferry.transfer")
@@ -89,6 +89,7 @@ class _Fetch(DataStage):
         self.resent = 0
         self.done = 0
         self.spliced = False     # whether the last data stage used the zero-copy path
+        self.prepared = None     # the storage's checked install (prepare_install), if any
 
     def _tell(self) -> None:
         total = self.m.size if self.m else 0
@@ -150,6 +151,9 @@ class _Fetch(DataStage):
                 self.rec.close()             # kept for resume
             else:
                 self.rec.discard_journal()   # nothing worth keeping: leave no litter
+        if self.prepared is not None:
+            prepared, self.prepared = self.prepared, None
+            prepared.close()
         reason = e.reason if isinstance(e, TransferError) else repr(e)
         log.warning("demander: transfer failed at stage %s, partition %s, peer %s: %s",
                     self.stages.current, self.partition, self.d.peer, reason)
@@ -274,6 +278,17 @@ class _Fetch(DataStage):
         assert m is not None and rec is not None
         if not self.d.storage.verifies_pages:
             return
+        prepare = getattr(self.d.storage, "prepare_install", None)
+        if prepare is not None:
+            # The storage's install scan checks every page in the pass that builds the
+            # partition's key index: the file is read and checked once, not twice.
+            rec.flush()
+            rec.finish(m.size)
+            try:
+                self.prepared = prepare(self.cache, self.partition, rec.tmp_path)
+            except BadPage as e:
+                self._bad_page(e.page, e.reason)
+            return
         ps = m.page_size
         block = max(ps, (4 << 20) // ps * ps)
         for off in range(0, m.size, block):
@@ -282,20 +297,29 @@ class _Fetch(DataStage):
                 page = (off + k) // ps
                 why = self.d.storage.check_page(data[k:k + ps], page, ps)
                 if why is not None:
-                    # The chunk checksums matched, so the source itself holds this page.
-                    rec.discard_journal()
-                    self.rec = None
-                    raise PageCheckError(f"page {page} of partition {self.partition} is bad at the "
-                                         f"source ({why}); nothing installed")
+                    self._bad_page(page, why)
+
+    def _bad_page(self, page: int, why: str) -> None:
+        assert self.rec is not None
+        # The chunk checksums matched, so the source itself holds this page.
+        self.rec.discard_journal()
+        self.rec = None
+        raise PageCheckError(f"page {page} of partition {self.partition} is bad at the "
+                             f"source ({why}); nothing installed")
 
     def _install(self) -> None:
         m, rec = self.m, self.rec
         assert m is not None and rec is not None
-        rec.flush()
-        rec.finish(m.size)
+        if self.prepared is None:
+            rec.flush()
+            rec.finish(m.size)
         crashpoint("demander.before_install")
         rec.close()
-        self.d.storage.install(self.cache, self.partition, rec.tmp_path)
+        if self.prepared is not None:
+            prepared, self.prepared = self.prepared, None
+            self.d.storage.install(self.cache, self.partition, rec.tmp_path, prepared)
+        else:
+            self.d.storage.install(self.cache, self.partition, rec.tmp_path)
         rec.discard_journal()
         self.rec = None
         self.done = m.size

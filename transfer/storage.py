@@ -72,6 +72,10 @@ class TransferStorage(Protocol):
     def check_page(self, buf: bytes, page_index: int, page_size: int) -> str | None: ...
     def install(self, cache: str, partition: int, src_path: str) -> None: ...
 
+    # Optional: ``prepare_install(cache, partition, src_path)`` checks every page of the
+    # received file (raising BadPage) and returns what ``install(..., prepared)`` takes;
+    # the demander then skips its own page-by-page check (see PartitionStoreStorage).
+
 
 def part_name(partition: int) -> str:
     return f"part-{check_partition(partition)}.bin"
@@ -179,9 +183,32 @@ class PartitionStoreStorage:
     def check_page(self, buf: bytes, page_index: int, page_size: int) -> str | None:
         return self._check_page(buf, page_index, page_size)
 
-    def install(self, cache: str, partition: int, src_path: str) -> None:
+    def prepare_install(self, cache: str, partition: int, src_path: str) -> Any:
+        """The page check of the whole received file, done by the store's install scan
+        (every page's CRC and structure, in the same pass that builds the installed
+        partition's key index): one read of the file instead of two. Returns what
+        :meth:`install` takes (``close()`` it to give up); a bad page raises
+        :class:`BadPage` (page, reason), anything else TransferError."""
+        from checkpoint.pagefile import CorruptPageError
         try:
-            self._store(cache).install_partition(partition, src_path)
+            return self._store(cache).prepare_install(check_partition(partition), src_path)
+        except CorruptPageError as e:
+            raise BadPage(e.page, e.reason) from None
+        except self._store_error as e:
+            raise TransferError(f"the store refused partition {partition}: {e}",
+                                partition=partition) from None
+
+    def install(self, cache: str, partition: int, src_path: str, prepared: Any = None) -> None:
+        try:
+            self._store(cache).install_partition(partition, src_path, prepared)
         except self._store_error as e:
             raise TransferError(f"the store refused to install partition {partition}: {e}",
                                 partition=partition) from None
+
+
+class BadPage(Exception):
+    """From ``prepare_install``: page ``page`` of the received file fails its check."""
+
+    def __init__(self, page: int, reason: str) -> None:
+        super().__init__(f"page {page}: {reason}")
+        self.page, self.reason = page, reason

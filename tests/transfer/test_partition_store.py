@@ -178,3 +178,54 @@ def test_supplier_killed_while_store_is_written_then_refetched(tmp_path, py_env,
     assert res.verified and b.counter(5) == res.counter >= 3000
     assert pagefile.verify(b.partition_path(5)) == []
     assert len(dict(b.scan(5))) == 3000
+
+
+def test_received_file_is_read_and_checked_once(stores, monkeypatch) -> None:
+    """The store's install scan is the page check: one pass over the received file
+    (checkpoint.partition's key scan), no page-by-page check_page in the demander."""
+    import checkpoint.partition as partition_mod
+    a, b = stores
+    for i in range(2000):
+        a.put(6, _key(i), b"v-%d-" % i + b"x" * 300)
+    a.put(6, b"big", b"B" * 50_000)                      # an overflow chain too
+    a.checkpoint()
+    want = _entries(a, 6)
+    scans: list[str] = []
+    real_scan = partition_mod.iter_page_keys
+
+    def counting(path, *args, **kw):
+        scans.append(os.path.basename(path))
+        return real_scan(path, *args, **kw)
+    monkeypatch.setattr(partition_mod, "iter_page_keys", counting)
+    checks: list[int] = []
+    storage = PartitionStoreStorage(b)
+    monkeypatch.setattr(storage, "check_page", lambda *a_: checks.append(1))
+    srv = SupplierServer(PartitionStoreStorage(a), SECRET).start()
+    try:
+        scans.clear()                                     # the supplier side scans nothing
+        Demander(storage, peer_of(srv), SECRET).fetch(6)
+    finally:
+        srv.stop()
+    assert scans == ["part-6.bin.ferry-tmp"] and checks == []
+    assert _entries(b, 6) == want
+
+
+def test_prepared_install_given_up_changes_nothing(stores, tmp_path) -> None:
+    import shutil
+    a, b = stores
+    for i in range(300):
+        a.put(2, _key(i), b"v" * 100)
+    a.checkpoint()
+    src = str(tmp_path / "received.bin")
+    shutil.copy(a.partition_path(2), src)
+    prepared = b.prepare_install(2, src)
+    prepared.close()
+    assert 2 not in b.partitions() and os.path.exists(src)
+    assert not os.path.exists(b.partition_path(2))
+    prepared = b.prepare_install(2, src)                 # used: installed as if scanned now
+    b.install_partition(2, src, prepared)
+    assert _entries(b, 2) == _entries(a, 2) and not os.path.exists(src)
+    b.put(2, b"after", b"install")                        # the partition's write fd is at dst
+    b.checkpoint()
+    got = {e.key: e.value for e in pagefile.iter_entries(b.partition_path(2), include_tombstones=False)}
+    assert got[b"after"] == b"install" and len(got) == 301
