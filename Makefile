@@ -6,9 +6,11 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-quick bench clean
+.PHONY: demo test test-quick bench clean sysdeps
 
-$(STAMP): pyproject.toml
+# The C accelerators (wal/_accel.c, checkpoint/_pageaccel.c) are built by the editable
+# install; a changed source rebuilds them. Without a compiler the pure-Python paths run.
+$(STAMP): pyproject.toml $(wildcard */*.c)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
@@ -17,9 +19,12 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/ferry demo
 
-test: $(STAMP)
-	./scripts/system-deps
+# system packages first: the editable install compiles the C accelerators with gcc
+test: sysdeps $(STAMP)
 	$(PY) -m pytest -n 2 -q
+
+sysdeps:
+	./scripts/system-deps
 
 test-quick: $(STAMP)
 	$(PY) -m pytest -n 2 -q -m "not slow"

@@ -127,6 +127,50 @@ class KeyIndex:
         self._used[seg] += 1
         self._len += 1
 
+    def add_many(self, items: list[tuple[bytes, int]]) -> None:
+        """:meth:`add` for many keys the caller knows are absent and distinct (the
+        open/install scan): the tables are sized for all of them first, then each key
+        is placed in one inlined loop - about a third of the per-key cost of
+        :meth:`add`. Lookups find the same locations either way."""
+        if not items:
+            return
+        hf = self._hash
+        pairs = [(hf(k), loc) for k, loc in items]
+        if min(loc for _h, loc in pairs) <= 0:
+            raise ValueError("location 0 is the empty-slot marker")
+        self._reserve(self._len + len(pairs))
+        shift, masks, used = self._shift, self._masks, self._used
+        hashes_l, locs_l = self._hashes, self._locs
+        for h, loc in pairs:
+            seg = h >> shift
+            if (used[seg] + 1) * MAX_LOAD_DEN > (masks[seg] + 1) * MAX_LOAD_NUM:
+                self._grow(seg)               # a segment above the average share
+            mask, locs = masks[seg], locs_l[seg]
+            i = h & mask
+            while locs[i]:
+                i = (i + 1) & mask
+            hashes_l[seg][i] = h
+            locs[i] = loc
+            used[seg] += 1
+        self._len += len(pairs)
+
+    def _reserve(self, total: int) -> None:
+        """Grow (and split) so that ``total`` keys spread evenly fit within the load
+        limit: the sizes incremental adds would reach, reached in one step each."""
+        if len(self._masks) == 1:
+            if total * MAX_LOAD_DEN <= (self._masks[0] + 1) * MAX_LOAD_NUM:
+                return
+            while self._masks[0] + 1 < SPLIT_SLOTS and \
+                    total * MAX_LOAD_DEN > (self._masks[0] + 1) * MAX_LOAD_NUM:
+                self._grow(0)
+            if total * MAX_LOAD_DEN <= (self._masks[0] + 1) * MAX_LOAD_NUM:
+                return
+            self._split()
+        share = -(-total // SEGMENTS)
+        for seg in range(SEGMENTS):
+            while (share + 1) * MAX_LOAD_DEN > (self._masks[seg] + 1) * MAX_LOAD_NUM:
+                self._grow(seg)
+
     def _place(self, seg: int, h: int, loc: int) -> None:
         locs, mask = self._locs[seg], self._masks[seg]
         i = h & mask

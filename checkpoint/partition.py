@@ -35,6 +35,9 @@ if TYPE_CHECKING:
     from .undo import ImageLog
 
 
+SCAN_BATCH = 16384       # keys handed to KeyIndex.add_many at a time by the open-time scan
+
+
 class Partition:
     def __init__(self, pid: int, path: str, mem: PageMemory, undo: ImageLog | None = None) -> None:
         self.pid, self.path, self.mem, self.undo = pid, path, mem, undo
@@ -88,14 +91,19 @@ class Partition:
         only (pagefile.iter_page_keys: each page checked once, overflow values never
         read); a bad page or a truncated file raises CorruptPageError."""
         ps = self.page_size
+        pending: list[tuple[bytes, int]] = []
+        add_many = self.index.add_many      # keys in batches: a third of add()'s cost
         for i, ptype, used, keys in iter_page_keys(self.path, self.mem.io_bytes):
             if ptype == PageType.FREE:
                 self.free_pages.append(i)
                 continue
-            add = self.index.add
-            for slot, key in keys:
-                add(key, i << 16 | slot)
+            base = i << 16
+            pending += [(key, base | slot) for slot, key in keys]
+            if len(pending) >= SCAN_BATCH:
+                add_many(pending)
+                pending = []
             self._set_space(i, ps - used)
+        add_many(pending)
         heapq.heapify(self.free_pages)
 
     # -- pages -------------------------------------------------------------------

@@ -187,3 +187,53 @@ def test_split_and_growth_keep_every_key(name: str, hash_fn) -> None:
     for key in list(model)[::37] + [b"\xff\xff\xff", b"x"]:
         assert idx.get(key) == model.get(key)
     assert sorted(idx.locations()) == sorted(model.values())
+
+
+@pytest.mark.parametrize("name", sorted(HASHES))
+@settings(max_examples=30, deadline=None)
+@given(keys=st.lists(st.binary(min_size=0, max_size=4), unique=True, max_size=400),
+       cuts=st.lists(st.integers(0, 400), max_size=4), then=st.binary(max_size=4))
+def test_add_many_equals_add(name: str, keys: list[bytes], cuts: list[int], then: bytes) -> None:
+    """The install scan's bulk add: the same lookups as one add per key, in batches of
+    any size (sizing the tables up front, splitting, growing a crowded segment)."""
+    locs = Locations()
+    idx = KeyIndex(locs.keys.__getitem__, HASHES[name])
+    items = [(k, locs.new(k)) for k in keys]
+    bounds = sorted({0, len(items), *(min(c, len(items)) for c in cuts)})
+    for lo, hi in zip(bounds, bounds[1:]):
+        idx.add_many(items[lo:hi])
+    idx.add_many([])
+    assert len(idx) == len(items)
+    for k, loc in items:
+        assert idx.get(k) == loc
+    model = dict(items)
+    model[then] = _put(idx, locs, then)           # a later add or move still works
+    assert idx.get(then) == model[then] and len(idx) == len(model)
+    assert sorted(idx.locations()) == sorted(model.values())
+
+
+def test_add_many_sizes_like_add_and_refuses_location_zero() -> None:
+    keys = [b"key-%08d" % i for i in range(50_000)]
+    one, bulk = KeyIndex(lambda loc: keys[loc - 1]), KeyIndex(lambda loc: keys[loc - 1])
+    for i, k in enumerate(keys):
+        one.add(k, i + 1)
+    bulk.add_many([(k, i + 1) for i, k in enumerate(keys)])
+    # the same load limits: never more than the next doubling of add()'s tables
+    assert one.nbytes <= bulk.nbytes <= 2 * one.nbytes
+    with pytest.raises(ValueError, match="empty-slot"):
+        KeyIndex(lambda loc: b"").add_many([(b"a", 1), (b"b", 0)])
+
+
+def test_add_many_past_the_split_with_skewed_hashes() -> None:
+    """Sized for an even spread, the segments a skewed hash crowds must still grow."""
+    skewed = lambda k: int.from_bytes(k, "big") * 2654435761 % (1 << 20)   # noqa: E731
+    locs = Locations()
+    idx = KeyIndex(locs.keys.__getitem__, skewed)
+    items = [(i.to_bytes(3, "big"), 0) for i in range(2 * keyindex.SPLIT_SLOTS)]
+    items = [(k, locs.new(k)) for k, _ in items]
+    idx.add_many(items[:100])
+    idx.add_many(items[100:])
+    assert len(idx._masks) == keyindex.SEGMENTS and len(idx) == len(items)
+    for k, loc in items[::7]:
+        assert idx.get(k) == loc
+    assert idx.get(b"\xff\xff\xff") is None
