@@ -65,6 +65,37 @@ _KNOWN_FLAGS = F_TOMBSTONE | F_OVERFLOW
 _DATA = int(PageType.DATA)
 
 
+def _load_accel():
+    """The C bulk path (``checkpoint/_pageaccel.c``) when it is built, of this version,
+    and not turned off by ``FERRY_PAGE_ACCEL=0``; else None (the pure-Python path).
+    Imported by name through importlib so that a shipped copy of this file (Spark
+    executors, validation/ship.py) does not list it as a module to pack."""
+    if os.environ.get(ACCEL_ENV, "1").strip().lower() in ("0", "off", "no", "false"):
+        return None
+    try:
+        import importlib
+        mod = importlib.import_module("checkpoint._pageaccel")
+    except ImportError:
+        return None
+    return mod if getattr(mod, "ABI_VERSION", None) == _ACCEL_ABI else None
+
+
+# The accelerator does the common case of a whole read chunk in one call and stops at
+# anything unusual (a page failing a check, a chain it cannot follow); the Python code
+# below then handles that page as it always has, so items, order, errors and the pages
+# marked checked are the same with and without it. Read at each call: tests swap it.
+ACCEL_ENV = "FERRY_PAGE_ACCEL"
+_ACCEL_ABI = 1
+_accel = _load_accel()
+
+
+def accelerator() -> str | None:
+    """What decodes the bulk path: ``"c+sse4.2"``/``"c"`` or None (pure Python)."""
+    if _accel is None:
+        return None
+    return "c+sse4.2" if _accel.HW_CRC else "c"
+
+
 class CheckpointError(_Base):
     """Errors of partition files, page memory and the checkpointer."""
 
@@ -193,6 +224,32 @@ def _check_data(buf, count: int, heap: int, page_size: int) -> str | None:
         if vlen > MAX_VALUE:
             return f"slot {s}: value length {vlen} exceeds {MAX_VALUE}"
     return None
+
+
+def check_pages(buf: bytes | bytearray | memoryview, first_index: int, page_size: int
+                ) -> tuple[int | None, str | None]:
+    """:func:`check_page` of each page of ``buf`` (consecutive pages, the first being
+    page ``first_index``; a partial page at the end is a "short page"): ``(index of the
+    first bad page, its reason)``, or ``(None, None)`` when all pass. In one C call per
+    run of good pages when the accelerator is on (the GIL is released meanwhile)."""
+    view = memoryview(buf)
+    if view.ndim != 1 or view.itemsize != 1:
+        view = view.cast("B")
+    n = len(view) // page_size
+    accel, j = _accel, -1
+    while True:
+        j += 1
+        if accel is not None and j < n:
+            j = accel.check_pages(view, first_index, page_size, j)
+        if j >= n:
+            break
+        reason = check_page(view[j * page_size:(j + 1) * page_size], first_index + j, page_size)
+        if reason:
+            return first_index + j, reason
+    if len(view) % page_size:
+        index = first_index + n
+        return index, check_page(view[n * page_size:], index, page_size)
+    return None, None
 
 
 def page_entries(buf) -> Iterator[tuple[int, int, bytes, int, int, int]]:
@@ -355,6 +412,15 @@ class _Reader:
                 return self.start + c * self.per, self._chunk(c)
         return None
 
+    def held(self, i: int) -> tuple[int, bytes]:
+        """(first page, bytes) holding page ``i`` for a chain walk: its chunk when in
+        the window and long enough, else a ``pread`` of the page alone (short at EOF)."""
+        ps = self.meta.page_size
+        got = self.chunk_of(i)
+        if got is not None and (i - got[0] + 1) * ps <= len(got[1]):
+            return got
+        return i, os.pread(self.fd, ps, i * ps)
+
     def page(self, i: int) -> bytes | memoryview:
         ps = self.meta.page_size
         if self.start <= i < self.stop:
@@ -477,6 +543,7 @@ def _batches(path: str, tombstones: bool, on_error: Callable[[PageProblem], None
     crc = crc32c.crc32c
     checked = r.checked
     ncheck = len(checked)
+    accel = _accel
     try:
         trunc = _truncation(r)
         if stop is not None and stop < pcount:
@@ -484,7 +551,25 @@ def _batches(path: str, tombstones: bool, on_error: Callable[[PageProblem], None
         for first, chunk in r.chunks():
             view = memoryview(chunk)
             acc: list = []
-            for j in range(len(chunk) // ps):
+            n, j = len(chunk) // ps, -1
+            while True:                        # one page per turn; `continue` = next page
+                j += 1
+                if accel is not None and j < n:
+                    # the C bulk path: pages j.. up to one it leaves to the code below
+                    got, j, exc = accel.decode(chunk, first, j, ps, checked, tombstones,
+                                               pairs, pcount, r.held, Entry)
+                    if got:
+                        if acc:
+                            acc.extend(got)
+                        else:
+                            acc = got
+                    if exc is not None:        # a chain page's read failed on page j:
+                        if acc:                # what came before it first, as below
+                            yield acc
+                            acc = []
+                        raise exc
+                if j >= n:
+                    break
                 index, base = first + j, j * ps
                 stored, idx, ptype, _f, count, heap = _unpack_header(chunk, base)
                 if index < ncheck and checked[index]:
@@ -561,6 +646,15 @@ _OVF = int(PageType.OVERFLOW)
 
 
 def _chain_value(r: _Reader, page: int, length: int, origin: int) -> bytes | None:
+    """:func:`_chain_value_py`, by the C walk when the accelerator is on (same rules,
+    same pages marked checked, pages from ``r.held``)."""
+    if _accel is not None:
+        return _accel.chain_value(page, length, r.meta.page_size, r.meta.page_count,
+                                  r.checked, r.held)
+    return _chain_value_py(r, page, length, origin)
+
+
+def _chain_value_py(r: _Reader, page: int, length: int, origin: int) -> bytes | None:
     """The value of an intact overflow chain, or None when anything is wrong with it
     (the caller then runs :func:`overflow_chain`, which names the fault). The bulk
     path's chain walk: the same rules, pages taken from the reader's chunks (one
@@ -647,13 +741,21 @@ def iter_page_keys(path: str, chunk_bytes: int | None = None
     ps = meta.page_size
     crc = crc32c.crc32c
     free, data = int(PageType.FREE), _DATA
+    accel = _accel
     try:
         trunc = _truncation(r)
         if trunc:
             raise CorruptPageError(path, trunc.page, trunc.offset, trunc.reason)
         for first, chunk in r.chunks():
             view = memoryview(chunk)
-            for j in range(len(chunk) // ps):
+            n, j = len(chunk) // ps, -1
+            while True:                        # one page per turn; `continue` = next page
+                j += 1
+                if accel is not None and j < n:
+                    got, j = accel.page_keys(chunk, first, j, ps)   # up to a page left to us
+                    yield from got
+                if j >= n:
+                    break
                 index, base = first + j, j * ps
                 stored, idx, ptype, _f, count, heap = _unpack_header(chunk, base)
                 if ptype != _DATA or idx != index or stored != crc(view[base + 4:base + ps]):

@@ -128,54 +128,41 @@ class Wal(SegmentWriter):
             # previous check and this head are packed together and fed to the CRC in
             # the same call as the payload -- one CRC call per record, plus the mix.
             m = self._m
-            fw = self._frame_write
-            if fw is not None:
-                # wal/_accel.c: this same frame (pack, chained CRC, mix) and ONE write,
-                # in one C call; a bad type raises before anything is written. A short
-                # or failed write is finished, or its error translated, by _write as
-                # on the Python path.
-                v, m, written = fw(seg.fd, payload, type, lsn, self._v, m)
+            try:
+                if m >= 0:
+                    pre = _pack_check_head(m, n, lsn, type)
+                    head = pre[4:]
+                else:
+                    pre = head = _pack_head(n, lsn, type)
+            except struct.error:
+                # The type is checked here, by the packing, not before (the hot path):
+                # nothing has changed yet.
+                check_type(int(type))
+                raise
+            if n <= _COPY_MAX:
+                # Copying a small payload next to the head costs less than a CRC call.
+                try:
+                    v = crc32c(pre + payload, self._v)
+                except TypeError:              # a memoryview or other buffer
+                    v = crc32c(b"".join((pre, payload)), self._v)
+                h = v >> 16
+                m = (((h ^ v) & 0xFFFF) << 16) | h
+                frame = b"".join((head, payload, _pack_check(m)))
+                try:
+                    written = self._os_write(seg.fd, frame)
+                except OSError:
+                    written = 0      # _write tries again and turns the error into ours
                 if written == flen:
                     seg.size += flen
                 else:
-                    self._write(seg, b"".join((_pack_head(n, lsn, type), payload,
-                                               _pack_check(m))), written)
+                    self._write(seg, frame, written)
             else:
-                try:
-                    if m >= 0:
-                        pre = _pack_check_head(m, n, lsn, type)
-                        head = pre[4:]
-                    else:
-                        pre = head = _pack_head(n, lsn, type)
-                except struct.error:
-                    # The type is checked here, by the packing, not before (the hot
-                    # path): nothing has changed yet.
-                    check_type(int(type))
-                    raise
-                if n <= _COPY_MAX:
-                    # Copying a small payload next to the head costs less than a CRC call.
-                    try:
-                        v = crc32c(pre + payload, self._v)
-                    except TypeError:              # a memoryview or other buffer
-                        v = crc32c(b"".join((pre, payload)), self._v)
-                    h = v >> 16
-                    m = (((h ^ v) & 0xFFFF) << 16) | h
-                    frame = b"".join((head, payload, _pack_check(m)))
-                    try:
-                        written = self._os_write(seg.fd, frame)
-                    except OSError:
-                        written = 0   # _write tries again and turns the error into ours
-                    if written == flen:
-                        seg.size += flen
-                    else:
-                        self._write(seg, frame, written)
-                else:
-                    v = crc32c(payload, crc32c(pre, self._v))
-                    h = v >> 16
-                    m = (((h ^ v) & 0xFFFF) << 16) | h
-                    # A big payload goes out by writev, not copied into one frame first
-                    # (4 KiB: -0.4 us of ~7 us); 100 B measured faster joined.
-                    self._write_parts(seg, (head, payload, _pack_check(m)), flen)
+                v = crc32c(payload, crc32c(pre, self._v))
+                h = v >> 16
+                m = (((h ^ v) & 0xFFFF) << 16) | h
+                # A big payload goes out by writev, not copied into one frame first
+                # (4 KiB: -0.4 us of ~7 us); 100 B measured faster joined.
+                self._write_parts(seg, (head, payload, _pack_check(m)), flen)
             self._v = v
             self._m = m
             self._last_lsn = lsn

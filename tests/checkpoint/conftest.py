@@ -27,3 +27,31 @@ def open_store(tmp_path):
 
 def part_file(tmp_path, p: int) -> str:
     return os.path.join(str(tmp_path / "store"), f"part-{p}.bin")
+
+
+# -- the page decoder both ways ---------------------------------------------------------
+# The decoder's own tests run twice: with the C accelerator (checkpoint/_pageaccel.c) and
+# with the pure-Python path, which must give identical results (test_pageaccel.py
+# compares the two directly). The other modules run
+# with whatever the environment selects (FERRY_PAGE_ACCEL=0 runs the whole suite pure).
+DECODER_TESTS = {"test_pagefile.py", "test_pagefile_fast.py", "test_chains.py"}
+
+
+@pytest.fixture(autouse=True)
+def page_accel(request, monkeypatch):
+    """"accel"/"pure" in the decoder tests (pure: pagefile._accel set to None)."""
+    mode = getattr(request, "param", None)
+    if mode == "pure":
+        from checkpoint import pagefile
+        monkeypatch.setattr(pagefile, "_accel", None)
+    return mode
+
+
+def pytest_generate_tests(metafunc) -> None:
+    if "page_accel" not in metafunc.fixturenames:
+        return
+    if os.path.basename(str(metafunc.module.__file__)) not in DECODER_TESTS:
+        return
+    from checkpoint import pagefile
+    modes = ["pure"] + (["accel"] if pagefile._accel is not None else [])
+    metafunc.parametrize("page_accel", modes, indirect=True)

@@ -1,0 +1,824 @@
+/* checkpoint._pageaccel: the bulk fast path of the partition page decoder.
+ *
+ * An optional accelerator of checkpoint/pagefile.py (the format is documented there
+ * and in docs/formats.md). It does the common case over a whole read chunk of pages
+ * in one call: CRC32C, header and slot-structure checks, cutting keys/values out of
+ * DATA pages and joining overflow chains. It never produces an error message: at
+ * anything unusual (a page that fails a check, a chain it cannot follow) it stops and
+ * returns the page's position, and pagefile.py runs its pure-Python code for that
+ * page, so reasons, order and errors are those of the reference by construction.
+ * The predicates here must be exactly those of check_page/_check_data/_chain_value:
+ * stricter only costs speed (Python re-checks the page), laxer would be a bug.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <nmmintrin.h>
+#define HAVE_SSE42_INTRIN 1
+#endif
+
+#define ABI_VERSION 1      /* pagefile.py refuses a module built from another version */
+#define HDR 16
+#define ENTRY_SIZE 15      /* flags u8 | key_len u16 | value_len u32 | counter u64 */
+#define OVF_ENTRY 19       /* ... | key | first_overflow_page u32 */
+#define T_META 1
+#define T_DATA 2
+#define T_OVF 3
+#define T_FREE 4
+#define F_TOMB 1
+#define F_OVF 2
+#define F_KNOWN 3
+#define MAX_VALUE (16u * 1024 * 1024)
+#define FORMAT_VERSION 1
+
+static inline uint32_t rd16(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8; }
+static inline uint32_t rd32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static inline uint64_t rd64(const uint8_t *p) { return (uint64_t)rd32(p) | (uint64_t)rd32(p + 4) << 32; }
+
+/* -- CRC32C (Castagnoli): SSE4.2 when the CPU has it, else slicing-by-8 tables ----- */
+static uint32_t crc_table[8][256];
+static int crc_hw_available = 0;
+static int crc_use_hw = 0;
+
+static uint32_t crc_sw(uint32_t c, const uint8_t *p, size_t n)
+{
+    while (n && ((uintptr_t)p & 7)) {
+        c = crc_table[0][(c ^ *p++) & 0xff] ^ (c >> 8);
+        n--;
+    }
+    while (n >= 8) {
+        uint32_t lo = c ^ rd32(p), hi = rd32(p + 4);
+        c = crc_table[7][lo & 0xff] ^ crc_table[6][(lo >> 8) & 0xff] ^
+            crc_table[5][(lo >> 16) & 0xff] ^ crc_table[4][lo >> 24] ^
+            crc_table[3][hi & 0xff] ^ crc_table[2][(hi >> 8) & 0xff] ^
+            crc_table[1][(hi >> 16) & 0xff] ^ crc_table[0][hi >> 24];
+        p += 8;
+        n -= 8;
+    }
+    while (n--)
+        c = crc_table[0][(c ^ *p++) & 0xff] ^ (c >> 8);
+    return c;
+}
+
+/* Three streams at once hide the crc32 instruction's 3-cycle latency (one stream
+ * runs at a third of its throughput). The streams' CRCs are joined by shifting the
+ * earlier one over the later stream's length in zero bytes, a linear operator on the
+ * 32-bit register precomputed as tables (the method of Mark Adler's crc32c.c). */
+#define LONG_BLK 1024
+#define SHORT_BLK 128
+static uint32_t crc_long[4][256], crc_short[4][256];
+
+static uint32_t gf2_times(const uint32_t *mat, uint32_t vec)
+{
+    uint32_t sum = 0;
+    for (; vec; vec >>= 1, mat++)
+        if (vec & 1)
+            sum ^= *mat;
+    return sum;
+}
+
+static void gf2_square(uint32_t *square, const uint32_t *mat)
+{
+    for (int n = 0; n < 32; n++)
+        square[n] = gf2_times(mat, mat[n]);
+}
+
+/* The operator appending ``len`` (a power of two) zero bytes to a CRC register. */
+static void zeros_op(uint32_t *even, size_t len)
+{
+    uint32_t odd[32];
+    odd[0] = 0x82F63B78u;              /* one zero bit */
+    for (int n = 1; n < 32; n++)
+        odd[n] = 1u << (n - 1);
+    gf2_square(even, odd);             /* two bits */
+    gf2_square(odd, even);             /* four bits */
+    do {
+        gf2_square(even, odd);         /* 1, 4, 16 ... bytes */
+        len >>= 1;
+        if (len == 0)
+            return;
+        gf2_square(odd, even);         /* 2, 8, 32 ... bytes */
+        len >>= 1;
+    } while (len);
+    memcpy(even, odd, sizeof(odd));
+}
+
+static void zeros_table(uint32_t zeros[][256], size_t len)
+{
+    uint32_t op[32];
+    zeros_op(op, len);
+    for (uint32_t n = 0; n < 256; n++) {
+        zeros[0][n] = gf2_times(op, n);
+        zeros[1][n] = gf2_times(op, n << 8);
+        zeros[2][n] = gf2_times(op, n << 16);
+        zeros[3][n] = gf2_times(op, n << 24);
+    }
+}
+
+static inline uint32_t crc_shift(uint32_t zeros[][256], uint32_t crc)
+{
+    return zeros[0][crc & 0xff] ^ zeros[1][(crc >> 8) & 0xff] ^ zeros[2][(crc >> 16) & 0xff] ^
+           zeros[3][crc >> 24];
+}
+
+#if HAVE_SSE42_INTRIN && defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define CRC_HW 1
+__attribute__((target("sse4.2")))
+static uint32_t crc_hw(uint32_t c32, const uint8_t *p, size_t n)
+{
+    while (n && ((uintptr_t)p & 7)) {
+        c32 = _mm_crc32_u8(c32, *p++);
+        n--;
+    }
+    uint64_t c0 = c32;
+#define CRC_3WAY(BLK, TABLE)                                                        \
+    while (n >= 3 * (BLK)) {                                                        \
+        uint64_t c1 = 0, c2 = 0, a, b, d;                                           \
+        const uint8_t *end = p + (BLK);                                             \
+        do {                                                                        \
+            memcpy(&a, p, 8);                                                       \
+            memcpy(&b, p + (BLK), 8);                                               \
+            memcpy(&d, p + 2 * (BLK), 8);                                           \
+            c0 = _mm_crc32_u64(c0, a);                                              \
+            c1 = _mm_crc32_u64(c1, b);                                              \
+            c2 = _mm_crc32_u64(c2, d);                                              \
+            p += 8;                                                                 \
+        } while (p < end);                                                          \
+        c0 = crc_shift(TABLE, (uint32_t)c0) ^ (uint32_t)c1;                         \
+        c0 = crc_shift(TABLE, (uint32_t)c0) ^ (uint32_t)c2;                         \
+        p += 2 * (BLK);                                                             \
+        n -= 3 * (BLK);                                                             \
+    }
+    CRC_3WAY(LONG_BLK, crc_long)
+    CRC_3WAY(SHORT_BLK, crc_short)
+#undef CRC_3WAY
+    while (n >= 8) {
+        uint64_t v;
+        memcpy(&v, p, 8);
+        c0 = _mm_crc32_u64(c0, v);
+        p += 8;
+        n -= 8;
+    }
+    c32 = (uint32_t)c0;
+    while (n--)
+        c32 = _mm_crc32_u8(c32, *p++);
+    return c32;
+}
+#endif
+
+static void crc_init(void)
+{
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++)
+            c = c & 1 ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+        crc_table[0][i] = c;
+    }
+    for (uint32_t i = 0; i < 256; i++)
+        for (int s = 1; s < 8; s++)
+            crc_table[s][i] = (crc_table[s - 1][i] >> 8) ^ crc_table[0][crc_table[s - 1][i] & 0xff];
+    zeros_table(crc_long, LONG_BLK);
+    zeros_table(crc_short, SHORT_BLK);
+#if HAVE_SSE42_INTRIN && defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    __builtin_cpu_init();
+    crc_hw_available = __builtin_cpu_supports("sse4.2") ? 1 : 0;
+#endif
+    crc_use_hw = crc_hw_available;
+}
+
+/* crc32c.crc32c(data, value): the finished CRC of data continuing from ``value``. */
+static uint32_t crc32c(uint32_t value, const uint8_t *p, size_t n)
+{
+    uint32_t c = ~value;
+#ifdef CRC_HW
+    if (crc_use_hw)
+        return ~crc_hw(c, p, n);
+#endif
+    return ~crc_sw(c, p, n);
+}
+
+/* -- page checks (exactly check_page / _check_data) --------------------------------- */
+
+/* _check_data: slot directory, heap and every entry inside the page. */
+static int data_ok(const uint8_t *pg, uint32_t ps)
+{
+    uint32_t count = rd16(pg + 10), heap = rd32(pg + 12);
+    if (!((uint64_t)HDR + 2 * (uint64_t)count <= heap && heap <= ps))
+        return 0;
+    for (uint32_t s = 0; s < count; s++) {
+        uint32_t off = rd16(pg + HDR + 2 * s);
+        if (!off)
+            continue;
+        if (off < heap || (uint64_t)off + ENTRY_SIZE > ps)
+            return 0;
+        uint32_t flags = pg[off], klen = rd16(pg + off + 1), vlen = rd32(pg + off + 3);
+        uint64_t stored = flags & F_OVF ? 4 : vlen;
+        if (flags & ~F_KNOWN)
+            return 0;
+        if ((uint64_t)off + ENTRY_SIZE + klen + stored > ps)
+            return 0;
+        if ((flags & F_TOMB) && vlen)
+            return 0;
+        if (vlen > MAX_VALUE)
+            return 0;
+    }
+    return 1;
+}
+
+static int crc_ok(const uint8_t *pg, uint32_t ps) { return rd32(pg) == crc32c(0, pg + 4, ps - 4); }
+
+/* check_page of a whole page: 1 when it would return None. */
+static int page_ok(const uint8_t *pg, uint64_t index, uint32_t ps)
+{
+    uint32_t type = pg[8];
+    if (!crc_ok(pg, ps) || rd32(pg + 4) != index)
+        return 0;
+    if (type < T_META || type > T_FREE)
+        return 0;
+    if ((index == 0) != (type == T_META))
+        return 0;
+    switch (type) {
+    case T_META: {
+        const uint8_t *m = pg + HDR;
+        if (memcmp(m, "FERRYPG\0", 8) != 0 || rd16(m + 8) != FORMAT_VERSION)
+            return 0;
+        if (rd32(m + 16) != ps || rd32(m + 20) < 1)
+            return 0;
+        return 1;
+    }
+    case T_OVF:
+        return rd16(pg + 10) <= ps - HDR;
+    case T_DATA:
+        return data_ok(pg, ps);
+    default:
+        return 1;
+    }
+}
+
+/* -- overflow chains (exactly _chain_value) ------------------------------------------ */
+
+typedef struct {
+    uint32_t ps, pcount;
+    uint8_t *checked;
+    Py_ssize_t ncheck;
+    PyObject *fetch;          /* page -> (first page, bytes): reader.held */
+    /* the buffer the walk is in: pages [cfirst, cend) at cbase */
+    const uint8_t *cbase;
+    uint64_t cfirst, cend;
+    Py_buffer held;           /* keeps the last fetched buffer alive */
+    int have_held;
+} chainctx;
+
+static void ctx_release(chainctx *cx)
+{
+    if (cx->have_held) {
+        PyBuffer_Release(&cx->held);
+        cx->have_held = 0;
+    }
+}
+
+/* Make page ``page`` current through the fetch callback: 1 done, 0 not available
+ * (short read), -1 a Python exception. */
+static int ctx_fetch(chainctx *cx, uint32_t page)
+{
+    PyObject *r = PyObject_CallFunction(cx->fetch, "I", page);
+    if (!r)
+        return -1;
+    unsigned long long first;
+    PyObject *data;
+    if (!PyArg_ParseTuple(r, "KO", &first, &data)) {
+        Py_DECREF(r);
+        return -1;
+    }
+    Py_buffer b;
+    if (PyObject_GetBuffer(data, &b, PyBUF_SIMPLE) < 0) {
+        Py_DECREF(r);
+        return -1;
+    }
+    Py_DECREF(r);             /* the buffer view keeps ``data`` alive */
+    ctx_release(cx);
+    cx->held = b;
+    cx->have_held = 1;
+    if (page < first || ((uint64_t)page - first + 1) * cx->ps > (uint64_t)b.len) {
+        cx->cfirst = cx->cend = 0;
+        return 0;
+    }
+    cx->cbase = (const uint8_t *)b.buf;
+    cx->cfirst = first;
+    cx->cend = first + (uint64_t)b.len / cx->ps;
+    return 1;
+}
+
+/* A set of visited pages (page 0 never enters: it ends a walk before). */
+typedef struct {
+    uint32_t small[64];
+    uint32_t *table;
+    uint32_t mask, n;
+} pageset;
+
+static int set_init(pageset *s, uint64_t limit)
+{
+    s->n = 0;
+    s->table = NULL;
+    s->mask = 0;
+    if (limit > 64) {
+        uint64_t size = 128;
+        while (size < 2 * limit)
+            size <<= 1;
+        s->table = calloc(size, sizeof(uint32_t));
+        if (!s->table)
+            return -1;
+        s->mask = (uint32_t)(size - 1);
+    }
+    return 0;
+}
+
+static int set_add(pageset *s, uint32_t page)   /* 1 when added, 0 when present */
+{
+    if (!s->table) {
+        for (uint32_t i = 0; i < s->n; i++)
+            if (s->small[i] == page)
+                return 0;
+        s->small[s->n++] = page;
+        return 1;
+    }
+    uint32_t h = (page * 2654435761u) & s->mask;
+    while (s->table[h]) {
+        if (s->table[h] == page)
+            return 0;
+        h = (h + 1) & s->mask;
+    }
+    s->table[h] = page;
+    s->n++;
+    return 1;
+}
+
+static int set_has(pageset *s, uint32_t page)
+{
+    if (!s->table) {
+        for (uint32_t i = 0; i < s->n; i++)
+            if (s->small[i] == page)
+                return 1;
+        return 0;
+    }
+    uint32_t h = (page * 2654435761u) & s->mask;
+    while (s->table[h]) {
+        if (s->table[h] == page)
+            return 1;
+        h = (h + 1) & s->mask;
+    }
+    return 0;
+}
+
+/* The value of an intact chain as a new bytes object; NULL with *err = 0 when
+ * anything is wrong with the chain (the caller's Python code names the fault), NULL
+ * with *err = 1 when a Python exception is set. Pages are marked checked as they
+ * pass, in the same walk order as _chain_value, so the marks are the same. */
+static PyObject *walk_chain(chainctx *cx, uint32_t page, uint64_t length, int *err)
+{
+    uint32_t ps = cx->ps, room = ps - HDR;
+    uint64_t limit = length ? (length + room - 1) / room : 1;
+    uint64_t got = 0;
+    pageset seen;
+    *err = 0;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)length);
+    if (!out || set_init(&seen, limit) < 0) {
+        Py_XDECREF(out);
+        if (!PyErr_Occurred())
+            PyErr_NoMemory();
+        *err = 1;
+        return NULL;
+    }
+    uint8_t *dst = (uint8_t *)PyBytes_AS_STRING(out);
+    while (got < length) {
+        if (page == 0 || page >= cx->pcount || seen.n >= limit || set_has(&seen, page))
+            goto fault;
+        if (!(cx->cfirst <= page && page < cx->cend)) {
+            int r = ctx_fetch(cx, page);
+            if (r < 0) {
+                *err = 1;
+                goto fault;
+            }
+            if (r == 0)
+                goto fault;
+        }
+        const uint8_t *pg = cx->cbase + ((uint64_t)page - cx->cfirst) * ps;
+        if (pg[8] != T_OVF)
+            goto fault;
+        uint32_t used = rd16(pg + 10), nxt = rd32(pg + 12);
+        if (!(page < cx->ncheck && cx->checked[page])) {
+            if (rd32(pg + 4) != page || used > room || !crc_ok(pg, ps))
+                goto fault;
+            if (page < cx->ncheck)
+                cx->checked[page] = 1;
+        }
+        if (got + used > length)          /* would end with got != length */
+            goto fault;
+        memcpy(dst + got, pg + HDR, used);
+        set_add(&seen, page);
+        got += used;
+        page = nxt;
+    }
+    free(seen.table);
+    return out;
+fault:
+    free(seen.table);
+    Py_DECREF(out);
+    return NULL;
+}
+
+/* -- module functions ------------------------------------------------------------------ */
+
+static PyObject *py_crc32c(PyObject *self, PyObject *args)
+{
+    Py_buffer b;
+    unsigned int value = 0;
+    if (!PyArg_ParseTuple(args, "y*|I", &b, &value))
+        return NULL;
+    uint32_t c = crc32c(value, (const uint8_t *)b.buf, (size_t)b.len);
+    PyBuffer_Release(&b);
+    return PyLong_FromUnsignedLong(c);
+}
+
+static PyObject *py_set_hw(PyObject *self, PyObject *arg)
+{
+    /* test hook: use_hw(False) forces the table CRC; returns the previous setting */
+    int want = PyObject_IsTrue(arg);
+    if (want < 0)
+        return NULL;
+    int before = crc_use_hw;
+    crc_use_hw = want && crc_hw_available;
+    return PyBool_FromLong(before);
+}
+
+static PyObject *py_check_pages(PyObject *self, PyObject *args)
+{
+    /* check_pages(buf, first, page_size, j) -> index (from 0) of the first of the
+     * whole pages j.. of buf that check_page would not pass, or their count. */
+    Py_buffer b;
+    unsigned long long first;
+    unsigned int ps;
+    Py_ssize_t j;
+    if (!PyArg_ParseTuple(args, "y*KIn", &b, &first, &ps, &j))
+        return NULL;
+    Py_ssize_t n = ps ? b.len / ps : 0;
+    const uint8_t *base = (const uint8_t *)b.buf;
+    if (ps > HDR) {
+        Py_BEGIN_ALLOW_THREADS
+        for (; j < n; j++)
+            if (!page_ok(base + (size_t)j * ps, first + j, ps))
+                break;
+        Py_END_ALLOW_THREADS
+    }
+    else
+        j = j < n ? j : n;
+    PyBuffer_Release(&b);
+    return PyLong_FromSsize_t(j);
+}
+
+static PyObject *make_entry(PyTypeObject *etype, PyObject *key, PyObject *value,
+                            uint64_t counter, int tomb)
+{
+    /* tuple.__new__(Entry, (key, value, counter, tomb)) without the argument tuple;
+     * steals key and value */
+    PyObject *c = PyLong_FromUnsignedLongLong(counter);
+    PyObject *e = c ? etype->tp_alloc(etype, 4) : NULL;
+    if (!e) {
+        Py_XDECREF(c);
+        Py_DECREF(key);
+        Py_DECREF(value);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(e, 0, key);
+    PyTuple_SET_ITEM(e, 1, value);
+    PyTuple_SET_ITEM(e, 2, c);
+    PyObject *t = tomb ? Py_True : Py_False;
+    Py_INCREF(t);
+    PyTuple_SET_ITEM(e, 3, t);
+    return e;
+}
+
+static PyObject *make_pair(PyObject *key, PyObject *value)   /* steals both */
+{
+    PyObject *t = PyTuple_New(2);
+    if (!t) {
+        Py_DECREF(key);
+        Py_DECREF(value);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(t, 0, key);
+    PyTuple_SET_ITEM(t, 1, value);
+    return t;
+}
+
+/* Append the items of a valid DATA page: 1 done, 0 a chain fault (page left to
+ * Python), -1 a Python exception, -2 an exception raised by ``fetch`` (a read). */
+static int data_items(PyObject *out, const uint8_t *pg, chainctx *cx, int tombstones,
+                      int pairs, PyTypeObject *etype)
+{
+    uint32_t count = rd16(pg + 10);
+    for (uint32_t s = 0; s < count; s++) {
+        uint32_t off = rd16(pg + HDR + 2 * s);
+        if (!off)
+            continue;
+        const uint8_t *e = pg + off;
+        uint32_t flags = e[0], klen = rd16(e + 1), vlen = rd32(e + 3);
+        uint64_t counter = rd64(e + 7);
+        PyObject *value;
+        if (flags & F_TOMB) {
+            if (!tombstones)
+                continue;
+            value = Py_None;
+            Py_INCREF(value);
+        }
+        else if (flags & F_OVF) {
+            int err;
+            value = walk_chain(cx, rd32(e + ENTRY_SIZE + klen), vlen, &err);
+            if (!value)
+                return err ? -2 : 0;
+        }
+        else {
+            value = PyBytes_FromStringAndSize((const char *)e + ENTRY_SIZE + klen, vlen);
+            if (!value)
+                return -1;
+        }
+        PyObject *key = PyBytes_FromStringAndSize((const char *)e + ENTRY_SIZE, klen);
+        if (!key) {
+            Py_DECREF(value);
+            return -1;
+        }
+        PyObject *item = pairs ? make_pair(key, value)
+                               : make_entry(etype, key, value, counter, (flags & F_TOMB) != 0);
+        if (!item || PyList_Append(out, item) < 0) {
+            Py_XDECREF(item);
+            return -1;
+        }
+        Py_DECREF(item);
+    }
+    return 1;
+}
+
+static PyObject *py_decode(PyObject *self, PyObject *args)
+{
+    /* decode(chunk, first, j, page_size, checked, tombstones, pairs, page_count, fetch,
+     *        Entry) -> (items, j, exc): the items of pages j.. of the chunk, as _batches'
+     * loop makes them, up to the first page it leaves to Python (returned j), or the
+     * chunk's page count. exc: the exception a read of a chain page raised on page j
+     * (Python hands out the items, then raises it, as its own walk would have). */
+    Py_buffer b, ck;
+    unsigned long long first;
+    Py_ssize_t j;
+    unsigned int ps, pcount;
+    int tombstones, pairs;
+    PyObject *fetch, *etype_obj;
+    if (!PyArg_ParseTuple(args, "y*KnIw*ppIOO", &b, &first, &j, &ps, &ck, &tombstones, &pairs,
+                          &pcount, &fetch, &etype_obj))
+        return NULL;
+    PyObject *out = NULL, *exc = NULL;
+    if (!PyType_Check(etype_obj) ||
+        !PyType_IsSubtype((PyTypeObject *)etype_obj, &PyTuple_Type) || ps <= HDR) {
+        PyErr_SetString(PyExc_TypeError, "decode: Entry must be a tuple type, page size > 16");
+        goto done;
+    }
+    PyTypeObject *etype = (PyTypeObject *)etype_obj;
+    out = PyList_New(0);
+    if (!out)
+        goto done;
+    chainctx cx = {0};
+    cx.ps = ps;
+    cx.pcount = pcount;
+    cx.checked = (uint8_t *)ck.buf;
+    cx.ncheck = ck.len;
+    cx.fetch = fetch;
+    Py_ssize_t n = b.len / ps;
+    const uint8_t *chunk = (const uint8_t *)b.buf;
+    for (; j < n; j++) {
+        const uint8_t *pg = chunk + (size_t)j * ps;
+        uint64_t index = first + j;
+        uint32_t type = pg[8];
+        if (index < (uint64_t)cx.ncheck && cx.checked[index]) {
+            if (type != T_DATA)            /* checked already, by a chain that used it */
+                continue;
+        }
+        else if (type != T_DATA || rd32(pg + 4) != index || !crc_ok(pg, ps)) {
+            if (type == T_DATA || !page_ok(pg, index, ps))
+                break;                     /* Python names the problem */
+            if (index < (uint64_t)cx.ncheck)
+                cx.checked[index] = 1;
+            continue;
+        }
+        if (!data_ok(pg, ps))
+            break;
+        Py_ssize_t mark = PyList_GET_SIZE(out);
+        cx.cbase = chunk;                  /* chains start in this chunk */
+        cx.cfirst = first;
+        cx.cend = first + n;
+        int r = data_items(out, pg, &cx, tombstones, pairs, etype);
+        if (r == -2) {
+            PyObject *t, *v, *tb;
+            PyErr_Fetch(&t, &v, &tb);
+            PyErr_NormalizeException(&t, &v, &tb);
+            if (tb && v)
+                PyException_SetTraceback(v, tb);
+            Py_XDECREF(t);
+            Py_XDECREF(tb);
+            exc = v;                       /* owned; NULL only if normalizing failed */
+            r = exc ? 0 : -1;
+        }
+        if (r <= 0) {
+            if (PyList_SetSlice(out, mark, PyList_GET_SIZE(out), NULL) < 0 || r < 0) {
+                ctx_release(&cx);
+                Py_CLEAR(out);
+                goto done;
+            }
+            break;                         /* a chain fault: Python walks this page */
+        }
+    }
+    ctx_release(&cx);
+done:
+    PyBuffer_Release(&b);
+    PyBuffer_Release(&ck);
+    if (!out) {
+        Py_XDECREF(exc);
+        return NULL;
+    }
+    if (!exc) {
+        exc = Py_None;
+        Py_INCREF(exc);
+    }
+    return Py_BuildValue("(NnN)", out, j, exc);
+}
+
+static PyObject *py_chain_value(PyObject *self, PyObject *args)
+{
+    /* chain_value(page, length, page_size, page_count, checked, fetch) -> bytes | None:
+     * _chain_value over pages given by fetch(page) -> (first page, bytes). */
+    unsigned int page, ps, pcount;
+    unsigned long long length;
+    Py_buffer ck;
+    PyObject *fetch;
+    if (!PyArg_ParseTuple(args, "IKIIw*O", &page, &length, &ps, &pcount, &ck, &fetch))
+        return NULL;
+    if (ps <= HDR || length > MAX_VALUE) {
+        PyBuffer_Release(&ck);
+        Py_RETURN_NONE;                    /* not a chain this decoder follows: Python's */
+    }
+    chainctx cx = {0};
+    cx.ps = ps;
+    cx.pcount = pcount;
+    cx.checked = (uint8_t *)ck.buf;
+    cx.ncheck = ck.len;
+    cx.fetch = fetch;
+    int err;
+    PyObject *v = walk_chain(&cx, page, length, &err);
+    ctx_release(&cx);
+    PyBuffer_Release(&ck);
+    if (v)
+        return v;
+    if (err)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* (a, b) from two new references (stolen, NULLs allowed: then NULL). */
+static PyObject *pair_of(PyObject *a, PyObject *b)
+{
+    if (!a || !b) {
+        Py_XDECREF(a);
+        Py_XDECREF(b);
+        return NULL;
+    }
+    return make_pair(a, b);
+}
+
+/* (index, type, used, keys) of iter_page_keys; steals keys. */
+static PyObject *page_tuple(uint64_t index, long type, uint64_t used, PyObject *keys)
+{
+    PyObject *t = PyTuple_New(4), *i = PyLong_FromUnsignedLongLong(index),
+             *ty = PyLong_FromLong(type), *u = PyLong_FromUnsignedLongLong(used);
+    if (!t || !i || !ty || !u || !keys) {
+        Py_XDECREF(t);
+        Py_XDECREF(i);
+        Py_XDECREF(ty);
+        Py_XDECREF(u);
+        Py_XDECREF(keys);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(t, 0, i);
+    PyTuple_SET_ITEM(t, 1, ty);
+    PyTuple_SET_ITEM(t, 2, u);
+    PyTuple_SET_ITEM(t, 3, keys);
+    return t;
+}
+
+static PyObject *py_page_keys(PyObject *self, PyObject *args)
+{
+    /* page_keys(chunk, first, j, page_size) -> (pages, j): iter_page_keys' tuples
+     * (index, type, bytes in use, [(slot, key)]) of pages j.. up to the first page
+     * left to Python (returned j), or the chunk's page count. */
+    Py_buffer b;
+    unsigned long long first;
+    Py_ssize_t j;
+    unsigned int ps;
+    if (!PyArg_ParseTuple(args, "y*KnI", &b, &first, &j, &ps))
+        return NULL;
+    PyObject *out = PyList_New(0);
+    if (!out || ps <= HDR)
+        goto done;
+    Py_ssize_t n = b.len / ps;
+    const uint8_t *chunk = (const uint8_t *)b.buf;
+    for (; j < n; j++) {
+        const uint8_t *pg = chunk + (size_t)j * ps;
+        uint64_t index = first + j;
+        uint32_t type = pg[8];
+        PyObject *item = NULL, *keys = NULL;
+        if (type != T_DATA || rd32(pg + 4) != index || !crc_ok(pg, ps)) {
+            if (type == T_DATA || !page_ok(pg, index, ps))
+                break;
+            if (type != T_FREE)
+                continue;
+            item = page_tuple(index, T_FREE, 0, PyList_New(0));
+        }
+        else {
+            if (!data_ok(pg, ps))
+                break;
+            uint32_t count = rd16(pg + 10);
+            uint64_t used = HDR + 2 * (uint64_t)count;
+            keys = PyList_New(0);
+            if (!keys)
+                goto fail;
+            for (uint32_t s = 0; s < count; s++) {
+                uint32_t off = rd16(pg + HDR + 2 * s);
+                if (!off)
+                    continue;
+                const uint8_t *e = pg + off;
+                uint32_t flags = e[0], klen = rd16(e + 1), vlen = rd32(e + 3);
+                used += ENTRY_SIZE + klen + (flags & F_OVF ? 4 : vlen);
+                PyObject *pair = pair_of(PyLong_FromUnsignedLong(s),
+                    PyBytes_FromStringAndSize((const char *)e + ENTRY_SIZE, (Py_ssize_t)klen));
+                if (!pair || PyList_Append(keys, pair) < 0) {
+                    Py_XDECREF(pair);
+                    Py_DECREF(keys);
+                    goto fail;
+                }
+                Py_DECREF(pair);
+            }
+            item = page_tuple(index, T_DATA, used, keys);
+        }
+        if (!item || PyList_Append(out, item) < 0) {
+            Py_XDECREF(item);
+            goto fail;
+        }
+        Py_DECREF(item);
+    }
+done:
+    PyBuffer_Release(&b);
+    if (!out)
+        return NULL;
+    if (ps <= HDR) {
+        Py_DECREF(out);
+        PyErr_SetString(PyExc_ValueError, "page_keys: page size must be > 16");
+        return NULL;
+    }
+    return Py_BuildValue("(Nn)", out, j);
+fail:
+    Py_CLEAR(out);
+    goto done;
+}
+
+static PyMethodDef methods[] = {
+    {"crc32c", py_crc32c, METH_VARARGS, "crc32c(data, value=0) -> int (same as crc32c.crc32c)"},
+    {"use_hw", py_set_hw, METH_O, "use_hw(flag) -> previous: test hook, False forces the table CRC"},
+    {"check_pages", py_check_pages, METH_VARARGS, "check_pages(buf, first, page_size, j) -> j"},
+    {"decode", py_decode, METH_VARARGS, "decode(chunk, first, j, ps, checked, tombstones, "
+                                        "pairs, page_count, fetch, Entry) -> (items, j)"},
+    {"chain_value", py_chain_value, METH_VARARGS,
+     "chain_value(page, length, ps, page_count, checked, fetch) -> bytes | None"},
+    {"page_keys", py_page_keys, METH_VARARGS, "page_keys(chunk, first, j, ps) -> (pages, j)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef moddef = {
+    PyModuleDef_HEAD_INIT, "checkpoint._pageaccel",
+    "Bulk fast path of checkpoint.pagefile (optional; see that module).", -1, methods,
+};
+
+PyMODINIT_FUNC PyInit__pageaccel(void)
+{
+    crc_init();
+    PyObject *m = PyModule_Create(&moddef);
+    if (!m)
+        return NULL;
+    if (PyModule_AddIntConstant(m, "ABI_VERSION", ABI_VERSION) < 0 ||
+        PyModule_AddIntConstant(m, "HW_CRC", crc_hw_available) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
