@@ -27,9 +27,14 @@ def new_page(index: int, page_size: int, ptype: PageType, buf: bytearray | None 
 
 def overflow_page(index: int, page_size: int, payload: bytes | memoryview, nxt: int,
                   buf: bytearray | None = None) -> bytearray:
-    buf = new_page(index, page_size, PageType.FREE, buf)     # zeroed
+    # Header, payload, zeros after it: every byte written once (no zeroing first).
+    if buf is None:
+        buf = bytearray(page_size)
+    end = HDR + len(payload)
     HEADER.pack_into(buf, 0, 0, index, PageType.OVERFLOW, 0, len(payload), nxt)
-    buf[HDR:HDR + len(payload)] = payload
+    buf[HDR:end] = payload
+    if end < page_size:
+        buf[end:] = _zeros(page_size - end)
     return buf
 
 

@@ -133,6 +133,14 @@ class Partition:
         return self.mem.writable(page_key(self.pid, index), self._load(index))
 
     def _alloc(self, ptype: PageType) -> tuple[int, bytearray]:
+        index = self._alloc_index()
+        buf = pg.new_page(index, self.page_size, ptype, self.mem.take())
+        self.mem.put_new(page_key(self.pid, index), buf)
+        return index, buf
+
+    def _alloc_index(self) -> int:
+        """A page for a new page image (a FREE one, else a new one at the end); the
+        caller puts that image into page memory before the store lock is released."""
         if self.free_pages:
             index = heapq.heappop(self.free_pages)
             if self._first_change(index):       # FREE at the cut: listed, not read
@@ -141,9 +149,7 @@ class Partition:
             index = self.page_count
             self.page_count += 1
             self.space.append(0)
-        buf = pg.new_page(index, self.page_size, ptype, self.mem.take())
-        self.mem.put_new(page_key(self.pid, index), buf)
-        return index, buf
+        return index
 
     def _free(self, index: int) -> None:
         if self._first_change(index):
@@ -277,14 +283,20 @@ class Partition:
             self._free(index)
 
     def _write_chain(self, value: bytes) -> int:
-        room = self.page_size - pg.HDR
+        # Each overflow page is built once, in its final form: the chain's page numbers
+        # are taken first (each page links to the next), then every page image is put
+        # into page memory (before: an empty page per allocation, replaced right away).
+        ps, pid = self.page_size, self.pid
+        room = ps - pg.HDR
         view = memoryview(value)
-        pieces = [view[o:o + room] for o in range(0, len(value), room)] or [view[:0]]
-        indexes = [self._alloc(PageType.OVERFLOW)[0] for _ in pieces]
-        for n, (index, piece) in enumerate(zip(indexes, pieces)):
-            nxt = indexes[n + 1] if n + 1 < len(indexes) else 0
-            self.mem.put_new(page_key(self.pid, index),
-                             pg.overflow_page(index, self.page_size, piece, nxt, self.mem.take()))
+        count = max(1, -(-len(value) // room))
+        indexes = [self._alloc_index() for _ in range(count)]
+        indexes.append(0)
+        take, put, build = self.mem.take, self.mem.put_new, pg.overflow_page
+        for n in range(count):
+            index = indexes[n]
+            put(page_key(pid, index), build(index, ps, view[n * room:(n + 1) * room],
+                                            indexes[n + 1], take()))
         return indexes[0]
 
     def _free_chain(self, first: int, length: int, origin: int) -> None:
