@@ -24,7 +24,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from wal import Wal  # noqa: E402
+from wal import Wal, accel  # noqa: E402
 from wal.format import FRAME_HEADER_SIZE  # noqa: E402
 
 
@@ -201,7 +201,11 @@ def main() -> None:
     secs = 1.2 if q else 4.0
     try:
         ref = os.path.join(root, "ref")
-        res: dict[str, object] = {"bench": "wal", "quick": q, "machine_load": os.getloadavg()}
+        res: dict[str, object] = {"bench": "wal", "quick": q, "machine_load": os.getloadavg(),
+                                  # which append path ran: wal/_accel.c or pure Python
+                                  # (FERRY_WAL_ACCEL=0 turns the C one off, for A/B)
+                                  "accel": accel.status().startswith("c-"),
+                                  "accel_path": accel.status()}
         res["reference_os_write"] = {
             "100B": ref_write(ref, 100, n_small), "4KiB": ref_write(ref, 4096, n_big),
             "100B_fdatasync_each": ref_write(ref, 100, n_sync, fsync=True)}

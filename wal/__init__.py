@@ -21,7 +21,9 @@ failure), ``groupcommit.py`` (the sync threads) and ``tickets.py`` (their waiter
 ``reader.py`` (reading), ``decoder.py`` (frame loop of format versions 2 and 3, torn vs
 corrupt), ``decoder_v1.py`` (version 1, still read), ``blocks.py`` (what the loops
 report), ``walreader.py`` (other processes), ``segments.py``, ``recovery.py``,
-``cli.py``.
+``cli.py``; ``_accel.c`` (optional C extension: ``append``'s frame and write in one
+call, same bytes) and ``accel.py`` (whether it is used; ``FERRY_WAL_ACCEL=0`` turns
+it off).
 """
 from __future__ import annotations
 

@@ -51,7 +51,9 @@ def verify(directory: str, as_json: bool) -> None:
     from .recovery import verify as run
     rep = run(directory)
     if as_json:
-        click.echo(json.dumps(rep.as_dict()))
+        from .accel import status
+        # append_path: which append path a writer opened here now would use (C or Python).
+        click.echo(json.dumps({**rep.as_dict(), "append_path": status()}))
     else:
         span = "empty" if rep.last_lsn is None or rep.first_lsn is None or \
             rep.last_lsn < rep.first_lsn else f"LSN {rep.first_lsn}..{rep.last_lsn}"

@@ -172,9 +172,15 @@ def encode_batch(payloads: Sequence[bytes], first_lsn: int, type: int,
     one CRC call over the whole batch. Raises ``OverflowError``/``struct.error`` when
     the batch does not fit one frame (a payload, or the body, above 4 GiB - 1)."""
     lens = array("I", map(len, payloads))
+    data = b"".join(payloads)
+    if sum(lens) != len(data):
+        # a memoryview of wider items (array('i')): len() counts items, not bytes, and
+        # the frame's lengths would lie. One sum per batch, not a check per record.
+        raise ValueError(f"payloads must have 1-byte items: their lengths add up to "
+                         f"{sum(lens)} but they hold {len(data)} bytes; pass bytes, or "
+                         "memoryview.cast('B')")
     if not _LITTLE:
         lens.byteswap()
-    data = b"".join(payloads)
     count = len(lens)
     body = 4 + 4 * count + len(data)
     head = BATCH_HEAD.pack(body, first_lsn, type, FLAG_BATCH, count)

@@ -17,7 +17,7 @@ import faults
 from faults import crashpoint, translate_os_error
 from faults.fileio import FileLayer
 
-from . import recovery
+from . import accel, recovery
 from .errors import OutOfDiskError, WalClosedError, WalError
 from crc32c import crc32c
 
@@ -56,6 +56,9 @@ class SegmentWriter:
         # into one buffer) when the layer is the real one; other layers get them joined,
         # through their write (see _write_parts).
         self._writev = os.writev if real else self._joined_write
+        # The C frame path of append (wal/_accel.c; None: the Python one). Only on the
+        # real layer, for the same reason as _os_write.
+        self._frame_write = accel.frame_writer(real)
         self._lock = threading.Lock()
         self._truncating = threading.Lock()   # one truncate_before at a time (log.py)
         self._append_cond = threading.Condition(threading.Lock())

@@ -226,3 +226,26 @@ def test_follower_in_another_process_never_sees_part_of_a_batch(tmp_path, py_env
     w.close()
     assert p.returncode == 0, out + err
     assert out.split()[:2] == ["DONE", str(total)]
+
+
+@pytest.mark.parametrize("sync", ["none", "group"])
+def test_batch_of_wider_item_views_is_refused_and_writes_nothing(tmp_path, sync) -> None:
+    """len() of a memoryview over array('i') counts items, not bytes: the batch frame's
+    lengths would lie. The batch is refused before anything is written."""
+    from array import array
+    w = Wal.open(tmp_path / "w", sync=sync)
+    try:
+        w.append_many([b"before-1", b"before-2"])
+        wide = memoryview(array("i", [1, 2, 3]))
+        with pytest.raises(ValueError, match="1-byte items"):
+            w.append_many([b"ok", wide, b"also"])
+        last = w.append_many([b"after", wide.cast("B")])
+    finally:
+        w.close()
+    w = Wal.open(tmp_path / "w", sync=sync)
+    try:
+        got = [r.payload for r in w.read_from(1)]
+    finally:
+        w.close()
+    assert got == [b"before-1", b"before-2", b"after", array("i", [1, 2, 3]).tobytes()]
+    assert last == 4
