@@ -15,10 +15,6 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__x86_64__) || defined(__i386__)
-#include <nmmintrin.h>
-#define HAVE_SSE42_INTRIN 1
-#endif
 
 #define ABI_VERSION 1      /* pagefile.py refuses a module built from another version */
 #define HDR 16
@@ -41,167 +37,12 @@ static inline uint32_t rd32(const uint8_t *p)
 }
 static inline uint64_t rd64(const uint8_t *p) { return (uint64_t)rd32(p) | (uint64_t)rd32(p + 4) << 32; }
 
-/* -- CRC32C (Castagnoli): SSE4.2 when the CPU has it, else slicing-by-8 tables ----- */
-static uint32_t crc_table[8][256];
-static int crc_hw_available = 0;
-static int crc_use_hw = 0;
-
-static uint32_t crc_sw(uint32_t c, const uint8_t *p, size_t n)
-{
-    while (n && ((uintptr_t)p & 7)) {
-        c = crc_table[0][(c ^ *p++) & 0xff] ^ (c >> 8);
-        n--;
-    }
-    while (n >= 8) {
-        uint32_t lo = c ^ rd32(p), hi = rd32(p + 4);
-        c = crc_table[7][lo & 0xff] ^ crc_table[6][(lo >> 8) & 0xff] ^
-            crc_table[5][(lo >> 16) & 0xff] ^ crc_table[4][lo >> 24] ^
-            crc_table[3][hi & 0xff] ^ crc_table[2][(hi >> 8) & 0xff] ^
-            crc_table[1][(hi >> 16) & 0xff] ^ crc_table[0][hi >> 24];
-        p += 8;
-        n -= 8;
-    }
-    while (n--)
-        c = crc_table[0][(c ^ *p++) & 0xff] ^ (c >> 8);
-    return c;
-}
-
-/* Three streams at once hide the crc32 instruction's 3-cycle latency (one stream
- * runs at a third of its throughput). The streams' CRCs are joined by shifting the
- * earlier one over the later stream's length in zero bytes, a linear operator on the
- * 32-bit register precomputed as tables (the method of Mark Adler's crc32c.c). */
-#define LONG_BLK 1024
-#define SHORT_BLK 128
-static uint32_t crc_long[4][256], crc_short[4][256];
-
-static uint32_t gf2_times(const uint32_t *mat, uint32_t vec)
-{
-    uint32_t sum = 0;
-    for (; vec; vec >>= 1, mat++)
-        if (vec & 1)
-            sum ^= *mat;
-    return sum;
-}
-
-static void gf2_square(uint32_t *square, const uint32_t *mat)
-{
-    for (int n = 0; n < 32; n++)
-        square[n] = gf2_times(mat, mat[n]);
-}
-
-/* The operator appending ``len`` (a power of two) zero bytes to a CRC register. */
-static void zeros_op(uint32_t *even, size_t len)
-{
-    uint32_t odd[32];
-    odd[0] = 0x82F63B78u;              /* one zero bit */
-    for (int n = 1; n < 32; n++)
-        odd[n] = 1u << (n - 1);
-    gf2_square(even, odd);             /* two bits */
-    gf2_square(odd, even);             /* four bits */
-    do {
-        gf2_square(even, odd);         /* 1, 4, 16 ... bytes */
-        len >>= 1;
-        if (len == 0)
-            return;
-        gf2_square(odd, even);         /* 2, 8, 32 ... bytes */
-        len >>= 1;
-    } while (len);
-    memcpy(even, odd, sizeof(odd));
-}
-
-static void zeros_table(uint32_t zeros[][256], size_t len)
-{
-    uint32_t op[32];
-    zeros_op(op, len);
-    for (uint32_t n = 0; n < 256; n++) {
-        zeros[0][n] = gf2_times(op, n);
-        zeros[1][n] = gf2_times(op, n << 8);
-        zeros[2][n] = gf2_times(op, n << 16);
-        zeros[3][n] = gf2_times(op, n << 24);
-    }
-}
-
-static inline uint32_t crc_shift(uint32_t zeros[][256], uint32_t crc)
-{
-    return zeros[0][crc & 0xff] ^ zeros[1][(crc >> 8) & 0xff] ^ zeros[2][(crc >> 16) & 0xff] ^
-           zeros[3][crc >> 24];
-}
-
-#if HAVE_SSE42_INTRIN && defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define CRC_HW 1
-__attribute__((target("sse4.2")))
-static uint32_t crc_hw(uint32_t c32, const uint8_t *p, size_t n)
-{
-    while (n && ((uintptr_t)p & 7)) {
-        c32 = _mm_crc32_u8(c32, *p++);
-        n--;
-    }
-    uint64_t c0 = c32;
-#define CRC_3WAY(BLK, TABLE)                                                        \
-    while (n >= 3 * (BLK)) {                                                        \
-        uint64_t c1 = 0, c2 = 0, a, b, d;                                           \
-        const uint8_t *end = p + (BLK);                                             \
-        do {                                                                        \
-            memcpy(&a, p, 8);                                                       \
-            memcpy(&b, p + (BLK), 8);                                               \
-            memcpy(&d, p + 2 * (BLK), 8);                                           \
-            c0 = _mm_crc32_u64(c0, a);                                              \
-            c1 = _mm_crc32_u64(c1, b);                                              \
-            c2 = _mm_crc32_u64(c2, d);                                              \
-            p += 8;                                                                 \
-        } while (p < end);                                                          \
-        c0 = crc_shift(TABLE, (uint32_t)c0) ^ (uint32_t)c1;                         \
-        c0 = crc_shift(TABLE, (uint32_t)c0) ^ (uint32_t)c2;                         \
-        p += 2 * (BLK);                                                             \
-        n -= 3 * (BLK);                                                             \
-    }
-    CRC_3WAY(LONG_BLK, crc_long)
-    CRC_3WAY(SHORT_BLK, crc_short)
-#undef CRC_3WAY
-    while (n >= 8) {
-        uint64_t v;
-        memcpy(&v, p, 8);
-        c0 = _mm_crc32_u64(c0, v);
-        p += 8;
-        n -= 8;
-    }
-    c32 = (uint32_t)c0;
-    while (n--)
-        c32 = _mm_crc32_u8(c32, *p++);
-    return c32;
-}
-#endif
-
-static void crc_init(void)
-{
-    for (uint32_t i = 0; i < 256; i++) {
-        uint32_t c = i;
-        for (int k = 0; k < 8; k++)
-            c = c & 1 ? (c >> 1) ^ 0x82F63B78u : c >> 1;
-        crc_table[0][i] = c;
-    }
-    for (uint32_t i = 0; i < 256; i++)
-        for (int s = 1; s < 8; s++)
-            crc_table[s][i] = (crc_table[s - 1][i] >> 8) ^ crc_table[0][crc_table[s - 1][i] & 0xff];
-    zeros_table(crc_long, LONG_BLK);
-    zeros_table(crc_short, SHORT_BLK);
-#if HAVE_SSE42_INTRIN && defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-    __builtin_cpu_init();
-    crc_hw_available = __builtin_cpu_supports("sse4.2") ? 1 : 0;
-#endif
-    crc_use_hw = crc_hw_available;
-}
-
-/* crc32c.crc32c(data, value): the finished CRC of data continuing from ``value``. */
-static uint32_t crc32c(uint32_t value, const uint8_t *p, size_t n)
-{
-    uint32_t c = ~value;
-#ifdef CRC_HW
-    if (crc_use_hw)
-        return ~crc_hw(c, p, n);
-#endif
-    return ~crc_sw(c, p, n);
-}
+/* -- CRC32C: the one implementation of Ferry's C accelerators (csrc/) --------------- */
+#include "ferry_crc32c.h"
+#define crc32c ferry_crc32c
+#define crc_init ferry_crc_init
+#define crc_use_hw ferry_crc_use_hw
+#define crc_hw_available ferry_crc_hw_available
 
 /* -- page checks (exactly check_page / _check_data) --------------------------------- */
 

@@ -10,10 +10,9 @@
  * The on-disk format is unchanged: tests/wal/test_accel.py checks that segment files
  * written with and without this module are byte-identical.
  *
- * CRC32C: SSE4.2 crc32 instructions (three interleaved streams, combined with
- * zero-shift tables, for long buffers) when the CPU has them, checked at run time;
- * a slicing-by-8 table otherwise. Results equal the `crc32c` package's
- * crc32c(data, value) (pre- and post-inverted, chained through `value`).
+ * CRC32C: csrc/ferry_crc32c.h (shared with checkpoint/_pageaccel.c): SSE4.2 when the
+ * CPU has it, checked at run time, a slicing-by-8 table otherwise. Results equal the
+ * `crc32c` package's crc32c(data, value).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -25,14 +24,6 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <nmmintrin.h>
-#define HAVE_X86 1
-#else
-#define HAVE_X86 0
-#endif
-
-#define POLY 0x82F63B78u          /* CRC32C (Castagnoli), reflected */
 #define HEAD_SIZE 16               /* length u32 | lsn u64 | type u16 | flags u16 */
 #define CHECK_SIZE 4
 #define COPY_MAX 8192              /* payloads up to this are copied next to the head */
@@ -42,177 +33,14 @@
  * get it back; from 64 KiB (a write of 30 us or more) other threads gain real time. */
 #define NOGIL_MIN 65536
 
-/* ---------------------------------------------------------------- software CRC */
-static uint32_t sw_table[8][256];
-
-static void sw_init(void) {
-    for (uint32_t n = 0; n < 256; n++) {
-        uint32_t c = n;
-        for (int k = 0; k < 8; k++)
-            c = (c & 1) ? (c >> 1) ^ POLY : c >> 1;
-        sw_table[0][n] = c;
-    }
-    for (uint32_t n = 0; n < 256; n++) {
-        uint32_t c = sw_table[0][n];
-        for (int k = 1; k < 8; k++) {
-            c = sw_table[0][c & 0xff] ^ (c >> 8);
-            sw_table[k][n] = c;
-        }
-    }
-}
-
-/* crc is the raw register (already inverted by the caller). */
-static uint32_t sw_update(uint32_t crc, const unsigned char *p, size_t len) {
-    while (len && ((uintptr_t)p & 7)) {
-        crc = sw_table[0][(crc ^ *p++) & 0xff] ^ (crc >> 8);
-        len--;
-    }
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-    while (len >= 8) {
-        uint64_t w;
-        memcpy(&w, p, 8);
-        w ^= crc;
-        crc = sw_table[7][w & 0xff] ^ sw_table[6][(w >> 8) & 0xff] ^
-              sw_table[5][(w >> 16) & 0xff] ^ sw_table[4][(w >> 24) & 0xff] ^
-              sw_table[3][(w >> 32) & 0xff] ^ sw_table[2][(w >> 40) & 0xff] ^
-              sw_table[1][(w >> 48) & 0xff] ^ sw_table[0][w >> 56];
-        p += 8;
-        len -= 8;
-    }
-#endif
-    while (len--)
-        crc = sw_table[0][(crc ^ *p++) & 0xff] ^ (crc >> 8);
-    return crc;
-}
-
-/* ---------------------------------------------------------------- hardware CRC */
-#if HAVE_X86
-/* Three independent streams hide the crc32 instruction's latency; their registers
- * are combined by "appending zeros" to the earlier ones, a linear map applied with
- * four table lookups (the operator is built once, by squaring, at import). */
-#define LONG_BLOCK 8192
-#define SHORT_BLOCK 256
-static uint32_t zeros_long[4][256], zeros_short[4][256];
-
-static uint32_t gf2_times(const uint32_t *mat, uint32_t vec) {
-    uint32_t sum = 0;
-    while (vec) {
-        if (vec & 1)
-            sum ^= *mat;
-        vec >>= 1;
-        mat++;
-    }
-    return sum;
-}
-
-static void gf2_square(uint32_t *square, const uint32_t *mat) {
-    for (int n = 0; n < 32; n++)
-        square[n] = gf2_times(mat, mat[n]);
-}
-
-/* The operator that feeds `len` zero bytes (a power of two) through the register. */
-static void zeros_op(uint32_t *even, size_t len) {
-    uint32_t odd[32];
-    uint32_t row = 1;
-    odd[0] = POLY;                 /* one zero bit */
-    for (int n = 1; n < 32; n++) {
-        odd[n] = row;
-        row <<= 1;
-    }
-    gf2_square(even, odd);         /* two zero bits */
-    gf2_square(odd, even);         /* four zero bits */
-    for (;;) {
-        gf2_square(even, odd);     /* 8, 32, 128, ... bits */
-        len >>= 1;
-        if (len == 0)
-            return;
-        gf2_square(odd, even);
-        len >>= 1;
-        if (len == 0)
-            break;
-    }
-    memcpy(even, odd, sizeof(odd));
-}
-
-static void zeros_table(uint32_t zeros[4][256], size_t len) {
-    uint32_t op[32];
-    zeros_op(op, len);
-    for (uint32_t n = 0; n < 256; n++) {
-        zeros[0][n] = gf2_times(op, n);
-        zeros[1][n] = gf2_times(op, n << 8);
-        zeros[2][n] = gf2_times(op, n << 16);
-        zeros[3][n] = gf2_times(op, n << 24);
-    }
-}
-
-static inline uint32_t shift(uint32_t zeros[4][256], uint32_t crc) {
-    return zeros[0][crc & 0xff] ^ zeros[1][(crc >> 8) & 0xff] ^
-           zeros[2][(crc >> 16) & 0xff] ^ zeros[3][crc >> 24];
-}
-
-static inline uint64_t load64(const unsigned char *p) {
-    uint64_t w;
-    memcpy(&w, p, 8);
-    return w;
-}
-
-__attribute__((target("sse4.2")))
-static uint32_t hw_update(uint32_t crc, const unsigned char *p, size_t len) {
-    uint64_t c0 = crc;
-    while (len && ((uintptr_t)p & 7)) {
-        c0 = _mm_crc32_u8((uint32_t)c0, *p++);
-        len--;
-    }
-    while (len >= 3 * LONG_BLOCK) {
-        uint64_t c1 = 0, c2 = 0;
-        const unsigned char *end = p + LONG_BLOCK;
-        do {
-            c0 = _mm_crc32_u64(c0, load64(p));
-            c1 = _mm_crc32_u64(c1, load64(p + LONG_BLOCK));
-            c2 = _mm_crc32_u64(c2, load64(p + 2 * LONG_BLOCK));
-            p += 8;
-        } while (p < end);
-        c0 = shift(zeros_long, (uint32_t)c0) ^ (uint32_t)c1;
-        c0 = shift(zeros_long, (uint32_t)c0) ^ (uint32_t)c2;
-        p += 2 * LONG_BLOCK;
-        len -= 3 * LONG_BLOCK;
-    }
-    while (len >= 3 * SHORT_BLOCK) {
-        uint64_t c1 = 0, c2 = 0;
-        const unsigned char *end = p + SHORT_BLOCK;
-        do {
-            c0 = _mm_crc32_u64(c0, load64(p));
-            c1 = _mm_crc32_u64(c1, load64(p + SHORT_BLOCK));
-            c2 = _mm_crc32_u64(c2, load64(p + 2 * SHORT_BLOCK));
-            p += 8;
-        } while (p < end);
-        c0 = shift(zeros_short, (uint32_t)c0) ^ (uint32_t)c1;
-        c0 = shift(zeros_short, (uint32_t)c0) ^ (uint32_t)c2;
-        p += 2 * SHORT_BLOCK;
-        len -= 3 * SHORT_BLOCK;
-    }
-    while (len >= 8) {
-        c0 = _mm_crc32_u64(c0, load64(p));
-        p += 8;
-        len -= 8;
-    }
-    while (len--)
-        c0 = _mm_crc32_u8((uint32_t)c0, *p++);
-    return (uint32_t)c0;
-}
-#endif
+/* ---------------------------------------------------------------- CRC32C */
+/* The one implementation of Ferry's C accelerators (csrc/ferry_crc32c.h). */
+#include "ferry_crc32c.h"
+#define crc_update ferry_crc_update
+#define use_hw ferry_crc_use_hw
+#define hw_available ferry_crc_hw_available
 
 static size_t write_cap = 0;   /* test hook (_set_write_cap): at most this many bytes per write */
-static int hw_available = 0;   /* the CPU has SSE4.2 */
-static int use_hw = 0;         /* and the hardware path is on (test hook can turn it off) */
-
-static inline uint32_t crc_update(uint32_t crc, const void *p, size_t len) {
-#if HAVE_X86
-    if (use_hw)
-        return hw_update(crc, (const unsigned char *)p, len);
-#endif
-    return sw_update(crc, (const unsigned char *)p, len);
-}
 
 /* ---------------------------------------------------------------- helpers */
 static inline void put_u16(unsigned char *p, uint32_t x) {
@@ -511,14 +339,7 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__accel(void) {
-    sw_init();
-#if HAVE_X86
-    __builtin_cpu_init();
-    hw_available = __builtin_cpu_supports("sse4.2");
-    zeros_table(zeros_long, LONG_BLOCK);
-    zeros_table(zeros_short, SHORT_BLOCK);
-#endif
-    use_hw = hw_available;
+    ferry_crc_init();
     PyObject *mod = PyModule_Create(&module);
     if (mod == NULL)
         return NULL;

@@ -14,7 +14,6 @@ import random
 import signal
 import subprocess
 import tempfile
-import uuid
 from typing import Iterator
 
 import pytest
@@ -211,20 +210,6 @@ def test_pure_path_runs_when_the_module_is_missing(tmp_path, py_env, python) -> 
                        timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[5000, 1]"
-
-
-@pytest.fixture
-def small_fs(tmp_path):
-    mnt = tmp_path / f"tmpfs-{uuid.uuid4().hex[:6]}"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {r.stderr.strip()}")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 @needs_accel

@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import uuid
 
 import pytest
 
@@ -11,20 +9,6 @@ import faults
 from faults import fileio
 from faults.powerloss import PowerLossLayer
 from wal import OutOfDiskError, Wal, WalError, WalLockedError
-
-
-@pytest.fixture
-def small_fs(tmp_path):
-    mnt = tmp_path / f"tmpfs-{uuid.uuid4().hex[:6]}"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {r.stderr.strip()}")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 @pytest.mark.parametrize("batch", [1, 7])
