@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 
 # The C accelerators (wal/_accel.c, checkpoint/_pageaccel.c) are built by the editable
 # install; a changed source rebuilds them. Without a compiler the pure-Python paths run.
-$(STAMP): pyproject.toml $(wildcard */*.c)
+$(STAMP): pyproject.toml $(wildcard */*.c csrc/*.h)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
