@@ -90,6 +90,16 @@ class PageMemory:
         self.dirty.add(key)
         self._evict(keep=key)
 
+    def put_new_many(self, items: list[tuple[int, bytearray]]) -> None:
+        """:meth:`put_new` for several pages (an overflow chain): one eviction pass at
+        the end. The new pages are dirty, so that pass never evicts them."""
+        pages, dirty = self.pages, self.dirty
+        for key, buf in items:
+            pages[key] = buf
+            pages.move_to_end(key)
+            dirty.add(key)
+        self._evict()
+
     # -- checkpoint cut ----------------------------------------------------------
     @property
     def pressure(self) -> int:

@@ -292,11 +292,11 @@ class Partition:
         count = max(1, -(-len(value) // room))
         indexes = [self._alloc_index() for _ in range(count)]
         indexes.append(0)
-        take, put, build = self.mem.take, self.mem.put_new, pg.overflow_page
-        for n in range(count):
-            index = indexes[n]
-            put(page_key(pid, index), build(index, ps, view[n * room:(n + 1) * room],
-                                            indexes[n + 1], take()))
+        take, build = self.mem.take, pg.overflow_page
+        base = page_key(pid, 0)
+        self.mem.put_new_many([(base + indexes[n], build(indexes[n], ps, view[n * room:(n + 1) * room],
+                                                         indexes[n + 1], take()))
+                               for n in range(count)])
         return indexes[0]
 
     def _free_chain(self, first: int, length: int, origin: int) -> None:
