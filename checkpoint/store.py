@@ -99,7 +99,8 @@ class PartitionStore:
         return self._update(partition, key, value, counter) is not None
 
     def apply_many(self, partition: int,
-                   updates: Iterable[tuple[bytes, bytes | None, int]]) -> list[bool]:
+                   updates: Iterable[tuple[bytes, bytes | None, int]], *,
+                   logged: bool = True) -> list[bool]:
         """Batch form of :meth:`apply`: ``updates`` are ``(key, value or None for a
         remove, counter)``.  Returns one bool per item, what :meth:`apply` would have
         returned (False: its counter was at or below the partition's, ignored).
@@ -109,7 +110,16 @@ class PartitionStore:
         waits for durability ONCE at the end (temp-WAL replay is not bounded by an
         fsync per update).  Chunks are sized so page memory stays within its budget;
         between chunks writers' admission (and a checkpoint) may run, so a crash or
-        an error mid-batch leaves a prefix applied - harmless, items are idempotent."""
+        an error mid-batch leaves a prefix applied - harmless, items are idempotent.
+
+        ``logged=False``: the updates go to page memory only, not to the WAL (undo
+        images still do), and nothing waits for the disk: they become durable with the
+        next checkpoint that covers them, and a crash before it loses them. Only for a
+        caller that rebuilds the partition another way after a crash and waits for
+        :meth:`wait_checkpoint_covering` before relying on them: the temp-WAL replay of
+        a moving partition (a crash restarts the move with a fresh install, and OWNING
+        waits for such a checkpoint), which would otherwise log every value a second
+        time."""
         items = list(updates)
         for key, value, counter in items:
             if not isinstance(key, bytes) or not (value is None or isinstance(value, bytes)) \
@@ -134,9 +144,11 @@ class PartitionStore:
                     if ok:
                         held = counter
                         take.append((key, value, counter))
-                        payloads.append(encode_update(partition, counter, key, value))
-                if payloads:
-                    last_lsn = self.wal.append_many(payloads, RecordType.UPDATE, wait=False)
+                        if logged:
+                            payloads.append(encode_update(partition, counter, key, value))
+                if take:
+                    if payloads:
+                        last_lsn = self.wal.append_many(payloads, RecordType.UPDATE, wait=False)
                     try:
                         for key, value, counter in take:
                             part.write(key, value, counter)

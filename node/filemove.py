@@ -53,7 +53,8 @@ BACKPRESSURE_MAX_S = 0.5  # below the primary's replicate timeout (5 s) by far
 
 
 def apply_chunked(data: Any, p: int, updates: list[tuple[bytes, bytes | None, int]],
-                  max_records: int = APPLY_CHUNK, max_bytes: int = APPLY_CHUNK_BYTES) -> int:
+                  max_records: int = APPLY_CHUNK, max_bytes: int = APPLY_CHUNK_BYTES, *,
+                  logged: bool = True) -> int:
     """Apply ``(key, value or None, counter)`` updates of p (partition lock held) in
     chunks of at most ``max_records`` records / ``max_bytes`` (the messages mode: a
     supply message's APPLY_CHUNK / APPLY_CHUNK_BYTES): each chunk ONE WAL batch,
@@ -67,10 +68,10 @@ def apply_chunked(data: Any, p: int, updates: list[tuple[bytes, bytes | None, in
         chunk.append(u)
         size += len(u[0]) + len(u[1] or b"")
         if len(chunk) >= max_records or size >= max_bytes:
-            done += data.apply_many(p, chunk)
+            done += data.apply_many(p, chunk, logged=logged)
             chunk, size = [], 0
     if chunk:
-        done += data.apply_many(p, chunk)
+        done += data.apply_many(p, chunk, logged=logged)
     return done
 
 
@@ -279,9 +280,9 @@ class FileMoves:
         """Apply the temp WAL in order while appends go on; switch at the tail.
 
         One open reader for the whole replay (:class:`TempWalCursor`), and batches of up
-        to REPLAY_BYTES applied with ONE ``apply_many`` each: one node-WAL durability wait
-        and one index commit per batch, not per 4 MiB. Those waits protect nothing
-        here: until OWNING this copy counts for no acknowledgement (the primary acks on
+        to REPLAY_BYTES applied with ONE ``apply_many`` each: one index commit per batch,
+        and since session 5 no node-WAL record at all (``logged=False``; before, one
+        durability wait per batch). Logging protects nothing here: until OWNING this copy counts for no acknowledgement (the primary acks on
         its OWNING copies; this one answers ``buffered``), a crash restarts the move
         from ``prepare`` with a fresh temp WAL and a fresh install (whose WAL INSTALL
         record voids every earlier record of p), and OWNING waits for a checkpoint
@@ -338,7 +339,11 @@ class FileMoves:
                                       f"{u.counter} (an update was missed); restarting the move")
                 todo.append((u.key, u.value, u.counter))
                 cur = u.counter
-        mv.replayed += apply_chunked(data, p, todo, max_records, max_bytes)
+        # Not logged in the node WAL: the temp WAL holds these updates durably until
+        # OWNING, and OWNING waits for a checkpoint covering them; a crash before it
+        # restarts the move with a fresh install (whose INSTALL record voids p's
+        # earlier records). Logging every value a second time bought nothing.
+        mv.replayed += apply_chunked(data, p, todo, max_records, max_bytes, logged=False)
         if records:
             mv.sink.replayed = records[-1][0]
 

@@ -109,13 +109,15 @@ class CacheData:
                                "batched puts applied (counter moved under the partition lock)")
         return [c for _, _, c in ups]
 
-    def apply_many(self, p: int, updates: list[tuple[bytes, bytes | None, int]]) -> int:
+    def apply_many(self, p: int, updates: list[tuple[bytes, bytes | None, int]], *,
+                   logged: bool = True) -> int:
         """Backup side / temp-WAL replay, bulk: idempotent by counter like :meth:`apply`;
         the data in one WAL batch with ONE durability wait (``PartitionStore.apply_many``),
         the index changes in one commit. The caller holds the partition lock, so nothing
         else changes p meanwhile. Returns how many were applied. (A crash between the
         data and the index commit leaves the index behind; the unclean start-up rebuilds
-        it, a move starts over.)"""
+        it, a move starts over.) ``logged=False``: the data is not written to the node
+        WAL (``PartitionStore.apply_many``); only for the temp-WAL replay of a move."""
         held = self.counter(p)
         todo = []
         for u in updates:                       # only what apply() would apply, in order
@@ -130,7 +132,7 @@ class CacheData:
             for key, value, _ in todo:
                 olds.append(pending[key] if key in pending else self.store.get(p, key))
                 pending[key] = value
-        done = self.store.apply_many(p, todo)
+        done = self.store.apply_many(p, todo, logged=logged)
         if self.cache.indexes:
             if all(done):
                 self.indexes.apply_many(p, [(k, o, v) for (k, v, _), o in zip(todo, olds)])

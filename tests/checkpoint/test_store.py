@@ -196,3 +196,38 @@ def test_snapshot_one_per_partition_and_delta_removed(open_store) -> None:
     s = open_store()
     assert not any(n.endswith(".delta") for n in os.listdir(s.dir))
     assert [e.key for e in iter_entries(s.partition_path(2))] == [b"k"]
+
+
+def test_unlogged_apply_many_is_durable_only_by_checkpoint(open_store) -> None:
+    """``apply_many(logged=False)`` (the temp-WAL replay of a move): page memory only,
+    no UPDATE record in the WAL; a covering checkpoint makes it durable, a crash before
+    one loses exactly those updates and nothing else, and the store reopens cleanly."""
+    from checkpoint.records import RecordType, decode_update
+
+    def updates_logged(s, p: int) -> int:
+        return sum(1 for r in s.wal.read_from(s.wal.first_lsn)
+                   if r.type == RecordType.UPDATE and decode_update(r.payload).partition == p)
+    s = open_store(wal_sync="group")
+    for i in range(50):
+        s.put(1, b"base-%d" % i, b"v" * 100)
+    s.put(2, b"other", b"kept")
+    s.checkpoint()
+    before = updates_logged(s, 1)
+    ups = [(b"r-%d" % i, b"R%d-" % i + b"x" * (200 if i % 7 else 9000), 51 + i) for i in range(300)]
+    assert s.apply_many(1, ups, logged=False) == [True] * 300
+    assert updates_logged(s, 1) == before
+    assert s.counter(1) == 350 and s.get(1, b"r-299") == ups[299][1]
+    s.put(2, b"other-2", b"logged")                     # other partitions log as always
+    s.wal.sync()
+    s.close(checkpoint=False)                           # a crash: no checkpoint since
+    s = open_store(wal_sync="group")
+    assert s.counter(1) == 50 and s.get(1, b"r-0") is None
+    assert s.get(1, b"base-49") == b"v" * 100
+    assert s.get(2, b"other") == b"kept" and s.get(2, b"other-2") == b"logged"
+    assert s.apply_many(1, ups, logged=False) == [True] * 300
+    assert s.wait_checkpoint_covering(1, 350, timeout=30)
+    s.close(checkpoint=False)                           # a crash after the covering checkpoint
+    s = open_store(wal_sync="group")
+    assert s.counter(1) == 350
+    assert dict(s.scan(1)) == {**{b"base-%d" % i: b"v" * 100 for i in range(50)},
+                               **{k: v for k, v, _ in ups}}

@@ -42,7 +42,7 @@ def count_calls(d, monkeypatch) -> list[int]:
     and of the index's batch commits."""
     calls: list[int] = []
     store_many, index_many = d.store.apply_many, d.indexes.apply_many
-    monkeypatch.setattr(d.store, "apply_many", lambda p, ups: calls.append(len(ups)) or store_many(p, ups))
+    monkeypatch.setattr(d.store, "apply_many", lambda p, ups, **kw: calls.append(len(ups)) or store_many(p, ups, **kw))
     monkeypatch.setattr(d.indexes, "apply_many", lambda p, ch: calls.append(-len(ch)) or index_many(p, ch))
     monkeypatch.setattr(d.store, "apply", lambda *a: pytest.fail("per-entry apply on the batch path"))
     return calls
