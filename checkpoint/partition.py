@@ -293,10 +293,12 @@ class Partition:
         indexes = [self._alloc_index() for _ in range(count)]
         indexes.append(0)
         take, build = self.mem.take, pg.overflow_page
-        base = page_key(pid, 0)
-        self.mem.put_new_many([(base + indexes[n], build(indexes[n], ps, view[n * room:(n + 1) * room],
-                                                         indexes[n + 1], take()))
-                               for n in range(count)])
+        pages = []
+        for n in range(count):
+            index = indexes[n]
+            piece = view[n * room:(n + 1) * room]
+            pages.append((page_key(pid, index), build(index, ps, piece, indexes[n + 1], take())))
+        self.mem.put_new_many(pages)
         return indexes[0]
 
     def _free_chain(self, first: int, length: int, origin: int) -> None:

@@ -43,7 +43,7 @@ log = logging.getLogger("ferry.node.filemove")
 APPLY_CHUNK = 2048         # messages mode: records per WAL batch / durability wait / index commit
 APPLY_CHUNK_BYTES = 4 << 20
 # temp-WAL replay: records / payload bytes read and applied with ONE apply_many (one
-# durability wait, one index commit); the bytes bound what the replay holds in memory
+# index commit, no node-WAL record); the bytes bound what the replay holds in memory
 REPLAY_RECORDS = 16384
 REPLAY_BYTES = 32 << 20
 TAIL = 64                  # records left when the switch to the direct path happens
@@ -60,7 +60,8 @@ def apply_chunked(data: Any, p: int, updates: list[tuple[bytes, bytes | None, in
     supply message's APPLY_CHUNK / APPLY_CHUNK_BYTES): each chunk ONE WAL batch,
     ONE durability wait and ONE index commit (``CacheData.apply_many``); counters at or
     below the partition's are skipped. Returns how many were applied. Both the temp-WAL
-    replay and the messages mode's supply batches and catch-up go through here."""
+    replay (``logged=False``: no WAL batch, no wait) and the messages mode's supply
+    batches and catch-up go through here."""
     done = 0
     chunk: list[tuple[bytes, bytes | None, int]] = []
     size = 0
@@ -281,12 +282,14 @@ class FileMoves:
 
         One open reader for the whole replay (:class:`TempWalCursor`), and batches of up
         to REPLAY_BYTES applied with ONE ``apply_many`` each: one index commit per batch,
-        and since session 5 no node-WAL record at all (``logged=False``; before, one
-        durability wait per batch). Logging protects nothing here: until OWNING this copy counts for no acknowledgement (the primary acks on
-        its OWNING copies; this one answers ``buffered``), a crash restarts the move
-        from ``prepare`` with a fresh temp WAL and a fresh install (whose WAL INSTALL
-        record voids every earlier record of p), and OWNING waits for a checkpoint
-        that covers everything applied (pages fsynced, marker durable)."""
+        and no node-WAL record at all (``logged=False``: logging every value a second
+        time bought nothing). Logging protects nothing here: the temp WAL holds these
+        updates durably until OWNING; until then this copy counts for no
+        acknowledgement (the primary acks on its OWNING copies; this one answers
+        ``buffered``), a crash restarts the move from ``prepare`` with a fresh temp WAL
+        and a fresh install (whose WAL INSTALL record voids every earlier record of p),
+        and OWNING waits for a checkpoint that covers everything applied (pages
+        fsynced, marker durable)."""
         cache, p, sink = mv.cache, mv.p, mv.sink
         cursor = sink.cursor(sink.wal.first_lsn)
         t0 = mv.replay_started = time.monotonic()
@@ -310,7 +313,7 @@ class FileMoves:
                 # with a replay rate limit (records/s): batches of a tenth of a second
                 batch = cursor.read(max(TAIL, limit // 10) if limit else REPLAY_RECORDS,
                                     REPLAY_BYTES)
-                self._apply_records(mv, data, batch, REPLAY_RECORDS, REPLAY_BYTES)
+                self._apply_records(mv, data, batch)
                 if limit:
                     ahead = mv.replayed / limit - (time.monotonic() - t0)
                     if ahead > 0:
@@ -319,16 +322,16 @@ class FileMoves:
                 crashpoint("demander.mid_replay")
             with self.plock(cache, p):      # brief: the last few records, then the switch
                 tail = cursor.read(None)    # appends hold this lock: this is all of them
-                self._apply_records(mv, data, tail, REPLAY_RECORDS, REPLAY_BYTES)
+                self._apply_records(mv, data, tail)
                 crashpoint("demander.mid_replay")
                 mv.direct = True
                 rates()
         finally:
             cursor.close()
 
-    def _apply_records(self, mv: Any, data: Any, records: list[Any], max_records: int = APPLY_CHUNK,
-                       max_bytes: int = APPLY_CHUNK_BYTES) -> None:
-        """Apply a batch of temp-WAL records (index changes in one commit)."""
+    def _apply_records(self, mv: Any, data: Any, records: list[Any]) -> None:
+        """Apply a batch of temp-WAL records of the replay (index changes in one
+        commit, no node-WAL records: see :meth:`_replay`)."""
         p = mv.p
         cur = data.counter(p)
         todo = []
@@ -339,11 +342,7 @@ class FileMoves:
                                       f"{u.counter} (an update was missed); restarting the move")
                 todo.append((u.key, u.value, u.counter))
                 cur = u.counter
-        # Not logged in the node WAL: the temp WAL holds these updates durably until
-        # OWNING, and OWNING waits for a checkpoint covering them; a crash before it
-        # restarts the move with a fresh install (whose INSTALL record voids p's
-        # earlier records). Logging every value a second time bought nothing.
-        mv.replayed += apply_chunked(data, p, todo, max_records, max_bytes, logged=False)
+        mv.replayed += apply_chunked(data, p, todo, REPLAY_RECORDS, REPLAY_BYTES, logged=False)
         if records:
             mv.sink.replayed = records[-1][0]
 

@@ -25,7 +25,8 @@ FrameWrite = Callable[[int, bytes, int, int, int, int], "tuple[int, int, int]"]
 
 def enabled() -> bool:
     """True when the accelerator is built and not turned off by ``FERRY_WAL_ACCEL=0``."""
-    return _accel is not None and os.environ.get(ENV, "1").strip() not in ("0", "off", "no")
+    return _accel is not None and \
+        os.environ.get(ENV, "1").strip().lower() not in ("0", "off", "no", "false")
 
 
 def frame_writer(real_layer: bool) -> FrameWrite | None:
