@@ -245,6 +245,7 @@ class FileMoves:
                                    timeout=30.0).fetch(p, cache=cache, progress=progress)
                     mv.bytes = mv.bytes_total = res.bytes
                     mv.wire = mv.wire_before + res.bytes_wire
+                    mv.transfer_stages = {k: round(v, 3) for k, v in res.stages.items()}
                     return res
                 except (TransferError, OSError) as e:
                     log.warning("stage=transfer cache=%s partition=%d from %s (%s) failed: %s; "

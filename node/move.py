@@ -62,6 +62,7 @@ class Move:
     buffered: int = 0                 # temp-WAL records of the finished attempt
     stage_started: float = field(default_factory=time.monotonic)
     stage_seconds: dict[str, float] = field(default_factory=dict)
+    transfer_stages: dict[str, float] = field(default_factory=dict)   # the transfer's own (files mode)
     on_stage: Any = None              # callback(stage, seconds) for metrics
 
     def begin(self, stage: str) -> None:
@@ -119,6 +120,7 @@ class Move:
                "stage_seconds": dict(self.stage_seconds), "finished": time.time()}
         if self.mode == "files":
             out.update(self.catchup())
+            out["transfer_stages"] = dict(self.transfer_stages)
         return out
 
     def status(self, me: str) -> dict[str, Any]:

@@ -10,6 +10,8 @@ the storage's page check; on failure the temp file stays for resume, never insta
 """
 from __future__ import annotations
 
+import contextlib
+
 import logging
 import os
 import time
@@ -99,7 +101,10 @@ class _Fetch(DataStage):
         t0 = time.perf_counter()
         ctx = {"partition": self.partition, "peer": self.d.peer}
         try:
-            with self.stages.stage("reserve", **ctx), self.d.limits.slots.acquire(self.priority):
+            with contextlib.ExitStack() as held:
+                # the slot is held to the end; the "reserve" timer counts only the wait for it
+                with self.stages.stage("reserve", **ctx):
+                    held.enter_context(self.d.limits.slots.acquire(self.priority))
                 self._tell()
                 with self.stages.stage("connect", **ctx):
                     self.conn = self.d._connect()
