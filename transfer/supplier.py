@@ -11,6 +11,7 @@ ERROR frame; one broken session never disturbs the others.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import threading
@@ -76,8 +77,12 @@ class SupplierSession:
                     return False      # clean end of the connection between demands
                 demand = Demand.from_body(frame.body)
             ctx = {"partition": demand.partition, "peer": self.conn.peer}
-            with self.stages.stage("reserve", **ctx), self.server.limits.slots.acquire(
-                    demand.priority, on_wait=self._queued):
+            before = dict(self.stages.seconds)     # a connection serves many demands
+            with contextlib.ExitStack() as held:
+                # the slot is held to the end; the "reserve" timer counts only the wait for it
+                with self.stages.stage("reserve", **ctx):
+                    held.enter_context(self.server.limits.slots.acquire(demand.priority,
+                                                                        on_wait=self._queued))
                 with self.stages.stage("snapshot", **ctx):
                     snap = self.server.storage.open_snapshot(demand.cache, demand.partition)
                     crashpoint("supplier.after_snapshot")
@@ -95,8 +100,11 @@ class SupplierSession:
                 with self.stages.stage("applied", **ctx):
                     self._await_applied(snap, manifest, pre)
             self.server.stats.transfers_ok += 1
-            log.info("supplier: partition %s of %r sent to %s (C=%s, %s bytes on the wire)",
-                     demand.partition, demand.cache, self.conn.peer, manifest.counter, sent[1])
+            took = {k: round(v - before.get(k, 0.0), 3) for k, v in self.stages.seconds.items()
+                    if v - before.get(k, 0.0) >= 0.001}
+            log.info("supplier: partition %s of %r sent to %s (C=%s, %s bytes on the wire), "
+                     "stage seconds %s", demand.partition, demand.cache, self.conn.peer,
+                     manifest.counter, sent[1], took)
             return True
         except (FrameError, BadName, NotHeld) as e:
             code = e.code if isinstance(e, FrameError) else (
