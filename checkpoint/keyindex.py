@@ -19,11 +19,21 @@ reads that page anyway, and a new key reads a page only on a full 64-bit collisi
 
 Empty slots have location 0 (page 0 is the meta page, so no entry lives there).  The
 index never deletes: a removed key keeps its tombstone entry and its slot.
+
+Bulk path in C (``checkpoint/_keyaccel.c``, optional, off with ``FERRY_PAGE_ACCEL=0``
+like every checkpoint accelerator): the open/install scan's per-key work - hashing
+(xxh3-64 from the system's xxhash.h, equal to ``xxhash.xxh3_64_intdigest``) and probing
+- runs over packed u64 columns, while every sizing decision (reserve, split, grow)
+stays here: C stops when a segment is full and this code grows it and calls again.
+So the tables are identical with and without it (tests/checkpoint/test_keyaccel.py).
+The C hash runs only for the real hash; a custom ``hash_fn`` (tests forcing
+collisions) hashes in Python and only the probing, which never hashes, runs in C.
 """
 from __future__ import annotations
 
+import os
 from array import array
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 import xxhash
 
@@ -40,6 +50,33 @@ def key_hash(key: bytes) -> int:
     return xxhash.xxh3_64_intdigest(key)
 
 
+_XXH3 = key_hash            # the real hash: what the C path computes
+ACCEL_ENV = "FERRY_PAGE_ACCEL"   # one switch for all checkpoint C paths (pagefile.py)
+_ACCEL_ABI = 1
+
+
+def _load_accel():
+    """``checkpoint._keyaccel`` when built, of this ABI version and not switched off."""
+    if os.environ.get(ACCEL_ENV, "1").strip().lower() in ("0", "off", "no", "false"):
+        return None
+    try:
+        from . import _keyaccel as mod
+    except ImportError:
+        return None
+    if getattr(mod, "ABI_VERSION", None) != _ACCEL_ABI or \
+            (mod.MAX_LOAD_NUM, mod.MAX_LOAD_DEN) != (MAX_LOAD_NUM, MAX_LOAD_DEN):
+        return None
+    return mod
+
+
+_accel = _load_accel()      # read at each bulk call: tests swap it
+
+
+def accelerator() -> str | None:
+    """``"c"`` when the C bulk path runs, else None (pure Python)."""
+    return None if _accel is None else "c"
+
+
 def _zeros(n: int) -> array:
     return array("Q", bytes(8 * n))
 
@@ -51,6 +88,11 @@ class KeyIndex:
                  hash_fn: Callable[[bytes], int] | None = None) -> None:
         self._key_at = key_at
         self._hash = hash_fn if hash_fn is not None else key_hash   # module global, read now
+        # The C hash only stands in for the real one; a lookup then calls xxhash
+        # directly (one Python frame less on the read path).
+        self._native = self._hash is _XXH3
+        if self._native:
+            self._hash = xxhash.xxh3_64_intdigest
         # One segment (shift 64: every 64-bit hash >> 64 is 0) until it reaches
         # SPLIT_SLOTS; then SEGMENTS segments chosen by the top SEGMENT_BITS bits.
         self._shift = 64
@@ -134,6 +176,19 @@ class KeyIndex:
         :meth:`add`. Lookups find the same locations either way."""
         if not items:
             return
+        acc = _accel
+        if acc is not None:
+            if self._native and type(items) is list:
+                src_h, src_l = acc.hash_items(items)      # checks the locations too
+            else:
+                hf = self._hash
+                hs = [hf(k) for k, _loc in items]
+                ls = [loc for _k, loc in items]
+                if min(ls) <= 0:
+                    raise ValueError("location 0 is the empty-slot marker")
+                src_h, src_l = array("Q", hs), array("Q", ls)
+            self._add_columns(acc, src_h, src_l)
+            return
         hf = self._hash
         pairs = [(hf(k), loc) for k, loc in items]
         if min(loc for _h, loc in pairs) <= 0:
@@ -153,6 +208,53 @@ class KeyIndex:
             locs[i] = loc
             used[seg] += 1
         self._len += len(pairs)
+
+    def add_page_keys(self, pages: Sequence[tuple[int, int, int, list[tuple[int, bytes]]]]
+                      ) -> None:
+        """:meth:`add_many` of the keys of ``pages``, items of ``pagefile.iter_page_keys``
+        (``(page, type, used, [(slot, key)])``) at location ``page << 16 | slot``,
+        hashed in C when it can be (no per-key tuple built)."""
+        acc = _accel
+        if acc is not None and self._native and type(pages) is list:
+            if pages:
+                self._add_columns(acc, *acc.page_hashes(pages))
+            return
+        self.add_many([(key, page << 16 | slot)
+                       for page, _t, _u, keys in pages for slot, key in keys])
+
+    def scan_accel(self):
+        """The C module whose ``scan_pages`` hashes keys for :meth:`add_hashed`, or
+        None: no C path, or this index has a custom hash (tests)."""
+        return _accel if self._native else None
+
+    def add_hashed(self, hashes: bytes, locations: bytes) -> None:
+        """:meth:`add_many` of keys already hashed by the C path (``scan_pages``): two
+        columns of native u64, hashes (xxh3-64) and locations (never 0)."""
+        acc = _accel
+        if acc is None or not self._native:
+            raise RuntimeError("add_hashed needs the C key index path and the real hash")
+        self._add_columns(acc, hashes, locations)
+
+    def _add_columns(self, acc, src_h, src_l) -> None:
+        """add_many's placing, in C: the u64 columns of hashes and locations."""
+        n = len(src_l) // 8 if isinstance(src_l, bytes) else len(src_l)
+        if not n:
+            return
+        self._reserve(self._len + n)
+        self._place_all(acc, src_h, src_l)
+        self._len += n
+
+    def _place_all(self, acc, src_h, src_l) -> None:
+        """Place every (hash, location) of the columns (location 0: skipped) in order,
+        growing a segment when it is full - the pure-Python loops' exact steps."""
+        start = 0
+        while True:
+            full = acc.place(src_h, src_l, start, self._shift, self._hashes, self._locs,
+                             self._masks, self._used)
+            if full is None:
+                return
+            start, seg = full
+            self._grow(seg)
 
     def _reserve(self, total: int) -> None:
         """Grow (and split) so that ``total`` keys spread evenly fit within the load
@@ -188,6 +290,10 @@ class KeyIndex:
         self._locs = [_zeros(size) for _ in range(SEGMENTS)]
         self._masks = [size - 1] * SEGMENTS
         self._used = [0] * SEGMENTS
+        acc = _accel
+        if acc is not None:
+            self._place_all(acc, old_h, old_l)
+            return
         for h, loc in zip(old_h, old_l):
             if loc:
                 seg = h >> self._shift
@@ -202,6 +308,11 @@ class KeyIndex:
         old_h, old_l = self._hashes[seg], self._locs[seg]
         size = 2 * (self._masks[seg] + 1)
         self._hashes[seg], self._locs[seg], self._masks[seg] = _zeros(size), _zeros(size), size - 1
+        acc = _accel
+        if acc is not None:                   # one table, half full at most: never stops
+            acc.place(old_h, old_l, 0, 64, [self._hashes[seg]], [self._locs[seg]],
+                      [size - 1], [0])
+            return
         for h, loc in zip(old_h, old_l):
             if loc:
                 self._place(seg, h, loc)

@@ -90,20 +90,43 @@ class Partition:
         """The key index and space maps from one sequential pass of the file, keys
         only (pagefile.iter_page_keys: each page checked once, overflow values never
         read); a bad page or a truncated file raises CorruptPageError."""
-        ps = self.page_size
-        pending: list[tuple[bytes, int]] = []
-        add_many = self.index.add_many      # keys in batches: a third of add()'s cost
-        for i, ptype, used, keys in iter_page_keys(self.path, self.mem.io_bytes):
-            if ptype == PageType.FREE:
-                self.free_pages.append(i)
+        # Keys go to the index SCAN_BATCH at a time (at a page's end): batches bound the
+        # transient and fix the index's growth steps, the same on both paths below.
+        # _set_space inlined: each page comes once and `roomy` starts empty.
+        ps, quarter, free_type = self.page_size, self.quarter, int(PageType.FREE)
+        space, roomy, free_pages = self.space, self.roomy, self.free_pages
+        pages = iter_page_keys(self.path, self.mem.io_bytes)
+        acc = self.index.scan_accel()
+        if acc is not None:
+            # C (checkpoint/_keyaccel.c): this loop, hashing included, with no per-page
+            # or per-key Python step; the index keeps its sizing decisions.
+            more = True
+            while more:
+                hashes, locs, more = acc.scan_pages(pages, SCAN_BATCH, ps, quarter, space,
+                                                    roomy, free_pages)
+                self.index.add_hashed(hashes, locs)
+            heapq.heapify(free_pages)
+            return
+        roomy_add, free_add = roomy.add, free_pages.append
+        add_pages = self.index.add_page_keys
+        pending: list = []
+        n = 0
+        for page in pages:
+            i, ptype, used, keys = page
+            if ptype == free_type:
+                free_add(i)
                 continue
-            base = i << 16
-            pending += [(key, base | slot) for slot, key in keys]
-            if len(pending) >= SCAN_BATCH:
-                add_many(pending)
-                pending = []
-            self._set_space(i, ps - used)
-        add_many(pending)
+            free = ps - used
+            space[i] = free
+            if free >= quarter:
+                roomy_add(i)
+            if keys:
+                pending.append(page)
+                n += len(keys)
+                if n >= SCAN_BATCH:
+                    add_pages(pending)
+                    pending, n = [], 0
+        add_pages(pending)
         heapq.heapify(self.free_pages)
 
     # -- pages -------------------------------------------------------------------
