@@ -33,6 +33,16 @@ chains are laid out as a checkpoint lays them out, and N defaults to 4,000 (~256
 ``install``: ``PartitionStore.install_partition`` of the file (its key-index scan).
 
 Prints one JSON object. ``--quick``: N = 100,000 (< 30 s).
+
+``--accel``: instead, the rebuild's per-value work with the C accelerator
+(indexes/_ixaccel.c) against the pure-Python path (``FERRY_INDEX_ACCEL=0``) in the same
+run, for 1 KiB and 16 KiB documents shaped like the cluster's
+(node/localcluster.py ``value_of``: ``{"i", "city", "pad"}``) and one index on the
+top-level field "city". Per size and path, each in its own process, alternated
+(py, c, py, c) and the best CPU time of the two kept: ``feed`` (``feed_many`` over
+the file's batches, already read) and ``rebuild`` (``IndexStore.rebuild`` from the
+partition file in one process: scan + feed + sort + load), in microseconds per entry,
+and the ratios python/c. N: 200,000 and 20,000 (``--quick``: 30,000 and 3,000).
 """
 from __future__ import annotations
 
@@ -177,7 +187,90 @@ def child(kind: str, work: str, n: int, sample: int, sort_memory: int) -> dict:
                 s.apply(0, k, None, v)
             el = time.perf_counter() - t
         return {"entries": sample, "seconds": el, "rate": sample / el}
+    if kind == "accel":
+        return accel_child(work)
     raise SystemExit(f"unknown child {kind}")
+
+
+# -- --accel: C vs pure Python per-value work ----------------------------------------
+ACCEL_SIZES = (1024, 16384)
+
+
+def accel_child(work: str) -> dict:
+    """feed and rebuild CPU microseconds per entry on ``work/data/part-0.bin`` with the
+    accelerator the environment selects (FERRY_INDEX_ACCEL)."""
+    from indexes import IndexDefinition, IndexStore, PartitionFileSource, accel
+    src = PartitionFileSource(os.path.join(work, "data"))
+    batches = list(src.scan_batches(0))
+    n = sum(len(b) for b in batches)
+    defs = [IndexDefinition("by_city", "city")]
+    idx = os.path.join(work, "idx-accel")
+    shutil.rmtree(idx, ignore_errors=True)
+    with IndexStore.open(idx, defs) as s:
+        keys: list[bytes] = []
+        c = time.process_time()
+        for b in batches:
+            s.indexer.feed_many(b, keys.append, lambda k, d: None, lambda pk, bad: None)
+        feed = time.process_time() - c
+        del batches, keys
+        c = time.process_time()
+        res = s.rebuild(0, src, workers=1)
+        rebuild = time.process_time() - c
+        assert res.scanned == n and res.entries == n and res.bad == 0, res
+        path = "c" if s.indexer.accelerated else "python"
+    assert path == (accel.name() or "python")
+    return {"entries": n, "path": path, "feed_us": feed / n * 1e6, "rebuild_us": rebuild / n * 1e6}
+
+
+def accel_main(quick: bool) -> dict:
+    from node.localcluster import value_of
+    counts = {1024: 30_000 if quick else 200_000, 16384: 3_000 if quick else 20_000}
+    out: dict = {"bench": "index_accel", "index": "by_city (top-level str)",
+                 "documents": "node.localcluster.value_of", "sizes": {}}
+    for size in ACCEL_SIZES:
+        n = counts[size]
+        work = tempfile.mkdtemp(prefix="ferry-index-accel-")
+        try:
+            os.makedirs(os.path.join(work, "data"))
+            write = write_store_file if size > 2000 else write_partition_file_
+            write(os.path.join(work, "data", "part-0.bin"), 0,
+                  ((b"k%010d" % i, value_of(i, size)) for i in range(n)))
+            runs: dict[str, list[dict]] = {"python": [], "c": []}
+            for _ in range(2):
+                for path, env in (("python", "0"), ("c", "1")):
+                    r = subprocess.run([sys.executable, os.path.abspath(__file__), "--child",
+                                        "accel", "--work", work],
+                                       capture_output=True, text=True, check=False,
+                                       env=dict(os.environ, FERRY_INDEX_ACCEL=env))
+                    if r.returncode != 0:
+                        raise SystemExit(f"child accel ({path}) failed:\n{r.stderr}")
+                    got = json.loads(r.stdout)
+                    if got["path"] != path:
+                        raise SystemExit(f"asked for the {path} path, ran {got['path']} "
+                                         "(is indexes._ixaccel built?)")
+                    runs[path].append(got)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        best = {p: {m: min(r[m] for r in rs) for m in ("feed_us", "rebuild_us")}
+                for p, rs in runs.items()}
+        out["sizes"][str(size)] = {
+            "entries": n,
+            "python_feed_us_per_entry": round(best["python"]["feed_us"], 3),
+            "c_feed_us_per_entry": round(best["c"]["feed_us"], 3),
+            "python_rebuild_us_per_entry": round(best["python"]["rebuild_us"], 3),
+            "c_rebuild_us_per_entry": round(best["c"]["rebuild_us"], 3),
+            "ratio_feed_python_vs_c": round(best["python"]["feed_us"] / best["c"]["feed_us"], 2),
+            "ratio_rebuild_python_vs_c": round(best["python"]["rebuild_us"]
+                                               / best["c"]["rebuild_us"], 2),
+        }
+    out["load_average"] = [round(x, 2) for x in os.getloadavg()]
+    out["cpus"] = os.cpu_count()
+    return out
+
+
+def write_partition_file_(path: str, partition: int, it) -> None:
+    from indexes.testing import write_partition_file
+    write_partition_file(path, partition, it)
 
 
 def run_child(kind: str, work: str, n: int, sample: int, sort_memory: int) -> dict:
@@ -198,6 +291,8 @@ def main() -> None:
     ap.add_argument("--sort-memory", type=int, default=None, help="bytes of sort buffer")
     ap.add_argument("--value-size", type=int, default=VALUE_BYTES,
                     help="bytes per value (> ~2 KiB: overflow chains, file written by a store)")
+    ap.add_argument("--accel", action="store_true",
+                    help="only the C accelerator vs pure Python comparison (1 KiB, 16 KiB)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--work", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -211,6 +306,9 @@ def main() -> None:
     mem = a.sort_memory or (4 << 20 if a.quick else SORT_MEMORY)
     if a.child:
         print(json.dumps(child(a.child, a.work, n, sample, mem)))
+        return
+    if a.accel:
+        print(json.dumps(accel_main(a.quick)))
         return
 
     from indexes.testing import write_partition_file

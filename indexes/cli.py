@@ -112,6 +112,8 @@ def rebuild_cmd(data: str, index: str, partitions: tuple[int, ...], defs: tuple[
                     console.print(f"partition {p}: {res.entries:,} entries from {res.scanned:,} "
                                   f"values in {res.seconds:.2f}s ({res.bad} bad skipped, "
                                   f"{res.unique_conflicts} unique conflicts, {res.runs} runs)")
+        # which code did the per-value work (indexes/accel.py): "c" or "python"
+        value_path = "c" if store.indexer.accelerated else "python"
     except IndexStoreError as e:
         raise click.ClickException(str(e)) from None
     except Exception as e:  # a partition file that cannot be read, e.g. a corrupt page
@@ -121,7 +123,10 @@ def rebuild_cmd(data: str, index: str, partitions: tuple[int, ...], defs: tuple[
     finally:
         store.close()
     if as_json:
-        click.echo(json.dumps({"index": index, "partitions": results}, default=str))
+        click.echo(json.dumps({"index": index, "partitions": results, "value_path": value_path},
+                              default=str))
+    else:
+        console.print(f"per-value work: {value_path} (FERRY_INDEX_ACCEL=0 forces python)")
 
 
 @index.command("verify")

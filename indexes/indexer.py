@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterable
 
-from . import keycodec
+from . import accel, keycodec
 from .definitions import (_CACHE_MAX, _CACHED, _MISSING, Bad, BadDocument, Entry,
                           IndexDefinition, _orjson, _type_ok, document_decoder, field_value)
 from .errors import BadValueError
@@ -29,12 +29,36 @@ class Indexer:
         # orjson accepts a subset of what json accepts and parses it identically, so
         # a document it parses needs no second opinion (see definitions._json_loads).
         self._fast_loads = _orjson.loads if (codec == "json" and _orjson is not None) else None
+        # The C path's specs (field as UTF-8, index id, type code), or None when it
+        # cannot take these definitions (msgpack, nested paths, unencodable names).
+        self._c_specs = self._accel_specs() if codec == "json" and self._top_level else None
+
+    def _accel_specs(self) -> tuple | None:
+        if len(self._compiled) > 64:  # the C side's limit (MAX_SPECS)
+            return None
+        try:
+            return tuple((path[0].encode("utf-8"), keycodec.index_prefix(iid), accel.WANT[want])
+                         for _d, iid, path, want in self._compiled) or None
+        except UnicodeEncodeError:    # a lone surrogate in a name: Python's
+            return None
+
+    @property
+    def accelerated(self) -> bool:
+        """True when feed_many runs the C path (indexes/accel.py) for these definitions."""
+        return self._c_specs is not None and accel.module is not None
 
     def entries(self, pk: bytes, raw: bytes | None) -> tuple[list[Entry], list[Bad]]:
         """Entries of one value; bad indexes listed by reason (the caller applies the
         policy). ``raw=None`` (no value) has no entries and nothing bad."""
         if raw is None or not self._compiled:
             return [], []
+        mod, specs = accel.module, self._c_specs
+        if mod is not None and specs is not None:
+            # The C scanner's common case (see feed_many); None: this value is Python's.
+            got = mod.entries(pk, raw, specs, self.max_key)
+            if got is not None:
+                return [Entry(d, key, b"", head, v)
+                        for (d, *_), (key, head, v) in zip(self._compiled, got)], []
         try:
             doc = self._decode(raw)
         except BadDocument as e:
@@ -130,7 +154,19 @@ class Indexer:
         """:meth:`feed` for a batch of (primary key, value): the same entries, bad
         values reported to ``on_bad(pk, bads)``; returns the number of values. One
         call per batch keeps the interpreter in one loop: with orjson and top-level
-        fields the common case is a parse, a dict get, a cache hit and a concat."""
+        fields the common case is a parse, a dict get, a cache hit and a concat; with
+        the C accelerator it is a scan of the raw bytes and one key built in C, and
+        every value it does not take comes back here whole (``fallback``)."""
+        mod, specs = accel.module, self._c_specs
+        if mod is not None and specs is not None:
+            feed = self.feed
+
+            def fallback(item: tuple[bytes, bytes]) -> None:
+                pk, raw = item
+                bad = feed(pk, raw, add, add_with_data)
+                if bad:
+                    on_bad(pk, bad)
+            return mod.feed_many(items, specs, self.max_key, add, fallback)
         loads = self._fast_loads
         if loads is None or not self._top_level:
             n = 0

@@ -33,6 +33,8 @@ def test_rebuild_then_verify_json(tmp_path) -> None:
     out = json.loads(r.output)
     assert [p["partition"] for p in out["partitions"]] == [0, 2]
     assert all(p["entries"] == 1000 for p in out["partitions"])
+    from indexes import accel
+    assert out["value_path"] == (accel.name() or "python")
     # Definitions are stored: verify needs none.
     r = CliRunner().invoke(index, ["verify", "--data", data, "--index", idx, "--json"])
     assert r.exit_code == 0, r.output
