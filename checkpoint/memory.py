@@ -20,6 +20,8 @@ from collections import OrderedDict
 from typing import Callable
 
 SPARE_PAGES = 64       # evicted buffers kept for reuse (at most 1/32 of the capacity)
+EVICT_BATCH = 32       # an eviction pass frees at least this many pages (at most 1/64 of the
+                       # capacity): at capacity, a pass per new page was ~1-2 us of setup each
 MIN_PAGES = 32          # below this a single put (data + meta + a few overflow pages) may not fit
 IO_BYTES = 1 << 20      # largest transient read/write batch (scans, open scan, checkpoint runs)
 IO_FRACTION = 32        # ... else this fraction of the budget
@@ -41,6 +43,7 @@ class PageMemory:
         self.io_bytes = max(page_size, IO_MIN,
                             min(IO_BYTES, self.capacity * page_size // IO_FRACTION))
         self.spare_limit = min(SPARE_PAGES, self.capacity // IO_FRACTION)
+        self.evict_batch = min(EVICT_BATCH, self.capacity // 64)
         self.pages: OrderedDict[int, bytearray] = OrderedDict()
         self.dirty: set[int] = set()
         self.cut: dict[int, bytearray] = {}
@@ -85,20 +88,26 @@ class PageMemory:
 
     def put_new(self, key: int, buf: bytearray) -> None:
         """Install a freshly built page (new, reused or freed), dirty."""
-        self.pages[key] = buf
-        self.pages.move_to_end(key)
+        pages = self.pages
+        pages[key] = buf
+        pages.move_to_end(key)
         self.dirty.add(key)
-        self._evict(keep=key)
+        if len(pages) + self.copies > self.capacity:
+            self._evict(keep=key)
 
-    def put_new_many(self, items: list[tuple[int, bytearray]]) -> None:
+    def put_new_many(self, keys: list[int], bufs: list[bytearray]) -> None:
         """:meth:`put_new` for several pages (an overflow chain): one eviction pass at
         the end. The new pages are dirty, so that pass never evicts them."""
-        pages, dirty = self.pages, self.dirty
-        for key, buf in items:
-            pages[key] = buf
-            pages.move_to_end(key)
-            dirty.add(key)
-        self._evict()
+        pages = self.pages
+        before = len(pages)
+        pages.update(zip(keys, bufs))
+        if len(pages) - before != len(keys):    # some were resident (reused FREE pages):
+            move = pages.move_to_end            # all now the newest, in chain order
+            for key in keys:
+                move(key)
+        self.dirty.update(keys)
+        if len(pages) + self.copies > self.capacity:
+            self._evict()
 
     # -- checkpoint cut ----------------------------------------------------------
     @property
@@ -125,21 +134,37 @@ class PageMemory:
         self.cut = {k: v for k, v in self.cut.items() if not lo <= k < hi}
 
     def _evict(self, keep: int = -1) -> None:
-        """Evict clean pages, oldest first, down to capacity (never ``keep``, the page
-        the caller is about to use)."""
+        """Evict clean pages, oldest first, down to capacity and at least
+        ``evict_batch`` of them (never ``keep``, the page the caller is about to use).
+
+        Dirty and cut pages passed on the way move to the young end: they cannot leave
+        before a checkpoint writes them, and left in front every later call would walk
+        past all of them again - under a steady write load that front is the running
+        checkpoint's whole cut (thousands of pages), scanned once per update. Moved,
+        each is passed once per trip through the LRU order; once written and clean it
+        is evicted after the clean pages that were older than it."""
         over = len(self.pages) + self.copies - self.capacity
         if over <= 0:
             return
-        victims = []
+        over = max(over, self.evict_batch)
+        dirty, cut = self.dirty, self.cut
+        victims: list[int] = []
+        passed: list[int] = []
         for k in self.pages:              # oldest first
-            if k not in self.dirty and k not in self.cut and k != keep:
+            if k in dirty or k in cut:
+                passed.append(k)
+            elif k != keep:
                 victims.append(k)
                 if len(victims) >= over:
                     break
+        move = self.pages.move_to_end
+        for k in passed:
+            move(k)
+        pages, spare, limit = self.pages, self.spare, self.spare_limit
         for k in victims:
-            buf = self.pages.pop(k)
-            if len(self.spare) < self.spare_limit and k not in self.cut:
-                self.spare.append(buf)
+            buf = pages.pop(k)
+            if len(spare) < limit:        # (a victim is never in the cut: checked above)
+                spare.append(buf)
         self.evictions += len(victims)
 
     def stats(self) -> dict[str, int]:

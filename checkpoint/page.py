@@ -3,19 +3,31 @@
 Only this module writes page bytes (besides the meta page, encoded in pagefile): new
 pages, slotted insert/delete/compact of DATA pages, overflow pages.  CRCs are not kept
 up to date here; the checkpointer seals each page when it writes it.
+
+The byte work of the write path (:func:`chain_pages`, :func:`new_page`, :func:`insert`,
+:func:`delete`, :func:`read_entry`, :func:`compact`) has a C twin, ``checkpoint/_writeaccel.c``, used
+when it is built and ``FERRY_PAGE_ACCEL`` (the switch of every checkpoint C path, see
+pagefile.py) does not turn it off. The names of this module are bound to one or the
+other (:func:`use_accelerator`); the ``*_py`` functions are the reference, and the C
+ones make the same bytes (tests/checkpoint/test_writeaccel.py).
 """
 from __future__ import annotations
 
-from .pagefile import (ENTRY, F_OVERFLOW, F_TOMBSTONE, HDR, HEADER, PTR, SLOT, EntryFlag,
-                       PageType, entry_size, page_entries)
+import importlib
+import os
+
+from .pagefile import (ACCEL_ENV, ENTRY, F_OVERFLOW, F_TOMBSTONE, HDR, HEADER, PTR, SLOT,
+                       EntryFlag, PageType, entry_size, page_entries)
 
 # Header byte ranges changed in place: count [10:12], aux [12:16] (see pagefile.HEADER).
 _PACK_SLOT = SLOT.pack_into
 _UNPACK_SLOT = SLOT.unpack_from
 
 
-def new_page(index: int, page_size: int, ptype: PageType, buf: bytearray | None = None) -> bytearray:
-    """A new empty page, built in ``buf`` (a reused buffer) when given."""
+def new_page_py(index: int, page_size: int, ptype: PageType, buf: bytearray | None = None
+                ) -> bytearray:
+    """A new empty page, built in ``buf`` (a reused buffer of ``page_size`` bytes) when
+    given."""
     if buf is None:
         buf = bytearray(page_size)
     else:
@@ -48,6 +60,25 @@ def _zeros(n: int) -> bytes:
     return z
 
 
+def chain_pages_py(value: bytes | memoryview, page_size: int, indexes: list[int],
+                   spare: list[bytearray]) -> list[bytearray]:
+    """The OVERFLOW pages holding ``value`` on pages ``indexes`` (each links to the next,
+    the last to 0), built in buffers popped from ``spare`` (page memory's pool of
+    evicted buffers) while it has any, else new ones."""
+    room = page_size - HDR
+    count = max(1, -(-len(value) // room))
+    if len(indexes) != count:
+        raise ValueError(f"chain_pages: a {len(value)}-byte value takes {count} pages of "
+                         f"{page_size}, {len(indexes)} page indexes given")
+    view = memoryview(value)
+    out = []
+    for n in range(count):
+        buf = spare.pop() if spare else bytearray(page_size)
+        nxt = indexes[n + 1] if n + 1 < count else 0
+        out.append(overflow_page(indexes[n], page_size, view[n * room:(n + 1) * room], nxt, buf))
+    return out
+
+
 def overflow_next(buf: bytearray) -> int:
     return HEADER.unpack_from(buf, 0)[5]
 
@@ -73,7 +104,7 @@ def free_bytes(buf: bytearray) -> int:
     return page_size - used
 
 
-def read_entry(buf: bytearray, slot: int) -> tuple[int, int, int, int, int]:
+def read_entry_py(buf: bytearray, slot: int) -> tuple[int, int, int, int, int]:
     """(flags, counter, value_len, value_offset_or_first_overflow, entry_size)."""
     (off,) = _UNPACK_SLOT(buf, HDR + 2 * slot)
     flags, klen, vlen, counter = ENTRY.unpack_from(buf, off)
@@ -83,7 +114,7 @@ def read_entry(buf: bytearray, slot: int) -> tuple[int, int, int, int, int]:
     return flags, counter, vlen, at, ENTRY.size + klen + vlen
 
 
-def delete(buf: bytearray, slot: int, size: int) -> int:
+def delete_py(buf: bytearray, slot: int, size: int) -> int:
     """Empty ``slot`` (its entry of ``size`` bytes becomes garbage until compaction);
     returns the bytes that became reusable."""
     _PACK_SLOT(buf, HDR + 2 * slot, 0)
@@ -97,7 +128,7 @@ def delete(buf: bytearray, slot: int, size: int) -> int:
     return freed
 
 
-def insert(buf: bytearray, free: int, flags: int, key: bytes, counter: int, vlen: int,
+def insert_py(buf: bytearray, free: int, flags: int, key: bytes, counter: int, vlen: int,
            stored: bytes | memoryview) -> tuple[int, int] | None:
     """Add an entry; returns (slot, bytes used), or None when the page lacks room.
     ``free`` is the page's :func:`free_bytes` (kept by the caller so no scan is needed)."""
@@ -110,7 +141,7 @@ def insert(buf: bytearray, free: int, flags: int, key: bytes, counter: int, vlen
     heap = int.from_bytes(buf[12:16], "little")
     dir_end = HDR + SLOT.size * (count + (slot is None))
     if heap - dir_end < size:
-        heap = compact(buf)
+        heap = compact_py(buf)
     off = heap - size
     ENTRY.pack_into(buf, off, flags, len(key), vlen, counter)
     k0 = off + ENTRY.size
@@ -138,7 +169,7 @@ def _empty_slot(buf: bytearray, count: int) -> int | None:
     return None
 
 
-def compact(buf: bytearray) -> int:
+def compact_py(buf: bytearray) -> int:
     """Pack live entries at the end of the page (slots keep their numbers, so the key
     index stays valid); zero the gap; return the new heap start."""
     page_size = len(buf)
@@ -147,7 +178,7 @@ def compact(buf: bytearray) -> int:
     for s in range(count):
         (off,) = _UNPACK_SLOT(buf, HDR + 2 * s)
         if off:
-            _f, _c, _v, _w, size = read_entry(buf, s)
+            _f, _c, _v, _w, size = read_entry_py(buf, s)
             live.append((s, bytes(buf[off:off + size])))
     heap = page_size
     for s, data in live:
@@ -158,3 +189,50 @@ def compact(buf: bytearray) -> int:
     buf[dir_end:heap] = bytes(heap - dir_end)
     buf[12:16] = heap.to_bytes(4, "little")
     return heap
+
+
+# -- the C twin ----------------------------------------------------------------------
+_ACCEL_ABI = 1
+_OFF_WORDS = ("0", "off", "no", "false")
+
+
+def _load_accel():
+    """``checkpoint._writeaccel`` when it is built, of this version and not turned off by
+    ``FERRY_PAGE_ACCEL=0`` (read at import, like pagefile's); else None."""
+    if os.environ.get(ACCEL_ENV, "1").strip().lower() in _OFF_WORDS:
+        return None
+    try:
+        mod = importlib.import_module("checkpoint._writeaccel")
+    except ImportError:
+        return None
+    return mod if getattr(mod, "ABI_VERSION", None) == _ACCEL_ABI else None
+
+
+_accel = _load_accel()
+_NAMES = ("chain_pages", "insert", "delete", "read_entry", "compact", "new_page")
+
+
+def use_accelerator(on: bool) -> bool:
+    """Bind this module's write functions to the C twins (``on`` and built) or to the
+    pure-Python ones; returns whether C is now used. Callers look the functions up
+    through the module (``pg.insert``), so the switch takes effect at once (tests and
+    the write bench compare both in one process)."""
+    g = globals()
+    use = bool(on) and _accel is not None
+    for name in _NAMES:
+        g[name] = getattr(_accel, name) if use else g[name + "_py"]
+    return use
+
+
+def accelerator() -> str | None:
+    """What runs the write path's byte work: ``"c"`` or None (pure Python)."""
+    return "c" if insert is not insert_py else None   # type: ignore[comparison-overlap]
+
+
+chain_pages = chain_pages_py
+insert = insert_py
+delete = delete_py
+read_entry = read_entry_py
+compact = compact_py
+new_page = new_page_py
+use_accelerator(True)

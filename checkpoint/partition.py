@@ -28,13 +28,14 @@ from . import page as pg
 from .keyindex import KeyIndex
 from .memory import PageMemory, page_key
 from .pagefile import (ENTRY, F_OVERFLOW, F_TOMBSTONE, HDR, HEADER, PTR, SLOT, CorruptPageError,
-                       EntryFlag, PageType, chain_link_problem, check_page, iter_page_keys,
-                       read_meta, page_entries)
+                       EntryFlag, PageType, chain_limit, chain_link_problem, check_page,
+                       iter_page_keys, read_meta, page_entries)
 
 if TYPE_CHECKING:
     from .undo import ImageLog
 
 
+_OVERFLOW = int(PageType.OVERFLOW)
 SCAN_BATCH = 16384       # keys handed to KeyIndex.add_many at a time by the open-time scan
 
 
@@ -142,7 +143,13 @@ class Partition:
         return load
 
     def page(self, index: int) -> bytearray:
-        return self.mem.get(page_key(self.pid, index), self._load(index))
+        key = (self.pid << 32) | index          # page_key
+        pages = self.mem.pages
+        buf = pages.get(key)
+        if buf is not None:                     # mem.get's hit, without making the loader
+            pages.move_to_end(key)
+            return buf
+        return self.mem.get(key, self._load(index))
 
     def _first_change(self, index: int) -> bool:
         """True when page ``index`` is about to change for the first time since the last
@@ -151,9 +158,20 @@ class Partition:
                 and page_key(self.pid, index) not in self.mem.dirty)
 
     def writable(self, index: int) -> bytearray:
+        key = (self.pid << 32) | index          # page_key
+        mem = self.mem
+        if key in mem.dirty:
+            # Changed since the last cut (the common case of a write load): no undo
+            # image, no copy (a page of the running cut was copied at its first change,
+            # so the cut holds another buffer), resident (dirty pages are never
+            # evicted): mem.writable would only move it in the LRU order.
+            buf = mem.pages.get(key)
+            if buf is not None:
+                mem.pages.move_to_end(key)
+                return buf
         if self._first_change(index):
             self.undo.image(self, index, self.page(index))   # type: ignore[union-attr]
-        return self.mem.writable(page_key(self.pid, index), self._load(index))
+        return mem.writable(key, self._load(index))
 
     def _alloc(self, ptype: PageType) -> tuple[int, bytearray]:
         index = self._alloc_index()
@@ -221,19 +239,23 @@ class Partition:
         allows, a page that is not OVERFLOW) raises CorruptPageError, never loops."""
         visited: set[int] = set()
         got, at, index = 0, origin, first
+        ps, count = self.page_size, self.page_count
+        limit = chain_limit(length, ps)
         while got < length:
-            bad = chain_link_problem(at, index, got, length, visited, self.page_size,
-                                     self.page_count)
-            if bad:
-                raise CorruptPageError(self.path, at, at * self.page_size, bad)
+            # chain_link_problem's rules, tested inline; it names the fault when one fails
+            if not (0 < index < count and index not in visited and len(visited) < limit):
+                bad = chain_link_problem(at, index, got, length, visited, ps, count)
+                if bad:
+                    raise CorruptPageError(self.path, at, at * ps, bad)
             buf = self.page(index)
-            if buf[8] != PageType.OVERFLOW:
-                raise CorruptPageError(self.path, index, index * self.page_size,
-                                       f"page of an overflow chain has type {PageType(buf[8]).name}")
+            _crc, _i, ptype, _f, used, nxt = HEADER.unpack_from(buf, 0)
+            if ptype != _OVERFLOW:
+                raise CorruptPageError(self.path, index, index * ps,
+                                       f"page of an overflow chain has type {PageType(ptype).name}")
             visited.add(index)
-            got += HEADER.unpack_from(buf, 0)[4]
+            got += used
             yield buf
-            at, index = index, pg.overflow_next(buf)
+            at, index = index, nxt
         if got != length:
             raise CorruptPageError(self.path, at, at * self.page_size,
                                    f"overflow chain holds {got} bytes, entry says {length}")
@@ -284,15 +306,21 @@ class Partition:
     def _insert_elsewhere(self, key: bytes, flags: int, counter: int, vlen: int, stored: bytes,
                           pos: int) -> None:
         need = 17 + len(key) + len(stored)
-        for candidate in (self.fill, next(iter(self.roomy), 0)):
-            if candidate and self.space[candidate] >= need:
+        space = self.space
+        candidate = self.fill                   # the current insert page, then a roomy one
+        for _ in range(2):
+            if candidate and space[candidate] >= need:
                 buf = self.writable(candidate)
-                done = pg.insert(buf, self.space[candidate], flags, key, counter, vlen, stored)
+                done = pg.insert(buf, space[candidate], flags, key, counter, vlen, stored)
                 if done is not None:
                     self.fill = candidate
-                    self._locate(key, pos, candidate << 16 | done[0])
-                    self._set_space(candidate, self.space[candidate] - done[1])
+                    if pos < 0:                 # _locate, inline on the hot path
+                        self.index.add(key, candidate << 16 | done[0])
+                    else:
+                        self.index.set_at(pos, candidate << 16 | done[0])
+                    self._set_space(candidate, space[candidate] - done[1])
                     return
+            candidate = next(iter(self.roomy), 0)
         index, buf = self._alloc(PageType.DATA)
         free = self.page_size - pg.HDR
         done = pg.insert(buf, free, flags, key, counter, vlen, stored)
@@ -307,29 +335,46 @@ class Partition:
 
     def _write_chain(self, value: bytes) -> int:
         # Each overflow page is built once, in its final form: the chain's page numbers
-        # are taken first (each page links to the next), then every page image is put
-        # into page memory (before: an empty page per allocation, replaced right away).
-        ps, pid = self.page_size, self.pid
-        room = ps - pg.HDR
-        view = memoryview(value)
-        count = max(1, -(-len(value) // room))
-        indexes = [self._alloc_index() for _ in range(count)]
-        indexes.append(0)
-        take, build = self.mem.take, pg.overflow_page
-        pages = []
-        for n in range(count):
-            index = indexes[n]
-            piece = view[n * room:(n + 1) * room]
-            pages.append((page_key(pid, index), build(index, ps, piece, indexes[n + 1], take())))
-        self.mem.put_new_many(pages)
+        # are taken first (each page links to the next), then one call builds every page
+        # image (page.chain_pages: C when built) in page memory's spare buffers, and one
+        # call puts them into page memory.
+        count = max(1, -(-len(value) // (self.page_size - pg.HDR)))
+        indexes = self._alloc_indexes(count)
+        bufs = pg.chain_pages(value, self.page_size, indexes, self.mem.spare)
+        base = self.pid << 32                   # memory.page_key of each
+        self.mem.put_new_many([base | i for i in indexes], bufs)
         return indexes[0]
+
+    def _alloc_indexes(self, count: int) -> list[int]:
+        """:meth:`_alloc_index` ``count`` times; without FREE pages to reuse, a run of new
+        pages at the end in one step."""
+        if self.free_pages:
+            return [self._alloc_index() for _ in range(count)]
+        first = self.page_count
+        self.page_count = first + count
+        self.space.frombytes(bytes(4 * count))
+        return list(range(first, first + count))
 
     def _free_chain(self, first: int, length: int, origin: int) -> None:
         # Walk (and so validate) the whole chain before freeing any page of it: a
         # corrupt chain raises before the partition is changed.
         indexes = [HEADER.unpack_from(buf, 0)[1] for buf in self._chain_pages(first, length, origin)]
+        # _free for each page, with one page-memory insertion (one eviction pass) at the
+        # end: the walk left the pages resident, so their undo images need no reload.
         for index in indexes:
-            self._free(index)
+            if self._first_change(index):
+                self.undo.image(self, index, self.page(index))   # type: ignore[union-attr]
+        ps, take, free_type = self.page_size, self.mem.take, PageType.FREE
+        bufs = [pg.new_page(index, ps, free_type, take()) for index in indexes]
+        base = self.pid << 32                   # page_key of each
+        self.mem.put_new_many([base | i for i in indexes], bufs)
+        space, roomy, heap = self.space, self.roomy, self.free_pages
+        for index in indexes:
+            space[index] = 0
+            roomy.discard(index)
+            if self.fill == index:
+                self.fill = 0
+            heapq.heappush(heap, index)
 
     # -- scans -------------------------------------------------------------------
     def scan_range(self, first: int, n: int) -> list[tuple[bytes, bytes]]:

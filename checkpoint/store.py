@@ -121,13 +121,18 @@ class PartitionStore:
         waits for such a checkpoint), which would otherwise log every value a second
         time."""
         items = list(updates)
+        max_key = self.max_key
         for key, value, counter in items:
-            if not isinstance(key, bytes) or not (value is None or isinstance(value, bytes)) \
-                    or not isinstance(counter, int):
-                raise TypeError(f"apply_many wants (bytes key, bytes or None value, int counter), "
-                                f"got ({type(key).__name__}, {type(value).__name__}, "
-                                f"{type(counter).__name__})")
-            self._check_sizes(key, value)
+            # exact types first (the replay's items): one test each instead of isinstance
+            if not (type(key) is bytes and (value is None or type(value) is bytes)
+                    and type(counter) is int):
+                if not isinstance(key, bytes) or not (value is None or isinstance(value, bytes)) \
+                        or not isinstance(counter, int):
+                    raise TypeError(f"apply_many wants (bytes key, bytes or None value, int "
+                                    f"counter), got ({type(key).__name__}, "
+                                    f"{type(value).__name__}, {type(counter).__name__})")
+            if len(key) > max_key or (value is not None and len(value) > MAX_VALUE):
+                self._check_sizes(key, value)       # raises, naming the limit
         result: list[bool] = []
         last_lsn = 0
         at = 0
@@ -149,13 +154,15 @@ class PartitionStore:
                 if take:
                     if payloads:
                         last_lsn = self.wal.append_many(payloads, RecordType.UPDATE, wait=False)
+                    undo, write = self.undo, part.write
+                    limit = self.mem.io_bytes        # undo.full, without a property call
                     try:
                         for key, value, counter in take:
-                            part.write(key, value, counter)
-                            if self.undo.full:
-                                self.undo.flush()
+                            write(key, value, counter)
+                            if undo.pending_bytes >= limit:
+                                undo.flush()
                     finally:
-                        self.undo.flush()
+                        undo.flush()
                     if self.mem.pressure >= self.mem.capacity * CHECKPOINT_FRACTION:
                         self._wake.set()
             at = end
