@@ -8,10 +8,15 @@ Two figures, interleaved C/Python, best and median of ``--repeat`` runs:
   ``add_hashed`` that ``Partition._scan`` runs. The key lists exist before timing.
 - ``partition_open``: ``PartitionStore.prepare_install`` (the demander's install scan;
   a reopen does the same) of a partition file of 1 KiB values written by a real store,
-  in three settings: ``pure`` (FERRY_PAGE_ACCEL=0: no C at all), ``page_accel`` (the
-  C page decoder only: session 5's state) and ``all`` (decoder and key index in C),
-  plus ``decoder_floor``: ``iter_page_keys`` alone with the C decoder, the part of the
-  scan that this accelerator does not touch. The file is in the page cache.
+  in four settings: ``pure`` (FERRY_PAGE_ACCEL=0: no C at all), ``page_accel`` (the
+  C page decoder only: session 5's state), ``tuples`` (decoder and key index in C,
+  the decoder's per-key tuples hashed by ``_keyaccel.scan_pages``: commit 52a0516)
+  and ``all`` (the decoder hashes keys straight from the read chunk:
+  ``_pageaccel.scan_keys``, no per-key Python object), plus two floors:
+  ``decoder_floor`` (``iter_page_keys`` alone with the C decoder: what ``tuples``
+  pays before hashing) and ``crc_read_floor`` (the same reads plus the C CRC and
+  structure check of every page, no keys: what any scan of the file must pay).
+  The file is in the page cache.
 
 Prints ONE JSON object; ratios are Python seconds / C seconds.
 
@@ -100,12 +105,40 @@ def index_build(n: int, repeat: int, accel) -> dict:
     return row
 
 
+class _NoScanKeys:
+    """The C decoder without its hashed scan: _scan takes the 52a0516 route."""
+
+    def __init__(self, mod) -> None:
+        self._mod = mod
+
+    def __getattr__(self, attr):
+        if attr == "scan_keys":
+            raise AttributeError(attr)
+        return getattr(self._mod, attr)
+
+
+def _crc_read_floor(path: str, chunk_bytes: int, page_accel) -> None:
+    """The scan's reads and the C page checks (CRC + structure) of every page."""
+    meta = pagefile.read_meta(path)
+    r = pagefile._Reader(path, meta)
+    r.per = max(1, chunk_bytes // meta.page_size)
+    try:
+        for first, chunk in r.chunks():
+            n = len(chunk) // meta.page_size
+            assert page_accel.check_pages(chunk, first, meta.page_size, 0) == n
+    finally:
+        r.close()
+
+
 def partition_open(path: str, entries: int, repeat: int, page_accel, key_accel) -> dict:
     work = tempfile.mkdtemp(prefix="keyindex-open-", dir=os.path.dirname(path))
     s = PartitionStore.open(work, wal_sync="none", checkpoint_interval=None)
     settings = {"pure": (None, None), "page_accel": (page_accel, None),
-                "all": (page_accel, key_accel)}
-    times: dict[str, list[float]] = {m: [] for m in (*settings, "decoder_floor")}
+                "tuples": (_NoScanKeys(page_accel), key_accel), "all": (page_accel, key_accel)}
+    if getattr(page_accel, "scan_keys", None) is None:
+        del settings["tuples"]                 # a decoder without scan_keys: all = tuples
+    times: dict[str, list[float]] = {m: [] for m in (*settings, "decoder_floor",
+                                                      "crc_read_floor")}
     saved = pagefile._accel, keyindex._accel
     try:
         for _ in range(repeat):
@@ -121,6 +154,9 @@ def partition_open(path: str, entries: int, repeat: int, page_accel, key_accel) 
             for _p in pagefile.iter_page_keys(path, s.mem.io_bytes):
                 pass
             times["decoder_floor"].append(time.perf_counter() - t)
+            t = time.perf_counter()
+            _crc_read_floor(path, s.mem.io_bytes, page_accel)
+            times["crc_read_floor"].append(time.perf_counter() - t)
     finally:
         pagefile._accel, keyindex._accel = saved
         s.close()
@@ -133,6 +169,11 @@ def partition_open(path: str, entries: int, repeat: int, page_accel, key_accel) 
     row["ratio_all_vs_page_accel"] = round(min(times["page_accel"]) / min(times["all"]), 2)
     row["ratio_all_vs_page_accel_median"] = round(statistics.median(times["page_accel"]) /
                                                   statistics.median(times["all"]), 2)
+    if "tuples" in times:
+        row["ratio_all_vs_tuples"] = round(min(times["tuples"]) / min(times["all"]), 2)
+        row["ratio_all_vs_tuples_median"] = round(statistics.median(times["tuples"]) /
+                                                  statistics.median(times["all"]), 2)
+    row["all_over_crc_read_floor"] = round(min(times["all"]) / min(times["crc_read_floor"]), 2)
     return row
 
 

@@ -29,6 +29,7 @@
 #define MAX_LOAD_NUM 3
 #define MAX_LOAD_DEN 4
 #define MAX_SEGMENTS 64
+#define PREFETCH 16         /* place(): pairs ahead whose home slot is prefetched (misses overlap) */
 
 /* The 64-bit hash of a bytes-like key; -1 with an exception set on a non-buffer. */
 static int key_hash(PyObject *key, uint64_t *out)
@@ -414,6 +415,14 @@ static PyObject *py_place(PyObject *self, PyObject *args)
         PyThreadState *ts = n - i >= 4096 ? PyEval_SaveThread() : NULL;
         for (; i < n; i++) {
             uint64_t h, loc;
+            if (i + PREFETCH < n) {             /* the home slot of a pair further on */
+                uint64_t ph;
+                memcpy(&ph, hp + 8 * (i + PREFETCH), 8);
+                uint64_t ps = shift >= 64 ? 0 : ph >> shift;
+                uint64_t at = ph & t.mask[ps];
+                __builtin_prefetch((uint64_t *)t.lb[ps].buf + at, 1);
+                __builtin_prefetch((uint64_t *)t.hb[ps].buf + at, 1);
+            }
             memcpy(&loc, lp + 8 * i, 8);        /* the columns may be unaligned (bytes) */
             if (!loc)
                 continue;

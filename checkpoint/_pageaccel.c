@@ -9,6 +9,11 @@
  * page, so reasons, order and errors are those of the reference by construction.
  * The predicates here must be exactly those of check_page/_check_data/_chain_value:
  * stricter only costs speed (Python re-checks the page), laxer would be a bug.
+ *
+ * scan_keys (ABI 2) is the open/install scan of Partition._scan without a Python
+ * object per key: it hashes each key (xxh3-64, the key index's hash) straight from
+ * the chunk into packed (hash, location) columns and fills the space map, roomy set
+ * and FREE list, with the same stop-and-hand-back rule as everything here.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -16,7 +21,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define ABI_VERSION 1      /* pagefile.py refuses a module built from another version */
+/* scan_keys hashes keys with the system's xxhash.h (libxxhash-dev, header-only); a
+ * build without it still has the rest of the decoder (pagefile.py checks for scan_keys). */
+#if defined(__has_include)
+#if __has_include(<xxhash.h>)
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+#define HAVE_XXHASH 1
+#endif
+#endif
+
+#define ABI_VERSION 2      /* pagefile.py refuses a module built from another version
+                            * (2: scan_keys, the open scan's hashes) */
 #define HDR 16
 #define ENTRY_SIZE 15      /* flags u8 | key_len u16 | value_len u32 | counter u64 */
 #define OVF_ENTRY 19       /* ... | key | first_overflow_page u32 */
@@ -633,6 +649,143 @@ fail:
     goto done;
 }
 
+/* -- the open scan's key hashes (scan_keys) -------------------------------------------- */
+#ifdef HAVE_XXHASH
+
+/* Growing u64 columns of (hash, location); malloc'd, copied out once per call. */
+typedef struct {
+    uint64_t *h, *l;
+    Py_ssize_t n, cap;
+} keycols;
+
+static int keycols_reserve(keycols *c, Py_ssize_t more)
+{
+    if (c->n + more <= c->cap)
+        return 0;
+    Py_ssize_t cap = c->cap ? c->cap : 4096;
+    while (cap < c->n + more)
+        cap *= 2;
+    uint64_t *nh = PyMem_Realloc(c->h, (size_t)cap * 8);
+    if (!nh)
+        return -1;
+    c->h = nh;
+    uint64_t *nl = PyMem_Realloc(c->l, (size_t)cap * 8);
+    if (!nl)
+        return -1;
+    c->l = nl;
+    c->cap = cap;
+    return 0;
+}
+
+/* Append `index` (as an int) to a list (FREE pages) or a set (roomy pages). */
+static int add_index(PyObject *to, uint64_t index, int is_set)
+{
+    PyObject *i = PyLong_FromUnsignedLongLong(index);
+    if (!i)
+        return -1;
+    int r = is_set ? PySet_Add(to, i) : PyList_Append(to, i);
+    Py_DECREF(i);
+    return r;
+}
+
+static PyObject *py_scan_keys(PyObject *self, PyObject *args)
+{
+    /* scan_keys(chunk, first, j, page_size, need, space, quarter, roomy, free_pages)
+     *   -> (hashes, locs, j)
+     * The open scan (pagefile.scan_key_hashes) over pages j.. of a read chunk, with no
+     * per-key Python object: the checks of iter_page_keys (CRC, header, slot
+     * structure); a FREE page is appended to free_pages; a DATA page sets
+     * space[page] = page_size - used, joins `roomy` when that is >= quarter, and its
+     * keys become (xxh3-64 of the key, page << 16 | slot), in slot order, on the
+     * returned u64 columns. Stops after the page that brings the key count to `need`
+     * or more (a batch's end), before the first page it leaves to Python (a failed
+     * check, a page beyond the space map, more bytes in use than the page has: Python
+     * raises what it raises for it), or at the chunk's end; returns the next page. */
+    Py_buffer b, sp;
+    unsigned long long first, quarter;
+    Py_ssize_t j, need;
+    unsigned int ps;
+    PyObject *space_obj, *roomy, *free_pages;
+    if (!PyArg_ParseTuple(args, "y*KnInOKO!O!", &b, &first, &j, &ps, &need, &space_obj,
+                          &quarter, &PySet_Type, &roomy, &PyList_Type, &free_pages))
+        return NULL;
+    if (PyObject_GetBuffer(space_obj, &sp,
+                           PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&b);
+        return NULL;
+    }
+    keycols c = {NULL, NULL, 0, 0};
+    PyObject *result = NULL;
+    if (ps <= HDR || sp.itemsize != 4 || !sp.format || strcmp(sp.format, "I") != 0) {
+        PyErr_SetString(PyExc_TypeError, "scan_keys: page size > 16, space an array('I')");
+        goto done;
+    }
+    uint32_t *space = (uint32_t *)sp.buf;
+    uint64_t nspace = (uint64_t)(sp.len / 4);
+    Py_ssize_t n = b.len / ps;
+    const uint8_t *chunk = (const uint8_t *)b.buf;
+    for (; j < n; j++) {
+        const uint8_t *pg = chunk + (size_t)j * ps;
+        uint64_t index = first + j;
+        uint32_t type = pg[8];
+        if (type != T_DATA || rd32(pg + 4) != index || !crc_ok(pg, ps)) {
+            if (type == T_DATA || !page_ok(pg, index, ps))
+                break;                     /* Python names the problem */
+            if (type == T_FREE && add_index(free_pages, index, 0) < 0)
+                goto done;
+            continue;                      /* checked OVERFLOW pages: nothing to report */
+        }
+        if (!data_ok(pg, ps) || index >= nspace || index >> 48)
+            break;
+        uint32_t count = rd16(pg + 10);
+        uint64_t used = HDR + 2 * (uint64_t)count;
+        if (keycols_reserve(&c, count) < 0) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        Py_ssize_t mark = c.n;
+        for (uint32_t s = 0; s < count; s++) {
+            uint32_t off = rd16(pg + HDR + 2 * s);
+            if (!off)
+                continue;
+            const uint8_t *e = pg + off;
+            uint32_t flags = e[0], klen = rd16(e + 1), vlen = rd32(e + 3);
+            used += ENTRY_SIZE + klen + (flags & F_OVF ? 4 : vlen);
+            c.h[c.n] = XXH3_64bits(e + ENTRY_SIZE, klen);
+            c.l[c.n++] = index << 16 | s;
+        }
+        if (used > ps) {                   /* overlapping entries: Python's error */
+            c.n = mark;
+            break;
+        }
+        uint32_t room = (uint32_t)(ps - used);
+        space[index] = room;
+        if (room >= quarter && add_index(roomy, index, 1) < 0)
+            goto done;
+        if (c.n >= need) {
+            j++;
+            break;
+        }
+    }
+    {
+        PyObject *ho = PyBytes_FromStringAndSize((const char *)c.h, c.n * 8);
+        PyObject *lo = PyBytes_FromStringAndSize((const char *)c.l, c.n * 8);
+        if (ho && lo)
+            result = Py_BuildValue("(NNn)", ho, lo, j);
+        else {
+            Py_XDECREF(ho);
+            Py_XDECREF(lo);
+        }
+    }
+done:
+    PyMem_Free(c.h);
+    PyMem_Free(c.l);
+    PyBuffer_Release(&sp);
+    PyBuffer_Release(&b);
+    return result;
+}
+#endif /* HAVE_XXHASH */
+
 static PyMethodDef methods[] = {
     {"crc32c", py_crc32c, METH_VARARGS, "crc32c(data, value=0) -> int (same as crc32c.crc32c)"},
     {"use_hw", py_set_hw, METH_O, "use_hw(flag) -> previous: test hook, False forces the table CRC"},
@@ -642,6 +795,11 @@ static PyMethodDef methods[] = {
     {"chain_value", py_chain_value, METH_VARARGS,
      "chain_value(page, length, ps, page_count, checked, fetch) -> bytes | None"},
     {"page_keys", py_page_keys, METH_VARARGS, "page_keys(chunk, first, j, ps) -> (pages, j)"},
+#ifdef HAVE_XXHASH
+    {"scan_keys", py_scan_keys, METH_VARARGS,
+     "scan_keys(chunk, first, j, ps, need, space, quarter, roomy, free_pages) "
+     "-> (hashes, locs, j)"},
+#endif
     {NULL, NULL, 0, NULL},
 };
 

@@ -222,14 +222,20 @@ class KeyIndex:
         self.add_many([(key, page << 16 | slot)
                        for page, _t, _u, keys in pages for slot, key in keys])
 
+    @property
+    def hash_fn(self) -> Callable[[bytes], int]:
+        """The hash this index files keys under (xxh3-64 unless a test set another)."""
+        return self._hash
+
     def scan_accel(self):
         """The C module whose ``scan_pages`` hashes keys for :meth:`add_hashed`, or
         None: no C path, or this index has a custom hash (tests)."""
         return _accel if self._native else None
 
     def add_hashed(self, hashes: bytes, locations: bytes) -> None:
-        """:meth:`add_many` of keys already hashed by the C path (``scan_pages``): two
-        columns of native u64, hashes (xxh3-64) and locations (never 0)."""
+        """:meth:`add_many` of keys already hashed by a C path (``scan_pages``, or the
+        decoder's ``pagefile.scan_key_hashes``): two columns of native u64, hashes
+        (xxh3-64) and locations (never 0)."""
         acc = _accel
         if acc is None or not self._native:
             raise RuntimeError("add_hashed needs the C key index path and the real hash")

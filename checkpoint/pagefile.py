@@ -20,6 +20,7 @@ from __future__ import annotations
 import enum
 import os
 import struct
+from array import array
 from dataclasses import dataclass
 from typing import Callable, Iterator, NamedTuple
 
@@ -85,7 +86,7 @@ def _load_accel():
 # below then handles that page as it always has, so items, order, errors and the pages
 # marked checked are the same with and without it. Read at each call: tests swap it.
 ACCEL_ENV = "FERRY_PAGE_ACCEL"
-_ACCEL_ABI = 1
+_ACCEL_ABI = 2                 # 2: scan_keys (the open scan's hashes)
 _accel = _load_accel()
 
 
@@ -727,6 +728,41 @@ def _data_keys(chunk: bytes, base: int, ps: int, count: int, heap: int
     return used, out
 
 
+def _page_keys_at(path: str, chunk: bytes, view: memoryview, first: int, j: int, ps: int
+                  ) -> tuple[int, int, int, list[tuple[int, bytes]]] | None:
+    """The pure-Python step of :func:`iter_page_keys` for page ``j`` of a read chunk:
+    its ``(page, type, used, [(slot, key)])`` item, None for a page not reported (a
+    checked OVERFLOW page), or CorruptPageError."""
+    index, base = first + j, j * ps
+    stored, idx, ptype, _f, count, heap = _unpack_header(chunk, base)
+    if ptype != _DATA or idx != index or stored != crc32c.crc32c(view[base + 4:base + ps]):
+        reason = check_page(view[base:base + ps], index, ps)
+        if reason:
+            raise CorruptPageError(path, index, index * ps, reason)
+        return (index, _FREE, 0, []) if ptype == _FREE else None
+    got = _data_keys(chunk, base, ps, count, heap)
+    if got is None:
+        reason = _check_data(view[base:base + ps], count, heap, ps) or "bad slot directory"
+        raise CorruptPageError(path, index, index * ps, reason)
+    return index, _DATA, got[0], got[1]
+
+
+_FREE = int(PageType.FREE)
+
+
+def _key_reader(path: str, chunk_bytes: int | None) -> _Reader:
+    """The reader of a keys-only pass; a truncated file raises before any page."""
+    meta = read_meta(path)
+    r = _Reader(path, meta)
+    if chunk_bytes:
+        r.per = max(1, chunk_bytes // meta.page_size)
+    trunc = _truncation(r)
+    if trunc:
+        r.close()
+        raise CorruptPageError(path, trunc.page, trunc.offset, trunc.reason)
+    return r
+
+
 def iter_page_keys(path: str, chunk_bytes: int | None = None
                    ) -> Iterator[tuple[int, int, int, list[tuple[int, bytes]]]]:
     """For a key index built at open/install: ``(page, type, bytes in use, [(slot,
@@ -734,45 +770,94 @@ def iter_page_keys(path: str, chunk_bytes: int | None = None
     not reported; values are never read). Every page is checked (CRC and structure)
     once; the first problem raises CorruptPageError (a truncated file before any page).
     ``chunk_bytes``: size of the sequential reads."""
-    meta = read_meta(path)
-    r = _Reader(path, meta)
-    if chunk_bytes:
-        r.per = max(1, chunk_bytes // meta.page_size)
-    ps = meta.page_size
-    crc = crc32c.crc32c
-    free, data = int(PageType.FREE), _DATA
+    r = _key_reader(path, chunk_bytes)
+    ps = r.meta.page_size
     accel = _accel
     try:
-        trunc = _truncation(r)
-        if trunc:
-            raise CorruptPageError(path, trunc.page, trunc.offset, trunc.reason)
         for first, chunk in r.chunks():
             view = memoryview(chunk)
             n, j = len(chunk) // ps, -1
-            while True:                        # one page per turn; `continue` = next page
+            while True:                        # one page per turn
                 j += 1
                 if accel is not None and j < n:
                     got, j = accel.page_keys(chunk, first, j, ps)   # up to a page left to us
                     yield from got
                 if j >= n:
                     break
-                index, base = first + j, j * ps
-                stored, idx, ptype, _f, count, heap = _unpack_header(chunk, base)
-                if ptype != _DATA or idx != index or stored != crc(view[base + 4:base + ps]):
-                    reason = check_page(view[base:base + ps], index, ps)
-                    if reason:
-                        raise CorruptPageError(path, index, index * ps, reason)
-                    if ptype == free:
-                        yield index, free, 0, []
-                    if ptype != _DATA:
-                        continue
-                got = _data_keys(chunk, base, ps, count, heap)
-                if got is None:
-                    reason = _check_data(view[base:base + ps], count, heap, ps) or "bad slot directory"
-                    raise CorruptPageError(path, index, index * ps, reason)
-                yield index, data, got[0], got[1]
+                item = _page_keys_at(path, chunk, view, first, j, ps)
+                if item is not None:
+                    yield item
     finally:
         r.close()
+
+
+def key_scan_accel():
+    """The C entry point of :func:`scan_key_hashes` (``_pageaccel.scan_keys``), or None:
+    no C decoder, or one built without xxhash.h."""
+    return getattr(_accel, "scan_keys", None)
+
+
+def scan_key_hashes(path: str, chunk_bytes: int | None, batch: int, space, quarter: int,
+                    roomy: set[int], free_pages: list[int], hash_key: Callable[[bytes], int]
+                    ) -> Iterator[tuple[bytes, bytes]]:
+    """The open scan of :func:`iter_page_keys` without a Python object per key: yields
+    ``(hashes, locations)``, columns of native u64 (``hash_key(key)``, ``page << 16 |
+    slot``) in page and slot order, cut at the first page end where a batch holds
+    ``batch`` keys or more (the batches the per-page loop makes). On the way, a FREE
+    page is appended to ``free_pages``; a DATA page sets ``space[page] = page_size -
+    used`` (an ``array('I')``) and joins ``roomy`` when that is >= ``quarter``. Pages
+    are checked exactly as by iter_page_keys and the first problem raises the same
+    CorruptPageError. The C decoder (``scan_keys``, hash = xxh3-64: ``hash_key`` must
+    be that hash) does the common case; each page it leaves is done here by
+    iter_page_keys' own Python step, so errors are the reference's by construction."""
+    r = _key_reader(path, chunk_bytes)
+    ps = r.meta.page_size
+    scan = key_scan_accel()
+    hs: list[bytes] = []
+    ls: list[bytes] = []
+    have = 0                                   # keys in the batch being made
+    try:
+        for first, chunk in r.chunks():
+            view = memoryview(chunk)
+            n, j = len(chunk) // ps, 0
+            while j < n:
+                if scan is not None:
+                    h, loc, j = scan(chunk, first, j, ps, batch - have, space, quarter,
+                                     roomy, free_pages)
+                    if h:
+                        hs.append(h)
+                        ls.append(loc)
+                        have += len(h) >> 3
+                if have < batch and j < n:     # a page the C code left to us (or no C)
+                    item = _page_keys_at(path, chunk, view, first, j, ps)
+                    j += 1
+                    if item is not None:
+                        have += _scan_page_py(item, ps, space, quarter, roomy, free_pages,
+                                              hash_key, hs, ls)
+                if have >= batch:
+                    yield b"".join(hs), b"".join(ls)
+                    hs, ls, have = [], [], 0
+        if hs:
+            yield b"".join(hs), b"".join(ls)
+    finally:
+        r.close()
+
+
+def _scan_page_py(item, ps: int, space, quarter: int, roomy: set[int], free_pages: list[int],
+                  hash_key: Callable[[bytes], int], hs: list[bytes], ls: list[bytes]) -> int:
+    """One iter_page_keys item into scan_key_hashes' facts and columns: its key count."""
+    index, ptype, used, keys = item
+    if ptype == _FREE:
+        free_pages.append(index)
+        return 0
+    free = ps - used
+    space[index] = free
+    if free >= quarter:
+        roomy.add(index)
+    if keys:
+        hs.append(array("Q", [hash_key(k) for _s, k in keys]).tobytes())
+        ls.append(array("Q", [index << 16 | s for s, _k in keys]).tobytes())
+    return len(keys)
 
 
 def iter_entry_batches(path: str, *, include_tombstones: bool = True,

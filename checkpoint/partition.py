@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Iterator
 from faults import fileio
 
 from . import page as pg
+from . import pagefile
 from .keyindex import KeyIndex
 from .memory import PageMemory, page_key
 from .pagefile import (ENTRY, F_OVERFLOW, F_TOMBSTONE, HDR, HEADER, PTR, SLOT, CorruptPageError,
@@ -89,15 +90,25 @@ class Partition:
     # -- open-time scan ----------------------------------------------------------
     def _scan(self) -> None:
         """The key index and space maps from one sequential pass of the file, keys
-        only (pagefile.iter_page_keys: each page checked once, overflow values never
-        read); a bad page or a truncated file raises CorruptPageError."""
+        only (pagefile.scan_key_hashes / iter_page_keys: each page checked once,
+        overflow values never read); a bad page or a truncated file raises
+        CorruptPageError."""
         # Keys go to the index SCAN_BATCH at a time (at a page's end): batches bound the
         # transient and fix the index's growth steps, the same on both paths below.
         # _set_space inlined: each page comes once and `roomy` starts empty.
         ps, quarter, free_type = self.page_size, self.quarter, int(PageType.FREE)
         space, roomy, free_pages = self.space, self.roomy, self.free_pages
-        pages = iter_page_keys(self.path, self.mem.io_bytes)
         acc = self.index.scan_accel()
+        if acc is not None and pagefile.key_scan_accel() is not None:
+            # C decoder straight to hashed columns (_pageaccel.scan_keys): no Python
+            # object per key or page; same checks, errors and batches as below.
+            for hashes, locs in pagefile.scan_key_hashes(self.path, self.mem.io_bytes,
+                                                         SCAN_BATCH, space, quarter, roomy,
+                                                         free_pages, self.index.hash_fn):
+                self.index.add_hashed(hashes, locs)
+            heapq.heapify(free_pages)
+            return
+        pages = iter_page_keys(self.path, self.mem.io_bytes)
         if acc is not None:
             # C (checkpoint/_keyaccel.c): this loop, hashing included, with no per-page
             # or per-key Python step; the index keeps its sizing decisions.

@@ -8,7 +8,9 @@ Each comparison builds the same index twice in one process, with ``keyindex._acc
 set to the module and to None."""
 from __future__ import annotations
 
+import os
 import random
+import struct
 import subprocess
 import sys
 from array import array
@@ -19,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import checkpoint
-from checkpoint import PartitionStore, keyindex
+from checkpoint import PartitionStore, keyindex, pagefile
 from checkpoint.keyindex import KeyIndex
 from checkpoint.pagefile import CorruptPageError
 
@@ -30,6 +32,10 @@ try:
         BUILT = None
 except ImportError:
     BUILT = None
+try:
+    PAGE_BUILT = importlib.import_module("checkpoint._pageaccel")
+except ImportError:
+    PAGE_BUILT = None
 pytestmark = pytest.mark.skipif(BUILT is None, reason="checkpoint._keyaccel is not built "
                                                       "(no C compiler or xxhash.h at install)")
 TOP = 1 << 62
@@ -254,31 +260,50 @@ def _open_state(d: str) -> tuple:
         s.close(checkpoint=False)
 
 
-def test_reopen_with_and_without_the_accelerator(tmp_path) -> None:
-    d = str(tmp_path / "store")
-    model = _fill(d)
-    calls = []
-
+def _counting(mod, calls: list):
     class Counting:                        # the module, counting the scan's C calls
         def __getattr__(self, attr):
             calls.append(attr)
-            return getattr(BUILT, attr)
+            return getattr(mod, attr)
+    return Counting()
 
-    saved = keyindex._accel
-    keyindex._accel = Counting()
+
+@pytest.mark.parametrize("route", ["scan_keys", "scan_pages"])
+def test_reopen_with_and_without_the_accelerator(tmp_path, route) -> None:
+    """scan_keys: the decoder hashes straight from the chunk (_pageaccel.scan_keys);
+    scan_pages: the C decoder off, the pages' tuples hashed by _keyaccel.scan_pages;
+    both give the pure-Python open's index, space map, roomy set and FREE list."""
+    d = str(tmp_path / "store")
+    model = _fill(d)
+    calls: list = []
+    page_calls: list = []
+    saved, saved_page = keyindex._accel, pagefile._accel
+    keyindex._accel = _counting(BUILT, calls)
+    if route == "scan_keys":
+        if getattr(PAGE_BUILT, "scan_keys", None) is None:
+            pytest.skip("checkpoint._pageaccel is not built (or built without xxhash.h)")
+        pagefile._accel = _counting(PAGE_BUILT, page_calls)
+    else:
+        pagefile._accel = None
     try:
         c_parts, c_got = _open_state(d)
     finally:
-        keyindex._accel = saved
-    assert calls.count("scan_pages") >= 2 and "hash_items" not in calls  # one per partition
-    keyindex._accel = None
+        keyindex._accel, pagefile._accel = saved, saved_page
+    assert "hash_items" not in calls and "page_hashes" not in calls
+    if route == "scan_keys":
+        assert page_calls.count("scan_keys") >= 2 and "scan_pages" not in calls
+        assert "page_keys" not in page_calls          # no per-key objects on the way
+    else:
+        assert calls.count("scan_pages") >= 2         # one per partition
+    keyindex._accel, pagefile._accel = None, None
     try:
         py_parts, py_got = _open_state(d)
     finally:
-        keyindex._accel = saved
+        keyindex._accel, pagefile._accel = saved, saved_page
     assert c_parts == py_parts
     assert c_got == py_got == model
     assert any(fp for _s, _sp, _r, fp in c_parts), "no FREE page: the test lost its point"
+    assert any(r for _s, _sp, r, _fp in c_parts), "no roomy page: the test lost its point"
 
 
 def test_scan_of_a_corrupt_file_raises_both_ways(tmp_path) -> None:
@@ -329,3 +354,94 @@ def test_switch_and_abi(monkeypatch, py_env, python) -> None:
     monkeypatch.setitem(sys.modules, "checkpoint._keyaccel", Old)
     monkeypatch.setattr(checkpoint, "_keyaccel", Old, raising=False)
     assert keyindex._load_accel() is None
+
+
+# -- the decoder's hashed scan (pagefile.scan_key_hashes / _pageaccel.scan_keys) --------
+needs_scan_keys = pytest.mark.skipif(getattr(PAGE_BUILT, "scan_keys", None) is None,
+                                     reason="checkpoint._pageaccel not built with xxhash.h")
+
+
+def _scan_outcome(path: str, accel, space_pages: int, batch: int = 16384):
+    """scan_key_hashes with pagefile._accel = accel: batches and facts, or the error."""
+    saved = pagefile._accel
+    pagefile._accel = accel
+    space, roomy, free, out = array("I", bytes(4 * space_pages)), set(), [], []
+    try:
+        for h, loc in pagefile.scan_key_hashes(path, 4096, batch, space, 256, roomy, free,
+                                               xxhash.xxh3_64_intdigest):
+            out.append((h, loc))
+        return out, bytes(space), sorted(roomy), free
+    except Exception as e:  # noqa: BLE001 - the comparison is of the error itself
+        return type(e).__name__, str(e)
+    finally:
+        pagefile._accel = saved
+
+
+def _small_store(d: str) -> str:
+    s = PartitionStore.open(d, page_size=1024, checkpoint_interval=None, wal_sync="none")
+    s.create_partition(0)
+    for i in range(300):
+        s.put(0, b"k%05d" % i, bytes(i % 97))
+    s.put(0, b"big", bytes(5000))              # an overflow chain between DATA pages
+    s.checkpoint()
+    s.close()
+    return d + "/part-0.bin"
+
+
+@needs_scan_keys
+def test_scan_keys_hands_odd_pages_back_to_python(tmp_path) -> None:
+    """Pages the C scan must not decide: entries overlapping (more bytes "in use" than
+    the page has: Python's space map refuses it) and a page beyond the space map. The
+    errors are those of the pure path, as are the results when the page is fine."""
+    path = _small_store(str(tmp_path / "s"))
+    pages = os.path.getsize(path) // 1024
+    clean = _scan_outcome(path, PAGE_BUILT, pages)
+    assert isinstance(clean[0], list) and clean == _scan_outcome(path, None, pages)
+    # a page beyond the space map: IndexError from the space map, both ways
+    short = _scan_outcome(path, PAGE_BUILT, 3)
+    assert short[0] == "IndexError" and short == _scan_outcome(path, None, 3)
+    # two slots on one 618-byte entry of a DATA page: structurally valid, used > page
+    data = bytearray(open(path, "rb").read())
+    p = 2
+    buf = bytearray(1024)
+    struct.pack_into("<IIBBHI", buf, 0, 0, p, 2, 0, 2, 400)
+    struct.pack_into("<HH", buf, 16, 400, 400)
+    struct.pack_into("<BHIQ", buf, 400, 0, 3, 600, 7)
+    buf[415:418] = b"abc"
+    pagefile.seal(buf)
+    assert pagefile.check_page(buf, p, 1024) is None
+    data[p * 1024:(p + 1) * 1024] = buf
+    bad = str(tmp_path / "overlap.bin")
+    open(bad, "wb").write(bytes(data))
+    got = _scan_outcome(bad, PAGE_BUILT, pages)
+    assert got[0] == "OverflowError" and got == _scan_outcome(bad, None, pages)
+
+
+@needs_scan_keys
+def test_scan_keys_stops_at_batch_ends_and_odd_pages(tmp_path) -> None:
+    path = _small_store(str(tmp_path / "s"))
+    chunk = open(path, "rb").read()[1024:]
+    pages = len(chunk) // 1024
+    space, roomy, free = array("I", bytes(4 * (pages + 1))), set(), []
+    h, loc, j = PAGE_BUILT.scan_keys(chunk, 1, 0, 1024, 1, space, 256, roomy, free)
+    assert j >= 1 and len(h) == len(loc) and array("Q", loc)[0] >> 16 == j
+    n_first = len(h) // 8                      # the first DATA page's keys: one batch
+    ref = [(i, k) for i, t, _u, keys in pagefile.iter_page_keys(path) for _s, k in keys]
+    assert array("Q", h).tolist() == [xxhash.xxh3_64_intdigest(k) for _i, k in ref[:n_first]]
+    h2, loc2, j2 = PAGE_BUILT.scan_keys(chunk, 1, j, 1024, 1 << 30, space, 256, roomy, free)
+    assert j2 == pages and len(ref) == n_first + len(h2) // 8
+    # a corrupt page: scan_keys stops before it and has touched nothing of it
+    bad = bytearray(chunk)
+    bad[3 * 1024 + 200] ^= 1
+    space2 = array("I", bytes(4 * (pages + 1)))
+    h3, _l3, j3 = PAGE_BUILT.scan_keys(bytes(bad), 1, 0, 1024, 1 << 30, space2, 256, set(), [])
+    assert j3 == 3 and space2[4] == 0 and all(loc >> 16 < 4 for loc in array("Q", _l3))
+    with pytest.raises(TypeError):
+        PAGE_BUILT.scan_keys(chunk, 1, 0, 1024, 1, array("Q", bytes(8 * pages)), 256, set(), [])
+
+
+def test_env_off_means_no_hashed_scan(py_env, python) -> None:
+    code = "from checkpoint import pagefile; print(pagefile.key_scan_accel())"
+    out = subprocess.run([python, "-c", code], env=dict(py_env, FERRY_PAGE_ACCEL="0"),
+                         capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "None"

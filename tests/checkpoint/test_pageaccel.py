@@ -16,9 +16,11 @@ import struct
 import subprocess
 import sys
 import tempfile
+from array import array
 
 import crc32c
 import pytest
+import xxhash
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -82,6 +84,65 @@ def page_keys(path):
     return out
 
 
+def _space_for(path):
+    meta = read_meta(path)
+    return array("I", bytes(4 * min(meta.page_count, os.path.getsize(path) // meta.page_size + 1)))
+
+
+def key_hashes(path, batch: int, chunk_bytes: int | None = None, space_pages: int | None = None):
+    """What Partition._scan sees of scan_key_hashes: each batch's (hashes, locations),
+    then the space map, roomy set and FREE list, or the error it raised."""
+    out: list = []
+    try:
+        space = _space_for(path) if space_pages is None else array("I", bytes(4 * space_pages))
+        roomy: set = set()
+        free: list = []
+        for h, loc in pagefile.scan_key_hashes(path, chunk_bytes, batch, space, 256, roomy,
+                                               free, xxhash.xxh3_64_intdigest):
+            assert h and len(h) == len(loc)
+            out.append(("batch", array("Q", h).tolist(), array("Q", loc).tolist()))
+        out.append(("facts", bytes(space), sorted(roomy), free))
+    except (CorruptPageError, OverflowError, IndexError) as e:
+        out.append(("raised", type(e).__name__, str(e)))
+    return out
+
+
+def key_hashes_reference(path, batch: int, space_pages: int | None = None):
+    """key_hashes from iter_page_keys in pure Python: Partition._scan's per-page loop
+    (the batches, the facts) with the reference hash."""
+    saved = pagefile._accel
+    pagefile._accel = None
+    out: list = []
+    try:
+        space = _space_for(path) if space_pages is None else array("I", bytes(4 * space_pages))
+        roomy: set = set()
+        free: list = []
+        hs: list = []
+        ls: list = []
+        ps = read_meta(path).page_size
+        for i, ptype, used, keys in pagefile.iter_page_keys(path):
+            if ptype == int(pagefile.PageType.FREE):
+                free.append(i)
+                continue
+            room = ps - used
+            space[i] = room
+            if room >= 256:
+                roomy.add(i)
+            hs += [xxhash.xxh3_64_intdigest(k) for _s, k in keys]
+            ls += [i << 16 | s for s, _k in keys]
+            if len(hs) >= batch:
+                out.append(("batch", hs, ls))
+                hs, ls = [], []
+        if hs:
+            out.append(("batch", hs, ls))
+        out.append(("facts", bytes(space), sorted(roomy), free))
+    except (CorruptPageError, OverflowError, IndexError) as e:
+        out.append(("raised", type(e).__name__, str(e)))
+    finally:
+        pagefile._accel = saved
+    return out
+
+
 def assert_same(path) -> list:
     """Every decoder entry point, accelerated and pure: the same output and the same
     pages marked checked by each reader. Returns the strict entry events."""
@@ -93,6 +154,9 @@ def assert_same(path) -> list:
             for tombs in ((True, False) if decode != "live" else (None,)):
                 kw = {} if tombs is None else {"include_tombstones": tombs}
                 cases.append(lambda d=decode, s=strict, kw=kw: events(path, d, s, **kw))
+    for batch, chunk in ((16384, None), (1, None), (5, 3 << 10), (7, 1 << 10)):
+        cases.append(lambda b=batch, c=chunk: key_hashes(path, b, c))
+        assert _run(cases[-1], "accel")[0] == key_hashes_reference(path, batch)
     results = []
     for case in cases:
         want, want_checked = _run(case, "pure")

@@ -191,12 +191,12 @@ def test_received_file_is_read_and_checked_once(stores, monkeypatch) -> None:
     a.checkpoint()
     want = _entries(a, 6)
     scans: list[str] = []
-    real_scan = partition_mod.iter_page_keys
-
-    def counting(path, *args, **kw):
-        scans.append(os.path.basename(path))
-        return real_scan(path, *args, **kw)
-    monkeypatch.setattr(partition_mod, "iter_page_keys", counting)
+    # the install's scan: iter_page_keys, or the hashed scan (pagefile.scan_key_hashes)
+    for mod, name in ((partition_mod, "iter_page_keys"), (pagefile, "scan_key_hashes")):
+        def counting(path, *args, _real=getattr(mod, name), **kw):
+            scans.append(os.path.basename(path))
+            return _real(path, *args, **kw)
+        monkeypatch.setattr(mod, name, counting)
     checks: list[int] = []
     storage = PartitionStoreStorage(b)
     monkeypatch.setattr(storage, "check_page", lambda *a_: checks.append(1))
