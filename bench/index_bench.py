@@ -43,6 +43,16 @@ top-level field "city". Per size and path, each in its own process, alternated
 the file's batches, already read) and ``rebuild`` (``IndexStore.rebuild`` from the
 partition file in one process: scan + feed + sort + load), in microseconds per entry,
 and the ratios python/c. N: 200,000 and 20,000 (``--quick``: 30,000 and 3,000).
+
+``--load``: instead, the rebuild's sort + load stage (session 6), same documents and
+sizes, with one index on "city" (``plain``) and with a unique index on "i" added
+(``unique``). Per case, each in its own process, alternated, best of two:
+``memory`` (the default budget: all keys in memory, one sort, putmulti streamed
+from the buffer), ``external`` (a 1 MiB budget: sorted runs spilled and merged) and,
+with ``--base DIR`` (a checkout whose ``indexes`` package is the code to compare
+with, e.g. a ``git worktree`` of the previous commit), ``base`` (that code, default
+budget). Per entry of the source: ``rebuild_us`` (CPU of the whole rebuild) and
+``load_us`` (wall time of the load stage: sort + merge + LMDB), and ratios.
 """
 from __future__ import annotations
 
@@ -268,6 +278,87 @@ def accel_main(quick: bool) -> dict:
     return out
 
 
+def load_child(work: str, unique: bool, memory: int | None) -> dict:
+    """One rebuild of ``work/data/part-0.bin``: CPU of the whole rebuild and the wall
+    time of its load stage (from the progress reports), per source entry."""
+    from indexes import IndexDefinition, IndexStore, PartitionFileSource
+    defs = [IndexDefinition("by_city", "city")]
+    if unique:
+        defs.append(IndexDefinition("by_i", "i", unique=True))
+    src = PartitionFileSource(os.path.join(work, "data"))
+    idx = os.path.join(work, "idx-load")
+    shutil.rmtree(idx, ignore_errors=True)
+    marks: dict[str, float] = {}
+
+    def progress(p) -> None:
+        marks.setdefault(p.stage, time.perf_counter())
+    with IndexStore.open(idx, defs) as s:
+        c = time.process_time()
+        res = s.rebuild(0, src, workers=1, memory_limit=memory, progress=progress)
+        cpu = time.process_time() - c
+    n = res.scanned
+    assert res.entries == n * len(defs) and res.bad == 0 and res.unique_conflicts == 0, res
+    import indexes
+    return {"entries": n, "runs": res.runs, "rebuild_us": cpu / n * 1e6,
+            "code": os.path.dirname(os.path.dirname(os.path.abspath(indexes.__file__))),
+            "load_us": (marks["ready"] - marks["load"]) / n * 1e6}
+
+
+def load_main(quick: bool, base: str | None) -> dict:
+    from node.localcluster import value_of
+    counts = {1024: 30_000 if quick else 200_000, 16384: 3_000 if quick else 20_000}
+    out: dict = {"bench": "index_load", "documents": "node.localcluster.value_of",
+                 "base": base, "sizes": {}}
+    configs = [("memory", ROOT, None), ("external", ROOT, 1 << 20)]
+    if base:
+        configs.insert(0, ("base", os.path.abspath(base), None))
+    for size in ACCEL_SIZES:
+        n = counts[size]
+        work = tempfile.mkdtemp(prefix="ferry-index-load-")
+        try:
+            os.makedirs(os.path.join(work, "data"))
+            write = write_store_file if size > 2000 else write_partition_file_
+            write(os.path.join(work, "data", "part-0.bin"), 0,
+                  ((b"k%010d" % i, value_of(i, size)) for i in range(n)))
+            cases: dict = {}
+            for variant in ("plain", "unique"):
+                runs: dict[str, list[dict]] = {c: [] for c, _, _ in configs}
+                for _ in range(2):
+                    for name, code, memory in configs:
+                        cmd = [sys.executable, os.path.abspath(__file__), "--child", "load",
+                               "--work", work, "--code", code]
+                        if variant == "unique":
+                            cmd.append("--unique")
+                        if memory:
+                            cmd += ["--sort-memory", str(memory)]
+                        r = subprocess.run(cmd, capture_output=True, text=True, check=False)
+                        if r.returncode != 0:
+                            raise SystemExit(f"child load ({name}) failed:\n{r.stderr}")
+                        got = json.loads(r.stdout)
+                        if os.path.realpath(got["code"]) != os.path.realpath(code):
+                            raise SystemExit(f"child {name} ran the indexes of {got['code']}, "
+                                             f"not {code}")
+                        runs[name].append(got)
+                best = {c: {m: round(min(r[m] for r in rs), 3)
+                            for m in ("rebuild_us", "load_us")} | {"runs": rs[0]["runs"]}
+                        for c, rs in runs.items()}
+                case = {"entries_per_value": 2 if variant == "unique" else 1, **best,
+                        "ratio_load_external_vs_memory": round(
+                            best["external"]["load_us"] / best["memory"]["load_us"], 2)}
+                if base:
+                    case["ratio_load_base_vs_memory"] = round(
+                        best["base"]["load_us"] / best["memory"]["load_us"], 2)
+                    case["ratio_rebuild_base_vs_memory"] = round(
+                        best["base"]["rebuild_us"] / best["memory"]["rebuild_us"], 2)
+                cases[variant] = case
+            out["sizes"][str(size)] = {"entries": n, **cases}
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    out["load_average"] = [round(x, 2) for x in os.getloadavg()]
+    out["cpus"] = os.cpu_count()
+    return out
+
+
 def write_partition_file_(path: str, partition: int, it) -> None:
     from indexes.testing import write_partition_file
     write_partition_file(path, partition, it)
@@ -293,6 +384,12 @@ def main() -> None:
                     help="bytes per value (> ~2 KiB: overflow chains, file written by a store)")
     ap.add_argument("--accel", action="store_true",
                     help="only the C accelerator vs pure Python comparison (1 KiB, 16 KiB)")
+    ap.add_argument("--load", action="store_true",
+                    help="only the sort + load stage: in memory, external, --base code")
+    ap.add_argument("--base", default=None,
+                    help="with --load: a checkout whose indexes package is compared")
+    ap.add_argument("--code", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--unique", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--work", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -304,6 +401,14 @@ def main() -> None:
         n = a.n or (100_000 if a.quick else 1_000_000)
     sample = a.sample or (1_000 if a.quick else 10_000)
     mem = a.sort_memory or (4 << 20 if a.quick else SORT_MEMORY)
+    if a.child == "load":
+        if a.code and os.path.abspath(a.code) != ROOT:
+            sys.path.insert(0, os.path.abspath(a.code))     # that checkout's indexes
+        print(json.dumps(load_child(a.work, a.unique, a.sort_memory)))
+        return
+    if a.load:
+        print(json.dumps(load_main(a.quick, a.base)))
+        return
     if a.child:
         print(json.dumps(child(a.child, a.work, n, sample, mem)))
         return

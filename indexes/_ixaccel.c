@@ -676,6 +676,93 @@ static PyObject *py_scan(PyObject *self, PyObject *args)
     return out;
 }
 
+/* Length of "u16 id | encoded value" at the start of a stored entry key (as
+ * keycodec.split_key reads it), or -1 when the key does not parse. */
+static Py_ssize_t head_len(const uint8_t *k, Py_ssize_t n)
+{
+    if (n < 3)
+        return -1;
+    switch (k[2]) {
+    case TAG_NULL: case TAG_FALSE: case TAG_TRUE:
+        return 3;
+    case TAG_NUMBER:
+        return n >= 13 ? 13 : -1;            /* 8-byte float64 + u16 correction */
+    case TAG_STRING: case 0x38: {            /* escaped body, 0x00 0x01 | 0x00 0x02 hash */
+        Py_ssize_t i = 3;
+        for (;;) {
+            const uint8_t *z = memchr(k + i, 0, (size_t)(n - i));
+            if (!z || z + 1 >= k + n)
+                return -1;
+            Py_ssize_t at = z - k;
+            if (k[at + 1] == 0xFF) {
+                i = at + 2;
+                continue;
+            }
+            if (k[at + 1] == 0x01)
+                return at + 2;
+            if (k[at + 1] == 0x02)
+                return at + 2 + 16 <= n ? at + 2 + 16 : -1;
+            return -1;
+        }
+    }
+    default:
+        return -1;
+    }
+}
+
+/* unique_conflicts(keys, lo, hi, last) -> (positions, last): the positions i in
+ * [lo, hi) of the sorted list ``keys`` whose key has the same index id and encoded
+ * value as the key before it (``last`` for the first) but is another key, i.e.
+ * another primary key holds the value. ``last`` becomes keys[hi - 1]. Raises
+ * ValueError at a key that does not parse (the caller's Python path says why). */
+static PyObject *py_unique_conflicts(PyObject *self, PyObject *args)
+{
+    PyObject *keys, *last;
+    Py_ssize_t lo, hi;
+    if (!PyArg_ParseTuple(args, "O!nnO!", &PyList_Type, &keys, &lo, &hi,
+                          &PyBytes_Type, &last))
+        return NULL;
+    if (lo < 0 || hi > PyList_GET_SIZE(keys) || lo > hi) {
+        PyErr_SetString(PyExc_IndexError, "unique_conflicts: bad range");
+        return NULL;
+    }
+    PyObject *out = PyList_New(0);
+    if (!out)
+        return NULL;
+    const uint8_t *pk = (const uint8_t *)PyBytes_AS_STRING(last);
+    Py_ssize_t pn = PyBytes_GET_SIZE(last);
+    Py_ssize_t ph = pn ? head_len(pk, pn) : -1;
+    PyObject *prev = last;
+    for (Py_ssize_t i = lo; i < hi; i++) {
+        PyObject *k = PyList_GET_ITEM(keys, i);
+        if (!PyBytes_Check(k)) {
+            Py_DECREF(out);
+            PyErr_SetString(PyExc_TypeError, "unique_conflicts: keys must be bytes");
+            return NULL;
+        }
+        const uint8_t *kb = (const uint8_t *)PyBytes_AS_STRING(k);
+        Py_ssize_t kn = PyBytes_GET_SIZE(k);
+        Py_ssize_t h = head_len(kb, kn);
+        if (h < 0) {
+            Py_DECREF(out);
+            PyErr_Format(PyExc_ValueError, "unique_conflicts: key %zd does not parse", i);
+            return NULL;
+        }
+        if (h == ph && memcmp(kb, pk, (size_t)h) == 0 &&
+            (kn != pn || memcmp(kb + h, pk + h, (size_t)(kn - h)) != 0)) {
+            PyObject *pos = PyLong_FromSsize_t(i);
+            if (!pos || PyList_Append(out, pos) < 0) {
+                Py_XDECREF(pos);
+                Py_DECREF(out);
+                return NULL;
+            }
+            Py_DECREF(pos);
+        }
+        pk = kb; pn = kn; ph = h; prev = k;
+    }
+    return Py_BuildValue("(NO)", out, prev);
+}
+
 static PyMethodDef methods[] = {
     {"feed_many", py_feed_many, METH_VARARGS,
      "feed_many(items, specs, max_key, add, fallback) -> n: specs are (field name as "
@@ -684,6 +771,9 @@ static PyMethodDef methods[] = {
     {"entries", py_entries, METH_VARARGS,
      "entries(pk, raw, specs, max_key) -> None | ((key, head, value), ...) per spec"},
     {"scan", py_scan, METH_VARARGS, "scan(raw, names) -> None | ((kind, escaped, token), ...)"},
+    {"unique_conflicts", py_unique_conflicts, METH_VARARGS,
+     "unique_conflicts(keys, lo, hi, last) -> (positions, last): keys in keys[lo:hi] "
+     "holding the same index value as the key before them under another primary key"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -123,16 +123,28 @@ class ExternalSorter:
     # -- merging ------------------------------------------------------------------
     def sorted_batches(self) -> Iterator[list[tuple[bytes, bytes]]]:
         """All pairs in key order, in lists (equal keys stay adjacent; the loader
-        drops repeats).
+        drops repeats). Builds a tuple per entry: the rebuild's loader uses
+        :meth:`key_batches` instead."""
+        for keys, extra in self.key_batches():
+            for i in range(0, len(keys), 65536):
+                yield _with_data(keys[i:i + 65536], [extra] if extra else [])
 
-        The k-way merge works a block at a time: with one block of every run in
-        memory, every key up to the smallest last key of those blocks can be handed
-        out, so those prefixes are gathered and ordered by one ``list.sort`` (timsort
-        merges presorted runs in C); at least one block is used up per round."""
+    def key_batches(self) -> Iterator[tuple[list[bytes], dict[bytes, bytes]]]:
+        """All keys in key order, in lists, each with a dict holding the data of those
+        of its keys that have any (it may hold other keys too; a key it lacks has
+        empty data). No per-entry object is built.
+
+        All keys in memory (no run spilled, the common case for one partition): one
+        ``list.sort`` and the buffer itself, once. Otherwise a k-way merge a block at
+        a time: with one block of every run in memory, every key up to the smallest
+        last key of those blocks can be handed out, so those prefixes are gathered and
+        ordered by one ``list.sort`` (timsort merges presorted runs in C); at least
+        one block is used up per round."""
         self.check()
         self._keys.sort()
         if not self.runs:
-            yield from _pairs_in_slices(self._keys, self._extra)
+            if self._keys:
+                yield self._keys, self._extra
             return
         files = [open(p, "rb", buffering=_IO_BUFFER) for p in self.runs]
         self._files = files
@@ -151,7 +163,7 @@ class ExternalSorter:
                     if c.extra:
                         extras.append(c.extra)
             out.sort()
-            yield _with_data(out, extras)
+            yield out, merged_data(extras)
             live = [c for c in live if c.pos < len(c.keys) or c.advance()]
 
     def sorted(self) -> Iterator[tuple[bytes, bytes]]:
@@ -188,6 +200,16 @@ class _Cursor:
         return False
 
 
+def merged_data(extras: list[dict[bytes, bytes]]) -> dict[bytes, bytes]:
+    """One dict of the data of several blocks' keys (the one itself when alone)."""
+    if len(extras) == 1:
+        return extras[0]
+    merged: dict[bytes, bytes] = {}
+    for e in extras:
+        merged.update(e)
+    return merged
+
+
 def _with_data(keys: list[bytes], extras: list[dict[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
     if not extras:
         return list(zip(keys, itertools.repeat(b"")))
@@ -199,12 +221,6 @@ def _with_data(keys: list[bytes], extras: list[dict[bytes, bytes]]) -> list[tupl
             merged.update(e)
         get = merged.get
     return [(k, get(k, b"")) for k in keys]
-
-
-def _pairs_in_slices(keys: list[bytes], extra: dict[bytes, bytes],
-                     size: int = 65536) -> Iterator[list[tuple[bytes, bytes]]]:
-    for i in range(0, len(keys), size):
-        yield _with_data(keys[i:i + size], [extra] if extra else [])
 
 
 def _read_run(f: BinaryIO) -> Iterator[tuple[list[bytes], dict[bytes, bytes]]]:

@@ -36,6 +36,8 @@ MAX_MAP = 1 << 40
 # array of this size, so it is not set far above what a node needs.
 MAX_DBS = 4096
 
+# Below this much free space, an EIO from a commit is taken for a full disk.
+_LOW_SPACE = 16 << 20
 _CORRUPT = (lmdb.CorruptedError, lmdb.InvalidError, lmdb.PageNotFoundError,
             lmdb.VersionMismatchError, lmdb.PanicError, lmdb.BadValsizeError)
 
@@ -128,6 +130,25 @@ class LmdbEnv:
                 except _CORRUPT as e:
                     raise IndexCorruptError(os.path.join(self.path, DATA_FILE),
                                             f"{type(e).__name__}: {e}") from None
+                except lmdb.Error as e:
+                    if self._disk_full(e):
+                        raise OutOfDiskError(os.path.join(self.path, DATA_FILE), None,
+                                             str(e)) from None
+                    raise
+
+    def _disk_full(self, e: lmdb.Error) -> bool:
+        """A commit on a full file system fails as a plain ``lmdb.Error``: ENOSPC from
+        write(2), or EIO when LMDB's writev of the dirty pages came back short (LMDB
+        turns a short write into EIO). Told apart from a real I/O error by the free
+        space left where the environment lives."""
+        msg = str(e)
+        if "No space left" not in msg and "Input/output error" not in msg:
+            return False
+        try:
+            st = os.statvfs(self.path)
+        except OSError:
+            return False
+        return "No space left" in msg or st.f_bavail * st.f_frsize < _LOW_SPACE
 
     def read(self, fn: Callable[[lmdb.Transaction], T]) -> T:
         with self.lock:

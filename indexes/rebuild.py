@@ -22,13 +22,15 @@ import os
 import shutil
 import time
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 import faults
 
 from . import keycodec, scanworker
 from .errors import RebuildCancelled
-from .extsort import DEFAULT_MEMORY, ExternalSorter
+from .extsort import DEFAULT_MEMORY, ExternalSorter, merged_data
+from .uniqueness import unique_conflicts
 
 if TYPE_CHECKING:
     from .scanpool import ScanPool
@@ -281,18 +283,24 @@ def _load(store: IndexStore, partition: int, sorter: ExternalSorter, res: Rebuil
     env = store._env
     db = env.partition_db(partition, create=True)
     rep.start("load", len(sorter))
-    uniq = {keycodec.index_prefix(store.schema.ids[d.name])
-            for d in store.definitions if d.unique}
-    last: tuple[bytes, bytes] = (b"", b"")
+    uniq = sorted(keycodec.index_prefix(store.schema.ids[d.name])
+                  for d in store.definitions if d.unique)
+    last = b""
     done = 0
-    for chunk in _chunks(sorter.sorted_batches(), batch):
+    for keys, extra in _key_chunks(sorter.key_batches(), batch):
         if uniq:
-            last = _unique_conflicts(chunk, uniq, last, res)
+            last = unique_conflicts(keys, extra, uniq, last, res, MAX_SAMPLES)
 
-        def put(txn: Any, chunk: list[tuple[bytes, bytes]] = chunk) -> tuple[int, int]:
+        def put(txn: Any, keys: list[bytes] = keys,
+                extra: dict[bytes, bytes] = extra) -> tuple[int, int]:
+            # The pairs are streamed to putmulti, never held in a list: zip hands out
+            # one reused tuple when putmulti drops it at once, so no per-entry object
+            # is built (plain index keys carry the primary key and have empty data).
+            # Made inside put because a full map runs it again from the start.
+            data = map(extra.get, keys, repeat(b"")) if extra else repeat(b"")
             # append=True skips a key equal to the last one: that is how a value the
             # source gave twice is kept once (counted, not an error).
-            return txn.cursor(db=db).putmulti(chunk, append=True)
+            return txn.cursor(db=db).putmulti(zip(keys, data), append=True)
         consumed, added = env.write(put)
         res.duplicates += consumed - added
         res.entries += added
@@ -305,34 +313,27 @@ def _load(store: IndexStore, partition: int, sorter: ExternalSorter, res: Rebuil
     rep.report(done, force=True)
 
 
-def _chunks(batches: Iterator[list[tuple[bytes, bytes]]],
-            size: int) -> Iterator[list[tuple[bytes, bytes]]]:
-    """Regroup the sorter's lists into lists of exactly ``size`` (the last shorter):
-    one LMDB commit each."""
-    buf: list[tuple[bytes, bytes]] = []
-    for b in batches:
-        buf += b
-        while len(buf) >= size:
-            yield buf[:size]
-            del buf[:size]
+def _key_chunks(batches: Iterator[tuple[list[bytes], dict[bytes, bytes]]],
+                size: int) -> Iterator[tuple[list[bytes], dict[bytes, bytes]]]:
+    """Regroup the sorter's key lists into lists of exactly ``size`` keys (the last
+    shorter), each with a dict holding their data: one LMDB commit each. A list of
+    ``size`` or more (all keys in memory: one list) is sliced, not copied whole."""
+    buf: list[bytes] = []
+    extras: list[dict[bytes, bytes]] = []
+    for keys, extra in batches:
+        i, n = 0, len(keys)
+        while i < n:
+            if not buf and n - i >= size:
+                yield keys[i:i + size], extra
+                i += size
+                continue
+            take = min(size - len(buf), n - i)
+            buf += keys[i:i + take]
+            i += take
+            if extra and (not extras or extras[-1] is not extra):
+                extras.append(extra)
+            if len(buf) == size:
+                yield buf, merged_data(extras)
+                buf, extras = [], []
     if buf:
-        yield buf
-
-
-def _unique_conflicts(chunk: list[tuple[bytes, bytes]], uniq: set[bytes],
-                      last: tuple[bytes, bytes], res: RebuildResult) -> tuple[bytes, bytes]:
-    """Count values of unique indexes that several keys hold (the data came from an
-    owner that enforced uniqueness, so this means the data is inconsistent: report,
-    keep every entry, let verify and the operator decide)."""
-    last_head, last_pk = last
-    for k, d in chunk:
-        if k[:2] not in uniq:
-            continue
-        _, enc, pk = keycodec.split_key(k)
-        head = k[:2 + len(enc)]
-        if head == last_head and pk != last_pk:
-            res.unique_conflicts += 1
-            if len(res.unique_samples) < MAX_SAMPLES:
-                res.unique_samples.append(f"{keycodec.parse_entry(k, d)[1]!r} held by several keys")
-        last_head, last_pk = head, pk
-    return last_head, last_pk
+        yield buf, merged_data(extras)
