@@ -31,11 +31,12 @@ collisions) hashes in Python and only the probing, which never hashes, runs in C
 """
 from __future__ import annotations
 
-import os
 from array import array
 from typing import Callable, Iterator, Sequence
 
 import xxhash
+
+from .pagefile import load_accel
 
 SEGMENT_BITS = 6            # 64 independently growing tables, chosen by the hash's top bits
 SEGMENTS = 1 << SEGMENT_BITS
@@ -56,15 +57,10 @@ _ACCEL_ABI = 1
 
 
 def _load_accel():
-    """``checkpoint._keyaccel`` when built, of this ABI version and not switched off."""
-    if os.environ.get(ACCEL_ENV, "1").strip().lower() in ("0", "off", "no", "false"):
-        return None
-    try:
-        from . import _keyaccel as mod
-    except ImportError:
-        return None
-    if getattr(mod, "ABI_VERSION", None) != _ACCEL_ABI or \
-            (mod.MAX_LOAD_NUM, mod.MAX_LOAD_DEN) != (MAX_LOAD_NUM, MAX_LOAD_DEN):
+    """``checkpoint._keyaccel`` when built, of this ABI version, not switched off, and
+    with this module's load limits."""
+    mod = load_accel("checkpoint._keyaccel", _ACCEL_ABI, ACCEL_ENV)
+    if mod is None or (mod.MAX_LOAD_NUM, mod.MAX_LOAD_DEN) != (MAX_LOAD_NUM, MAX_LOAD_DEN):
         return None
     return mod
 

@@ -13,11 +13,9 @@ ones make the same bytes (tests/checkpoint/test_writeaccel.py).
 """
 from __future__ import annotations
 
-import importlib
-import os
 
 from .pagefile import (ACCEL_ENV, ENTRY, F_OVERFLOW, F_TOMBSTONE, HDR, HEADER, PTR, SLOT,
-                       EntryFlag, PageType, entry_size, page_entries)
+                       EntryFlag, PageType, entry_size, page_entries, load_accel)
 
 # Header byte ranges changed in place: count [10:12], aux [12:16] (see pagefile.HEADER).
 _PACK_SLOT = SLOT.pack_into
@@ -193,22 +191,9 @@ def compact_py(buf: bytearray) -> int:
 
 # -- the C twin ----------------------------------------------------------------------
 _ACCEL_ABI = 1
-_OFF_WORDS = ("0", "off", "no", "false")
-
-
-def _load_accel():
-    """``checkpoint._writeaccel`` when it is built, of this version and not turned off by
-    ``FERRY_PAGE_ACCEL=0`` (read at import, like pagefile's); else None."""
-    if os.environ.get(ACCEL_ENV, "1").strip().lower() in _OFF_WORDS:
-        return None
-    try:
-        mod = importlib.import_module("checkpoint._writeaccel")
-    except ImportError:
-        return None
-    return mod if getattr(mod, "ABI_VERSION", None) == _ACCEL_ABI else None
-
-
-_accel = _load_accel()
+# checkpoint._writeaccel when built, of this version and not turned off by
+# FERRY_PAGE_ACCEL=0 (read at import, like pagefile's); else None
+_accel = load_accel("checkpoint._writeaccel", _ACCEL_ABI, ACCEL_ENV)
 _NAMES = ("chain_pages", "insert", "delete", "read_entry", "compact", "new_page")
 
 

@@ -66,19 +66,23 @@ _KNOWN_FLAGS = F_TOMBSTONE | F_OVERFLOW
 _DATA = int(PageType.DATA)
 
 
-def _load_accel():
-    """The C bulk path (``checkpoint/_pageaccel.c``) when it is built, of this version,
-    and not turned off by ``FERRY_PAGE_ACCEL=0``; else None (the pure-Python path).
-    Imported by name through importlib so that a shipped copy of this file (Spark
-    executors, validation/ship.py) does not list it as a module to pack."""
-    if os.environ.get(ACCEL_ENV, "1").strip().lower() in ("0", "off", "no", "false"):
+OFF_WORDS = ("0", "off", "no", "false")     # values of an accelerator switch that mean off
+
+
+def load_accel(module: str, abi: int, env: str = "FERRY_PAGE_ACCEL"):
+    """An optional C accelerator ``module`` when it is built, of ABI version ``abi`` and
+    not turned off by ``env`` (0/off/no/false, any case); else None (the pure-Python
+    path). The one loader of the checkpoint accelerators. Imported by name
+    through importlib so that a shipped copy of this file (Spark executors,
+    validation/ship.py) does not list them as modules to pack."""
+    if os.environ.get(env, "1").strip().lower() in OFF_WORDS:
         return None
     try:
         import importlib
-        mod = importlib.import_module("checkpoint._pageaccel")
+        mod = importlib.import_module(module)
     except ImportError:
         return None
-    return mod if getattr(mod, "ABI_VERSION", None) == _ACCEL_ABI else None
+    return mod if getattr(mod, "ABI_VERSION", None) == abi else None
 
 
 # The accelerator does the common case of a whole read chunk in one call and stops at
@@ -87,6 +91,13 @@ def _load_accel():
 # marked checked are the same with and without it. Read at each call: tests swap it.
 ACCEL_ENV = "FERRY_PAGE_ACCEL"
 _ACCEL_ABI = 2                 # 2: scan_keys (the open scan's hashes)
+
+
+def _load_accel():
+    """``checkpoint._pageaccel`` (this file's bulk path) or None."""
+    return load_accel("checkpoint._pageaccel", _ACCEL_ABI, ACCEL_ENV)
+
+
 _accel = _load_accel()
 
 

@@ -142,13 +142,15 @@ class LmdbEnv:
         turns a short write into EIO). Told apart from a real I/O error by the free
         space left where the environment lives."""
         msg = str(e)
-        if "No space left" not in msg and "Input/output error" not in msg:
+        if "No space left" in msg:
+            return True
+        if "Input/output error" not in msg:
             return False
         try:
             st = os.statvfs(self.path)
         except OSError:
             return False
-        return "No space left" in msg or st.f_bavail * st.f_frsize < _LOW_SPACE
+        return st.f_bavail * st.f_frsize < _LOW_SPACE
 
     def read(self, fn: Callable[[lmdb.Transaction], T]) -> T:
         with self.lock:
