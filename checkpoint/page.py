@@ -14,8 +14,8 @@ ones make the same bytes (tests/checkpoint/test_writeaccel.py).
 from __future__ import annotations
 
 
-from .pagefile import (ACCEL_ENV, ENTRY, F_OVERFLOW, F_TOMBSTONE, HDR, HEADER, PTR, SLOT,
-                       EntryFlag, PageType, entry_size, page_entries, load_accel)
+from .pagefile import (ACCEL_ENV, ENTRY, F_OVERFLOW, HDR, HEADER, PTR, SLOT, PageType,
+                       entry_size, page_entries, load_accel)
 
 # Header byte ranges changed in place: count [10:12], aux [12:16] (see pagefile.HEADER).
 _PACK_SLOT = SLOT.pack_into

@@ -14,7 +14,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from typing import Any
 
 from ..errors import ProcessError, SimError
