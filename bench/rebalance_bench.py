@@ -235,13 +235,16 @@ def replay_phase(cluster: LocalCluster, writers: int, value_size: int, timeout: 
     node = next(n for n in cluster.nodes if n.id == target)
     t0, t0_wall = time.monotonic(), time.time()
     src = next(n for n in cluster.nodes if n.id == primary)
-    try:       # the partition has grown since the load (earlier writers)
-        partition_bytes = os.path.getsize(os.path.join(src.data, "caches", "default", f"part-{p}.bin"))
-    except OSError:
-        pass
-    set_transfer_rate(cluster, max(int(partition_bytes / transfer_s), 64 << 10))
     with Writers(cluster, writers, value_size, base=2 * 10**8, partition=p, batch=batch) as w:
         time.sleep(0.5)       # the write load runs before the move starts
+        try:   # the partition has grown since the load (earlier writers, and these)
+            partition_bytes = os.path.getsize(os.path.join(src.data, "caches", "default", f"part-{p}.bin"))
+        except OSError:
+            pass
+        # sized from the file as the move is about to snapshot it (+25% for the writes
+        # until then): a rate taken before the writers started made a small partition's
+        # transfer crawl once they had grown it (--quick: 70 s instead of ~1 s)
+        set_transfer_rate(cluster, max(int(partition_bytes * 1.25 / transfer_s), 64 << 10))
         plan = os.path.join(node.data, "plans", "replay-bench.json")
         with open(plan + ".tmp", "w") as f:
             json.dump({"moves": [{"cache": "default", "partition": p, "to": [primary, target]}]}, f)
@@ -265,8 +268,9 @@ def replay_phase(cluster: LocalCluster, writers: int, value_size: int, timeout: 
 def run_mode(root: str, mode: str, args: argparse.Namespace) -> dict[str, object]:
     out: dict[str, object] = {}
     with LocalCluster(os.path.join(root, mode), partitions=args.partitions, mode=mode,
-                      concurrency=4, checkpoint_interval=2.0, log_level="WARNING",
-                      index_workers=args.index_workers) as c:
+                      concurrency=args.concurrency, checkpoint_interval=2.0, log_level="WARNING",
+                      index_workers=args.index_workers, index_offload=args.index_offload,
+                      page_size=args.page_size) as c:
         c.start(3)
         t0 = time.monotonic()
         c.load(args.entries, value_size=args.value_size, threads=args.threads)
@@ -289,12 +293,22 @@ def main() -> None:
     ap.add_argument("--partitions", type=int, default=16)
     ap.add_argument("--threads", type=int, default=16, help="loading clients")
     ap.add_argument("--writers", type=int, default=2, help="writers during the second join")
+    ap.add_argument("--concurrency", type=int, default=4,
+                    help="[transfer] concurrency of the nodes: transfers at once per node (moves at "
+                         "once: this many in the messages mode, twice as many in the files mode, "
+                         "whose index rebuilds overlap other moves' transfers)")
     ap.add_argument("--replay-writers", type=int, default=4,
                     help="writers on one partition while a plan moves it (files mode; 0: skip)")
     ap.add_argument("--replay-batch", type=int, default=32, help="entries per put_batch of those writers")
     ap.add_argument("--index-workers", type=int, default=None,
                     help="[rebalance] index_workers of the nodes (files mode; default: the "
                          "node's default; 0: index rebuilds in the node's process, as before)")
+    ap.add_argument("--index-offload", choices=("idle", "always"), default=None,
+                    help="[rebalance] index_offload of the nodes (files mode; default: the node's "
+                         "default, idle)")
+    ap.add_argument("--page-size", type=int, default=None,
+                    help="[checkpoint] page_size of the nodes (default: the node's, 4096); a page "
+                         "holds whole small entries, so it sets how full the moved file's pages are")
     ap.add_argument("--modes", default="files,messages",
                     help="comma-separated modes to run (ratios need both; one mode alone: "
                          "e.g. the messages baseline of an older tree)")
@@ -331,7 +345,8 @@ def main() -> None:
     print(json.dumps({
         "bench": "rebalance", "quick": args.quick, "entries": args.entries,
         "value_size": args.value_size, "data_bytes": args.entries * args.value_size,
-        "partitions": args.partitions, "backups": 1, "index_workers": args.index_workers, "nodes": "3 -> 4 (idle) -> 5 (under writes)",
+        "partitions": args.partitions, "backups": 1, "concurrency": args.concurrency, "index_workers": args.index_workers,
+        "index_offload": args.index_offload, "page_size": args.page_size, "nodes": "3 -> 4 (idle) -> 5 (under writes)",
         "files": res.get("files"), "messages": res.get("messages"), "ratios": ratios,
         "target": "files >= 10x faster to OWNING than messages; replay >= 5x the ingest rate",
         "replay_over_ingest": (res.get("files") or {}).get("replay_one_partition", {}).get("replay_over_ingest"),

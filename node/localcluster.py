@@ -37,7 +37,7 @@ log_level = "{log_level}"
 [wal]
 sync = "{wal_sync}"
 [checkpoint]
-interval_s = {checkpoint_interval}
+interval_s = {checkpoint_interval}{extra_checkpoint}
 [transfer]
 concurrency = {concurrency}
 [rebalance]
@@ -135,7 +135,8 @@ class LocalNode:
 class LocalCluster:
     def __init__(self, root: str, *, partitions: int = 16, backups: int = 1, mode: str = "files",
                  concurrency: int = 4, checkpoint_interval: float = 5.0, log_level: str = "INFO",
-                 wal_sync: str = "group", index_workers: int | None = None) -> None:
+                 wal_sync: str = "group", index_workers: int | None = None,
+                 index_offload: str | None = None, page_size: int | None = None) -> None:
         self.root = os.path.abspath(root)
         os.makedirs(self.root, exist_ok=True)
         self.partitions, self.backups = partitions, backups
@@ -149,8 +150,11 @@ class LocalCluster:
             f.write(TOML.format(mode=mode, partitions=partitions, backups=backups,
                                 concurrency=concurrency, checkpoint_interval=checkpoint_interval,
                                 log_level=log_level, wal_sync=wal_sync,
-                                extra_rebalance="" if index_workers is None
-                                else f"\nindex_workers = {index_workers}"))
+                                extra_checkpoint="" if page_size is None else f"\npage_size = {page_size}",
+                                extra_rebalance=("" if index_workers is None
+                                                 else f"\nindex_workers = {index_workers}")
+                                + ("" if index_offload is None
+                                   else f"\nindex_offload = {json.dumps(index_offload)}")))
         self.nodes: list[LocalNode] = []
 
     # -- processes --------------------------------------------------------------------

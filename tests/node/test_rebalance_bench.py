@@ -1,0 +1,47 @@
+"""The rebalance benchmark's own figures hold together (bench/rebalance_bench.py
+--quick, both modes, real node processes): what docs/benchmarks.md quotes comes out of
+this script, so its bookkeeping is tested, not only its speed."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+pytestmark = pytest.mark.slow
+
+
+def test_quick_run_reports_consistent_figures(tmp_path):
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "rebalance_bench.py"), "--quick",
+                          "--replay-writers", "2", "--dir", str(tmp_path)],
+                         capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    doc = json.loads(out.stdout)
+    assert doc["data_bytes"] == doc["entries"] * doc["value_size"]
+    for mode in ("files", "messages"):
+        for phase in ("join_idle", "join_under_writes"):
+            j = doc[mode][phase]
+            assert j["partitions_moved"] > 0 and j["bytes_moved"] > 0
+            # one timeline row per move of this join, each inside the measured window
+            assert len(j["timeline"]) == j["partitions_moved"]
+            assert j["timeline"][0]["start"] == 0.0
+            assert all(0 <= r["start"] <= r["end"] <= j["seconds_from_join"] + 0.01 for r in j["timeline"])
+            assert j["seconds_per_move_max"] <= j["seconds_from_join"] + 0.01
+            # the nodes' own OWNING stamps end no later than the status poll saw it settled
+            assert j["seconds_from_join"] <= j["seconds_from_join_polled"] + 0.01
+            assert j["seconds_from_join_polled"] <= j["seconds_to_owning"] + 0.01
+            # stage means are over this join's moves: every stage a move of it went through
+            assert set(j["stage_seconds_mean"]) <= set().union(*(r["stage_seconds"] for r in j["timeline"]))
+        assert doc[mode]["join_under_writes"]["writes_during_move"] > 0
+    for phase in ("join_idle", "join_under_writes"):
+        r = doc["ratios"][phase]
+        f, m = doc["files"][phase], doc["messages"][phase]
+        assert r["time_from_join_messages_over_files"] == round(
+            m["seconds_from_join"] / f["seconds_from_join"], 2)
+    rp = doc["files"]["replay_one_partition"]
+    assert rp["writes"] > 0 and rp["moves_with_buffered_updates"] == 1
+    assert rp["replayed"] <= rp["buffered"]
