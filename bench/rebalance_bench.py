@@ -15,12 +15,17 @@ first move started -> last partition OWNING, as the nodes stamped them;
 partition while writers write only its keys; the temp-WAL replay rate against the
 rate those updates went into the temp WAL (``replay_one_partition``).
 
+``--repeat N`` runs each mode N times on fresh clusters, the modes interleaved, and
+reports the median of each figure (ratios of the medians; every run under ``runs``):
+on a machine whose speed drifts, one run per mode is not a measurement.
+
 Prints ONE JSON object.
 
     .venv/bin/python bench/rebalance_bench.py --quick     # ~4 MiB of entries, < 1 min
     .venv/bin/python bench/rebalance_bench.py             # 256 MiB
     .venv/bin/python bench/rebalance_bench.py --entries 16384 --value-size 65536   # 1 GiB
     .venv/bin/python bench/rebalance_bench.py --modes messages   # one mode (e.g. an older tree's baseline)
+    .venv/bin/python bench/rebalance_bench.py --entries 1048576 --value-size 1024 --repeat 3 --replay-writers 0
 """
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import sys
 import tempfile
 import threading
@@ -265,9 +271,9 @@ def replay_phase(cluster: LocalCluster, writers: int, value_size: int, timeout: 
             "writes_per_s": round(acked / seconds, 1), **catchup_figures(moves)}
 
 
-def run_mode(root: str, mode: str, args: argparse.Namespace) -> dict[str, object]:
+def run_mode(root: str, mode: str, args: argparse.Namespace, run: int = 0) -> dict[str, object]:
     out: dict[str, object] = {}
-    with LocalCluster(os.path.join(root, mode), partitions=args.partitions, mode=mode,
+    with LocalCluster(os.path.join(root, f"{mode}-{run}"), partitions=args.partitions, mode=mode,
                       concurrency=args.concurrency, checkpoint_interval=2.0, log_level="WARNING",
                       index_workers=args.index_workers, index_offload=args.index_offload,
                       page_size=args.page_size) as c:
@@ -282,6 +288,35 @@ def run_mode(root: str, mode: str, args: argparse.Namespace) -> dict[str, object
                                                        args.timeout, args.replay_batch,
                                                        args.entries * args.value_size // args.partitions,
                                                        transfer_s=1.0 if args.quick else 2.0)
+    return out
+
+
+MEDIAN_FIGURES = {
+    "join": ("seconds_to_owning", "seconds_from_join", "seconds_from_join_polled",
+             "seconds_per_move_max", "bytes_moved", "partitions_moved", "cpu_demander_s",
+             "cpu_suppliers_s", "writes_during_move", "writes_per_s"),
+    "replay_one_partition": ("seconds", "writes", "writes_per_s", "replay_per_s",
+                             "ingest_per_s_per_partition", "replay_over_ingest"),
+}
+
+
+def medians(runs: list[dict]) -> dict[str, object]:
+    """One mode's runs as one record of the same shape: each figure the median over the
+    runs that have it (joins and the replay phase; per-move detail stays in ``runs``)."""
+    def med(rows: list[dict], keys: tuple[str, ...]) -> dict[str, object]:
+        out: dict[str, object] = {}
+        for k in keys:
+            vals = [r[k] for r in rows if isinstance(r.get(k), (int, float))]
+            if vals:
+                out[k] = round(statistics.median(vals), 2)
+        return out
+
+    out: dict[str, object] = {"load_seconds": med(runs, ("load_seconds",)).get("load_seconds")}
+    for phase in ("join_idle", "join_under_writes"):
+        out[phase] = med([r[phase] for r in runs], MEDIAN_FIGURES["join"])
+    rp = [r["replay_one_partition"] for r in runs if "replay_one_partition" in r]
+    if rp:
+        out["replay_one_partition"] = med(rp, MEDIAN_FIGURES["replay_one_partition"])
     return out
 
 
@@ -312,9 +347,15 @@ def main() -> None:
     ap.add_argument("--modes", default="files,messages",
                     help="comma-separated modes to run (ratios need both; one mode alone: "
                          "e.g. the messages baseline of an older tree)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="runs per mode, each on a fresh cluster, modes interleaved; with more "
+                         "than one, `files` and `messages` hold the medians of each figure and "
+                         "the ratios are of the medians (every run is under `runs`)")
     ap.add_argument("--timeout", type=float, default=900.0)
     ap.add_argument("--dir", default=None, help="work folder (default: a temp dir under /work or /tmp)")
     args = ap.parse_args()
+    if args.repeat < 1:
+        ap.error("--repeat takes 1 or more")
     if args.entries is None:
         args.entries = 1000 if args.quick else 16384
     if args.value_size is None:
@@ -325,7 +366,12 @@ def main() -> None:
         bad = [m for m in modes if m not in ("files", "messages")]
         if bad or not modes:
             ap.error(f"--modes takes files and/or messages (got {args.modes!r})")
-        res = {m: run_mode(root, m, args) for m in modes}
+        runs: dict[str, list[dict]] = {m: [] for m in modes}
+        for i in range(args.repeat):         # interleaved: a drift of the machine's speed
+            for m in modes:                  # falls on both modes alike
+                runs[m].append(run_mode(root, m, args, i))
+                print(f"rebalance bench: {m} run {i + 1}/{args.repeat} done", file=sys.stderr)
+        res = {m: r[0] if len(r) == 1 else medians(r) for m, r in runs.items()}
     finally:
         if not args.dir:
             shutil.rmtree(root, ignore_errors=True)
@@ -347,7 +393,9 @@ def main() -> None:
         "value_size": args.value_size, "data_bytes": args.entries * args.value_size,
         "partitions": args.partitions, "backups": 1, "concurrency": args.concurrency, "index_workers": args.index_workers,
         "index_offload": args.index_offload, "page_size": args.page_size, "nodes": "3 -> 4 (idle) -> 5 (under writes)",
+        "repeat": args.repeat,
         "files": res.get("files"), "messages": res.get("messages"), "ratios": ratios,
+        **({"runs": runs} if args.repeat > 1 else {}),
         "target": "files >= 10x faster to OWNING than messages; replay >= 5x the ingest rate",
         "replay_over_ingest": (res.get("files") or {}).get("replay_one_partition", {}).get("replay_over_ingest"),
         "loaded_machine": os.getloadavg()[0],

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -45,3 +46,24 @@ def test_quick_run_reports_consistent_figures(tmp_path):
     rp = doc["files"]["replay_one_partition"]
     assert rp["writes"] > 0 and rp["moves_with_buffered_updates"] == 1
     assert rp["replayed"] <= rp["buffered"]
+
+
+def test_repeat_reports_medians_of_interleaved_runs(tmp_path):
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "rebalance_bench.py"), "--quick",
+                          "--repeat", "3", "--replay-writers", "0", "--dir", str(tmp_path)],
+                         capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    doc = json.loads(out.stdout)
+    assert doc["repeat"] == 3
+    # interleaved: files 1, messages 1, files 2, ...
+    order = [ln.split()[2] + ln.split()[4] for ln in out.stderr.splitlines() if ln.startswith("rebalance bench:")]
+    assert order == ["files1/3", "messages1/3", "files2/3", "messages2/3", "files3/3", "messages3/3"]
+    for mode in ("files", "messages"):
+        runs = doc["runs"][mode]
+        assert len(runs) == 3
+        for phase in ("join_idle", "join_under_writes"):
+            for k in ("seconds_from_join", "cpu_demander_s", "bytes_moved"):
+                assert doc[mode][phase][k] == round(statistics.median(r[phase][k] for r in runs), 2)
+    f, m = doc["files"]["join_idle"], doc["messages"]["join_idle"]
+    assert doc["ratios"]["join_idle"]["time_from_join_messages_over_files"] == round(
+        m["seconds_from_join"] / f["seconds_from_join"], 2)
