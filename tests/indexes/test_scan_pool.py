@@ -166,18 +166,25 @@ def test_closed_pool_and_warm(tmp_path, part_dir) -> None:
 
 
 _KILLED_PARENT = r"""
-import os, signal, sys
+import os, signal, sys, threading, time
 from indexes import IndexStore, PartitionFileSource, ScanPool
 from test_parallel_scan import DEFS
 pool = ScanPool(1, min_bytes=0, when="always")
-def on(pr):
-    if pr.stage == "scan":
+def killer():
+    # The node dies mid-rebuild: as soon as a worker is checked out. Watched every
+    # millisecond, not from the rebuild's progress reports: those come every 0.2 s, and
+    # a fast machine finishes this scan between two of them (the rebuild then ends
+    # without a kill and the test saw exit 0).
+    while True:
         procs = list(pool._busy)
         if procs:
             print(procs[0].pid, flush=True)
-            os.kill(os.getpid(), signal.SIGKILL)     # the node dies mid-rebuild
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(0.001)
+threading.Thread(target=killer, daemon=True).start()
 with IndexStore.open(sys.argv[2], DEFS) as s:
-    s.rebuild(4, PartitionFileSource(sys.argv[1]), pool=pool, progress=on)
+    s.rebuild(4, PartitionFileSource(sys.argv[1]), pool=pool)
+print("rebuild ended without the kill", file=sys.stderr)
 """
 
 
@@ -190,8 +197,9 @@ def _gone(pid: int) -> bool:
 
 
 def test_a_worker_stops_when_its_parent_is_killed(tmp_path, part_dir, py_env, python) -> None:
-    """SIGKILL of the process that owns the pool (the node) mid-scan: the worker sees
-    its stdin close at its next range request and exits; nothing is left running."""
+    """SIGKILL of the process that owns the pool (the node) once a rebuild has checked
+    a worker out: whether the worker was still waiting for its task or already asking
+    for ranges, it sees its stdin close and exits; nothing is left running."""
     import subprocess
     import time
     here = os.path.dirname(os.path.abspath(__file__))
