@@ -43,6 +43,17 @@ BUILTINS: dict[str, Scenario] = {
         workload=WorkloadSpec(ops=300, rate=60.0),
         events=(Event(60, "join", "n3"), Event(60, "fill", "n3"), Event(200, "free", "n3")),
         roles={"supplier": "n2", "demander": "n3", "third": "n1"}, settle_timeout=90.0),
+    "disk-full-mid-transfer": Scenario(
+        name="disk-full-mid-transfer",
+        description="n3 joins with its data dir on a 96 MiB tmpfs; transfers run at 64 KiB/s, "
+                    "and once one of n3's moves is transferring the disk is filled to the last "
+                    "byte: the transfer runs out of space mid-file, nothing installs; space "
+                    "freed, the moves retry and converge",
+        nodes=("n1", "n2"), disk=DiskSpec("n3", size_mib=96, free_mib=0, mid_transfer=True),
+        transfer_rate=64 << 10,
+        workload=WorkloadSpec(ops=300, rate=60.0, value_size=(8 << 10, 16 << 10)),
+        events=(Event(60, "join", "n3"), Event(60, "fill", "n3"), Event(200, "free", "n3")),
+        roles={"supplier": "n2", "demander": "n3", "third": "n1"}, settle_timeout=120.0),
     "net-cut": Scenario(
         name="net-cut",
         description="three nodes behind RPC proxies; n3 is cut off from its peers until the "

@@ -13,6 +13,7 @@ must report it, install nothing, keep retrying, and succeed once :meth:`free` ra
 """
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import shutil
@@ -79,11 +80,21 @@ class Tmpfs:
         size = max(0, free_bytes(self.path) - (free_mib << 20))
         block = b"\0" * (1 << 20)
         path = os.path.join(self.path, FILLER)
+        written = 0
         with open(path, "wb") as f:
-            left = size
-            while left > 0:
-                left -= f.write(block[:min(left, len(block))])
-        return size
+            while written < size:
+                try:
+                    written += f.write(block[:min(size - written, len(block))])
+                except OSError as e:      # filling to the last page: tmpfs says so first
+                    if e.errno != errno.ENOSPC:
+                        raise
+                    break
+            try:
+                f.flush()
+            except OSError as e:
+                if e.errno != errno.ENOSPC:
+                    raise
+        return written
 
     def free(self) -> None:
         try:

@@ -62,10 +62,16 @@ class WorkloadSpec:
 class DiskSpec:
     """One node's data directory on a tmpfs of ``size_mib``; a ``fill`` event leaves
     ``free_mib`` free (below the transfer's 64 MiB margin: fetches are refused), a
-    ``free`` event deletes the filler once a move was seen to fail."""
+    ``free`` event deletes the filler once a move was seen to fail.
+
+    ``mid_transfer``: the ``fill`` waits until the node has a move in its transfer
+    stage (the free-disk check passed) and then fills the disk, ``free_mib`` may be 0:
+    the transfer's writes run out of space mid-file (pair with ``transfer_rate`` so
+    that a small partition's transfer lasts long enough to be caught)."""
     node: str
     size_mib: int = 96
     free_mib: int = 16
+    mid_transfer: bool = False
 
 
 @dataclass(frozen=True)
@@ -111,6 +117,7 @@ class Scenario:
     proxy: bool = False            # a loopback proxy on the transfer link (file-move) or on
                                    # every node's RPC/heartbeat link (cluster)
     disk: DiskSpec | None = None   # one node's data dir on a small tmpfs (cluster)
+    transfer_rate: int = 0         # [transfer] rate_limit of every node, bytes/s (0: none)
     settle_timeout: float = 90.0
     description: str = ""
 
@@ -173,8 +180,10 @@ def validate(s: Scenario) -> Scenario:
             raise bad("disk needs the cluster driver")
         if d.node not in s.all_nodes():
             raise bad(f"disk.node {d.node!r} is not a node of the scenario")
-        if not 1 <= d.free_mib < d.size_mib:
-            raise bad("disk needs 1 <= free_mib < size_mib")
+        if not (0 if d.mid_transfer else 1) <= d.free_mib < d.size_mib:
+            raise bad("disk needs 1 <= free_mib < size_mib (0 <= free_mib with mid_transfer)")
+    if s.transfer_rate < 0:
+        raise bad("transfer_rate must be >= 0 bytes/s (0: unlimited)")
     for side, node in s.roles.items():
         if side not in SIDES:
             raise bad(f"role {side!r} is not one of {', '.join(SIDES)}")

@@ -13,6 +13,7 @@ import socket
 import threading
 from typing import Any, Callable
 
+from faults import OutOfDiskError
 from transfer import frames
 from transfer.errors import FrameError, PeerClosed, TransferError
 from transfer.transport import SocketConn
@@ -108,6 +109,9 @@ class RpcServer:
             return {"id": rid, "ok": False, "e": error_body(e)}
         except TypeError as e:  # wrong or missing arguments for the method
             return {"id": rid, "ok": False, "e": error_body(BadRequest(f"bad arguments: {e}"))}
+        except OutOfDiskError as e:     # its message says what and where: no traceback
+            log.error("stage=rpc handler %r failed: %s", req.get("m"), e)
+            return {"id": rid, "ok": False, "e": error_body(e)}
         except Exception as e:
             log.exception("stage=rpc handler %r failed", req.get("m"))
             return {"id": rid, "ok": False, "e": error_body(e)}

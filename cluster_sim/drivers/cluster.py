@@ -36,6 +36,8 @@ class ClusterDriver(ClusterFaults, Driver):
         with open(self.config, "w") as f:
             f.write(f"[membership]\nheartbeat_interval_s = {HEARTBEAT_S}\nfailure_timeout_s = {FAILURE_S}\n"
                     f"[checkpoint]\ninterval_s = 1.0\n"
+                    + (f"[transfer]\nrate_limit = {s.transfer_rate}\n" if s.transfer_rate else "")
+                    +
                     f'[[caches]]\nname = "{cache.name}"\npartitions = {cache.partitions}\n'
                     f"backups = {cache.backups}\n{idx}")
         self.ports = {n: free_port() for n in s.all_nodes()}

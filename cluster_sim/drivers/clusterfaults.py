@@ -31,6 +31,7 @@ DECLARE_TIMEOUT_S = 20.0
 REFUSAL_TIMEOUT_S = 30.0
 # what transfer.OutOfDiskError / the free-disk check write into the node's log
 REFUSED = re.compile(r"out of disk space|bytes free for partition|No space left on device")
+TEMP_SUFFIX = ".ferry-tmp"   # a transfer's file while it arrives (transfer/resume.py)
 
 
 class ClusterFaults:
@@ -62,6 +63,8 @@ class ClusterFaults:
                 px.unblock()
         elif action == "fill":
             assert self.tmpfs is not None and self.scenario.disk is not None
+            if self.scenario.disk.mid_transfer:
+                self.await_transfer(node)
             size = self.tmpfs.fill(self.scenario.disk.free_mib)
             self.timeline.mark(node, "disk full", f"filler {size >> 20} MiB")
         elif action == "free":
@@ -93,6 +96,33 @@ class ClusterFaults:
         problems.append(f"{node} cut off for {DECLARE_TIMEOUT_S:.0f}s but no member's map shows it failed")
 
     # -- disk ---------------------------------------------------------------------------
+    def await_transfer(self: Any, node: str) -> None:
+        """Until a transfer to ``node`` has written its first bytes (past its free-disk
+        check): a ``part-<p>.bin.ferry-tmp`` with data in the node's data dir. Watched on
+        the disk, not in the move's status: a move is in its transfer stage before the
+        check, and the transfer reports progress per 4 MiB chunk."""
+        problems = self.checks.setdefault("disk_full_move_failed_cleanly", [])
+        folder = os.path.join(self.data_dir(node), "caches", self.scenario.caches[0].name)
+        deadline = time.monotonic() + REFUSAL_TIMEOUT_S
+        self.caught: str | None = None
+        while time.monotonic() < deadline:
+            try:
+                names = os.listdir(folder)
+            except OSError:
+                names = []
+            for name in names:
+                if name.endswith(".bin" + TEMP_SUFFIX):
+                    try:
+                        blocks = os.stat(os.path.join(folder, name)).st_blocks
+                    except OSError:
+                        continue
+                    if blocks:
+                        self.caught = name[:-len(TEMP_SUFFIX)]
+                        self.timeline.mark(node, "transfer running", f"{name} has data")
+                        return
+            time.sleep(0.005)
+        problems.append(f"{node}: no transfer wrote data within {REFUSAL_TIMEOUT_S:.0f}s")
+
     def await_refusal(self: Any, node: str) -> None:
         problems = self.checks.setdefault("disk_full_move_failed_cleanly", [])
         log_path = self.procs[node].log
@@ -108,14 +138,19 @@ class ClusterFaults:
                             "of the disk filling up (did a move start?)")
             return
         self.timeline.mark(node, "move refused", m.group(0))
-        problems.extend(_unclean(self.data_dir(node), self.scenario.caches[0].name))
+        problems.extend(_unclean(self.data_dir(node), self.scenario.caches[0].name,
+                                 only=getattr(self, "caught", None)))
 
     def extra_checks(self: Any) -> dict[str, list[str]]:
         return self.checks
 
 
-def _unclean(data: str, cache: str) -> list[str]:
-    """While every fetch is refused: no partition of the node OWNING, no file installed."""
+def _unclean(data: str, cache: str, only: str | None = None) -> list[str]:
+    """While every fetch is refused: no partition of the node OWNING, no file installed.
+    ``only`` (``part-<p>.bin``, a disk filled mid-transfer): the other moves may have
+    finished their transfers before the disk filled and failed later (index rebuild,
+    replay; they restart), so only the partition whose transfer ran out of space is held
+    to "not installed"."""
     try:
         with open(os.path.join(data, "states.json")) as f:
             states = json.load(f)["caches"].get(cache, {})
@@ -124,6 +159,8 @@ def _unclean(data: str, cache: str) -> list[str]:
     out = [f"partition {p} became {st} on a disk with no room for it" for p, st in states.items()
            if st == "OWNING"]
     for p, st in states.items():
+        if only is not None and f"part-{p}.bin" != only:
+            continue
         path = os.path.join(data, "caches", cache, f"part-{p}.bin")
         if st == "MOVING" and os.path.exists(path) and os.path.getsize(path) > 0:
             out.append(f"partition {p} is MOVING but {path} was installed "

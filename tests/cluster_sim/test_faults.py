@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 
 import pytest
 
@@ -64,6 +65,39 @@ def test_disk_full_demander_move_fails_cleanly_then_converges(tmp_path) -> None:
     assert "bytes free for partition" in log and "MOVING -> OWNING" in log
     assert not os.path.ismount(os.path.join(r.dir, "data", "n3"))   # unmounted, files kept
     assert os.path.exists(os.path.join(r.dir, "data", "n3", "states.json"))
+
+
+@needs_tmpfs
+@pytest.mark.slow
+def test_disk_full_mid_transfer_loses_nothing_and_converges(tmp_path) -> None:
+    """The disk fills to the last byte while a transfer is writing its file (past the
+    free-disk check): the transfer fails with the clear out-of-space error, the temp
+    WAL's appends fail too (the primary's replication to the MOVING copy), nothing
+    acknowledged is lost, and once space is freed the moves converge."""
+    r = cluster_sim.run(load_scenario("disk-full-mid-transfer"), seed=1, workdir=str(tmp_path), keep=True)
+    assert r.passed, (r.problems, r.error)
+    marks = [m.kind for m in r.timeline.marks]
+    assert marks.index("transfer running") < marks.index("disk full") < marks.index("move refused")
+    log = open(os.path.join(r.dir, "n3.log")).read()
+    # the transfer that was writing ran out of space in the middle of its file
+    assert re.search(r"transfer failed at stage receive, partition \d+, .*: out of disk space "
+                     r"writing .*part-\d+\.bin\.ferry-tmp .*No space left on device", log)
+    assert "MOVING -> OWNING" in log
+    assert r.invariants["acknowledged_writes_present"] and r.invariants["no_temp_files_left"]
+    # a replication the full disk refused is one clear line, not a traceback
+    refused = [ln for ln in log.splitlines() if "handler 'replicate' failed" in ln]
+    assert refused and all("out of disk space writing" in ln for ln in refused)
+
+
+def test_mid_transfer_disk_spec_and_transfer_rate_are_validated() -> None:
+    base = {"name": "x", "nodes": ["n1", "n2"], "events": [{"at": 2, "action": "fill", "node": "n2"}]}
+    with pytest.raises(ScenarioError, match="free_mib"):
+        from_dict(base | {"disk": {"node": "n2", "free_mib": 0}})          # 0 only mid-transfer
+    ok = from_dict(base | {"disk": {"node": "n2", "free_mib": 0, "mid_transfer": True},
+                           "transfer_rate": 65536})
+    assert ok.disk is not None and ok.disk.mid_transfer and ok.transfer_rate == 65536
+    with pytest.raises(ScenarioError, match="transfer_rate"):
+        from_dict(base | {"disk": {"node": "n2"}, "transfer_rate": -1})
 
 
 @pytest.mark.slow
