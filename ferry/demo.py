@@ -77,6 +77,7 @@ class DemoDemander:
         self.locks: dict[int, threading.Lock] = {}
         self.moves: dict[int, Move] = {}
         self.control = self._connect(peer_control, "demo-control")
+        self._control_lock = threading.Lock()   # one request/response at a time on it
         self.replica = self._connect(peer_control, "demo-replica")
         self._replica_error: BaseException | None = None
         threading.Thread(target=self._receive_updates, daemon=True).start()
@@ -91,8 +92,11 @@ class DemoDemander:
     def call(self, ftype: int, body: dict | None = None) -> dict:
         from transfer.frames import read_frame, write_frame
         from .demo_wire import DemoFrame
-        write_frame(self.control, ftype, body or {})
-        return read_frame(self.control, expect=[DemoFrame.OK]).body
+        # The moves run in threads and share the control connection: without the lock
+        # two requests' frames interleaved on the wire ("bad frame magic" on the reply).
+        with self._control_lock:
+            write_frame(self.control, ftype, body or {})
+            return read_frame(self.control, expect=[DemoFrame.OK]).body
 
     # -- the replication stream: temp WAL while MOVING, direct after the switch --------
     def _receive_updates(self) -> None:
