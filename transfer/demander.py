@@ -166,7 +166,10 @@ class _Fetch(DataStage):
     # -- stages ------------------------------------------------------------------
     def _demand(self) -> None:
         target = self.d.storage.target_path(self.cache, self.partition)
-        os.makedirs(os.path.dirname(target), exist_ok=True)
+        if not os.path.isdir(os.path.dirname(target)):
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            # asked again now that the directory exists: a link made meanwhile is refused
+            target = self.d.storage.target_path(self.cache, self.partition)
         chunk = Receiving.stored_chunk_size(target) or self.d.chunk_size
         self.rec = Receiving(target, chunk, sync_bytes=self.d.sync_bytes)
         held = self.rec.held_checksums()
@@ -319,6 +322,7 @@ class _Fetch(DataStage):
             rec.flush()
             rec.finish(m.size)
         crashpoint("demander.before_install")
+        rec.check_in_place()        # only the file received is renamed into place
         rec.close()
         if self.prepared is not None:
             prepared, self.prepared = self.prepared, None

@@ -94,3 +94,10 @@ class OutOfDiskError(TransferError, _FaultsOutOfDisk):
         _FaultsOutOfDisk.__init__(self, path, needed, detail)
         msg = Exception.__str__(self)
         self.reason, self.stage, self.partition, self.peer = msg, None, None, None
+
+
+class UnsafePath(TransferError):
+    """A path in a data directory is not what Ferry may use: a symlink, FIFO, socket,
+    device, directory or hard link where a regular file or a real directory belongs.
+    Refused rather than followed, so a planted link cannot lead reads or writes out of
+    the data directory and a FIFO cannot make a transfer wait for ever."""

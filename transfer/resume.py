@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import struct
 
 import crc32c
@@ -26,7 +27,8 @@ import xxhash
 
 from faults import fileio
 
-from .errors import OutOfDiskError
+from . import safefs
+from .errors import OutOfDiskError, UnsafePath
 
 TMP_SUFFIX = ".ferry-tmp"
 JOURNAL_SUFFIX = ".ferry-resume"
@@ -57,17 +59,27 @@ class Receiving:
         self._pending: list[tuple[int, int, int]] = []
         self._pending_bytes = 0
         self.io = fileio.layer()
-        self.fd = self.io.open(self.tmp_path, os.O_RDWR | os.O_CREAT, 0o644)
+        # Never through a link or into a FIFO or another file's inode: a temp file is
+        # resumed only if it is a regular file of its own; anything else planted here is
+        # removed and a new file created exclusively (transfer.safefs).
+        fd = safefs.open_existing(self.tmp_path, os.O_RDWR, self.io)
+        self.fd = fd if fd is not None else safefs.create_new(self.tmp_path, os.O_RDWR, self.io)
         self._jfd = -1
-        self._load()
+        try:
+            self._load()
+        except BaseException:
+            self.close()
+            raise
 
     # -- opening -----------------------------------------------------------------
     def _load(self) -> None:
-        try:
-            with open(self.journal_path, "rb") as f:
-                raw = f.read()
-        except FileNotFoundError:
-            raw = b""
+        fd = safefs.open_existing(self.journal_path, os.O_RDONLY, self.io)
+        raw = b""
+        if fd is not None:
+            try:
+                raw = _read_all(fd)
+            finally:
+                self.io.close(fd)
         records = self._parse(raw)
         if records is None:
             self._new_journal()
@@ -77,7 +89,10 @@ class Receiving:
             off = idx * self.chunk_size
             if off + length <= size and checksum(os.pread(self.fd, length, off)) == s:
                 self.held[idx] = (length, s)
-        self._jfd = self.io.open(self.journal_path, os.O_WRONLY | os.O_APPEND, 0o644)
+        self._jfd = safefs.open_existing(self.journal_path, os.O_WRONLY | os.O_APPEND, self.io)
+        if self._jfd is None:          # replaced by something else meanwhile: start over
+            self.held.clear()
+            self._new_journal()
 
     def _parse(self, raw: bytes) -> list[tuple[int, int, int]] | None:
         if len(raw) < _HEAD.size:
@@ -94,19 +109,35 @@ class Receiving:
         return out
 
     def _new_journal(self) -> None:
+        """A fresh journal, atomically: a temp file created exclusively (fileio's
+        atomic_write would truncate whatever a planted ``.tmp`` link points to), fsynced,
+        renamed over, directory fsynced."""
         head = _HEAD.pack(_MAGIC, self.chunk_size, 0)[:12]
-        fileio.atomic_write(self.journal_path, head + struct.pack("<I", crc32c.crc32c(head)),
-                            error=OutOfDiskError)
-        self._jfd = self.io.open(self.journal_path, os.O_WRONLY | os.O_APPEND, 0o644)
+        tmp = self.journal_path + ".tmp"
+        safefs.remove_planted(tmp, self.io, stale_ok=True)    # a crash's leftover, or planted
+        fd = safefs.create_new(tmp, os.O_WRONLY, self.io)
+        try:
+            fileio.write_all(fd, head + struct.pack("<I", crc32c.crc32c(head)), tmp,
+                             error=OutOfDiskError, io=self.io)
+            self.io.fsync(fd)
+        except OSError as e:
+            raise _disk_error(e, tmp, None) from e
+        finally:
+            self.io.close(fd)
+        self.io.replace(tmp, self.journal_path)
+        self.io.fsync_dir(os.path.dirname(self.journal_path) or ".")
+        self._jfd = safefs.open_existing(self.journal_path, os.O_WRONLY | os.O_APPEND, self.io)
+        if self._jfd is None:
+            raise UnsafePath(f"{self.journal_path} was replaced right after it was written; "
+                             "something keeps planting files in this directory")
 
     @staticmethod
     def stored_chunk_size(target: str) -> int | None:
         """The chunk size of a resumable record for ``target``, if there is one."""
         try:
-            with open(target + JOURNAL_SUFFIX, "rb") as f:
-                raw = f.read(_HEAD.size)
-        except OSError:
-            return None
+            raw = safefs.read_head(target + JOURNAL_SUFFIX, _HEAD.size)
+        except (OSError, UnsafePath):
+            return None       # no journal, or not one to trust (a FIFO would block here)
         if len(raw) == _HEAD.size and raw[:8] == _MAGIC and \
                 _HEAD.unpack(raw)[2] == crc32c.crc32c(raw[:12]):
             return _HEAD.unpack(raw)[1]
@@ -171,12 +202,35 @@ class Receiving:
                     self.io.close(fd)
         self.fd = self._jfd = -1
 
+    def check_in_place(self) -> None:
+        """Before install: the temp path still names the file this side wrote (a link
+        or another file swapped in would be renamed into place otherwise)."""
+        try:
+            now = os.lstat(self.tmp_path)
+        except FileNotFoundError:
+            now = None
+        mine = os.fstat(self.fd)
+        if now is None or not stat.S_ISREG(now.st_mode) or \
+                (now.st_dev, now.st_ino) != (mine.st_dev, mine.st_ino):
+            what = "gone" if now is None else f"now {safefs.kind(now.st_mode)} " \
+                "that is not the file received"
+            raise UnsafePath(f"{self.tmp_path} is {what}; nothing installed")
+
     def discard_journal(self) -> None:
         """After install (or when giving up): the record has nothing left to describe."""
         self.close()
         for p in (self.journal_path, self.tmp_path):
             with contextlib.suppress(FileNotFoundError):
                 self.io.unlink(p)
+
+
+def _read_all(fd: int) -> bytes:
+    parts = []
+    while True:
+        b = os.read(fd, 1 << 20)
+        if not b:
+            return b"".join(parts)
+        parts.append(b)
 
 
 def _rec(i: int, n: int, s: int) -> bytes:

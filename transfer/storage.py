@@ -17,12 +17,14 @@ The transfer layer knows nothing else of nodes or indexes.
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Protocol
 
 from faults import fileio
 
-from .errors import Busy, NotHeld, TransferError
+from . import safefs
+from .errors import Busy, NotHeld, TransferError, UnsafePath
 from .messages import check_cache, check_partition
 
 DEFAULT_CACHE = "default"
@@ -82,28 +84,43 @@ def part_name(partition: int) -> str:
 
 
 class DirectoryStorage:
-    """Plain files ``<root>/part-<p>.bin`` (cache "default") or ``<root>/<cache>/part-<p>.bin``."""
+    """Plain files ``<root>/part-<p>.bin`` (cache "default") or ``<root>/<cache>/part-<p>.bin``.
+
+    Nothing below ``root`` is followed if it is a link (transfer.safefs): a symlinked
+    cache directory or partition file, a FIFO, socket or directory in a file's place is
+    refused (NotHeld when serving, UnsafePath when receiving), never read or written."""
 
     verifies_pages = False
 
     def __init__(self, root: str) -> None:
         self.root = os.path.abspath(root)
 
-    def _dir(self, cache: str) -> str:
+    def _subdirs(self, cache: str) -> tuple[str, ...]:
         check_cache(cache)
-        return self.root if cache == DEFAULT_CACHE else os.path.join(self.root, cache)
+        return () if cache == DEFAULT_CACHE else (cache,)
+
+    def _dir(self, cache: str) -> str:
+        return os.path.join(self.root, *self._subdirs(cache))
 
     def target_path(self, cache: str, partition: int) -> str:
+        """Where the demander receives and installs; a cache directory that is a link
+        (or not a directory) is refused here, before anything is created in it."""
+        safefs.check_dirs(self.root, self._subdirs(cache))
         return os.path.join(self._dir(cache), part_name(partition))
 
     def open_snapshot(self, cache: str, partition: int) -> Snapshot:
-        path = self.target_path(cache, partition)
+        path = os.path.join(self._dir(cache), part_name(partition))
         try:
-            # O_NOFOLLOW: a symlink planted in the data dir must not serve a file outside it.
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            # Every component below the root is opened without following links, the file
+            # non-blocking (a FIFO would wait for a writer with a transfer slot held) and
+            # only if it is a regular file.
+            fd = safefs.open_beneath(self.root, self._subdirs(cache), part_name(partition))
         except FileNotFoundError:
             raise NotHeld(f"partition {partition} of cache {cache!r} is not held here "
                           f"({path} does not exist)", partition=partition) from None
+        except UnsafePath as e:
+            raise NotHeld(f"partition {partition} of cache {cache!r} is not served: {e.reason}",
+                          partition=partition) from None
         except OSError as e:
             raise NotHeld(f"cannot open {path}: {e.strerror}", partition=partition) from None
         st = os.fstat(fd)
@@ -122,13 +139,19 @@ class DirectoryStorage:
 
     def install(self, cache: str, partition: int, src_path: str) -> None:
         io = fileio.layer()
-        dst = self.target_path(cache, partition)
+        dst = self.target_path(cache, partition)        # the cache directory is still no link
+        st = os.lstat(src_path)
+        if not stat.S_ISREG(st.st_mode):               # only ever install a regular file
+            raise UnsafePath(f"{src_path} is {safefs.kind(st.st_mode)}, not the received file; "
+                             "nothing installed", partition=partition)
         io.replace(src_path, dst)
         io.fsync_dir(os.path.dirname(dst))
 
     def ensure_dir(self, cache: str) -> str:
+        safefs.check_dirs(self.root, self._subdirs(cache))
         d = self._dir(cache)
         os.makedirs(d, exist_ok=True)
+        safefs.check_dirs(self.root, self._subdirs(cache))
         return d
 
 
@@ -171,10 +194,12 @@ class PartitionStoreStorage:
                            partition=partition) from None
             raise TransferError(f"cannot snapshot partition {partition}: {e}", partition=partition) from None
         try:
-            fd = os.open(str(snap.path), os.O_RDONLY)
-        except OSError as e:
+            # the store's own file; still never a FIFO to wait on or a link to follow
+            fd = safefs.open_beneath(os.path.dirname(str(snap.path)), (), os.path.basename(str(snap.path)))
+        except (OSError, UnsafePath) as e:
             snap.close()
-            raise TransferError(f"cannot open {snap.path}: {e.strerror}", partition=partition) from None
+            why = e.reason if isinstance(e, UnsafePath) else e.strerror
+            raise TransferError(f"cannot open {snap.path}: {why}", partition=partition) from None
         return Snapshot(partition, str(snap.path), fd, snap.page_count * snap.page_size,
                         snap.page_size, snap.page_count, snap.counter,
                         mark_sent=snap.mark_sent, preimages=snap.preimages,
