@@ -16,7 +16,9 @@ $(STAMP): pyproject.toml $(wildcard */*.c csrc/*.h)
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-demo: $(STAMP)
+# system packages first (etcd for the control plane, Java for Spark, gcc and headers for
+# the C accelerators): installed when root with apt, else named
+demo: sysdeps $(STAMP)
 	$(VENV)/bin/ferry demo
 
 # system packages first: the editable install compiles the C accelerators with gcc

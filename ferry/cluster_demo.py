@@ -63,8 +63,10 @@ def run_cluster_demo(root: str, *, entries: int, partitions: int, nodes: int,
     t0 = time.monotonic()
     model: dict[bytes, bytes | None] = {}
     with LocalCluster(root, partitions=partitions, backups=1, mode="files") as c:
-        log(f"starting {nodes} nodes on loopback in {root}")
+        log(f"starting a local etcd (the control plane) and {nodes} nodes on loopback in {root}")
         c.start(nodes)
+        log(f"control plane {', '.join(c.control_plane)}; controller {c.status().get('controller')}, "
+            f"lease TTL {c.lease_ttl}s")
         log(f"loading {entries:,} entries (JSON values, index by_city)...")
         last = [0.0]
 
@@ -92,15 +94,20 @@ def run_cluster_demo(root: str, *, entries: int, partitions: int, nodes: int,
         writer.join()
         moves = [m for m in c.moves_done() if m["finished"] >= t_join]
         status = c.status()
+        control_plane, lease_ttl = ",".join(c.control_plane), c.lease_ttl
     # every node stopped gracefully (checkpoint, exit): its files are what it holds
     owners = {(p["partition"]): list(p["owners"]) for p in status["partitions"]}
     invariants = check_files(root, owners, model, partitions)
     invariants["writer_had_no_error"] = writer.error is None
     invariants["b_plus_1_owning_copies"] = all(len(o) == 2 for o in owners.values())
+    invariants["every_owner_in_sync"] = all(sorted(p.get("in_sync", [])) == sorted(p["owners"])
+                                            for p in status["partitions"])
     bytes_moved = sum(int(m.get("wire_bytes") or m.get("bytes") or 0) for m in moves)
     move_seconds = t_owning - t_join
     summary: dict[str, Any] = {
         "flow": f"{nodes}-node cluster on loopback; node n{nodes + 1} joins; file-based moves",
+        "control_plane": {"etcd": control_plane, "controller": status.get("controller"),
+                          "lease_ttl_s": lease_ttl},
         "partitions_moved": len(moves),
         "bytes_moved": bytes_moved,
         "mb_per_s": round(bytes_moved / move_seconds / 1e6, 1) if move_seconds > 0 else None,

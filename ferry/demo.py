@@ -408,6 +408,10 @@ def demo(root: str | None, entries: int, partitions: int, nodes: int, two_proces
 
 def _print_summary(s: dict) -> None:
     click.echo(f"\nFerry demo: {s['flow']}")
+    if "control_plane" in s:
+        cp = s["control_plane"]
+        click.echo(f"  control plane        etcd {cp['etcd']}, controller {cp['controller']}, "
+                   f"lease TTL {cp['lease_ttl_s']} s")
     click.echo(f"  partitions moved     {s['partitions_moved']}")
     click.echo(f"  bytes moved          {s['bytes_moved']:,} ({s['mb_per_s']} MB/s over {s['move_seconds']} s)")
     extra = (f" ({s['updates_buffered_in_temp_wal']:,} buffered in temp WALs, "

@@ -21,7 +21,10 @@ def node() -> None:
 @click.option("--data", type=click.Path(file_okay=False), help="Data directory.")
 @click.option("--listen", help="HOST:PORT to serve on.")
 @click.option("--advertise", help="HOST:PORT others use to reach this node (default: --listen).")
-@click.option("--join", multiple=True, help="HOST:PORT of a cluster member (repeatable). None: start a new cluster.")
+@click.option("--control-plane", "control_plane", multiple=True,
+              help="etcd client URL(s) of the control plane, comma-separated or repeated "
+                   "(http://127.0.0.1:2379). The first node registered creates the cluster.")
+@click.option("--lease-ttl", "lease_ttl_s", type=int, help="Control-plane lease TTL in seconds (>= 2).")
 @click.option("--secret-file", type=click.Path(dir_okay=False), help="File holding the cluster secret.")
 @click.option("--metrics-listen", help="HOST:PORT for Prometheus metrics (/metrics).")
 @click.option("--partitions", type=int, help="Partitions of the default cache (no [[caches]] in the file).")
@@ -30,7 +33,8 @@ def node() -> None:
 @click.option("--transfer-listen", help="HOST:PORT of the file supplier (default: listen host, any port).")
 @click.option("--rebalance-mode", type=click.Choice(["files", "messages"]), help="Rebalancing mode (default files).")
 def start(config_path: str | None, node_id: str | None, data: str | None, listen: str | None,
-          advertise: str | None, join: tuple[str, ...], secret_file: str | None,
+          advertise: str | None, control_plane: tuple[str, ...], lease_ttl_s: int | None,
+          secret_file: str | None,
           metrics_listen: str | None, partitions: int | None, backups: int | None,
           log_level: str | None, transfer_listen: str | None, rebalance_mode: str | None) -> None:
     """Start a node; it runs until SIGTERM (graceful) or SIGINT."""
@@ -39,7 +43,8 @@ def start(config_path: str | None, node_id: str | None, data: str | None, listen
     from . import config as cfgmod
     try:
         cfg = cfgmod.load(config_path, id=node_id, data=data, listen=listen, advertise=advertise,
-                          join=join, secret_file=secret_file, metrics_listen=metrics_listen,
+                          control_plane=tuple(u for x in control_plane for u in x.split(",") if u),
+                          lease_ttl_s=lease_ttl_s, secret_file=secret_file, metrics_listen=metrics_listen,
                           log_level=log_level, transfer_listen=transfer_listen,
                           rebalance_mode=rebalance_mode)
         if partitions is not None or backups is not None:
@@ -161,3 +166,62 @@ def leave_cmd(seed: tuple[str, ...], secret_file: str | None, node_id: str) -> N
     except NodeError as e:
         _fail(e)
     click.echo(f"{node_id} is leaving")
+
+
+@cluster.group("settings")
+def settings_grp() -> None:
+    """Live, cluster-wide settings kept in the control plane (etcd); every node applies
+    a change within a second, without a restart."""
+
+
+_cp = click.option("--control-plane", "control_plane", required=True, multiple=True,
+                   help="etcd client URL(s) (comma-separated or repeated).")
+_prefix = click.option("--prefix", default="/ferry/default", show_default=True,
+                       help="The cluster's key prefix in etcd ([control_plane] prefix).")
+
+
+def _etcd(control_plane: tuple[str, ...]):  # type: ignore[no-untyped-def]
+    from .control import Etcd
+    return Etcd([u for x in control_plane for u in x.split(",") if u])
+
+
+@settings_grp.command("get")
+@_cp
+@_prefix
+@click.option("--json", "as_json", is_flag=True, help="One JSON object of every setting.")
+@click.argument("key", required=False)
+def settings_get(control_plane: tuple[str, ...], prefix: str, as_json: bool, key: str | None) -> None:
+    """Print KEY's value (or every setting with its value; unset ones show the node default)."""
+    from .errors import NodeError
+    from .settings import current
+    try:
+        doc = current(_etcd(control_plane), prefix)
+    except NodeError as e:
+        _fail(e)
+    if key is not None:
+        if key not in doc:
+            raise click.UsageError(f"unknown setting {key!r}; settings: {', '.join(sorted(doc))}")
+        doc = {key: doc[key]}
+    if as_json:
+        click.echo(json.dumps({k: v["value"] for k, v in doc.items()}, indent=1))
+        return
+    for k, v in sorted(doc.items()):
+        click.echo(f"{k} = {json.dumps(v['value'])}" + ("" if v["set"] else "   (default)"))
+
+
+@settings_grp.command("set")
+@_cp
+@_prefix
+@click.argument("key")
+@click.argument("value")
+def settings_set(control_plane: tuple[str, ...], prefix: str, key: str, value: str) -> None:
+    """Set KEY to VALUE for the whole cluster (checked like the node's config file)."""
+    from .errors import NodeError
+    from .settings import put
+    try:
+        v = put(_etcd(control_plane), prefix, key, value)
+    except NodeError as e:
+        if type(e).__name__ == "ConfigError":
+            raise click.UsageError(str(e))
+        _fail(e)
+    click.echo(f"{key} = {json.dumps(v)}")

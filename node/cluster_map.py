@@ -1,11 +1,12 @@
-"""The cluster map: members, topology version, and per partition the primary and the
-state each node reported. The coordinator owns it; every node holds the latest copy
-it has seen (a higher ``epoch`` always wins).
+"""The cluster map as one node sees it: members, and per partition the state each node
+reported, the primary, the in-sync copies and the partition's epoch.
 
-``version`` (the topology version) changes when membership changes (join, leave,
-failure); ``epoch`` changes on every change of the map, including state reports and
-primary hand-offs. Ideal owners are a pure function of (cache, partition, live
-members): see :mod:`node.assignment`.
+It is a local copy of the control plane (etcd, :mod:`node.control`): members are the
+keys ``P/members/*`` (present = its lease is alive), states come from ``P/reports/*``
+and primary, in-sync set and epoch from ``P/parts/<cache>/<p>``, which only the
+controller writes. ``epoch`` is the etcd revision the copy reflects; ``version`` the
+revision of the last membership change. Ideal owners are a pure function of (cache,
+partition, live members, pins): see :mod:`node.assignment`.
 """
 from __future__ import annotations
 
@@ -22,29 +23,48 @@ from .states import State
 class Member:
     id: str
     address: str
-    order: int             # join order; the live member with the lowest is coordinator
+    order: int             # etcd create revision of its first registration (display order)
     alive: bool = True
     leaving: bool = False   # graceful leave in progress: owns nothing new
     boot: str = ""          # changes at every process start
     transfer: str = ""      # HOST:PORT of its file supplier (files mode), "" = none
 
 
+@dataclass
+class PartRecord:
+    """What the controller decided for one partition (``P/parts/<cache>/<p>``)."""
+    primary: str | None = None
+    isr: tuple[str, ...] = ()      # in-sync copies: every acknowledged write is on each
+    epoch: int = 0                 # bumped by every change of primary or in-sync set
+    lost: bool = False             # every in-sync copy is gone: reported, never served stale
+
+    def to_json(self) -> dict[str, Any]:
+        return {"primary": self.primary, "isr": list(self.isr), "epoch": self.epoch, "lost": self.lost}
+
+    @classmethod
+    def from_json(cls, d: Any) -> "PartRecord":
+        if not isinstance(d, dict):
+            return cls()
+        prim = d.get("primary")
+        return cls(prim if isinstance(prim, str) else None,
+                   tuple(x for x in d.get("isr", []) if isinstance(x, str)),
+                   int(d.get("epoch", 0)), bool(d.get("lost", False)))
+
+
 class ClusterMap:
     def __init__(self, caches: dict[str, CacheConfig]) -> None:
         self.version = 0
         self.epoch = 0
+        self.controller: str | None = None
         self.members: dict[str, Member] = {}
         self.caches = dict(caches)
         # cache -> partition -> node -> state name
         self.states: dict[str, list[dict[str, str]]] = {
             c.name: [{} for _ in range(c.partitions)] for c in caches.values()}
-        # cache -> partition -> nodes whose OWNING copy is unconfirmed (after restart)
-        self.stale: dict[str, list[set[str]]] = {
-            c.name: [set() for _ in range(c.partitions)] for c in caches.values()}
         self.counters: dict[str, list[dict[str, int]]] = {
             c.name: [{} for _ in range(c.partitions)] for c in caches.values()}
-        self.primaries: dict[str, list[str | None]] = {
-            c.name: [None] * c.partitions for c in caches.values()}
+        self.parts: dict[str, list[PartRecord]] = {
+            c.name: [PartRecord() for _ in range(c.partitions)] for c in caches.values()}
         self.moves: list[dict[str, Any]] = []
         # manual reassignment by plans: cache -> partition -> owners (primary first)
         self.pins: dict[str, dict[int, list[str]]] = {c.name: {} for c in caches.values()}
@@ -58,9 +78,22 @@ class ClusterMap:
         return [m.id for m in self.members.values() if m.alive and not m.leaving]
 
     @property
-    def coordinator(self) -> str | None:
-        live = [m for m in self.members.values() if m.alive]
-        return min(live, key=lambda m: (m.order, m.id)).id if live else None
+    def coordinator(self) -> str | None:   # the old name, kept for scripts
+        return self.controller
+
+    @property
+    def primaries(self) -> dict[str, list[str | None]]:
+        return {c: [r.primary for r in lst] for c, lst in self.parts.items()}
+
+    @property
+    def stale(self) -> dict[str, list[set[str]]]:
+        """OWNING copies that are not in sync (after a restart, or a move's end before
+        the primary admitted them): they count for nothing until they are."""
+        out: dict[str, list[set[str]]] = {}
+        for c, lst in self.parts.items():
+            out[c] = [{n for n, s in self.states[c][p].items() if s == State.OWNING.value and n not in r.isr}
+                      for p, r in enumerate(lst)]
+        return out
 
     def address(self, node: str | None) -> str | None:
         m = self.members.get(node) if node else None
@@ -90,41 +123,22 @@ class ClusterMap:
         return ranked(cache, p, [n for n, s in self.states[cache][p].items() if s in want and n in live])
 
     def primary(self, cache: str, p: int) -> str | None:
-        return self.primaries[cache][p]
+        return self.parts[cache][p].primary
 
-    # -- coordinator's rule for primaries -----------------------------------------
-    def choose_primaries(self) -> bool:
-        """Keep a live OWNING primary; otherwise pick the live OWNING copy that is
-        confirmed (not stale) and first in rendezvous order, else the stale copy with
-        the highest counter. Returns True when something changed."""
-        changed = False
-        live = set(self.alive())
-        for cache, plist in self.primaries.items():
-            for p, cur in enumerate(plist):
-                st = self.states[cache][p]
-                if cur in live and st.get(cur) == State.OWNING.value:
-                    continue
-                owning = self.holders(cache, p, State.OWNING)
-                fresh = [n for n in owning if n not in self.stale[cache][p]]
-                if fresh:
-                    new = fresh[0]
-                elif owning:
-                    cnt = self.counters[cache][p]
-                    new = max(owning, key=lambda n: (cnt.get(n, 0), -owning.index(n)))
-                else:
-                    new = None
-                if new != cur:
-                    plist[p] = new
-                    changed = True
-        return changed
+    def part(self, cache: str, p: int) -> PartRecord:
+        return self.parts[cache][p]
+
+    def in_sync(self, cache: str, p: int, node: str) -> bool:
+        return node in self.parts[cache][p].isr
 
     # -- wire ---------------------------------------------------------------------
     def to_wire(self) -> dict[str, Any]:
         return {
-            "version": self.version, "epoch": self.epoch,
+            "version": self.version, "epoch": self.epoch, "controller": self.controller,
             "members": [asdict(m) for m in self.members.values()],
             "caches": [c.to_wire() for c in self.caches.values()],
             "states": self.states, "primaries": self.primaries,
+            "parts": {c: [r.to_json() for r in lst] for c, lst in self.parts.items()},
             "stale": {c: [sorted(s) for s in lst] for c, lst in self.stale.items()},
             "counters": self.counters, "moves": self.moves,
             "pins": {c: {str(p): o for p, o in d.items()} for c, d in self.pins.items()},
@@ -135,10 +149,14 @@ class ClusterMap:
         caches = {c["name"]: CacheConfig.from_wire(c) for c in d["caches"]}
         m = cls(caches)
         m.version, m.epoch = int(d["version"]), int(d["epoch"])
+        m.controller = d.get("controller")
         m.members = {x["id"]: Member(**x) for x in d["members"]}
         m.states = {c: [dict(x) for x in lst] for c, lst in d["states"].items()}
-        m.primaries = {c: list(lst) for c, lst in d["primaries"].items()}
-        m.stale = {c: [set(x) for x in lst] for c, lst in d.get("stale", {}).items()} or m.stale
+        if "parts" in d:
+            m.parts = {c: [PartRecord.from_json(x) for x in lst] for c, lst in d["parts"].items()}
+        else:
+            for c, lst in d.get("primaries", {}).items():
+                m.parts[c] = [PartRecord(x, (x,) if x else ()) for x in lst]
         m.counters = {c: [dict(x) for x in lst] for c, lst in d.get("counters", {}).items()} or m.counters
         m.moves = list(d.get("moves", []))
         for c, d2 in d.get("pins", {}).items():

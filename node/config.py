@@ -55,7 +55,12 @@ class NodeConfig:
     listen: str = "127.0.0.1:7001"
     advertise: str | None = None          # address others use; defaults to listen
     secret_file: str | None = None
-    join: tuple[str, ...] = ()
+    # etcd client URLs of the control plane (membership, primaries, in-sync copies, settings)
+    control_plane: tuple[str, ...] = ()
+    control_prefix: str = "/ferry/default"   # key prefix: one etcd can hold several clusters
+    lease_ttl_s: int = 3                  # the node's etcd lease: a node silent this long is failed
+    lease_margin_s: float = 0.5           # a primary stops acknowledging this long before its lease may end
+    min_in_sync: int = 1                  # writes are refused with fewer in-sync copies (docs/node.md)
     metrics_listen: str | None = None     # "HOST:PORT" for Prometheus text; None = off
     log_level: str = "INFO"
     caches: tuple[CacheConfig, ...] = (CacheConfig(),)
@@ -75,8 +80,6 @@ class NodeConfig:
     index_workers: int = 2
     index_offload: str = "idle"              # "idle": only while a CPU is idle; "always"
     index_offload_min_bytes: int = 8 << 20   # smaller files are scanned in the node's process
-    heartbeat_interval_s: float = 0.5
-    failure_timeout_s: float = 3.0
     max_key_bytes: int = MAX_KEY_BYTES
     max_value_bytes: int = MAX_VALUE_BYTES
     source: str | None = field(default=None, compare=False)   # the TOML file, if any
@@ -137,7 +140,7 @@ def _caches(raw: Any, where: str) -> tuple[CacheConfig, ...]:
 # TOML table.key -> NodeConfig field
 _KEYS: dict[tuple[str, ...], str] = {
     ("id",): "id", ("data",): "data", ("listen",): "listen", ("advertise",): "advertise",
-    ("secret_file",): "secret_file", ("join",): "join", ("metrics_listen",): "metrics_listen",
+    ("secret_file",): "secret_file", ("metrics_listen",): "metrics_listen",
     ("log_level",): "log_level",
     ("wal", "sync"): "wal_sync",
     ("checkpoint", "interval_s"): "checkpoint_interval_s",
@@ -152,8 +155,11 @@ _KEYS: dict[tuple[str, ...], str] = {
     ("rebalance", "index_workers"): "index_workers",
     ("rebalance", "index_offload"): "index_offload",
     ("rebalance", "index_offload_min_bytes"): "index_offload_min_bytes",
-    ("membership", "heartbeat_interval_s"): "heartbeat_interval_s",
-    ("membership", "failure_timeout_s"): "failure_timeout_s",
+    ("control_plane", "endpoints"): "control_plane",
+    ("control_plane", "prefix"): "control_prefix",
+    ("control_plane", "lease_ttl_s"): "lease_ttl_s",
+    ("control_plane", "lease_margin_s"): "lease_margin_s",
+    ("cluster", "min_in_sync"): "min_in_sync",
     ("limits", "max_key_bytes"): "max_key_bytes",
     ("limits", "max_value_bytes"): "max_value_bytes",
 }
@@ -167,6 +173,10 @@ def _flatten(doc: dict[str, Any], where: str) -> dict[str, Any]:
             out["caches"] = _caches(val, where)
         elif (key,) in _KEYS:
             out[_KEYS[(key,)]] = val
+        elif key == "membership" or key == "join":
+            raise ConfigError(f"{where}: {key!r} is gone: membership lives in the control plane "
+                              "(etcd); set [control_plane] endpoints and lease_ttl_s instead "
+                              "(docs/node.md)")
         elif key in known_tables and isinstance(val, dict):
             for sub, v in val.items():
                 if (key, sub) not in _KEYS:
@@ -197,9 +207,12 @@ def load(path: str | None = None, **flags: Any) -> NodeConfig:
     for k, v in flags.items():
         if v is not None and v != ():
             values[k] = v
-    if isinstance(values.get("join"), str):
-        values["join"] = (values["join"],)
-    values["join"] = tuple(values.get("join", ()))
+    cp = values.get("control_plane", ())
+    if isinstance(cp, str):
+        cp = [u for u in cp.split(",") if u]
+    if not isinstance(cp, (list, tuple)) or not all(isinstance(u, str) for u in cp):
+        raise ConfigError(f"{where}: control_plane.endpoints must be a list of etcd client URLs")
+    values["control_plane"] = tuple(u for x in cp for u in x.split(",") if u)
     for req in ("id", "data"):
         if not values.get(req):
             raise ConfigError(f"{where}: '{req}' is required (set it in the file or pass --{req})")
@@ -213,8 +226,22 @@ def validate(cfg: NodeConfig) -> NodeConfig:
     parse_address(cfg.listen)
     if cfg.advertise:
         parse_address(cfg.advertise)
-    for a in cfg.join:
-        parse_address(a)
+    if cfg.control_plane:
+        from .control import parse_endpoints
+        parse_endpoints(cfg.control_plane)
+    if not isinstance(cfg.lease_ttl_s, int) or isinstance(cfg.lease_ttl_s, bool) \
+            or not 2 <= cfg.lease_ttl_s <= 600:
+        raise ConfigError(f"control_plane.lease_ttl_s must be a whole number of seconds 2..600 "
+                          f"(etcd's lease granularity), not {cfg.lease_ttl_s!r}")
+    if not isinstance(cfg.lease_margin_s, (int, float)) or not 0 <= cfg.lease_margin_s < cfg.lease_ttl_s / 2:
+        raise ConfigError(f"control_plane.lease_margin_s must be 0 .. half the lease TTL, "
+                          f"not {cfg.lease_margin_s!r}")
+    if not isinstance(cfg.control_prefix, str) or not cfg.control_prefix.startswith("/") \
+            or cfg.control_prefix.endswith("/") or len(cfg.control_prefix) > 200:
+        raise ConfigError(f"control_plane.prefix must look like /ferry/NAME, not {cfg.control_prefix!r}")
+    if not isinstance(cfg.min_in_sync, int) or isinstance(cfg.min_in_sync, bool) \
+            or not 1 <= cfg.min_in_sync <= 9:
+        raise ConfigError(f"cluster.min_in_sync must be 1..9, not {cfg.min_in_sync!r}")
     if cfg.metrics_listen:
         parse_address(cfg.metrics_listen)
     if cfg.transfer_listen:
@@ -227,8 +254,6 @@ def validate(cfg: NodeConfig) -> NodeConfig:
         raise ConfigError(f"wal.sync must be group, always or none (got {cfg.wal_sync!r})")
     if cfg.rebalance_mode not in ("messages", "files"):
         raise ConfigError(f"rebalance.mode must be 'messages' or 'files' (got {cfg.rebalance_mode!r})")
-    if not cfg.heartbeat_interval_s > 0 or not cfg.failure_timeout_s > cfg.heartbeat_interval_s:
-        raise ConfigError("membership: need 0 < heartbeat_interval_s < failure_timeout_s")
     if cfg.rebalance_batch < 1 or cfg.transfer_concurrency < 1:
         raise ConfigError("rebalance.batch and transfer.concurrency must be >= 1")
     if not isinstance(cfg.index_workers, int) or not 0 <= cfg.index_workers <= 64:

@@ -84,9 +84,23 @@ class RemoteFailure(NodeError):
         super().__init__(message)
 
 
-RETRYABLE = {NotPrimary.code, Unavailable.code}
+class StaleEpoch(NodeError):
+    """A replication or DEMAND carried an older partition epoch than this node knows:
+    the sender is no longer the primary it believes it is (or lags the map)."""
+
+    code = "stale_epoch"
+    retry = True
+
+
+class ControlPlaneDown(Unavailable):
+    """etcd (the control plane) cannot be reached at any configured endpoint."""
+
+    code = "control_plane"
+
+
+RETRYABLE = {NotPrimary.code, Unavailable.code, StaleEpoch.code, ControlPlaneDown.code}
 
 BY_CODE: dict[str, type[NodeError]] = {
     c.code: c for c in (ConfigError, IllegalTransition, AuthFailed, BadRequest, TooLarge,
-                        NotPrimary, Unavailable)
+                        NotPrimary, Unavailable, StaleEpoch, ControlPlaneDown)
 }

@@ -103,7 +103,8 @@ class FileMoves:
         if prim_addr is None:
             return True                       # LOST, reported
         mv.begin("demand")
-        self.pool.call(prim_addr, "register", cache=cache, p=p, node=self.id, address=self.cfg.address)
+        self.pool.call(prim_addr, "register", cache=cache, p=p, node=self.id, address=self.cfg.address,
+                       epoch=self._epoch(cache, p))
         crashpoint("demander.after_demand")
         res = self._fetch_file(mv, data)
         mv.snapshot_counter = res.counter
@@ -121,7 +122,8 @@ class FileMoves:
             raise Unavailable(f"no checkpoint covered {cache}/{p} at {upto} in {CHECKPOINT_TIMEOUT_S}s")
         # Confirm: once register returns, every update the primary made is replicated here.
         theirs = int(self.pool.call(self._primary_addr(mv) or prim_addr, "register", cache=cache, p=p,
-                                    node=self.id, address=self.cfg.address)["counter"])
+                                    node=self.id, address=self.cfg.address,
+                                    epoch=self._epoch(cache, p))["counter"])
         crashpoint("demander.before_owning")
         with self.plock(cache, p):
             if mv.gap:
@@ -190,16 +192,20 @@ class FileMoves:
     def _tmpwal_sync(self) -> str:
         return "none" if self.cfg.wal_sync == "none" else "group"
 
+    def _epoch(self, cache: str, p: int) -> int:
+        with self.map_lock:
+            return self.map.parts[cache][p].epoch
+
     def _primary_addr(self, mv: Any) -> str | None:
         cache, p = mv.cache, mv.p
         with self.map_lock:
-            prim = self.map.primaries[cache][p]
+            rec = self.map.parts[cache][p]
+            prim = rec.primary
             addr = self.map.address(prim)
-            anyone = self.map.holders(cache, p, State.OWNING)
         if prim is None or prim == self.id or addr is None:
-            if not anyone and prim is None:
-                self.states.set(cache, p, State.LOST, reason="no owner left to pull from")
-                log.error("stage=demand cache=%s partition=%d LOST: no live owner", cache, p)
+            if rec.lost:
+                self.states.set(cache, p, State.LOST, reason="no in-sync copy left to pull from")
+                log.error("stage=demand cache=%s partition=%d LOST: no in-sync copy left", cache, p)
                 return None
             raise Unavailable(f"no primary for {cache}/{p} yet")
         return addr
@@ -208,8 +214,9 @@ class FileMoves:
         """OWNING, confirmed copies with a file supplier, least used by this node first."""
         with self.map_lock:
             m = self.map
+            isr = m.parts[cache][p].isr
             nodes = [n for n in m.holders(cache, p, State.OWNING)
-                     if n != self.id and n not in m.stale[cache][p] and m.transfer_address(n)]
+                     if n != self.id and n in isr and m.transfer_address(n)]
             out = [(n, m.transfer_address(n)) for n in nodes]
         random.shuffle(out)
         out.sort(key=lambda x: self.supplier_load.get(x[0], 0))
@@ -382,11 +389,13 @@ class FileMoves:
             time.sleep(delay)
 
     # -- primary / supplier ------------------------------------------------------------
-    def op_register(self, cache: str, p: int, node: str, address: str) -> dict[str, Any]:
+    def op_register(self, cache: str, p: int, node: str, address: str,
+                    epoch: int | None = None) -> dict[str, Any]:
         """Primary: replicate p to ``node`` (a MOVING copy) from now on; returns the
         counter at registration (all earlier updates are replicated already)."""
         self._serving()
         with self.plock(cache, p):
+            self.check_demand_epoch(cache, p, epoch, node)
             if not self.leads(cache, p):
                 raise self._not_primary(cache, p)
             self.copies.setdefault((cache, p), {})[node] = address
@@ -396,8 +405,9 @@ class FileMoves:
         """None when this node may send p's file; else why not."""
         if self.states.get(cache, p) != State.OWNING:
             return f"{self.id} does not own {cache}/{p} ({self.states.get(cache, p)})"
-        if (cache, p) in self.stale:
-            return f"{self.id}'s copy of {cache}/{p} is not confirmed since its restart"
+        with self.map_lock:
+            if self.id not in self.map.parts[cache][p].isr:
+                return f"{self.id}'s copy of {cache}/{p} is not in sync (not confirmed by the primary)"
         return None
 
 

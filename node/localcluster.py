@@ -42,9 +42,8 @@ interval_s = {checkpoint_interval}{extra_checkpoint}
 concurrency = {concurrency}
 [rebalance]
 mode = "{mode}"{extra_rebalance}
-[membership]
-heartbeat_interval_s = 0.3
-failure_timeout_s = 3.0
+[control_plane]
+lease_ttl_s = {lease_ttl}
 [[caches]]
 name = "default"
 partitions = {partitions}
@@ -62,20 +61,18 @@ def free_port() -> int:
 
 
 class LocalNode:
-    def __init__(self, cluster: "LocalCluster", node_id: str, join: list[str]) -> None:
+    def __init__(self, cluster: "LocalCluster", node_id: str) -> None:
         self.cluster, self.id = cluster, node_id
         self.address = f"127.0.0.1:{free_port()}"
         self.data = os.path.join(cluster.root, node_id)
         self.log = os.path.join(cluster.root, f"{node_id}.log")
-        self.join = join
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, wait: bool = True, env: dict[str, str] | None = None) -> "LocalNode":
         args = [sys.executable, "-m", "ferry", "node", "start", "--config", self.cluster.config,
                 "--id", self.id, "--data", self.data, "--listen", self.address,
-                "--secret-file", self.cluster.secret_file]
-        for j in self.join:
-            args += ["--join", j]
+                "--secret-file", self.cluster.secret_file,
+                "--control-plane", ",".join(self.cluster.control_plane)]
         e = dict(os.environ)
         e["PYTHONPATH"] = ROOT + os.pathsep + e.get("PYTHONPATH", "")
         e.update(env or {})
@@ -136,7 +133,8 @@ class LocalCluster:
     def __init__(self, root: str, *, partitions: int = 16, backups: int = 1, mode: str = "files",
                  concurrency: int = 4, checkpoint_interval: float = 5.0, log_level: str = "INFO",
                  wal_sync: str = "group", index_workers: int | None = None,
-                 index_offload: str | None = None, page_size: int | None = None) -> None:
+                 index_offload: str | None = None, page_size: int | None = None,
+                 lease_ttl: int = 3, control_plane: list[str] | None = None) -> None:
         self.root = os.path.abspath(root)
         os.makedirs(self.root, exist_ok=True)
         self.partitions, self.backups = partitions, backups
@@ -145,11 +143,15 @@ class LocalCluster:
             fd = os.open(self.secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             os.write(fd, secrets.token_hex(32).encode())
             os.close(fd)
+        self.lease_ttl = lease_ttl
+        # the embedded default: a single-member etcd in this folder, unless given one
+        self.etcd: Any = None
+        self._control_plane = list(control_plane or [])
         self.config = os.path.join(self.root, "node.toml")
         with open(self.config, "w") as f:
             f.write(TOML.format(mode=mode, partitions=partitions, backups=backups,
                                 concurrency=concurrency, checkpoint_interval=checkpoint_interval,
-                                log_level=log_level, wal_sync=wal_sync,
+                                log_level=log_level, wal_sync=wal_sync, lease_ttl=lease_ttl,
                                 extra_checkpoint="" if page_size is None else f"\npage_size = {page_size}",
                                 extra_rebalance=("" if index_workers is None
                                                  else f"\nindex_workers = {index_workers}")
@@ -158,6 +160,14 @@ class LocalCluster:
         self.nodes: list[LocalNode] = []
 
     # -- processes --------------------------------------------------------------------
+    @property
+    def control_plane(self) -> list[str]:
+        if not self._control_plane:
+            from .etcdserver import EtcdCluster
+            self.etcd = EtcdCluster(os.path.join(self.root, "etcd")).start()
+            self._control_plane = self.etcd.endpoints
+        return self._control_plane
+
     def start(self, n: int = 3) -> list[LocalNode]:
         """Start ``n`` nodes (the first one creates the cluster) and wait until settled."""
         for _ in range(n):
@@ -169,8 +179,7 @@ class LocalCluster:
                  env: dict[str, str] | None = None) -> LocalNode:
         """Start one more node joining the cluster; ``wait``: until it serves."""
         node_id = node_id or f"n{len(self.nodes) + 1}"
-        join = [self.nodes[0].address] if self.nodes else []
-        node = LocalNode(self, node_id, join)
+        node = LocalNode(self, node_id)
         self.nodes.append(node)
         node.start(wait=True, env=env)
         if wait:
@@ -178,8 +187,12 @@ class LocalCluster:
         return node
 
     def stop(self) -> None:
-        for n in reversed(self.nodes):
-            n.stop()
+        try:
+            for n in reversed(self.nodes):
+                n.stop()
+        finally:
+            if self.etcd is not None:
+                self.etcd.stop()
 
     def __enter__(self) -> "LocalCluster":
         return self
@@ -278,6 +291,7 @@ def settled(doc: dict[str, Any], nodes: int, backups: int) -> bool:
         sorted(n for n, s in part["states"].items() if s == "OWNING") == sorted(part["owners"])
         and len(part["owners"]) == want and set(part["states"].values()) == {"OWNING"}
         and part["primary"] == part["owners"][0]
+        and sorted(part.get("in_sync", part["owners"])) == sorted(part["owners"])
         for part in doc["partitions"])
 
 

@@ -1,335 +1,451 @@
-"""The member's side of membership: join, heartbeats, coordinator take-over, adopting
-maps, reporting partition states, and the reconcile loop that acts on each map.
+"""The node's side of the control plane: registration under a lease, state reports,
+the local copy of the map (built from etcd's keys), the controller election, the
+in-sync protocol's requests, live cluster settings, and the reconcile loop that acts
+on each map.
+
+Nothing here talks to etcd directly: :mod:`node.control` does. The controller's own
+decisions are in :mod:`node.controller`.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
 import time
 from typing import Any
 
-from faults import crashpoint, fileio
+from faults import crashpoint
 
-from .cluster_map import ClusterMap, Member
-from .coordinator import Coordinator
-from .errors import ConfigError, NodeError, Unavailable
+from .cluster_map import ClusterMap, Member, PartRecord
+from .config import with_overrides
+from .control import Etcd, Session, View
+from .controller import Controller
+from .errors import ConfigError, ControlPlaneDown, NodeError, StaleEpoch, Unavailable
 from .states import State
 
 log = logging.getLogger("ferry.node.membership")
-CLUSTER_FILE = "cluster.json"      # last known members, to find the cluster after a restart
 REPORT_COALESCE_S = 0.02           # a state change is reported this soon (bursts coalesce)
+CONTROLLER_PERIOD_S = 0.5          # the controller re-decides at least this often
+START_TIMEOUT_S = 60.0             # a node waits this long for the control plane at start
+REQUEST_TIMEOUT_S = 3.0            # a request to the controller (in-sync change, hand-off)
+
+# live, cluster-wide settings (P/settings/<name>) -> NodeConfig field
+SETTINGS = {
+    "transfer.rate_limit": "transfer_rate_limit",
+    "transfer.concurrency": "transfer_concurrency",
+    "rebalance.replay_rate_limit": "replay_rate_limit",
+    "checkpoint.interval_s": "checkpoint_interval_s",
+    "log_level": "log_level",
+}
+
+
+def _secret_check(secret: bytes, salt: str) -> str:
+    """A verifier of the cluster secret, stored in etcd: HMAC-SHA256 over a random salt.
+    It proves a node holds the secret without storing the secret (docs/threat-model.md:
+    whoever reads etcd can still try to guess a weak secret offline)."""
+    import hashlib
+    import hmac
+    return hmac.new(secret, b"ferry-cluster-secret-check:" + salt.encode(), hashlib.sha256).hexdigest()
 
 
 class Membership:
-    # -- map ----------------------------------------------------------------------
-    def adopt(self, wire: dict[str, Any]) -> bool:
-        new = ClusterMap.from_wire(wire)
-        with self.map_lock:
-            if new.epoch <= self.map.epoch and self.map.members:
-                return False
-            membership_changed = new.version != self.map.version
-            self.map = new
-            self._suspects.clear()       # a newer map names the coordinator to try
-            if self.coord is not None:
-                self.coord.map = new
-            if new.coordinator == self.id and self.coord is None:
-                self._become_coordinator()
-            elif new.coordinator != self.id:
-                self.coord = None
-        if membership_changed:
-            self._save_cluster()
-        self.wake()
-        return True
+    # -- start --------------------------------------------------------------------
+    def connect_control_plane(self) -> None:
+        """Make sure the cluster exists (create it when this is the first node), register
+        under a lease, load the map and start watching. Waits for etcd up to
+        START_TIMEOUT_S (a node started before its control plane comes up)."""
+        cfg = self.cfg
+        if not cfg.control_plane:
+            raise ConfigError("no control plane: pass --control-plane http://HOST:PORT (the client "
+                              "URL of an etcd 3.4+ cluster; `ferry demo` and LocalCluster start a "
+                              "local one) or set [control_plane] endpoints")
+        self.prefix = cfg.control_prefix
+        self.etcd = Etcd(cfg.control_plane)
+        self.session = Session(self.etcd, cfg.lease_ttl_s, cfg.lease_margin_s, on_expired=self._reregister)
+        self.view = View(self.etcd, self.prefix, self._on_view_change)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            try:
+                self._ensure_cluster()
+                self._register()
+                self.view.load()
+                break
+            except ControlPlaneDown as e:
+                if time.monotonic() > deadline or self.stopping.is_set():
+                    raise Unavailable(f"cannot reach the control plane: {e}") from None
+                log.warning("stage=control waiting for the control plane: %s", str(e)[:160])
+                self.stopping.wait(1.0)
+        self.session.start()
+        self.view.start()
+        threading.Thread(target=self._reporter, name="reporter", daemon=True).start()
+        threading.Thread(target=self._control_loop, name="controller", daemon=True).start()
+        log.info("stage=join node=%s registered (lease TTL %ds, control plane %s)", self.id,
+                 cfg.lease_ttl_s, ", ".join(cfg.control_plane))
 
-    def _become_coordinator(self) -> None:
-        self.coord = Coordinator(self.id, self.map, self.map_lock, self.publish,
-                                 self.cfg.failure_timeout_s)
-        now = time.monotonic()
-        self.coord.last_seen = {n: now for n in self.map.alive()}
-        log.info("stage=membership node=%s is coordinator (version %d)", self.id, self.map.version)
+    def _ensure_cluster(self) -> None:
+        meta_key = f"{self.prefix}/meta"
+        caches = sorted((c.to_wire() for c in self.cfg.caches), key=lambda c: c["name"])
+        fresh = not any(True for _ in self.states.items())
+        salt = os.urandom(16).hex()
+        ok, _ = self.etcd.txn([Etcd.mod_is(meta_key, 0)],
+                              [(meta_key, {"caches": caches, "created_by": self.id, "secret_salt": salt,
+                                           "secret_check": _secret_check(self.secret, salt)}, 0)])
+        meta = self.etcd.get(meta_key)
+        if meta is None or not isinstance(meta.value, dict):
+            raise ConfigError(f"the control plane's {meta_key} is not a Ferry cluster record; "
+                              "use another [control_plane] prefix")
+        # the cluster secret is checked before this node registers: a node with another
+        # secret could not talk to any peer, and would only take partitions it cannot fetch
+        want = meta.value.get("secret_check")
+        if want and _secret_check(self.secret, str(meta.value.get("secret_salt", ""))) != want:
+            raise ConfigError(f"node {self.id}'s secret file does not hold this cluster's secret "
+                              f"(checked against {meta_key}); use the cluster's secret file")
+        have = sorted(meta.value.get("caches", []), key=lambda c: c["name"])
+        if have != caches:
+            raise ConfigError(f"node {self.id} has a different cache layout than the cluster "
+                              f"({caches} != {have}); caches must match on every node")
+        creator = meta.value.get("created_by") if meta else None
+        if fresh and creator == self.id:
+            # this node created the cluster (now, or before a crash that came before any
+            # partition record): it makes every partition
+            rev, parts = self.etcd.range_prefix(f"{self.prefix}/parts/")
+            if not parts:
+                for cache, data in self.data.items():
+                    for p in range(data.cache.partitions):
+                        data.create(p)
+                    self.states.set_many([(cache, p, State.OWNING) for p in range(data.cache.partitions)],
+                                         reason="new cluster")
+                log.info("stage=join node=%s created the cluster", self.id)
 
-    def _save_cluster(self) -> None:
-        with self.map_lock:
-            version = self.map.version
-            doc = {"version": version,
-                   "members": {m.id: m.address for m in self.map.members.values()}}
-        with self._save_lock:   # publisher and heartbeat threads both save; one temp file
-            if getattr(self, "_saved_version", None) == version:
-                return
-            fileio.atomic_write(os.path.join(self.cfg.data, CLUSTER_FILE), json.dumps(doc).encode())
-            self._saved_version = version
+    def _member_doc(self) -> dict[str, Any]:
+        return {"address": self.cfg.address, "transfer": self.transfer_address, "boot": self.boot,
+                "leaving": self.leaving.is_set()}
 
-    def _known_peers(self) -> list[str]:
-        peers = list(self.cfg.join)
-        try:
-            with open(os.path.join(self.cfg.data, CLUSTER_FILE)) as f:
-                peers += [a for n, a in json.load(f)["members"].items() if n != self.id]
-        except (OSError, ValueError, KeyError):
-            pass
-        return [a for i, a in enumerate(peers) if a not in peers[:i] and a != self.cfg.address]
+    def _register(self) -> None:
+        lease = self.session.grant()
+        ok, _ = self.etcd.txn([], [(f"{self.prefix}/members/{self.id}", self._member_doc(), lease),
+                                   (f"{self.prefix}/reports/{self.id}", self._report_doc(), lease)])
+        self._registered_lease = lease
 
-    def publish(self) -> None:
-        """Coordinator: push the current map to every live member (coalesced, async)."""
-        self._publish_event.set()
-
-    def _publisher(self) -> None:
+    def _reregister(self) -> None:
+        """The lease expired in etcd (cut off, paused, control plane down too long):
+        register again. The controller removed this node from every in-sync set
+        meanwhile, so its OWNING copies are resynced or evicted by reconcile."""
         while not self.stopping.is_set():
-            self._publish_event.wait(1.0)
-            if self.stopping.is_set():
+            try:
+                self._register()
+                log.warning("stage=control node=%s registered again under a new lease", self.id)
+                self.wake()
                 return
-            self._publish_event.clear()
-            if self.coord is None:
-                continue
-            with self.map_lock:
-                wire = self.map.to_wire()
-                targets = [(m.id, m.address) for m in self.map.members.values()
-                           if m.alive and m.id != self.id]
-            self.wake()
-            self._save_cluster()
-            for node, addr in targets:
-                threading.Thread(target=self._push, args=(addr, wire), daemon=True).start()
+            except ControlPlaneDown as e:
+                log.info("stage=control cannot register again yet: %s", str(e)[:120])
+                self.stopping.wait(0.5)
 
-    def _push(self, addr: str, wire: dict[str, Any]) -> None:
-        try:
-            self.pool.call(addr, "map", timeout=3.0, map=wire)
-        except NodeError:
-            pass  # the member catches up by its heartbeat
+    def stop_control_plane(self, leave: bool = False) -> None:
+        view = getattr(self, "view", None)
+        if view is not None:
+            view.stop()
+        sess = getattr(self, "session", None)
+        if sess is not None:
+            # a graceful stop keeps the lease: a restart within the TTL keeps this node
+            # in the in-sync sets (its copies are whole). A completed leave revokes it.
+            sess.stop(revoke=leave)
 
-    def refresh_map(self) -> None:
-        if self.coord is not None:
-            return
-        try:
-            self.adopt(self.call_coordinator("get_map"))
-        except NodeError:
-            pass
-
-    def call_coordinator(self, method: str, **args: Any) -> Any:
-        if self.coord is not None:
-            return getattr(self, "op_" + method)(**args)
-        with self.map_lock:
-            addr = self.map.address(self.map.coordinator)
-        if addr is None:
-            raise Unavailable("no coordinator known")
-        return self.pool.call(addr, method, timeout=5.0, **args)
-
-    # -- join ---------------------------------------------------------------------
+    # -- reports ------------------------------------------------------------------
     def report(self) -> dict[str, Any]:
-        # every cache present, even with nothing held: the coordinator replaces what the
-        # node holds per cache, so a cache left out would keep its last states forever
+        # every cache present, even with nothing held
         out: dict[str, Any] = {cache: {} for cache in self.data}
         for (cache, p), s in self.states.items():
             if s in (State.OWNING, State.MOVING, State.RENTING, State.LOST):
                 cnt = self.data[cache].counter(p) if s == State.OWNING else 0
-                out.setdefault(cache, {})[str(p)] = [s.value, cnt, (cache, p) in self.stale]
+                out.setdefault(cache, {})[str(p)] = [s.value, cnt]
         return out
 
-    def join_cluster(self) -> None:
-        peers = self._known_peers()
-        caches = [c.to_wire() for c in self.cfg.caches]
-        deadline = time.monotonic() + max(10.0, 4 * self.cfg.failure_timeout_s)
-        while peers and not self.stopping.is_set():
-            for addr in list(peers):
-                for _hop in range(4):   # follow redirects to the coordinator
-                    try:
-                        r = self.pool.call(addr, "join", timeout=10.0, node=self.id, address=self.cfg.address,
-                                           boot=self.boot, caches=caches, report=self.report(),
-                                           transfer=self.transfer_address)
-                    except ConfigError:
-                        raise
-                    except NodeError as e:
-                        log.info("stage=join via %s failed: %s", addr, e)
-                        break
-                    if "redirect" in r:
-                        if r["redirect"] == self.cfg.address and self._resume_coordination(addr):
-                            return
-                        addr = r["redirect"]
-                        continue
-                    self.adopt(r["map"])
-                    log.info("stage=join node=%s joined (version %d, coordinator %s)",
-                             self.id, self.map.version, self.map.coordinator)
-                    return
-            if time.monotonic() > deadline:
-                if self.cfg.join and not self._been_member():
-                    raise Unavailable(f"cannot reach the cluster at {', '.join(self.cfg.join)}")
-                break
-            self.stopping.wait(0.5)
-        self._bootstrap()
+    def _report_doc(self) -> dict[str, Any]:
+        return {"boot": self.boot, "caches": self.report()}
 
-    def _resume_coordination(self, peer: str) -> bool:
-        """The members still take this node for their coordinator: it restarted within
-        the failure timeout. Take their map (its epoch and primaries are ahead of what
-        this node saved) and coordinate from it, instead of bootstrapping a cluster at
-        an older epoch that the members' maps and hand-offs would disagree with."""
-        try:
-            new = ClusterMap.from_wire(self.pool.call(peer, "get_map", timeout=5.0))
-        except NodeError as e:
-            log.info("stage=join cannot read the members' map from %s: %s", peer, e)
-            return False
-        if new.coordinator != self.id or self.id not in new.members:
-            return False
-        me = new.members[self.id]
-        me.alive, me.boot, me.address, me.transfer = True, self.boot, self.cfg.address, self.transfer_address
-        with self.map_lock:
-            self.map = new
-            self._become_coordinator()
-            self.coord._merge(self.id, self.report())
-            self.coord._changed(True, f"coordinator {self.id} restarted; resumes from the members' map")
-        self.publish()
-        self._save_cluster()
-        log.info("stage=join node=%s resumed as coordinator (version %d, epoch %d)",
-                 self.id, self.map.version, self.map.epoch)
-        return True
-
-    def _been_member(self) -> bool:
-        return os.path.exists(os.path.join(self.cfg.data, CLUSTER_FILE))
-
-    def _bootstrap(self) -> None:
-        """No cluster reachable: start one. A fresh node creates every partition."""
-        fresh = not any(True for _ in self.states.items())
-        old_version = 0
-        try:
-            with open(os.path.join(self.cfg.data, CLUSTER_FILE)) as f:
-                old_version = int(json.load(f)["version"])
-        except (OSError, ValueError, KeyError):
-            pass
-        if fresh:
-            for cache, data in self.data.items():
-                for p in range(data.cache.partitions):
-                    data.create(p)
-                self.states.set_many([(cache, p, State.OWNING) for p in range(data.cache.partitions)],
-                                     reason="new cluster")
-            self.stale.clear()
-        with self.map_lock:
-            m = ClusterMap({c.name: c for c in self.cfg.caches})
-            m.version, m.epoch = old_version, old_version
-            m.members[self.id] = Member(self.id, self.cfg.address, 1, True, False, self.boot,
-                                            self.transfer_address)
-            self.map = m
-            self._become_coordinator()
-            self.coord._merge(self.id, self.report())
-            self.coord._changed(True, f"node {self.id} starts a {'new' if fresh else 'restarted'} cluster")
-        self._save_cluster()
-        log.info("stage=join node=%s bootstrapped the cluster (version %d)", self.id, self.map.version)
-
-    # -- heartbeats ---------------------------------------------------------------
-    def _heartbeat_loop(self) -> None:
-        """A heartbeat every ``heartbeat_interval_s``, and at once (after a short pause
-        that lets a burst of changes go out as one report) when a partition state
-        changed: the coordinator's map, and with it the hand-off of the primary and
-        the old owners' eviction, wait for that report, so a move's OWNING is not held
-        up by up to one heartbeat interval per step of that chain."""
-        self._last_ok = time.monotonic()
+    def _reporter(self) -> None:
         while not self.stopping.is_set():
-            self._report_dirty.wait(self.cfg.heartbeat_interval_s)
+            self._report_dirty.wait(1.0)
             if self.stopping.wait(REPORT_COALESCE_S):
                 return
-            before = self._last_ok
-            try:
-                self._heartbeat_once()
-            except Exception:   # never let the failure detector die
-                log.exception("stage=membership heartbeat round failed")
-            if (self._last_ok == before and self._report_dirty.is_set()
-                    and self.stopping.wait(self.cfg.heartbeat_interval_s)):
-                return          # failed with a report pending: retry at the normal pace
-
-    def _heartbeat_target(self) -> str | None:
-        """Whom this member reports to: the map's coordinator unless this member could
-        not reach it for ``failure_timeout_s`` (a suspect), then the next oldest live
-        member. Suspicion stays local to the failure detector: the map is not changed,
-        so reconcile never starts moves from a view no coordinator published."""
-        with self.map_lock:
-            live = [m for m in self.map.members.values() if m.alive and m.id not in self._suspects]
-            return min(live, key=lambda m: (m.order, m.id)).id if live else None
-
-    def _heartbeat_once(self) -> None:
-        last_ok = self._last_ok
-        dirty = False
-        try:
-            if self.coord is not None:
-                if self._report_dirty.is_set():
-                    self._report_dirty.clear()
-                    self.coord.report(self.id, self.boot, self.report())
-                self.coord.check_failures()
-                self._last_ok = time.monotonic()
-                return
-            with self.map_lock:
-                coord = self._heartbeat_target()
-                addr = self.map.address(coord)
-                epoch = self.map.epoch
-            dirty = self._report_dirty.is_set()
+            if not self._report_dirty.is_set():
+                continue
             self._report_dirty.clear()
-            r = self.pool.call(addr, "heartbeat", timeout=max(1.0, self.cfg.failure_timeout_s / 2),
-                               node=self.id, boot=self.boot, epoch=epoch,
-                               report=self.report() if dirty else None)
-            if r.get("not_coordinator"):
-                self._not_coordinator(coord, r, last_ok, dirty)
-                return
-            self._last_ok = time.monotonic()
-            if not r["member"]:
-                self._rejoin(f"coordinator {coord} does not know this boot (declared failed?)")
-            elif r.get("map"):
-                self.adopt(r["map"])
-        except NodeError as e:
-            if dirty:
+            lease = self.session.lease
+            try:
+                self.etcd.put(f"{self.prefix}/reports/{self.id}", self._report_doc(), lease=lease)
+            except NodeError as e:
                 self._report_dirty.set()
-            if time.monotonic() - last_ok > self.cfg.failure_timeout_s:
-                self._last_ok = time.monotonic()
-                self._coordinator_failed(e)
+                log.info("stage=control report not sent (%s); retrying", str(e)[:120])
+                self.stopping.wait(0.5)
 
-    def _not_coordinator(self, asked: str | None, r: dict[str, Any], last_ok: float, dirty: bool) -> None:
-        """``asked`` (the successor of a coordinator this member suspects) is alive but
-        not coordinator. Not a successful heartbeat: the report went nowhere and no
-        coordinator heard this member. Either the successor has not noticed the old
-        coordinator's death yet, or the old coordinator is alive and this member was cut
-        off from it (a network partition that healed): it may have been declared failed
-        meanwhile. A newer map from ``asked`` settles it (the next heartbeat goes to the
-        coordinator it names); otherwise, after ``failure_timeout_s`` of such answers,
-        this member drops its suspicion and tries the map's coordinator again."""
-        if dirty:
-            self._report_dirty.set()
-        if r.get("map") and self.adopt(r["map"]):
-            log.warning("stage=membership %s is not coordinator; adopted its newer map "
-                        "(epoch %d, coordinator %s)", asked, self.map.epoch, self.map.coordinator)
-            return
-        if time.monotonic() - last_ok > self.cfg.failure_timeout_s:
-            with self.map_lock:
-                suspects = sorted(self._suspects)
-                self._suspects.clear()
-            self._last_ok = time.monotonic()
-            log.warning("stage=membership %s is not coordinator and takes %s for coordinator; "
-                        "trying %s again", asked, r.get("coordinator"), ", ".join(suspects) or "it")
-
-    def _rejoin(self, why: str) -> None:
-        """The coordinator does not count this node (declared failed while it was cut
-        off, or a coordinator that does not know it). Writes may have been acknowledged
-        without this node meanwhile, so every OWNING copy it holds is unconfirmed, as
-        after a restart: the map learns they are stale, the coordinator keeps fresh
-        copies as primaries, and reconcile resyncs or evicts them."""
-        log.warning("stage=membership %s; rejoining", why)
-        for (cache, p), s in self.states.items():
-            if s == State.OWNING:
-                self.stale.add((cache, p))
-        self.join_cluster()
+    # -- the local map -------------------------------------------------------------
+    def _on_view_change(self, changed: set[str] | None) -> None:
+        """Rebuild the local map from the view (watch thread). Partition records only
+        move forward: a record this node got straight from the controller (its own
+        in-sync change) is newer than the watch event that follows it."""
+        v = self.view
+        with v.lock:
+            kvs = dict(v.kvs)
+            rev = v.revision
+        head = self.prefix + "/"
+        m = ClusterMap({c.name: c for c in self.cfg.caches})
+        m.epoch = rev
+        settings: dict[str, Any] = {}
+        requests: set[str] = set()
+        version = 0
+        for key, kv in kvs.items():
+            if not key.startswith(head):
+                continue
+            parts = key[len(head):].split("/")
+            kind = parts[0]
+            val = kv.value
+            try:
+                if kind == "members" and len(parts) == 2 and isinstance(val, dict):
+                    m.members[parts[1]] = Member(parts[1], str(val.get("address", "")), kv.create, True,
+                                                 bool(val.get("leaving")), str(val.get("boot", "")),
+                                                 str(val.get("transfer", "")))
+                    version = max(version, kv.create)
+                elif kind == "reports" and len(parts) == 2 and isinstance(val, dict):
+                    for cache, ps in (val.get("caches") or {}).items():
+                        if cache not in m.states:
+                            continue
+                        for p_s, st in ps.items():
+                            p = int(p_s)
+                            if 0 <= p < len(m.states[cache]) and isinstance(st, list):
+                                m.states[cache][p][parts[1]] = str(st[0])
+                                m.counters[cache][p][parts[1]] = int(st[1])
+                elif kind == "parts" and len(parts) == 3 and parts[1] in m.parts:
+                    p = int(parts[2])
+                    if 0 <= p < len(m.parts[parts[1]]):
+                        m.parts[parts[1]][p] = PartRecord.from_json(val)
+                elif kind == "pins" and len(parts) == 3 and parts[1] in m.pins and isinstance(val, list):
+                    m.pins[parts[1]][int(parts[2])] = [str(x) for x in val]
+                elif kind == "controller" and isinstance(val, dict):
+                    m.controller = val.get("id")
+                    self._controller_kv = kv
+                elif kind == "settings" and len(parts) == 2:
+                    settings[parts[1]] = val
+                elif kind == "requests":
+                    requests.add(key)
+            except (ValueError, TypeError) as e:
+                log.warning("stage=control ignoring malformed key %s: %s", key, e)
+        if m.controller is None:
+            self._controller_kv = None
+        m.version = version
+        with self.map_lock:
+            old = self.map
+            for cache, lst in m.parts.items():
+                for p, rec in enumerate(lst):
+                    mine = old.parts.get(cache, [])[p] if cache in old.parts else None
+                    if mine is not None and mine.epoch > rec.epoch:
+                        lst[p] = mine
+                    if lst[p].primary != self.id and (mine is None or mine.primary == self.id):
+                        # no longer primary: registrations of moving copies belong to the new one
+                        self.copies.pop((cache, p), None)
+            self.map = m
+            self._pending_requests = requests
+        with self._map_changed:
+            self._map_changed.notify_all()
+        self._apply_settings(settings)
+        ctl = self.controller
+        if ctl is not None:
+            self._controller_wake.set()
+        if m.controller is None or (ctl is not None and m.controller != self.id):
+            self._controller_wake.set()
         self.wake()
 
-    def _coordinator_failed(self, err: Exception) -> None:
-        with self.map_lock:
-            dead = self._heartbeat_target()
-            if dead is None or dead == self.id:
+
+    def refresh_map(self) -> None:
+        """The watch keeps the map current; nothing to pull."""
+
+    def _apply_settings(self, settings: dict[str, Any]) -> None:
+        changes: dict[str, Any] = {}
+        for name, val in settings.items():
+            fld = SETTINGS.get(name)
+            if fld is None:
+                continue
+            if getattr(self.cfg, fld) != val:
+                changes[fld] = val
+        if not changes or changes == getattr(self, "_last_settings", None):
+            return
+        try:
+            new = with_overrides(self.cfg, **changes)
+        except (ConfigError, TypeError) as e:
+            log.error("stage=settings refused cluster setting(s) %s: %s", changes, e)
+            self._last_settings = changes
+            return
+        old, self.cfg = self.cfg, new
+        self._last_settings = changes
+        self.apply_live_config(old, new)
+        log.info("stage=settings applied cluster settings %s", changes)
+
+    # -- the controller ----------------------------------------------------------------
+    def _control_loop(self) -> None:
+        """Campaign for the election key; while holding it, decide partition records
+        on every change of the view and at least every CONTROLLER_PERIOD_S."""
+        key = f"{self.prefix}/controller"
+        while not self.stopping.is_set():
+            self._controller_wake.wait(CONTROLLER_PERIOD_S)
+            self._controller_wake.clear()
+            if self.stopping.is_set():
                 return
-            self._suspects.add(dead)
-            nxt = self._heartbeat_target()
-        log.warning("stage=membership coordinator %s unreachable (%s); next is %s", dead, err, nxt)
-        if nxt == self.id:
+            try:
+                kv = self.etcd.get(key)
+                lease = self.session.lease
+                if kv is None and self.session.valid():
+                    ok, _ = self.etcd.txn([Etcd.create_is(key, 0)],
+                                          [(key, {"id": self.id, "boot": self.boot}, lease)])
+                    kv = self.etcd.get(key)
+                mine = (kv is not None and isinstance(kv.value, dict) and kv.value.get("id") == self.id
+                        and kv.value.get("boot") == self.boot and kv.lease == lease)
+                if mine and (self.controller is None or self.controller.election_rev != kv.create):
+                    self.controller = Controller(self.id, self.prefix, self.etcd, self.view,
+                                                 {c.name: c for c in self.cfg.caches}, kv.create)
+                    log.info("stage=controller node=%s is controller (election revision %d)",
+                             self.id, kv.create)
+                elif not mine and self.controller is not None:
+                    log.warning("stage=controller node=%s is no longer controller", self.id)
+                    self.controller = None
+                if self.controller is not None and self.session.valid():
+                    self.controller.handle_requests()
+                    self.controller.decide()
+            except NodeError as e:
+                log.info("stage=controller round failed: %s", str(e)[:160])
+                self.stopping.wait(0.2)
+            except Exception:
+                log.exception("stage=controller round crashed")
+                self.stopping.wait(0.5)
+
+    def call_controller(self, method: str, **args: Any) -> Any:
+        if self.controller is not None:
+            return getattr(self, "op_" + method)(**args)
+        with self.map_lock:
+            ctl = self.map.controller
+            addr = self.map.address(ctl)
+        if addr is None:
+            raise Unavailable("no controller now (election in progress or control plane down)")
+        return self.pool.call(addr, method, timeout=5.0, **args)
+
+    call_coordinator = call_controller    # the old name
+
+    def _controller_or_fail(self) -> Controller:
+        ctl = self.controller
+        if ctl is None or not self.session.valid():
+            raise Unavailable(f"{self.id} is not the controller (controller: {self.map.controller})")
+        return ctl
+
+    def op_pin(self, plan: str, moves: list[dict[str, Any]]) -> int:
+        return self._controller_or_fail().pin(plan, moves)
+
+    # -- requests to the controller, through etcd ---------------------------------------------
+    def request(self, cache: str, p: int, doc: dict[str, Any], done: Any,
+                timeout: float = REQUEST_TIMEOUT_S) -> PartRecord:
+        """Leave a request for the controller at ``P/requests/<cache>/<p>/<me>`` and wait
+        until the map shows a record for which ``done(record)`` holds. Refused (the
+        controller deleted the request without such a record), not answered in
+        ``timeout``, or the control plane unreachable: Unavailable."""
+        key = f"{self.prefix}/requests/{cache}/{p}/{self.id}"
+        rev = self.etcd.put(key, doc, lease=self.session.lease)
+        deadline = time.monotonic() + timeout
+        with self._map_changed:
+            while True:
+                with self.map_lock:
+                    rec = self.map.parts[cache][p]
+                    answered = self.map.epoch >= rev and key not in self._pending_requests
+                if done(rec):
+                    return rec
+                if answered:
+                    # the map is at or past the request and it is gone: applied records
+                    # come in the same revision as the deletion, so this was refused
+                    raise Unavailable(f"the controller refused {doc.get('op')} of {cache}/{p} "
+                                      f"(record now: primary {rec.primary}, in sync {list(rec.isr)}, "
+                                      f"epoch {rec.epoch}); see the controller's log")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise Unavailable(f"no answer from the controller to {doc.get('op')} of "
+                                      f"{cache}/{p} in {timeout:.1f}s (no controller, or etcd unreachable)")
+                self._map_changed.wait(min(left, 0.1))
+
+    def op_set_primary(self, cache: str, p: int, node: str, previous: str | None) -> Any:
+        """Kept for callers of the old RPC: the request goes through etcd."""
+        rec = self.request(cache, p, {"op": "set_primary", "previous": previous},
+                           lambda r: r.primary == node) if node == self.id else None
+        return rec.to_json() if rec is not None else False
+
+    # -- the in-sync set, primary side ----------------------------------------------------
+    def alter_isr(self, cache: str, p: int, remove: list[str] = (), add: list[str] = ()) -> PartRecord:  # type: ignore[assignment]
+        """Primary (partition lock held): have the controller change p's in-sync set;
+        the new record is in this node's map before this returns."""
+        with self.map_lock:
+            epoch = self.map.parts[cache][p].epoch
+        rm, ad = set(remove), set(add)
+        return self.request(cache, p, {"op": "alter_isr", "epoch": epoch, "remove": sorted(rm),
+                                       "add": sorted(ad)},
+                            lambda r: r.epoch > epoch and not (rm & set(r.isr)) and ad <= set(r.isr)
+                            and r.primary == self.id)
+
+    def op_join_isr(self, cache: str, p: int, node: str) -> str:
+        """A copy that finished its move asks to count: admitted when it has been a
+        registered copy of this primary since its DEMAND (every update since then was
+        replicated to it, or it would have been dropped); otherwise "resync"."""
+        self._serving()
+        with self.plock(cache, p):
+            if not self.leads(cache, p):
+                raise self._not_primary(cache, p)
             with self.map_lock:
-                dead_all = sorted(self._suspects)
-                self._suspects.clear()
-                self._become_coordinator()
-            self.coord.take_over(dead_all)   # marks them dead in the map and bumps it
-            self._report_dirty.set()
-            self._save_cluster()
+                rec = self.map.parts[cache][p]
+            if node in rec.isr:
+                return "ok"
+            if node not in self.copies.get((cache, p), {}):
+                return "resync"
+            self.alter_isr(cache, p, add=[node])
+            self.copies.get((cache, p), {}).pop(node, None)
+        return "ok"
+
+    def _join_isr(self, cache: str, p: int) -> None:
+        key = (cache, p)
+        try:
+            with self.map_lock:
+                prim = self.map.parts[cache][p].primary
+                addr = self.map.address(prim)
+            if addr is None or prim == self.id:
+                return
+            r = self.pool.call(addr, "join_isr", timeout=10.0, cache=cache, p=p, node=self.id)
+            if r == "resync":
+                with self.map_lock:
+                    ideal = self.map.ideal(cache, p)
+                if self.id in ideal:
+                    log.info("stage=isr cache=%s partition=%d not admitted by %s: resyncing", cache, p, prim)
+                    self.request_resync(cache, p, "not in sync with the primary")
+                else:
+                    self.states.set(cache, p, State.RENTING, reason="copy not in sync, not an owner")
+                    self._evict(cache, p, "out-of-sync copy of a partition owned elsewhere")
+            else:
+                log.info("stage=isr cache=%s partition=%d admitted to the in-sync set by %s", cache, p, prim)
+        except NodeError as e:
+            log.info("stage=isr cache=%s partition=%d join failed: %s", cache, p, str(e)[:160])
+        finally:
+            self._isr_joins.discard(key)
+            self.wake()
+
+    # -- leave --------------------------------------------------------------------------
+    def start_leave(self) -> None:
+        self.leaving.set()
+        try:
+            self.etcd.put(f"{self.prefix}/members/{self.id}", self._member_doc(), lease=self.session.lease)
+        except NodeError as e:
+            log.warning("stage=leave cannot mark this node leaving yet: %s", e)
+
+    def finish_leave(self) -> None:
+        try:
+            self.etcd.txn([], [], [f"{self.prefix}/members/{self.id}", f"{self.prefix}/reports/{self.id}"])
+        except NodeError as e:
+            log.info("stage=leave waiting for the control plane: %s", e)
+            return
+        log.info("stage=leave node=%s holds nothing; left the cluster", self.id)
+        self.left.set()
 
     # -- reconcile ----------------------------------------------------------------
     def wake(self) -> None:
@@ -341,6 +457,9 @@ class Membership:
             self._reconcile_event.clear()
             if self.stopping.is_set() or not self.joined.is_set():
                 continue
+            if self.leaving.is_set() and self.map.members.get(self.id) is not None \
+                    and not self.map.members[self.id].leaving:
+                self.start_leave()
             try:
                 self.reconcile()
             except Exception:
@@ -350,49 +469,47 @@ class Membership:
         with self.map_lock:
             m = self.map.clone()
         me = self.id
-        if me in m.members and not m.members[me].alive:
-            # the coordinator declared this node failed (it learnt so from a peer's map):
-            # its owners moved on without it, so it changes nothing until it has rejoined
-            return
+        if me not in m.members:
+            return          # not registered (lease lost): act on nothing until registered again
         for cache, data in self.data.items():
             for p in range(data.cache.partitions):
                 key = (cache, p)
                 st = self.states.get(cache, p)
-                prim = m.primaries[cache][p]
+                rec = m.parts[cache][p]
+                prim = rec.primary
                 ideal = m.ideal(cache, p)
-                # registered MOVING copies that now show OWNING (or died) need no registration
+                # registered MOVING copies that died or left need no registration
                 regs = self.copies.get(key)
                 if regs:
                     for n in list(regs):
-                        # (not on None: the copy's MOVING report may not have reached the map yet)
-                        if n not in m.alive() or m.state(cache, p, n) in (State.OWNING, State.EVICTED):
+                        if n not in m.members:
                             regs.pop(n, None)
-                if key in self.stale:
-                    if prim == me:
-                        self.stale.discard(key)
-                        self._report_dirty.set()
-                    elif prim is not None and st == State.OWNING and me in ideal:
-                        self.start_move(cache, p, "copy from before a restart may be stale")
-                    elif prim is not None and st == State.OWNING:
-                        self.stale.discard(key)
-                        self.states.set(cache, p, State.RENTING, reason="stale copy, not an owner")
-                        self._evict(cache, p, "stale copy of a partition owned elsewhere")
-                    continue
                 if key in self.moves:
                     if me not in ideal and m.state(cache, p, me) == State.MOVING and prim != me:
                         self.moves[key].cancelled = True
                     continue
+                if st == State.OWNING and me not in rec.isr:
+                    if rec.lost or (prim is None and not rec.isr):
+                        continue
+                    if prim is None:
+                        continue        # waiting for an in-sync copy or the controller
+                    if key not in self._isr_joins:
+                        self._isr_joins.add(key)
+                        threading.Thread(target=self._join_isr, args=(cache, p), daemon=True).start()
+                    continue
                 if me in ideal:
                     if st in (None, State.EVICTED, State.LOST):
-                        if prim is not None:
+                        if prim is not None and prim != me:
                             self.start_move(cache, p, "assigned by the map")
+                        elif rec.lost and st != State.LOST:
+                            self.states.set(cache, p, State.LOST, reason="no in-sync copy left")
                     elif st == State.MOVING:
                         self.start_move(cache, p, "resuming after restart or resync")
                     elif st == State.RENTING:
                         self._evict(cache, p, "assigned again while renting: re-pull")
                     elif (st == State.OWNING and ideal[0] == me and prim not in (me, None)
-                          and m.state(cache, p, prim) == State.OWNING and key not in self.handoffs
-                          and m.state(cache, p, me) == State.OWNING):
+                          and prim in m.members and key not in self.handoffs
+                          and m.state(cache, p, prim) == State.OWNING):
                         self.handoffs.add(key)
                         threading.Thread(target=self._take_primary, args=(cache, p, prim),
                                          daemon=True).start()
@@ -402,20 +519,14 @@ class Membership:
                         with self.plock(cache, p):
                             data.drop(p)
                     elif st == State.OWNING and prim != me and ideal and all(
-                            m.state(cache, p, n) == State.OWNING and n not in m.stale[cache][p]
-                            for n in ideal):
-                        self.states.set(cache, p, State.RENTING, reason="new owners are OWNING")
+                            n in rec.isr and m.state(cache, p, n) == State.OWNING for n in ideal):
+                        self.states.set(cache, p, State.RENTING, reason="new owners are in sync")
                         self._evict(cache, p, "no longer an owner")
                     elif st == State.RENTING:
                         self._evict(cache, p, "finishing eviction")
         if self.leaving.is_set() and not any(
                 s in (State.OWNING, State.MOVING, State.RENTING) for _, s in self.states.items()):
-            try:
-                self.call_coordinator("leave_done", node=self.id)
-                log.info("stage=leave node=%s holds nothing; left the cluster", self.id)
-                self.left.set()
-            except NodeError as e:
-                log.info("stage=leave waiting for the coordinator: %s", e)
+            self.finish_leave()
 
     def _evict(self, cache: str, p: int, why: str) -> None:
         """RENTING -> EVICTED: the file is deleted once no transfer reads it (else the
@@ -434,3 +545,6 @@ class Membership:
                 return
             self.states.set(cache, p, State.EVICTED, reason=why)
         log.info("stage=evict cache=%s partition=%d evicted: %s", cache, p, why)
+
+
+__all__ = ["Membership", "SETTINGS", "StaleEpoch", "os"]

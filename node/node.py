@@ -3,8 +3,9 @@ handlers every request is dispatched to.
 
 Start-up order (nothing is served before recovery ends):
 lock ``DATA/LOCK`` -> check/write ``DATA/node.id`` -> open every cache (checkpoint +
-WAL recovery) -> load partition states -> listen -> join (or bootstrap) -> heartbeats,
-reconcile, metrics. SIGTERM: stop serving, checkpoint every cache, close, exit 0.
+WAL recovery) -> load partition states -> listen -> register in the control plane
+(etcd; the first node creates the cluster) -> watch the map, reconcile, metrics.
+SIGTERM: stop serving, checkpoint every cache, close, exit 0.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from faults import fileio
 from . import metrics as metrics_mod
 from .cluster_map import ClusterMap
 from .config import NodeConfig
-from .errors import BadRequest, DataDirLocked, NodeError, Unavailable
+from .errors import BadRequest, DataDirLocked, NodeError
 from .membership import Membership
 from .rebalance import Rebalancer
 from .rpc import RpcServer
@@ -75,12 +76,14 @@ class Node(Membership, UpdatePath, Rebalancer):
         claim_node_id(cfg.data, cfg.id)
         self.metrics = metrics_mod.Metrics()
         self.stopping, self.joined, self.leaving, self.left = (threading.Event() for _ in range(4))
-        self._reconcile_event, self._publish_event, self._report_dirty = (threading.Event() for _ in range(3))
+        self._reconcile_event, self._controller_wake, self._report_dirty = (threading.Event() for _ in range(3))
         self.map_lock = threading.RLock()
-        self._save_lock = threading.Lock()
         self.map = ClusterMap({c.name: c for c in cfg.caches})
-        self.coord = None
-        self._suspects: set[str] = set()   # coordinators this member could not reach (local view)
+        self.controller = None                 # node.controller.Controller while elected
+        self._controller_kv = None
+        self._isr_joins: set[tuple[str, int]] = set()
+        self._map_changed = threading.Condition()
+        self._pending_requests: set[str] = set()
         self._plocks: dict[tuple[str, int], threading.RLock] = {}
         self._plocks_lock = threading.Lock()
         self.fenced: dict[tuple[str, int], float] = {}
@@ -111,7 +114,6 @@ class Node(Membership, UpdatePath, Rebalancer):
             fileio.layer().fsync_dir(cfg.data)
         self.data = {c.name: CacheData(cfg, c, clean=clean) for c in cfg.caches}   # recovery here
         self.states = StateTable(cfg.data, on_change=self._state_changed)
-        self.stale: set[tuple[str, int]] = {k for k, s in self.states.items() if s == State.OWNING}
         self._finish_interrupted()
         log.info("stage=recovery node=%s recovered %d cache(s) in %.2fs", self.id,
                  len(self.data), time.monotonic() - t0)
@@ -149,10 +151,8 @@ class Node(Membership, UpdatePath, Rebalancer):
         self.server.start()
         self.transfer_address = start_supplier(self)
         log.info("stage=serving node=%s file supplier on %s", self.id, self.transfer_address)
-        threading.Thread(target=self._publisher, name="publisher", daemon=True).start()
-        self.join_cluster()
+        self.connect_control_plane()
         self.joined.set()
-        threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True).start()
         threading.Thread(target=self._reconcile_loop, name="reconcile", daemon=True).start()
         if self.cfg.metrics_listen:
             self.http = metrics_mod.serve(self.cfg.metrics_listen, self.metrics)
@@ -168,7 +168,8 @@ class Node(Membership, UpdatePath, Rebalancer):
         if getattr(self, "watcher", None) is not None:
             self.watcher.stop()
         self._reconcile_event.set()
-        self._publish_event.set()
+        self._controller_wake.set()
+        self.stop_control_plane(leave=self.left.is_set())
         if self.server:
             self.server.stop()
         if self.supplier:
@@ -202,54 +203,12 @@ class Node(Membership, UpdatePath, Rebalancer):
     # membership handlers
     def op_ping(self) -> dict[str, Any]:
         return {"id": self.id, "boot": self.boot, "epoch": self.map.epoch,
-                "page_size": self.cfg.page_size}
+                "page_size": self.cfg.page_size, "controller": self.map.controller,
+                "lease_valid": self.session.valid() if hasattr(self, "session") else False}
 
     def op_get_map(self) -> dict[str, Any]:
         with self.map_lock:
             return self.map.to_wire()
-
-    def op_map(self, map: dict[str, Any]) -> bool:  # noqa: A002 (wire name)
-        return self.adopt(map)
-
-    def _coord_or_redirect(self) -> Any:
-        if self.coord is None:
-            with self.map_lock:
-                addr = self.map.address(self.map.coordinator)
-            return {"redirect": addr} if addr else None
-        return None
-
-    def op_join(self, node: str, address: str, boot: str, caches: list[Any], report: dict[str, Any],
-                transfer: str = "") -> Any:
-        if not self.joined.is_set() and self.coord is None:
-            from .errors import Unavailable
-            raise Unavailable(f"{self.id} is not in a cluster yet")
-        red = self._coord_or_redirect()
-        if red is not None:
-            return red
-        return {"map": self.coord.join(node, address, boot, caches, report, transfer)}
-
-    def op_heartbeat(self, node: str, boot: str, epoch: int, report: dict[str, Any] | None = None) -> Any:
-        if self.coord is None:
-            # Not coordinator: the sender suspects the coordinator and took this node for
-            # its successor. Either this node has not detected the old coordinator's
-            # failure yet, or the sender was cut off from a coordinator that is alive (and
-            # may have declared the sender failed). Tell it whom this node follows and,
-            # when newer, this node's map, which names the real coordinator.
-            with self.map_lock:
-                newer = epoch < self.map.epoch
-                return {"member": True, "not_coordinator": True, "coordinator": self.map.coordinator,
-                        "map": self.map.to_wire() if newer else None}
-        member = (self.coord.report(node, boot, report) if report is not None
-                  else self.coord.heartbeat(node, boot))
-        with self.map_lock:
-            stale = epoch < self.map.epoch
-            return {"member": member, "map": self.map.to_wire() if stale and member else None}
-
-    def op_report(self, node: str, boot: str, report: dict[str, Any]) -> bool:
-        return self.coord.report(node, boot, report) if self.coord else False
-
-    def op_set_primary(self, cache: str, p: int, node: str, previous: str | None) -> bool:
-        return self.coord.set_primary(cache, p, node, previous) if self.coord else False
 
     def op_leave(self, node: str | None = None) -> bool:
         """Asked of any node: that node (default this one) leaves gracefully."""
@@ -259,24 +218,9 @@ class Node(Membership, UpdatePath, Rebalancer):
             if addr is None:
                 raise BadRequest(f"no member {node!r}")
             return self.pool.call(addr, "leave")
-        self.leaving.set()
-        self.call_coordinator("leave_member", node=self.id)
+        self.start_leave()
         self.wake()
         return True
-
-    def op_leave_member(self, node: str) -> bool:
-        self.coord.leave(node)
-        return True
-
-    def op_leave_done(self, node: str) -> bool:
-        self.coord.leave_done(node)
-        return True
-
-    def op_pin(self, plan: str, moves: list[dict[str, Any]]) -> int:
-        red = self._coord_or_redirect()
-        if red is not None:
-            raise Unavailable(f"{self.id} is not the coordinator; ask {red['redirect']}")
-        return self.coord.pin(plan, moves)
 
     def apply_live_config(self, old: NodeConfig, new: NodeConfig) -> None:
         """Settings that change without a restart (watch.py reloads the file)."""
@@ -331,6 +275,5 @@ class Node(Membership, UpdatePath, Rebalancer):
 CLIENT_METHODS = {"ping", "get_map", "put", "put_batch", "get", "remove", "lookup", "range", "moves",
                   "moves_done",
                   "metrics", "leave"}
-METHODS = CLIENT_METHODS | {"map", "join", "heartbeat", "report", "set_primary", "leave_member",
-                            "leave_done", "replicate", "replicate_batch", "demand", "fetch", "demand_done", "register", "pin",
+METHODS = CLIENT_METHODS | {"set_primary", "join_isr", "replicate", "replicate_batch", "demand", "fetch", "demand_done", "register", "pin",
                             "handoff", "unfence"}

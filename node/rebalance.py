@@ -82,7 +82,6 @@ class Rebalancer(FileMoves):
                 return False
             mv = Move(cache, p, mode=self.cfg.rebalance_mode, on_stage=self._stage_done)
             self.moves[key] = mv
-            self.stale.discard(key)   # the move replaces whatever the copy held
         log.info("stage=prepare cache=%s partition=%d move starts: %s", cache, p, why)
         threading.Thread(target=self._run_move, args=(mv,), name=f"move-{cache}-{p}", daemon=True).start()
         return True
@@ -90,7 +89,6 @@ class Rebalancer(FileMoves):
     def request_resync(self, cache: str, p: int, why: str) -> None:
         """An OWNING copy that may be stale becomes MOVING and pulls p again."""
         self.states.set(cache, p, State.MOVING, reason=f"resync: {why}")
-        self.stale.discard((cache, p))
         self.wake()
 
     def _stage_done(self, stage: str, seconds: float) -> None:
@@ -146,18 +144,19 @@ class Rebalancer(FileMoves):
             data.create(p)
             mv.sink = MemorySink()
         with self.map_lock:
-            prim = self.map.primaries[cache][p]
+            rec = self.map.parts[cache][p]
+            prim, epoch = rec.primary, rec.epoch
             addr = self.map.address(prim)
-            anyone = self.map.holders(cache, p, State.OWNING)
         if prim is None or prim == self.id or addr is None:
-            if not anyone and self.map.primaries[cache][p] is None:
-                self.states.set(cache, p, State.LOST, reason="no owner left to pull from")
-                log.error("stage=demand cache=%s partition=%d LOST: no live owner", cache, p)
+            if rec.lost:
+                self.states.set(cache, p, State.LOST, reason="no in-sync copy left to pull from")
+                log.error("stage=demand cache=%s partition=%d LOST: no in-sync copy left", cache, p)
                 return True
             raise Unavailable(f"no primary for {cache}/{p} yet")
         mv.source = prim
         mv.begin("demand")
-        r = self.pool.call(addr, "demand", cache=cache, p=p, node=self.id, address=self.cfg.address)
+        r = self.pool.call(addr, "demand", cache=cache, p=p, node=self.id, address=self.cfg.address,
+                           epoch=epoch)
         sid, C = r["session"], int(r["counter"])
         mv.bytes_total = int(r["bytes"])
         crashpoint("demander.after_demand")
@@ -208,12 +207,14 @@ class Rebalancer(FileMoves):
         return True
 
     # -- supplier -----------------------------------------------------------------
-    def op_demand(self, cache: str, p: int, node: str, address: str) -> dict[str, Any]:
+    def op_demand(self, cache: str, p: int, node: str, address: str,
+                  epoch: int | None = None) -> dict[str, Any]:
         self._serving()
         data = self.data[cache]
         with self.plock(cache, p):
-            if self.states.get(cache, p) != State.OWNING:
-                raise Unavailable(f"{self.id} does not own {cache}/{p}")
+            self.check_demand_epoch(cache, p, epoch, node)
+            if not self.leads(cache, p):
+                raise self._not_primary(cache, p)
             self.copies.setdefault((cache, p), {})[node] = address
             C = data.counter(p)
             entries = sorted(data.entries(p), key=lambda e: e[2])
@@ -252,20 +253,36 @@ class Rebalancer(FileMoves):
     def op_unfence(self, cache: str, p: int) -> bool:
         return self.fenced.pop((cache, p), None) is not None
 
+    def check_demand_epoch(self, cache: str, p: int, epoch: int | None, node: str) -> None:
+        """A DEMAND from a node that knows an older epoch of p is refused: its view of
+        who is primary and in sync is out of date."""
+        if epoch is None:
+            return
+        with self.map_lock:
+            mine = self.map.parts[cache][p].epoch
+        if epoch < mine:
+            from .errors import StaleEpoch
+            raise StaleEpoch(f"DEMAND of {cache}/{p} from {node} at epoch {epoch}; "
+                             f"{self.id} knows epoch {mine}: refresh and demand again")
+
     def _take_primary(self, cache: str, p: int, prim: str) -> None:
         addr = self.map.address(prim)
         try:
             theirs = self.pool.call(addr, "handoff", cache=cache, p=p, to=self.id)
             with self.plock(cache, p):
                 mine = self.data[cache].counter(p)
-            ok = mine == theirs and self.call_coordinator("set_primary", cache=cache, p=p,
-                                                          node=self.id, previous=prim)
+            ok = False
+            if mine == theirs:
+                try:
+                    self.request(cache, p, {"op": "set_primary", "previous": prim},
+                                 lambda r: r.primary == self.id)
+                    ok = True
+                except NodeError as e:
+                    log.info("stage=handoff cache=%s partition=%d refused: %s", cache, p, e)
             if not ok:
                 self.pool.call(addr, "unfence", cache=cache, p=p)
                 log.info("stage=handoff cache=%s partition=%d not taken (counter %d vs %d)",
                          cache, p, mine, theirs)
-            else:
-                self.refresh_map()
         except NodeError as e:
             log.info("stage=handoff cache=%s partition=%d from %s failed: %s", cache, p, prim, e)
         finally:

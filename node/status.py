@@ -10,8 +10,8 @@ from .wire import Pool
 
 def collect(pool: Pool, seed: str) -> dict[str, Any]:
     m = ClusterMap.from_wire(pool.call(seed, "get_map", timeout=5.0))
-    # the coordinator's map is the newest; ask it when the seed is someone else
-    coord_addr = m.address(m.coordinator)
+    # the controller's map is as new as any; ask it when the seed is someone else
+    coord_addr = m.address(m.controller)
     if coord_addr and coord_addr != seed:
         try:
             m = ClusterMap.from_wire(pool.call(coord_addr, "get_map", timeout=5.0))
@@ -29,24 +29,27 @@ def collect(pool: Pool, seed: str) -> dict[str, Any]:
         for p, st in enumerate(plist):
             live = {n: s for n, s in st.items() if n in m.members and m.members[n].alive}
             partitions.append({"cache": cache, "partition": p, "states": live,
-                               "primary": m.primaries[cache][p],
+                               "primary": m.primary(cache, p),
+                               "in_sync": list(m.parts[cache][p].isr),
+                               "epoch": m.parts[cache][p].epoch,
                                "owners": m.ideal(cache, p)})
     return {
         "topology_version": m.version,
         "epoch": m.epoch,
-        "coordinator": m.coordinator,
+        "controller": m.controller,
+        "coordinator": m.controller,      # the old name, kept for scripts
         "nodes": [{"id": x.id, "address": x.address, "alive": x.alive, "leaving": x.leaving}
                   for x in sorted(m.members.values(), key=lambda x: x.order)],
         "partitions": partitions,
         "moves": moves,
         "lost": [f"{x['cache']}/{x['partition']}" for x in partitions
-                 if "OWNING" not in x["states"].values()],
+                 if "OWNING" not in x["states"].values() or m.parts[x["cache"]][x["partition"]].lost],
     }
 
 
 def render(doc: dict[str, Any]) -> str:
     lines = [f"topology version {doc['topology_version']} (epoch {doc['epoch']}), "
-             f"coordinator {doc['coordinator']}", "", "nodes:"]
+             f"controller {doc['controller']}", "", "nodes:"]
     for n in doc["nodes"]:
         flag = "alive" if n["alive"] else "DEAD"
         lines.append(f"  {n['id']:<12} {n['address']:<22} {flag}{' leaving' if n['leaving'] else ''}")

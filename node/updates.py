@@ -2,16 +2,22 @@
 
 A put/remove reaches the primary of its partition, which, holding the partition lock:
 
-1. gives it the next partition update counter and logs + applies it (data and
+1. checks it may lead: the map names it primary, p is OWNING here, no hand-off fence,
+   and its control-plane lease is valid (:meth:`node.control.Session.valid`), and the
+   in-sync set has at least ``min_in_sync`` copies;
+2. gives it the next partition update counter and logs + applies it (data and
    indexes) through ``PartitionStore.put/remove``, durable per ``wal.sync`` on return;
-2. sends ``replicate(counter, prev)`` to every live copy: the nodes the map shows
-   OWNING or MOVING for the partition plus the MOVING copies registered by a DEMAND
-   (so no update after the snapshot counter is missed);
-3. acknowledges ("ok" to the client) only when every OWNING copy answered
-   ``applied`` (it applied the update durably, in counter order). A MOVING copy answers
-   ``buffered`` (the hook :meth:`Move.sink`); a copy whose counter does not follow
-   ``prev`` answers ``resync`` and re-pulls the partition. Any other failure of an
-   OWNING copy fails the request (not acknowledged; the client retries).
+3. sends ``replicate(counter, prev, epoch)`` to every copy: the in-sync set (ISR),
+   the nodes the map shows OWNING or MOVING, and the MOVING copies registered by a
+   DEMAND (so no update after the snapshot counter is missed);
+4. acknowledges ("ok" to the client) only when every in-sync copy answered
+   ``applied`` (it applied the update durably, in counter order). An in-sync copy that
+   failed is first removed from the ISR through the controller (a compare-and-swap in
+   etcd that bumps the partition epoch); only then, and only with ``min_in_sync``
+   copies left, is the write acknowledged. A primary cut off from the controller or
+   etcd cannot remove anyone, so it cannot acknowledge alone. A MOVING copy answers
+   ``buffered``; a copy whose counter does not follow ``prev`` answers ``resync`` and
+   re-pulls the partition; a copy that knows a newer epoch refuses (``stale_epoch``).
 
 The partition lock keeps counters and replication in order, so a backup applies
 updates exactly in the primary's order.
@@ -24,7 +30,7 @@ import time
 from typing import Any, Iterator
 
 from .assignment import partition_of
-from .errors import BadRequest, NodeError, NotPrimary, TooLarge, Unavailable
+from .errors import BadRequest, NodeError, NotPrimary, StaleEpoch, TooLarge, Unavailable
 from .states import State
 from .tempwal import TempWalSink
 
@@ -53,19 +59,28 @@ class UpdatePath:
             raise TooLarge(f"key of {len(key)} bytes exceeds the limit of {self.cfg.max_key_bytes} bytes")
         return self.data[cache], partition_of(key, self.data[cache].cache.partitions), key
 
-    def leads(self, cache: str, p: int) -> bool:
+    def leads(self, cache: str, p: int, *, write: bool = True) -> bool:
+        """Primary of p now. For a write also: the lease is valid (the fence) and no
+        hand-off is in progress. Reads of an OWNING primary go on without the lease
+        (the control plane may be down)."""
         with self.map_lock:
-            if self.map.primaries[cache][p] != self.id:
+            if self.map.parts[cache][p].primary != self.id:
                 return False
-        until = self.fenced.get((cache, p))
-        if until is not None and time.monotonic() < until:
-            return False
+        if write:
+            until = self.fenced.get((cache, p))
+            if until is not None and time.monotonic() < until:
+                return False
+            if not self.session.valid():
+                return False
         return self.states.get(cache, p) == State.OWNING
 
-    def _not_primary(self, cache: str, p: int) -> NotPrimary:
+    def _not_primary(self, cache: str, p: int) -> NodeError:
         with self.map_lock:
-            prim = self.map.primaries[cache][p]
+            prim = self.map.parts[cache][p].primary
             hint = self.map.address(prim) if prim != self.id else None
+        if prim == self.id and self.states.get(cache, p) == State.OWNING and not self.session.valid():
+            return Unavailable(f"node {self.id} is the primary of {cache}/{p} but its control-plane "
+                               "lease is not valid (etcd unreachable?): not acknowledging writes")
         return NotPrimary(f"node {self.id} is not the primary of {cache}/{p} (map epoch "
                           f"{self.map.epoch}); primary: {prim or 'none'}", hint)
 
@@ -92,6 +107,12 @@ class UpdatePath:
         with self.plock(cache, p):
             if not self.leads(cache, p):
                 raise self._not_primary(cache, p)
+            with self.map_lock:
+                n_isr = len(self.map.parts[cache][p].isr)
+            if n_isr < self.cfg.min_in_sync:
+                raise Unavailable(f"{cache}/{p} has {n_isr} in-sync cop{'y' if n_isr == 1 else 'ies'}, "
+                                  f"fewer than cluster.min_in_sync = {self.cfg.min_in_sync}: writes "
+                                  "refused until a copy catches up")
             yield
 
     def _write(self, cache: str, key: Any, value: bytes | None) -> int:
@@ -139,13 +160,13 @@ class UpdatePath:
     def op_get(self, cache: str, key: Any) -> bytes | None:
         self._serving()
         data, p, key = self._locate(cache, key)
-        if not self.leads(cache, p):
+        if not self.leads(cache, p, write=False):
             raise self._not_primary(cache, p)
         return data.get(p, key)
 
     def _led_filter(self, cache: str, keys: list[bytes]) -> list[bytes]:
         parts = self.data[cache].cache.partitions
-        return [k for k in keys if self.leads(cache, partition_of(k, parts))]
+        return [k for k in keys if self.leads(cache, partition_of(k, parts), write=False)]
 
     def op_lookup(self, cache: str, index: str, value: Any) -> list[bytes]:
         """Keys whose document has ``index`` == value, among partitions this node leads
@@ -159,7 +180,7 @@ class UpdatePath:
         self._check_index(cache, index)
         parts = self.data[cache].cache.partitions
         rows = self.data[cache].range(index, lo, hi, None)
-        out = [list(r) for r in rows if self.leads(cache, partition_of(r[-1], parts))]
+        out = [list(r) for r in rows if self.leads(cache, partition_of(r[-1], parts), write=False)]
         return out[:limit] if limit else out
 
     def _check_index(self, cache: str, index: Any) -> None:
@@ -169,13 +190,18 @@ class UpdatePath:
             raise BadRequest(f"cache {cache} has no index {index!r}")
 
     # -- replication --------------------------------------------------------------
-    def _targets(self, cache: str, p: int) -> tuple[dict[str, str], set[str]]:
+    def _targets(self, cache: str, p: int) -> tuple[dict[str, str], set[str], int]:
+        """Every copy to send to, the in-sync ones among them, and p's epoch."""
         with self.map_lock:
+            rec = self.map.parts[cache][p]
             out = {n: self.map.address(n) for n in self.map.holders(cache, p, State.OWNING, State.MOVING)}
-            owning = set(self.map.holders(cache, p, State.OWNING))
+            for n in rec.isr:
+                out[n] = self.map.address(n)
+            isr = set(rec.isr) - {self.id}
+            epoch = rec.epoch
         out.update(self.copies.get((cache, p), {}))
         out.pop(self.id, None)
-        return {n: a for n, a in out.items() if a}, owning
+        return {n: a for n, a in out.items() if a or n in isr}, isr, epoch
 
     def _replicate(self, cache: str, p: int, key: bytes, value: bytes | None,
                    counter: int, prev: int) -> None:
@@ -183,37 +209,71 @@ class UpdatePath:
 
     def _replicate_many(self, cache: str, p: int, ups: list[tuple[bytes, bytes | None, int]],
                         prev: int) -> None:
-        targets, owning = self._targets(cache, p)
-        failed = []
+        targets, isr, epoch = self._targets(cache, p)
+        failed: dict[str, str] = {}
         for node, addr in targets.items():
             try:
+                if addr is None:
+                    raise Unavailable(f"{node} is not a live member")
                 if len(ups) == 1:
                     key, value, counter = ups[0]
                     r = self.pool.call(addr, "replicate", timeout=REPLICATE_TIMEOUT, cache=cache, p=p,
-                                       key=key, value=value, counter=counter, prev=prev, primary=self.id)
+                                       key=key, value=value, counter=counter, prev=prev, primary=self.id,
+                                       epoch=epoch)
                 else:
                     r = self.pool.call(addr, "replicate_batch", timeout=REPLICATE_TIMEOUT * 4, cache=cache,
-                                       p=p, updates=[list(u) for u in ups], prev=prev, primary=self.id)
+                                       p=p, updates=[list(u) for u in ups], prev=prev, primary=self.id,
+                                       epoch=epoch)
             except NodeError as e:
-                if node in owning:
-                    failed.append(f"{node} ({e})")
+                if node in isr:
+                    failed[node] = str(e)
+                    if getattr(e, "code", "") == StaleEpoch.code:
+                        # a copy knows a newer epoch: this node may be deposed; never ack
+                        raise Unavailable(f"update(s) {cache}/{p}#{ups[0][2]}..{ups[-1][2]} refused by "
+                                          f"{node}: {e}; NOT acknowledged") from None
                 else:  # a MOVING copy that missed an update restarts its move (gap check)
                     self.copies.get((cache, p), {}).pop(node, None)
                 continue
+            if r != "applied" and node in isr:
+                failed[node] = f"answered {r!r}"
             if r in ("absent", "resync"):
                 self.copies.get((cache, p), {}).pop(node, None)
         if failed:
             self.metrics.inc("ferry_node_replication_failures_total", cache=cache)
-            raise Unavailable(f"update(s) {cache}/{p}#{ups[0][2]}..{ups[-1][2]} are durable on {self.id} "
-                              f"but not on {', '.join(failed)}: NOT acknowledged, retry")
+            what = f"update(s) {cache}/{p}#{ups[0][2]}..{ups[-1][2]}"
+            try:
+                rec = self.alter_isr(cache, p, remove=sorted(failed))
+            except NodeError as e:
+                raise Unavailable(f"{what} are durable on {self.id} but not on "
+                                  f"{', '.join(f'{n} ({w})' for n, w in failed.items())}, and the "
+                                  f"in-sync set could not shrink ({e}): NOT acknowledged, retry") from None
+            log.warning("stage=replicate cache=%s partition=%d removed %s from the in-sync set "
+                        "(epoch %d): %s", cache, p, ", ".join(sorted(failed)), rec.epoch,
+                        "; ".join(f"{n}: {w}" for n, w in failed.items()))
+            if len(rec.isr) < self.cfg.min_in_sync:
+                raise Unavailable(f"{what} are durable on {', '.join(rec.isr)} only, fewer than "
+                                  f"cluster.min_in_sync = {self.cfg.min_in_sync}: NOT acknowledged")
 
-    def op_replicate_batch(self, cache: str, p: int, updates: list[Any], prev: int, primary: str) -> str:
+    def check_epoch(self, cache: str, p: int, epoch: int | None, sender: str) -> None:
+        """Refuse a replication or DEMAND from an older epoch of p than this node knows
+        (the sender was deposed), or from a non-primary at the same epoch."""
+        if epoch is None:
+            return
+        with self.map_lock:
+            rec = self.map.parts[cache][p]
+        if epoch < rec.epoch or (epoch == rec.epoch and rec.primary not in (None, sender)):
+            raise StaleEpoch(f"{self.id} knows {cache}/{p} at epoch {rec.epoch} (primary "
+                             f"{rec.primary}); {sender} sent epoch {epoch}")
+
+    def op_replicate_batch(self, cache: str, p: int, updates: list[Any], prev: int, primary: str,
+                           epoch: int | None = None) -> str:
         """Consecutive updates of one partition (a bulk load): applied one by one under one
         hold of the partition lock; the first answer other than applied/buffered ends it."""
         mv = None
         r = "applied"
         try:
             with self.plock(cache, p):
+                self.check_epoch(cache, p, epoch, primary)
                 data = self.data[cache]
                 if self.states.get(cache, p) == State.OWNING and data.counter(p) == prev \
                         and all(u[2] == prev + 1 + i for i, u in enumerate(updates)):
@@ -238,9 +298,10 @@ class UpdatePath:
                 self.backpressure(mv, records=len(updates))
 
     def op_replicate(self, cache: str, p: int, key: bytes, value: bytes | None, counter: int,
-                     prev: int, primary: str) -> str:
+                     prev: int, primary: str, epoch: int | None = None) -> str:
         mv = None
         try:
+            self.check_epoch(cache, p, epoch, primary)
             r, mv = self._replicate_one(cache, p, key, value, counter, prev, primary)
             return r
         finally:

@@ -176,7 +176,7 @@ class Watcher:
             log.error("stage=plan %s is malformed: %s", name, e)
             return write_status(path, name, "failed", str(e))
         try:
-            self.node.call_coordinator("pin", plan=name, moves=moves)
+            self.node.call_controller("pin", plan=name, moves=moves)
         except NodeError as e:
             log.error("stage=plan %s refused: %s", name, e)
             return write_status(path, name, "failed", str(e))
@@ -202,7 +202,7 @@ class Watcher:
                 states = {n: s for n, s in m.states[cache][p].items() if n in live}
                 if set(states) != set(to) or set(states.values()) != {"OWNING"}:
                     return False
-                if m.primaries[cache][p] != to[0]:
+                if m.primary(cache, p) != to[0]:
                     return False
         return True
 

@@ -1,7 +1,8 @@
 """The ``cluster`` driver: real ``ferry node`` processes on loopback.
 
-Nodes get a TOML config (short heartbeats so a killed node is declared failed in about
-two seconds), join through the live members, and are driven by ``node.Client``. Settled
+Nodes get a TOML config (a 2 s control-plane lease, so a killed node is failed in about
+two seconds), register in the run's own etcd (started in the run folder, stopped at
+cleanup), and are driven by ``node.Client``. Settled
 means what ``cluster status`` shows: every live member in the map, no move in
 progress, every partition with exactly its ideal owners OWNING and the ideal primary.
 Fault events (``cut``/``heal`` a node's RPC links through per-node proxies, ``fill``/
@@ -23,8 +24,7 @@ from ..workload import Op
 from .base import Driver
 from .clusterfaults import ClusterFaults
 
-HEARTBEAT_S = 0.3
-FAILURE_S = 2.0
+LEASE_TTL_S = 2
 
 
 class ClusterDriver(ClusterFaults, Driver):
@@ -34,7 +34,7 @@ class ClusterDriver(ClusterFaults, Driver):
         idx = "".join(f'[[caches.indexes]]\nname = "{i.name}"\nfield = "{i.field}"\n' for i in cache.indexes)
         self.config = os.path.join(self.dir, "node.toml")
         with open(self.config, "w") as f:
-            f.write(f"[membership]\nheartbeat_interval_s = {HEARTBEAT_S}\nfailure_timeout_s = {FAILURE_S}\n"
+            f.write(f"[control_plane]\nlease_ttl_s = {LEASE_TTL_S}\n"
                     f"[checkpoint]\ninterval_s = 1.0\n"
                     + (f"[transfer]\nrate_limit = {s.transfer_rate}\n" if s.transfer_rate else "")
                     +
@@ -45,6 +45,9 @@ class ClusterDriver(ClusterFaults, Driver):
         self.left: set[str] = set()       # left gracefully: gone for good
         if s.proxy and self.net is not None:
             raise SimError("proxy = true runs on loopback only, not with network namespaces")
+        from node.etcdserver import EtcdCluster
+        self.etcd = EtcdCluster(os.path.join(self.dir, "etcd"), n=getattr(s, "control_plane_members", 1))
+        self.etcd.start()
         self.setup_faults(self.ports)
 
     def address(self, node: str) -> str:
@@ -62,13 +65,14 @@ class ClusterDriver(ClusterFaults, Driver):
                     "--secret-file", self.secret_file]
             if node in self.proxies:
                 argv += ["--advertise", self.advertised(node)]
+            argv += ["--control-plane", ",".join(self.control_plane_for(node))]
             self.procs[node] = Proc(node, argv, os.path.join(self.dir, f"{node}.log"),
                                     trace=self.trace, crash=self.crash_for(node), prefix=self.prefix(node))
-        p = self.procs[node]
-        live = [self.advertised(n) for n, q in self.procs.items() if n != node and q.alive()]
-        # --join lists the members up now; a first node with no one to join starts a cluster
-        p.argv = _strip_join(p.argv) + [x for a in live for x in ("--join", a)]
-        return p
+        return self.procs[node]
+
+    def control_plane_for(self, node: str) -> list[str]:
+        """The etcd endpoints ``node`` uses (a proxy per node when faults need one)."""
+        return self.etcd.endpoints
 
     def start_node(self, node: str, *, wait: bool = True) -> None:
         p = self._proc(node)
@@ -232,18 +236,6 @@ class ClusterDriver(ClusterFaults, Driver):
         live = [n for n in self.procs if n not in self.left]
         return Layout(copies, cache.partitions, min(cache.backups + 1, len(live)), dirs, lost,
                       cache=cache.name)
-
-
-def _strip_join(argv: list[str]) -> list[str]:
-    out, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-        elif a == "--join":
-            skip = True
-        else:
-            out.append(a)
-    return out
 
 
 def _lost_reason(log: str, p: int) -> str:

@@ -16,3 +16,12 @@ def nodes():
     ns = Nodes()
     yield ns
     ns.kill_all()
+
+
+@pytest.fixture(autouse=True)
+def _control_plane(tmp_path):
+    """A fresh etcd for each test, started only when a node needs it."""
+    from nodeharness import reset_control_plane
+    reset_control_plane(str(tmp_path / "etcd"))
+    yield
+    reset_control_plane(None)

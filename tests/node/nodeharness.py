@@ -12,6 +12,32 @@ import time
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+# One etcd (the control plane) per test, started on first use in the test's folder
+# (tests/node/conftest.py resets it around every test).
+_ETCD: dict[str, Any] = {"root": None, "cluster": None}
+
+
+def control_plane() -> list[str]:
+    if _ETCD["cluster"] is None:
+        from node.etcdserver import EtcdCluster
+        import tempfile
+        root = _ETCD["root"] or tempfile.mkdtemp(prefix="ferry-etcd-")
+        _ETCD["cluster"] = EtcdCluster(root).start()
+    return _ETCD["cluster"].endpoints
+
+
+def etcd() -> Any:
+    control_plane()
+    return _ETCD["cluster"]
+
+
+def reset_control_plane(root: str | None) -> None:
+    if _ETCD["cluster"] is not None:
+        _ETCD["cluster"].stop()
+    _ETCD["cluster"], _ETCD["root"] = None, root
 
 
 def free_port() -> int:
@@ -37,7 +63,7 @@ def env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 class NodeProc:
-    def __init__(self, base: str, node_id: str, secret: str, *, join: list[str] | None = None,
+    def __init__(self, base: str, node_id: str, secret: str, *, control_plane: list[str] | None = None,
                  partitions: int = 8, backups: int = 1, config: str | None = None,
                  port: int | None = None, extra_args: list[str] | None = None) -> None:
         self.id = node_id
@@ -47,7 +73,7 @@ class NodeProc:
         self.port = port or free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.secret = secret
-        self.join = join or []
+        self.control_plane = control_plane
         self.partitions, self.backups, self.config = partitions, backups, config
         self.log = os.path.join(base, f"{node_id}.log")
         self.proc: subprocess.Popen[bytes] | None = None
@@ -59,8 +85,7 @@ class NodeProc:
             a += ["--config", self.config]
         else:
             a += ["--partitions", str(self.partitions), "--backups", str(self.backups)]
-        for j in self.join:
-            a += ["--join", j]
+        a += ["--control-plane", ",".join(self.control_plane or control_plane())]
         return a + self.extra_args
 
     def start(self, wait: bool = True, crash: str | None = None) -> "NodeProc":

@@ -16,9 +16,8 @@ from node.errors import NodeError
 from nodeharness import NodeProc, offline_check, status, wait_settled, write_secret
 
 CONFIG = """
-[membership]
-heartbeat_interval_s = 0.3
-failure_timeout_s = 2.0
+[control_plane]
+lease_ttl_s = 2
 [[caches]]
 name = "default"
 partitions = 8
@@ -98,8 +97,8 @@ def test_topology_changes_under_a_writer(tmp_path, nodes):
     cfg = tmp_path / "node.toml"
     cfg.write_text(CONFIG)
     n1 = NodeProc(str(tmp_path), "n1", secret, config=str(cfg)).start()
-    n2 = NodeProc(str(tmp_path), "n2", secret, config=str(cfg), join=[n1.address])
-    n3 = NodeProc(str(tmp_path), "n3", secret, config=str(cfg), join=[n1.address])
+    n2 = NodeProc(str(tmp_path), "n2", secret, config=str(cfg))
+    n3 = NodeProc(str(tmp_path), "n3", secret, config=str(cfg))
     nodes += [n1, n2, n3]
     w = Writer([n1.address], secret)
     w.start()

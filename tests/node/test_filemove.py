@@ -16,8 +16,8 @@ from test_cluster import CONFIG, Writer, check_model, writes_during
 # index_offload = "always", min_bytes 0: every move's index rebuild scans in the
 # node's scan pool (indexes.ScanPool), so the crash points are hit with a worker running
 # (mode stays the table's last key: slow_moves() appends a [transfer] table after it)
-FILES = CONFIG.replace("[membership]", "[rebalance]\nindex_offload = \"always\"\n"
-                                       "index_offload_min_bytes = 0\nmode = \"files\"\n[membership]")
+FILES = CONFIG.replace("[control_plane]", "[rebalance]\nindex_offload = \"always\"\n"
+                                       "index_offload_min_bytes = 0\nmode = \"files\"\n[control_plane]")
 
 
 def start_pair(tmp_path, nodes, config: str = FILES):
@@ -25,7 +25,7 @@ def start_pair(tmp_path, nodes, config: str = FILES):
     cfg = tmp_path / "node.toml"
     cfg.write_text(config)
     n1 = NodeProc(str(tmp_path), "n1", secret, config=str(cfg)).start()
-    n2 = NodeProc(str(tmp_path), "n2", secret, config=str(cfg), join=[n1.address]).start()
+    n2 = NodeProc(str(tmp_path), "n2", secret, config=str(cfg)).start()
     nodes += [n1, n2]
     wait_settled(n1.address, secret, 2, 1)
     return secret, str(cfg), n1, n2
@@ -76,8 +76,8 @@ def test_join_under_a_writer_moves_files(tmp_path, nodes):
     w.start()
     try:
         writes_during(w, 100)
-        n3 = NodeProc(str(tmp_path), "n3", secret, config=cfg, join=[n1.address])
-        n4 = NodeProc(str(tmp_path), "n4", secret, config=cfg, join=[n1.address])
+        n3 = NodeProc(str(tmp_path), "n3", secret, config=cfg)
+        n4 = NodeProc(str(tmp_path), "n4", secret, config=cfg)
         nodes += [n3, n4]
         n3.start(wait=False)                    # two joins at once
         n4.start()
@@ -104,7 +104,7 @@ def test_demander_killed_at_each_stage_resumes(tmp_path, nodes):
     secret, cfg, n1, n2 = start_pair(tmp_path, nodes)
     w = Writer([n1.address], secret)
     w.start()
-    n3 = NodeProc(str(tmp_path), "n3", secret, config=cfg, join=[n1.address])
+    n3 = NodeProc(str(tmp_path), "n3", secret, config=cfg)
     nodes.append(n3)
     try:
         writes_during(w, 100)
@@ -145,7 +145,7 @@ def test_supplier_killed_mid_send_and_old_owner_mid_eviction(tmp_path, nodes):
         n2.mark_restart()
         n2.start(crash="supplier.mid_send:1")    # armed: dies at its first sent chunk
         wait_settled(n1.address, secret, 2, 1)
-        n3 = NodeProc(str(tmp_path), "n3", secret, config=cfg, join=[n1.address])
+        n3 = NodeProc(str(tmp_path), "n3", secret, config=cfg)
         nodes.append(n3)
         n3.start()
         wait_exit(n2)
@@ -186,7 +186,7 @@ def test_move_converges_when_writes_outrun_the_replay(tmp_path, nodes):
         w.start()
     try:
         writes_during(ws[0], 50)
-        n3 = NodeProc(str(tmp_path), "n3", secret, config=cfg, join=[n1.address])
+        n3 = NodeProc(str(tmp_path), "n3", secret, config=cfg)
         nodes.append(n3)
         n3.start()
         wait_settled(n1.address, secret, 3, 1, timeout=150)
@@ -215,8 +215,8 @@ def test_status_shows_file_moves_with_stages(tmp_path, nodes):
     from node import Client
     from node.status import render
     slow = tmp_path / "slow.toml"            # n3 receives at 1 KB/s (its own limit)
-    slow.write_text(FILES.replace("[membership]", "[transfer]\nrate_limit = 1000\n[membership]"))
-    n3 = NodeProc(str(tmp_path), "n3", secret, config=str(slow), join=[n1.address])
+    slow.write_text(FILES.replace("[control_plane]", "[transfer]\nrate_limit = 1000\n[control_plane]"))
+    n3 = NodeProc(str(tmp_path), "n3", secret, config=str(slow))
     nodes.append(n3)
     n3.start()
     found: dict | None = None
@@ -273,7 +273,7 @@ def _wait_status(path, want: set[str], timeout: float = 60.0) -> dict:
 
 def test_plan_moves_exactly_the_partitions_it_names(tmp_path, nodes):
     secret, cfg, n1, n2 = start_pair(tmp_path, nodes)
-    n3 = NodeProc(str(tmp_path), "n3", secret, config=cfg, join=[n1.address])
+    n3 = NodeProc(str(tmp_path), "n3", secret, config=cfg)
     nodes.append(n3)
     n3.start()
     before = _owners(wait_settled(n1.address, secret, 3, 1))
@@ -304,8 +304,8 @@ def test_config_file_changes_apply_live(tmp_path, nodes):
     cfg.write_text(FILES)
     n1 = NodeProc(str(tmp_path), "n1", secret, config=str(cfg)).start()
     nodes.append(n1)
-    cfg.write_text(FILES.replace("[membership]", "[transfer]\nrate_limit = 12345\nconcurrency = 2\n"
-                                 "[checkpoint]\ninterval_s = 1.5\n[membership]")
+    cfg.write_text(FILES.replace("[control_plane]", "[transfer]\nrate_limit = 12345\nconcurrency = 2\n"
+                                 "[checkpoint]\ninterval_s = 1.5\n[control_plane]")
                    .replace('mode = "files"', 'mode = "messages"'))
     deadline = time.monotonic() + 20
     while "applied live" not in open(n1.log).read():
@@ -330,7 +330,7 @@ def test_messages_mode_stays_available_as_the_fallback(tmp_path, nodes):
     w.start()
     try:
         writes_during(w, 50)
-        n3 = NodeProc(str(tmp_path), "n3", secret, config=cfg, join=[n1.address])
+        n3 = NodeProc(str(tmp_path), "n3", secret, config=cfg)
         nodes.append(n3)
         n3.start()
         wait_settled(n1.address, secret, 3, 1)
@@ -346,12 +346,12 @@ def test_other_page_size_falls_back_to_messages(tmp_path, nodes):
     pulls its partitions by messages instead, under a writer; all data arrives."""
     secret, cfg, n1, n2 = start_pair(tmp_path, nodes)
     big = tmp_path / "big.toml"
-    big.write_text(FILES.replace("[membership]", "[checkpoint]\npage_size = 8192\n[membership]"))
+    big.write_text(FILES.replace("[control_plane]", "[checkpoint]\npage_size = 8192\n[control_plane]"))
     w = Writer([n1.address], secret)
     w.start()
     try:
         writes_during(w, 50)
-        n3 = NodeProc(str(tmp_path), "n3", secret, config=str(big), join=[n1.address])
+        n3 = NodeProc(str(tmp_path), "n3", secret, config=str(big))
         nodes.append(n3)
         n3.start()
         wait_settled(n1.address, secret, 3, 1)

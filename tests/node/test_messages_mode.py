@@ -132,7 +132,7 @@ def test_messages_mode_demander_killed_mid_fetch_and_at_each_stage(tmp_path, nod
     w, ow = Writer([n1.address], secret), OverWriter([n1.address], secret, list(pre))
     w.start()
     ow.start()
-    n3 = NodeProc(str(tmp_path), "n3", secret, config=cfg, join=[n1.address])
+    n3 = NodeProc(str(tmp_path), "n3", secret, config=cfg)
     nodes.append(n3)
     try:
         writes_during(w, 50)

@@ -76,7 +76,7 @@ def test_wrong_secret_is_refused(one, tmp_path, nodes):
     with pytest.raises(AuthFailed):
         Client([one.address], secret_file=bad, timeout=2).put("default", "k", "v")
     # and a node with the wrong secret cannot join
-    intruder = NodeProc(str(tmp_path), "n9", bad, join=[one.address], partitions=8)
+    intruder = NodeProc(str(tmp_path), "n9", bad, partitions=8)
     nodes.append(intruder)
     intruder.start(wait=False)
     assert intruder.proc.wait(60) != 0

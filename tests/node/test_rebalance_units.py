@@ -8,10 +8,8 @@ import time
 
 import pytest
 
-from node.cluster_map import ClusterMap, Member
 from node.config import CacheConfig, load
-from node.coordinator import Coordinator
-from node.errors import BadRequest, ConfigError
+from node.errors import ConfigError
 from node.rebalance import Move
 from node.tempwal import TempWalSink, Update, leftovers, remove, tmpwal_dir
 from node.watch import PlanError, parse_plan
@@ -91,38 +89,6 @@ def test_malformed_plans_are_refused_with_a_reason(raw, needle):
 def test_plan_defaults_the_cache():
     assert parse_plan(b'{"moves": [{"partition": 2, "to": ["a", "b"]}]}') == [
         {"cache": "default", "partition": 2, "to": ["a", "b"]}]
-
-
-def _coordinator(nodes=("a", "b", "c")) -> Coordinator:
-    m = ClusterMap({"default": CacheConfig("default", 8, 1)})
-    for i, n in enumerate(nodes):
-        m.members[n] = Member(n, f"127.0.0.1:{7000 + i}", i + 1, True, False, "boot", f"127.0.0.1:{8000 + i}")
-    return Coordinator("a", m, threading.RLock(), lambda: None, 3.0)
-
-
-def test_pins_are_all_or_nothing_and_drive_the_ideal_owners():
-    co = _coordinator()
-    before = {p: co.map.ideal("default", p) for p in range(8)}
-    epoch = co.map.epoch
-    for bad, needle in [([{"cache": "default", "partition": 1, "to": ["a", "zz"]}], "zz"),
-                        ([{"cache": "nope", "partition": 1, "to": ["a", "b"]}], "unknown cache"),
-                        ([{"cache": "default", "partition": 8, "to": ["a", "b"]}], "partitions 0..7"),
-                        ([{"cache": "default", "partition": 1, "to": ["a"]}], "2 different nodes"),
-                        ([{"cache": "default", "partition": 1, "to": ["a", "a"]}], "2 different nodes")]:
-        ok = {"cache": "default", "partition": 0, "to": ["c", "b"]}
-        with pytest.raises(BadRequest, match=needle):
-            co.pin("p", [ok] + bad)                  # the good entry is not applied either
-        assert co.map.epoch == epoch and co.map.pins["default"] == {}
-    target = ["c", "a"] if before[3][0] != "c" else ["b", "a"]
-    co.pin("p", [{"cache": "default", "partition": 3, "to": target}])
-    after = {p: co.map.ideal("default", p) for p in range(8)}
-    assert after[3] == target
-    assert all(after[p] == before[p] for p in range(8) if p != 3)
-    # pins travel with the map, and stop applying when a pinned node is gone
-    m2 = ClusterMap.from_wire(json.loads(json.dumps(co.map.to_wire())))
-    assert m2.ideal("default", 3) == target
-    m2.members[target[0]].alive = False
-    assert target[0] not in m2.ideal("default", 3)
 
 
 # -- config and move status --------------------------------------------------------------

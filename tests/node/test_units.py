@@ -20,12 +20,14 @@ def test_defaults_from_flags_only(tmp_path):
 
 def test_toml_with_flag_override(tmp_path):
     f = tmp_path / "node.toml"
-    f.write_text('id = "n1"\ndata = "d"\nlisten = "127.0.0.1:7005"\njoin = ["127.0.0.1:7001"]\n'
+    f.write_text('id = "n1"\ndata = "d"\nlisten = "127.0.0.1:7005"\n'
+                 '[control_plane]\nendpoints = ["http://127.0.0.1:2379"]\nlease_ttl_s = 4\n'
                  '[wal]\nsync = "always"\n[rebalance]\nmode = "messages"\n'
                  '[[caches]]\nname = "people"\npartitions = 8\nbackups = 2\n'
                  '[[caches.indexes]]\nname = "by_city"\nfield = "city"\n')
     cfg = load(str(f), listen="127.0.0.1:7009")
     assert cfg.listen == "127.0.0.1:7009" and cfg.wal_sync == "always"
+    assert cfg.control_plane == ("http://127.0.0.1:2379",) and cfg.lease_ttl_s == 4
     assert cfg.data == os.path.join(str(tmp_path), "d")     # relative to the file
     c = cfg.cache("people")
     assert (c.partitions, c.backups, c.indexes[0].field) == (8, 2, "city")
@@ -41,6 +43,13 @@ def test_toml_with_flag_override(tmp_path):
     ('id = "n1"\ndata = "d"\n[rebalance]\nindex_offload = "sometimes"\n', "rebalance.index_offload"),
     ('id = "n1"\ndata = "d"\n[rebalance]\nindex_offload_min_bytes = -5\n', "index_offload_min_bytes"),
     ('id = "n1"\ndata = \n', "not valid TOML"),
+    ('id = "n1"\ndata = "d"\njoin = ["127.0.0.1:7001"]\n', "membership lives in the control plane"),
+    ('id = "n1"\ndata = "d"\n[membership]\nfailure_timeout_s = 3\n', "control plane"),
+    ('id = "n1"\ndata = "d"\n[control_plane]\nlease_ttl_s = 1\n', "lease_ttl_s"),
+    ('id = "n1"\ndata = "d"\n[control_plane]\nlease_ttl_s = 2.5\n', "whole number"),
+    ('id = "n1"\ndata = "d"\n[control_plane]\nlease_ttl_s = 4\nlease_margin_s = 3\n', "lease_margin_s"),
+    ('id = "n1"\ndata = "d"\n[control_plane]\nendpoints = ["ftp://x"]\n', "etcd client URL"),
+    ('id = "n1"\ndata = "d"\n[cluster]\nmin_in_sync = 0\n', "min_in_sync"),
     ('data = "d"\n', "'id' is required"),
 ])
 def test_bad_config_is_refused_with_a_clear_message(tmp_path, text, needle):

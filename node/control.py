@@ -1,0 +1,396 @@
+"""The one module that talks to etcd (the control plane). Nothing else touches etcd.
+
+Three small pieces over the ``etcd3gw`` client (etcd's v3 JSON gateway):
+
+- :class:`Etcd`: range, put, compare-and-swap transactions, leases and a resumable
+  watch, tried against each configured endpoint in turn. Transport failures become
+  :class:`ControlPlaneDown` at this boundary.
+- :class:`Session`: one lease kept alive by a thread. :meth:`Session.valid` is the
+  fence of a primary: it is true only until ``sent + TTL - margin`` of the last
+  successful keepalive, measured on this process's monotonic clock from the moment
+  the keepalive was *sent* (etcd's expiry cannot come earlier than that, clock rate
+  drift aside, which the margin covers; docs/node.md has the argument).
+- :class:`View`: a local copy of every key under the cluster prefix, loaded with one
+  range and kept current by a watch from the next revision. A broken or silent stream
+  is resumed from the last revision seen; a compacted one reloads everything.
+
+Values are JSON. The key layout (``docs/node.md``, "Control plane"):
+``P/meta``, ``P/members/<node>`` (lease), ``P/reports/<node>`` (lease),
+``P/controller`` (lease; the election), ``P/parts/<cache>/<p>``, ``P/pins/<cache>/<p>``,
+``P/settings/<name>``.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+from urllib.parse import urlparse
+
+from .errors import ConfigError, ControlPlaneDown
+
+log = logging.getLogger("ferry.node.control")
+
+REQUEST_TIMEOUT_S = 2.0      # one etcd request; a lease TTL is 2 s or more
+WATCH_IDLE_S = 3.0           # a watch stream silent this long is re-opened from its revision
+
+
+def _b64(s: str | bytes) -> str:
+    return base64.b64encode(s.encode() if isinstance(s, str) else s).decode()
+
+
+def _unb64(s: str) -> bytes:
+    return base64.b64decode(s) if s else b""
+
+
+def _prefix_end(prefix: str) -> str:
+    b = bytearray(prefix.encode())
+    b[-1] += 1
+    return bytes(b).decode()
+
+
+@dataclass(frozen=True)
+class KV:
+    value: Any          # decoded JSON (None for a value that is not JSON)
+    mod: int            # mod_revision
+    create: int         # create_revision
+    lease: int
+
+
+def _kv(item: dict[str, Any]) -> tuple[str, KV]:
+    raw = _unb64(item.get("value", ""))
+    try:
+        val = json.loads(raw) if raw else None
+    except ValueError:
+        val = None
+    return (_unb64(item["key"]).decode(),
+            KV(val, int(item.get("mod_revision", 0)), int(item.get("create_revision", 0)),
+               int(item.get("lease", 0))))
+
+
+def parse_endpoints(endpoints: list[str] | tuple[str, ...]) -> list[tuple[str, str, int]]:
+    out = []
+    for e in endpoints:
+        u = urlparse(e if "://" in e else "http://" + e)
+        if u.scheme not in ("http", "https") or not u.hostname or not u.port:
+            raise ConfigError(f"control plane endpoint {e!r}: expected http://HOST:PORT "
+                              "(an etcd client URL, e.g. http://127.0.0.1:2379)")
+        out.append((u.scheme, u.hostname, u.port))
+    if not out:
+        raise ConfigError("no control plane endpoint: pass --control-plane http://HOST:PORT "
+                          "(an etcd 3.4+ cluster's client URL)")
+    return out
+
+
+class Etcd:
+    """etcd's v3 API through etcd3gw, with failover between endpoints."""
+
+    def __init__(self, endpoints: list[str] | tuple[str, ...], timeout: float = REQUEST_TIMEOUT_S) -> None:
+        import etcd3gw
+        self.endpoints = list(endpoints)
+        self.timeout = timeout
+        self._clients = [etcd3gw.client(host=h, port=p, protocol=s, timeout=timeout, api_path="/v3/")
+                         for s, h, p in parse_endpoints(endpoints)]
+        self._cur = 0
+        self._lock = threading.Lock()
+
+    def _call(self, fn: Callable[[Any], Any]) -> Any:
+        from etcd3gw import exceptions as ex
+        last: Exception | None = None
+        n = len(self._clients)
+        start = self._cur
+        for i in range(n):
+            idx = (start + i) % n
+            c = self._clients[idx]
+            try:
+                out = fn(c)
+                self._cur = idx
+                return out
+            except (ex.ConnectionFailedError, ex.ConnectionTimeoutError, ex.InternalServerError) as e:
+                last = e
+            except ex.Etcd3Exception as e:
+                # "etcdserver: leader changed", "no leader", request timed out: try another member
+                msg = str(getattr(e, "detail_text", "") or e)
+                if any(w in msg for w in ("leader", "timed out", "unavailable", "stopped")):
+                    last = e
+                    continue
+                raise
+        raise ControlPlaneDown(f"control plane (etcd at {', '.join(self.endpoints)}) unreachable: "
+                               f"{str(last)[:200]}")
+
+    def post(self, path: str, body: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+        def do(c: Any) -> Any:
+            if timeout is None:
+                return c.post(c.get_url(path), json=body)
+            old, c.timeout = c.timeout, timeout
+            try:
+                return c.post(c.get_url(path), json=body)
+            finally:
+                c.timeout = old
+        return self._call(do)
+
+    # -- keys ---------------------------------------------------------------------
+    def range_prefix(self, prefix: str) -> tuple[int, dict[str, KV]]:
+        r = self.post("/kv/range", {"key": _b64(prefix), "range_end": _b64(_prefix_end(prefix))})
+        return int(r["header"]["revision"]), dict(_kv(i) for i in r.get("kvs", []))
+
+    def get(self, key: str) -> KV | None:
+        r = self.post("/kv/range", {"key": _b64(key)})
+        kvs = r.get("kvs", [])
+        return _kv(kvs[0])[1] if kvs else None
+
+    def put(self, key: str, value: Any, lease: int = 0) -> int:
+        body: dict[str, Any] = {"key": _b64(key), "value": _b64(json.dumps(value, sort_keys=True))}
+        if lease:
+            body["lease"] = str(lease)
+        return int(self.post("/kv/put", body)["header"]["revision"])
+
+    def delete(self, key: str) -> None:
+        self.post("/kv/deleterange", {"key": _b64(key)})
+
+    def txn(self, compare: list[dict[str, Any]], puts: list[tuple[str, Any, int]],
+            deletes: list[str] = ()) -> tuple[bool, int]:   # type: ignore[assignment]
+        """All of ``compare`` hold -> every put (key, value, lease) and delete; returns
+        (succeeded, revision)."""
+        ops: list[dict[str, Any]] = []
+        for k, v, lease in puts:
+            put: dict[str, Any] = {"key": _b64(k), "value": _b64(json.dumps(v, sort_keys=True))}
+            if lease:
+                put["lease"] = str(lease)
+            ops.append({"request_put": put})
+        ops += [{"request_delete_range": {"key": _b64(k)}} for k in deletes]
+        r = self.post("/kv/txn", {"compare": compare, "success": ops})
+        return bool(r.get("succeeded", False)), int(r["header"]["revision"])
+
+    @staticmethod
+    def mod_is(key: str, rev: int) -> dict[str, Any]:
+        """Compare: ``key``'s mod revision is ``rev`` (0: the key does not exist)."""
+        return {"key": _b64(key), "target": "MOD", "result": "EQUAL", "mod_revision": str(rev)}
+
+    @staticmethod
+    def create_is(key: str, rev: int) -> dict[str, Any]:
+        return {"key": _b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": str(rev)}
+
+    @staticmethod
+    def value_is(key: str, value: Any) -> dict[str, Any]:
+        return {"key": _b64(key), "target": "VALUE", "result": "EQUAL",
+                "value": _b64(json.dumps(value, sort_keys=True))}
+
+    # -- leases -------------------------------------------------------------------
+    def grant(self, ttl: int) -> tuple[int, int]:
+        r = self.post("/lease/grant", {"TTL": str(int(ttl))})
+        return int(r["ID"]), int(r["TTL"])
+
+    def keepalive(self, lease: int) -> int:
+        """The lease's TTL after the refresh; <= 0 when it has expired."""
+        r = self.post("/lease/keepalive", {"ID": str(lease)})
+        return int(r.get("result", {}).get("TTL", -1))
+
+    def revoke(self, lease: int) -> None:
+        self.post("/kv/lease/revoke", {"ID": str(lease)})
+
+    # -- watch --------------------------------------------------------------------
+    def watch(self, prefix: str, start_revision: int, stop: threading.Event,
+              idle: float = WATCH_IDLE_S) -> Iterator[tuple[int, list[tuple[str, str, KV | None]]]]:
+        """(revision, [(type PUT/DELETE, key, KV or None)]) batches from ``start_revision``
+        until the stream breaks or stays silent ``idle`` seconds (then it just ends: the
+        caller resumes from the last revision). Raises :class:`Compacted` when etcd no
+        longer has ``start_revision``."""
+        c = self._clients[self._cur]
+        req = {"create_request": {"key": _b64(prefix), "range_end": _b64(_prefix_end(prefix)),
+                                  "start_revision": str(start_revision), "progress_notify": True}}
+        import requests
+        try:
+            resp = c.session.post(c.get_url("/watch"), json=req, stream=True,
+                                  timeout=(self.timeout, idle))
+        except requests.RequestException as e:
+            self._cur = (self._cur + 1) % len(self._clients)
+            raise ControlPlaneDown(f"watch on {c.base_url}: {e}") from None
+        try:
+            for line in resp.iter_lines(chunk_size=None):
+                if stop.is_set():
+                    return
+                if not line.strip():
+                    continue
+                res = json.loads(line).get("result", {})
+                if res.get("compact_revision") and res.get("canceled"):
+                    raise Compacted(int(res["compact_revision"]))
+                if res.get("canceled"):
+                    return
+                rev = int(res.get("header", {}).get("revision", 0))
+                evs = []
+                for e in res.get("events", []):
+                    key, kv = _kv(e["kv"])
+                    typ = e.get("type", "PUT")
+                    evs.append((typ, key, kv if typ == "PUT" else None))
+                yield rev, evs
+        except (requests.RequestException, OSError, ValueError):
+            return          # broken or idle: the caller resumes from its revision
+        finally:
+            resp.close()
+
+
+class Compacted(Exception):
+    def __init__(self, rev: int) -> None:
+        self.rev = rev
+        super().__init__(f"watch revision compacted (now {rev})")
+
+
+class Session:
+    """A lease kept alive by a thread. ``valid()`` is the fence: true only while the
+    lease is certainly alive in etcd. ``on_expired`` runs (in the keepalive thread)
+    when etcd says the lease is gone; the owner registers again under a new one."""
+
+    def __init__(self, etcd: Etcd, ttl: int, margin: float,
+                 on_expired: Callable[[], None] | None = None) -> None:
+        if ttl < 2:
+            raise ConfigError(f"control_plane.lease_ttl_s must be >= 2 (etcd's lease "
+                              f"granularity and minimum), not {ttl}")
+        if not 0 <= margin < ttl / 2:
+            raise ConfigError(f"control_plane.lease_margin_s must be 0..{ttl / 2:.1f} s "
+                              f"(less than half the TTL), not {margin}")
+        self.etcd, self.ttl, self.margin = etcd, ttl, margin
+        self.on_expired = on_expired
+        self.lease = 0
+        self._valid_until = 0.0
+        self.last_ok = 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def valid(self) -> bool:
+        return time.monotonic() < self._valid_until
+
+    def remaining(self) -> float:
+        return max(0.0, self._valid_until - time.monotonic())
+
+    def grant(self) -> int:
+        t0 = time.monotonic()
+        lease, ttl = self.etcd.grant(self.ttl)
+        with self._lock:
+            self.lease = lease
+            self._valid_until = t0 + ttl - self.margin
+            self.last_ok = t0
+        return lease
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="lease-keepalive", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        # several keepalives per TTL, so one lost request does not cost the fence
+        period = max(0.2, self.ttl / 5)
+        while not self._stop.wait(period):
+            lease = self.lease
+            if not lease:
+                continue
+            t0 = time.monotonic()
+            try:
+                ttl = self.etcd.keepalive(lease)
+            except ControlPlaneDown as e:
+                if self.valid() and self._valid_until - time.monotonic() < period * 2:
+                    log.warning("stage=control lease %x keepalive failing (%s); fence in %.1fs",
+                                lease, str(e)[:120], self.remaining())
+                continue
+            except Exception as e:     # a malformed answer must not stop the keepalives
+                log.warning("stage=control lease keepalive error: %s", e)
+                continue
+            if ttl > 0:
+                with self._lock:
+                    if self.lease == lease:
+                        self._valid_until = t0 + ttl - self.margin
+                        self.last_ok = t0
+            else:
+                with self._lock:
+                    if self.lease != lease:
+                        continue
+                    self._valid_until = 0.0
+                log.warning("stage=control lease %x expired in etcd; registering again", lease)
+                if self.on_expired is not None:
+                    try:
+                        self.on_expired()
+                    except Exception:
+                        log.exception("stage=control re-registration failed; retrying")
+
+    def stop(self, revoke: bool = False) -> None:
+        self._stop.set()
+        self._valid_until = 0.0
+        if revoke and self.lease:
+            try:
+                self.etcd.revoke(self.lease)
+            except Exception:
+                pass
+
+
+class View:
+    """Every key under ``prefix``, kept current; ``on_change(changed_keys)`` runs in
+    the watch thread after each batch of events (or after a full reload, with None)."""
+
+    def __init__(self, etcd: Etcd, prefix: str, on_change: Callable[[set[str] | None], None]) -> None:
+        self.etcd, self.prefix, self.on_change = etcd, prefix, on_change
+        self.kvs: dict[str, KV] = {}
+        self.revision = 0
+        self.synced_at = 0.0           # monotonic time of the last event or reload
+        self.lock = threading.RLock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def load(self) -> None:
+        rev, kvs = self.etcd.range_prefix(self.prefix)
+        with self.lock:
+            self.kvs, self.revision = kvs, rev
+            self.synced_at = time.monotonic()
+        self.on_change(None)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="control-watch", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                if not self.revision:
+                    self.load()
+                for rev, evs in self.etcd.watch(self.prefix, self.revision + 1, self._stop):
+                    changed: set[str] = set()
+                    with self.lock:
+                        for typ, key, kv in evs:
+                            if typ == "DELETE":
+                                self.kvs.pop(key, None)
+                            elif kv is not None:
+                                self.kvs[key] = kv
+                            changed.add(key)
+                        if rev > self.revision:
+                            self.revision = rev
+                        self.synced_at = time.monotonic()
+                    if changed:
+                        self.on_change(changed)
+            except Compacted:
+                log.info("stage=control watch fell behind a compaction; reloading")
+                self.revision = 0
+            except ControlPlaneDown as e:
+                log.debug("stage=control watch: %s", e)
+                self._stop.wait(0.2)
+            except Exception:
+                log.exception("stage=control watch failed; reloading")
+                self.revision = 0
+                self._stop.wait(0.2)
+
+    def get(self, key: str) -> KV | None:
+        with self.lock:
+            return self.kvs.get(key)
+
+    def items(self, sub: str) -> list[tuple[str, KV]]:
+        """(key without ``prefix/sub/``, KV) of every key under ``prefix/sub/``."""
+        head = f"{self.prefix}/{sub}/"
+        with self.lock:
+            return [(k[len(head):], v) for k, v in self.kvs.items() if k.startswith(head)]
+
+
+__all__ = ["Etcd", "Session", "View", "KV", "Compacted", "parse_endpoints"]

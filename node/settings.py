@@ -1,0 +1,49 @@
+"""Live, cluster-wide settings in the control plane (``P/settings/<name>``).
+
+``ferry cluster settings get/set`` writes them; every node watches them
+(:mod:`node.membership` applies a change through ``Node.apply_live_config``).
+A value is checked the same way the node's config file is before it is stored.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from .config import NodeConfig, validate
+from .control import Etcd
+from .errors import ConfigError
+from .membership import SETTINGS
+
+DEFAULTS = NodeConfig(id="x", data="/")
+
+
+def parse(name: str, raw: str) -> Any:
+    fld = SETTINGS.get(name)
+    if fld is None:
+        raise ConfigError(f"unknown setting {name!r}; live settings: {', '.join(sorted(SETTINGS))}")
+    kind = type(getattr(DEFAULTS, fld))
+    try:
+        val: Any = raw if kind is str else kind(float(raw)) if kind is int and "." not in raw else kind(raw)
+    except ValueError:
+        raise ConfigError(f"setting {name}: {raw!r} is not a{'n integer' if kind is int else ' number'}") from None
+    if kind is int and isinstance(val, int) and str(val) != raw.strip().lstrip("+"):
+        raise ConfigError(f"setting {name}: {raw!r} is not a whole number")
+    validate(replace(DEFAULTS, **{fld: val}))      # the same range checks as the config file
+    if name == "log_level" and val.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+        raise ConfigError(f"setting log_level: {raw!r} is not one of DEBUG, INFO, WARNING, ERROR, CRITICAL")
+    return val
+
+
+def put(etcd: Etcd, prefix: str, name: str, raw: str) -> Any:
+    val = parse(name, raw)
+    etcd.put(f"{prefix}/settings/{name}", val)
+    return val
+
+
+def current(etcd: Etcd, prefix: str) -> dict[str, dict[str, Any]]:
+    _, kvs = etcd.range_prefix(f"{prefix}/settings/")
+    out = {}
+    for name, fld in SETTINGS.items():
+        kv = kvs.get(f"{prefix}/settings/{name}")
+        out[name] = {"value": kv.value if kv else getattr(DEFAULTS, fld), "set": kv is not None}
+    return out

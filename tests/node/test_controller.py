@@ -1,0 +1,185 @@
+"""The controller's rules against a real etcd (no node processes): records are created
+from the creator's reports, a copy leaves the in-sync set only through the controller
+(and never the last one), a primary comes only from the in-sync set, a deposed
+controller or primary changes nothing, pins are all-or-nothing, and a partition whose
+in-sync copies are all back without it is LOST."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from node.cluster_map import PartRecord
+from node.config import CacheConfig
+from node.control import Etcd, View
+from node.controller import Controller, part_key
+from node.errors import BadRequest, StaleEpoch
+from node.etcdserver import EtcdCluster
+
+PREFIX = "/ferry/t"
+CACHE = CacheConfig("default", partitions=4, backups=1)
+
+
+@pytest.fixture
+def etcd(tmp_path):
+    c = EtcdCluster(str(tmp_path / "etcd")).start()
+    yield Etcd(c.endpoints)
+    c.stop()
+
+
+class World:
+    """Members, reports and the election key written straight into etcd, and a
+    controller with a live view of them."""
+
+    def __init__(self, etcd: Etcd, me: str = "a") -> None:
+        self.etcd = etcd
+        etcd.put(f"{PREFIX}/meta", {"caches": [CACHE.to_wire()], "created_by": "a"})
+        self.view = View(etcd, PREFIX, lambda ch: None)
+        etcd.put(f"{PREFIX}/controller", {"id": me, "boot": "b"})
+        kv = etcd.get(f"{PREFIX}/controller")
+        self.ctl = Controller(me, PREFIX, etcd, self.view, {"default": CACHE}, kv.create)
+
+    def member(self, n: str, owning: list[int] = (), moving: list[int] = ()) -> None:  # type: ignore[assignment]
+        self.etcd.put(f"{PREFIX}/members/{n}", {"address": f"addr-{n}", "boot": "b", "leaving": False})
+        parts = {str(p): ["OWNING", 0] for p in owning}
+        parts.update({str(p): ["MOVING", 0] for p in moving})
+        self.etcd.put(f"{PREFIX}/reports/{n}", {"boot": "b", "caches": {"default": parts}})
+
+    def gone(self, n: str) -> None:
+        self.etcd.txn([], [], [f"{PREFIX}/members/{n}", f"{PREFIX}/reports/{n}"])
+
+    def rec(self, p: int) -> PartRecord:
+        return PartRecord.from_json(self.etcd.get(part_key(PREFIX, "default", p)).value)
+
+    def decide(self) -> int:
+        self.view.load()
+        return self.ctl.decide()
+
+
+def test_new_cluster_records_come_from_the_creators_reports(etcd):
+    w = World(etcd)
+    assert w.decide() == 0                  # nobody reports anything yet: nothing to decide
+    w.member("a", owning=[0, 1, 2, 3])
+    w.member("b")
+    assert w.decide() == 4
+    assert all(w.rec(p) == PartRecord("a", ("a",), 1) for p in range(4))
+    assert w.decide() == 0                  # idempotent
+
+
+def test_removal_needs_the_primary_at_its_epoch_and_goes_through_the_controller(etcd):
+    w = World(etcd)
+    w.member("a", owning=[0, 1, 2, 3])
+    w.member("b", owning=[0])
+    w.decide()
+    w.view.load()
+    rec = w.ctl.alter_isr("default", 0, "a", 1, [], ["b"])      # a admits b
+    assert rec == PartRecord("a", ("a", "b"), 2)
+    with pytest.raises(StaleEpoch):                              # an old epoch changes nothing
+        w.ctl.alter_isr("default", 0, "a", 1, ["b"], [])
+    with pytest.raises(StaleEpoch):                              # nor does a non-primary
+        w.ctl.alter_isr("default", 0, "b", 2, ["a"], [])
+    with pytest.raises(BadRequest):
+        w.ctl.alter_isr("default", 0, "a", 2, ["a"], [])
+    assert w.rec(0) == PartRecord("a", ("a", "b"), 2)
+    assert w.ctl.alter_isr("default", 0, "a", 2, ["b"], []) == PartRecord("a", ("a",), 3)
+
+
+def test_a_deposed_controller_writes_nothing(etcd):
+    w = World(etcd)
+    w.member("a", owning=[0, 1, 2, 3])
+    # another node won the election meanwhile (the election key was re-created)
+    etcd.delete(f"{PREFIX}/controller")
+    etcd.put(f"{PREFIX}/controller", {"id": "b", "boot": "b"})
+    assert w.decide() == 0
+    assert etcd.get(part_key(PREFIX, "default", 0)) is None
+    with pytest.raises(StaleEpoch):
+        w.ctl.alter_isr("default", 0, "a", 0, [], [])
+
+
+def test_a_stale_copy_is_never_made_primary(etcd):
+    """b holds an OWNING copy of 0 but is not in sync; when the primary a fails, the
+    partition waits for a instead of being served from b's copy."""
+    w = World(etcd)
+    w.member("a", owning=[0, 1, 2, 3])
+    w.decide()
+    w.member("b", owning=[0])                 # e.g. back from a restart: not in sync
+    w.decide()
+    assert w.rec(0).isr == ("a",)
+    w.gone("a")                               # a's lease expired
+    w.decide()
+    r = w.rec(0)
+    assert r.primary is None and r.isr == ("a",) and not r.lost      # waits for a
+    w.member("a", owning=[0, 1, 2, 3])       # a is back with its copy
+    w.decide()
+    assert w.rec(0).primary == "a"
+
+
+def test_failover_goes_to_a_live_in_sync_copy_and_dead_copies_leave_the_set(etcd):
+    w = World(etcd)
+    w.member("a", owning=[0, 1, 2, 3])
+    w.member("b", owning=[1])
+    w.member("c", owning=[1])
+    w.decide()
+    w.view.load()
+    w.ctl.alter_isr("default", 1, "a", 1, [], ["b", "c"])
+    w.gone("a")
+    w.decide()
+    r = w.rec(1)
+    assert r.primary in ("b", "c") and set(r.isr) == {"b", "c"} and r.epoch == 3
+    w.member("b", moving=[1])                 # b resyncs: it leaves the set, c leads
+    w.decide()
+    assert w.rec(1).isr == ("c",) and w.rec(1).primary == "c"
+
+
+def test_a_partition_whose_in_sync_copies_came_back_empty_is_lost(etcd):
+    w = World(etcd)
+    w.member("a", owning=[0, 1, 2, 3])
+    w.decide()
+    w.member("a", owning=[1, 2, 3])           # a lost partition 0 (its file was deleted)
+    w.decide()
+    r = w.rec(0)
+    assert r.lost and r.primary is None and r.isr == ("a",)
+
+
+def test_pins_are_all_or_nothing(etcd):
+    w = World(etcd)
+    for n in "abc":
+        w.member(n)
+    w.view.load()
+    for bad, needle in [([{"cache": "default", "partition": 1, "to": ["a", "zz"]}], "zz"),
+                        ([{"cache": "nope", "partition": 1, "to": ["a", "b"]}], "unknown cache"),
+                        ([{"cache": "default", "partition": 4, "to": ["a", "b"]}], "partitions 0..3"),
+                        ([{"cache": "default", "partition": 1, "to": ["a"]}], "2 different nodes"),
+                        ([{"cache": "default", "partition": 1, "to": ["a", "a"]}], "2 different nodes")]:
+        ok = {"cache": "default", "partition": 0, "to": ["c", "b"]}
+        with pytest.raises(BadRequest, match=needle):
+            w.ctl.pin("p", [ok] + bad)
+        assert etcd.range_prefix(f"{PREFIX}/pins/")[1] == {}
+    w.ctl.pin("p", [{"cache": "default", "partition": 3, "to": ["c", "a"]}])
+    assert etcd.get(f"{PREFIX}/pins/default/3").value == ["c", "a"]
+
+
+def test_the_view_follows_etcd_and_resumes_after_an_outage(tmp_path):
+    c = EtcdCluster(str(tmp_path / "etcd")).start()
+    try:
+        e = Etcd(c.endpoints)
+        seen: list[object] = []
+        v = View(e, PREFIX, seen.append)
+        v.load()
+        v.start()
+        e.put(f"{PREFIX}/x", 1)
+        deadline = time.monotonic() + 5
+        while v.get(f"{PREFIX}/x") is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert v.get(f"{PREFIX}/x").value == 1
+        c.kill()                                   # the whole control plane goes away
+        time.sleep(1.0)
+        c.restart()
+        e.put(f"{PREFIX}/x", 2)
+        deadline = time.monotonic() + 10
+        while v.get(f"{PREFIX}/x").value != 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert v.get(f"{PREFIX}/x").value == 2     # no restart of the watcher needed
+        v.stop()
+    finally:
+        c.stop()
