@@ -12,14 +12,14 @@ Public face (everything else in the package is private):
 - :class:`Record` (``.lsn``, ``.type``, ``.payload``), :class:`Follower` (iterate it, or
   ``.batches()``).
 - Errors: :class:`WalError`, :class:`CorruptRecordError`, :class:`OutOfDiskError`,
-  :class:`WalLockedError`, :class:`WalClosedError`.
+  :class:`WalLockedError`, :class:`WalClosedError`, :class:`SegmentNotAFileError`.
 - :func:`verify` / :func:`repair` (what ``ferry wal verify|repair`` run).
 
 The on-disk format is in ``format.py`` and ``docs/formats.md``. Modules: ``log.py`` (the
 public ``Wal`` and the append hot path), ``writer.py`` (its state, cuts, roll-back,
 failure), ``groupcommit.py`` (the sync threads) and ``tickets.py`` (their waiters),
-``reader.py`` (reading), ``decoder.py`` (frame loop of format versions 2 and 3, torn vs
-corrupt), ``decoder_v1.py`` (version 1, still read), ``blocks.py`` (what the loops
+``reader.py`` (reading), ``decoder.py`` (frame loop of format versions 2 and 3),
+``tail.py`` (torn tail vs corruption), ``decoder_v1.py`` (version 1, still read), ``blocks.py`` (what the loops
 report), ``walreader.py`` (other processes), ``segments.py``, ``recovery.py``,
 ``cli.py``; ``_accel.c`` (optional C extension: ``append``'s frame and write in one
 call, same bytes) and ``accel.py`` (whether it is used; ``FERRY_WAL_ACCEL=0`` turns
@@ -28,7 +28,8 @@ it off).
 from __future__ import annotations
 
 from .decoder import Record
-from .errors import CorruptRecordError, OutOfDiskError, WalClosedError, WalError, WalLockedError
+from .errors import (CorruptRecordError, OutOfDiskError, SegmentNotAFileError, WalClosedError,
+                     WalError, WalLockedError)
 from .log import DEFAULT_SEGMENT_SIZE, MODES, Wal, WalReader, follow_dir
 from .reader import Follower
 from .recovery import Report, repair, verify
@@ -36,5 +37,6 @@ from .recovery import Report, repair, verify
 __all__ = [
     "Wal", "WalReader", "follow_dir", "Follower", "Record", "MODES", "DEFAULT_SEGMENT_SIZE",
     "WalError", "CorruptRecordError", "OutOfDiskError", "WalLockedError", "WalClosedError",
+    "SegmentNotAFileError",
     "verify", "repair", "Report",
 ]

@@ -8,10 +8,27 @@ from __future__ import annotations
 import base64
 import json
 import sys
+from typing import NoReturn
 
 import click
 
 from .errors import CorruptRecordError, WalError
+
+# Exit status: 0 fine, 1 the log is corrupt (`repair` can cut it), 2 something a person
+# has to fix first (a directory where a segment should be, an unreadable file, usage).
+CORRUPT, BLOCKED = 1, 2
+
+
+def _fail(e: Exception, prefix: str = "error: ") -> NoReturn:
+    """One line on stderr -- what, where, what to do -- and the exit status for it."""
+    if isinstance(e, OSError):
+        where = f" {e.filename}" if e.filename else ""
+        click.echo(f"{prefix}cannot read{where}: {e.strerror or e}; check that the "
+                   "write-ahead log directory holds only its own files, readable by "
+                   "this user", err=True)
+        sys.exit(BLOCKED)
+    click.echo(f"{prefix}{e}", err=True)
+    sys.exit(CORRUPT if isinstance(e, CorruptRecordError) else BLOCKED)
 
 
 @click.group()
@@ -37,19 +54,22 @@ def dump(directory: str, from_lsn: int | None, as_json: bool) -> None:
             else:
                 shown = payload[:48].hex() + ("..." if len(payload) > 48 else "")
                 out.write(f"{lsn}\t{typ}\t{len(payload)}\t{shown}\n")
-    except WalError as e:
+    except (WalError, OSError) as e:
         out.flush()
-        click.echo(f"error: {e}", err=True)
-        sys.exit(1)
+        _fail(e)
 
 
 @wal.command()
 @click.argument("directory", type=click.Path(exists=True, file_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
 def verify(directory: str, as_json: bool) -> None:
-    """Check every segment and record; exit 1 at the first corruption (file, offset)."""
+    """Check every segment and record; exit 1 at the first corruption (file, offset),
+    2 when something in the directory is not a segment file that can be read."""
     from .recovery import verify as run
-    rep = run(directory)
+    try:
+        rep = run(directory)
+    except (WalError, OSError) as e:
+        _fail(e)
     if as_json:
         from .accel import status
         # append_path: which append path a writer opened here now would use (C or Python).
@@ -78,7 +98,10 @@ def repair(directory: str, backup: str) -> None:
     from .log import Wal
     from .recovery import repair as run
     from .recovery import verify as check
-    rep = check(directory)
+    try:
+        rep = check(directory)
+    except (WalError, OSError) as e:
+        _fail(e)
     if rep.ok and rep.torn is None:
         click.echo(f"{directory}: clean, nothing to repair")
         return
@@ -86,11 +109,9 @@ def repair(directory: str, backup: str) -> None:
         for line in run(directory, backup):
             click.echo(line)
         Wal.open(directory, sync="none").close()      # cuts a torn tail, if one is left
+        after = check(directory)
     except CorruptRecordError as e:
-        click.echo(f"error: repair left damage behind: {e}", err=True)
-        sys.exit(1)
-    except WalError as e:
-        click.echo(f"error: {e}", err=True)
-        sys.exit(1)
-    after = check(directory)
+        _fail(e, "error: repair left damage behind: ")
+    except (WalError, OSError) as e:
+        _fail(e)
     click.echo(f"{directory}: now {after.records} record(s), LSN {after.first_lsn}..{after.last_lsn}")

@@ -5,13 +5,12 @@ one tuple per record, and for format version 2 one CRC call per run of frames ra
 than per frame; no syscalls: callers hand it big blocks, it returns a list). It
 stops at the first frame it cannot accept and says why in a :class:`BlockState`; the
 caller decides whether that means "read more", "torn tail" or "corrupt"
-(:func:`classify_tail`), because only the caller knows whether the segment is the last
-one and whether the file is still growing.
+(:func:`tail.classify_tail`), because only the caller knows whether the segment is the
+last one and whether the file is still growing.
 """
 from __future__ import annotations
 
 import functools
-import struct
 from array import array
 from itertools import accumulate, repeat
 from operator import itemgetter
@@ -20,9 +19,9 @@ from struct import error as struct_error
 from crc32c import crc32c
 
 from .blocks import BlockState, RawRecord, Stop
-from .decoder_v1 import FRAME_SIZE as FRAME_V1_SIZE, decode_block_v1
-from .format import (BATCH_COUNT, CHECK, CHECK_SIZE, FLAG_BATCH, FRAME, HEAD3, HEAD_SIZE,
-                     VERSION, batch_lengths, mix, unmix)
+from .decoder_v1 import decode_block_v1
+from .format import (CHECK, CHECK_SIZE, FLAG_BATCH, HEAD3, HEAD_SIZE, VERSION,
+                     batch_lengths, mix)
 
 
 class Record(tuple):
@@ -215,113 +214,3 @@ def scan(buf: bytes, off: int, crc: int, lsn: int, version: int = VERSION) -> Bl
     state = BlockState()
     decode_block(buf, off, crc, lsn, state, 1 << 64, version)
     return state
-
-
-_SECTOR = 512
-_LSN = struct.Struct("<Q")
-
-
-def classify_tail(data: bytes, file_offset: int, state: BlockState,
-                  version: int = VERSION) -> str | None:
-    """For a scan of a segment's bytes up to its end that stopped at ``state.off``:
-    None when what follows is a torn tail (safe to truncate: never fsynced, never
-    acknowledged), else the reason it is corruption.
-
-    Torn means what an interrupted append leaves: a short frame (unless valid frames
-    provably follow it: then its length field was damaged), a frame header of zeros,
-    zeros from inside the bad frame to the end (the file system extended the file but
-    never wrote the data), a bad CRC on the very last frame, or a bad frame holding a
-    whole zeroed sector (etcd's rule: a sector the disk never wrote). A complete frame
-    with a bad CRC and more data after it, or a valid frame out of LSN order, is
-    corruption.
-    """
-    off = state.off
-    if state.stop is Stop.END:
-        return None
-    head = HEAD_SIZE if version >= 2 else FRAME_V1_SIZE
-    if not any(data[off:off + head]):
-        # A frame header of zeros: a write that never reached the disk (a hole the file
-        # system left, or preallocated space). Appends are sequential and an fsync
-        # covers a prefix, so nothing after it was ever acknowledged.
-        return None
-    if state.stop is Stop.BAD_LSN:
-        return f"frame holds LSN out of order (expected {state.lsn})"
-    if state.stop is Stop.BAD_BODY:
-        return ("frame has unknown flags, or a batch frame whose record lengths do not "
-                "add up to its size (written that way: not a torn write)")
-    if state.stop is Stop.SHORT:
-        # A frame running past the end is what an interrupted append leaves, unless its
-        # length field was damaged: then the frames after it are still there.
-        later = _chained_frames_after(data, off + head,
-                                      state.lsn + _records_in(data, off, version), version)
-        if later is not None:
-            return (f"frame length runs past the end of the file but valid frames follow "
-                    f"(LSN {state.lsn + 1} at offset {file_offset + later}): damaged length field")
-        return None
-    if state.frame_end >= len(data):
-        return None
-    if len(data.rstrip(b"\0")) < state.frame_end:
-        # Zeros from inside this frame to the end of the file: the tail of the file was
-        # allocated but never written.
-        return None
-    # Sector-aligned (in file terms) zero chunks inside the bad frame: a sector the
-    # disk never wrote.
-    start = off + (-(file_offset + off)) % _SECTOR
-    zero = bytes(_SECTOR)
-    for s in range(start, min(state.frame_end, len(data)) - _SECTOR + 1, _SECTOR):
-        if data[s:s + _SECTOR] == zero:
-            return None
-    return "CRC mismatch (record damaged after it was written)"
-
-
-def _records_in(data: bytes, off: int, version: int) -> int:
-    """How many records the frame at ``off`` claims to hold: a batch frame's count
-    (when its head and count are there), else 1."""
-    if version >= 3 and off + HEAD_SIZE + 4 <= len(data) and \
-            HEAD3.unpack_from(data, off)[3] == FLAG_BATCH:
-        return max(1, BATCH_COUNT.unpack_from(data, off + HEAD_SIZE)[0])
-    return 1
-
-
-def _chained_frames_after(data: bytes, start: int, lsn: int, version: int) -> int | None:
-    """Offset of a frame with LSN ``lsn`` after ``start`` that is proven real by the
-    frame after it (whose CRC is seeded by this one's), or None. A bare LSN match could
-    be payload bytes; a verified chain link cannot, short of a 2**-32 accident."""
-    needle = _LSN.pack(lsn)
-    lsn_at = 4 if version >= 2 else 8          # where the LSN sits in a frame
-    at = data.find(needle, start + lsn_at)
-    tries = 0
-    while at >= 0 and tries < 256:
-        q = at - lsn_at
-        if version >= 2:
-            if _link_v2(data, q, lsn, version):
-                return q
-        else:
-            fcrc, length, _, _ = FRAME.unpack_from(data, q)
-            q2 = q + FRAME_V1_SIZE + length
-            if q2 + FRAME_V1_SIZE <= len(data):
-                crc2, length2, lsn2, _ = FRAME.unpack_from(data, q2)
-                end2 = q2 + FRAME_V1_SIZE + length2
-                if lsn2 == lsn + 1 and end2 <= len(data) and \
-                        crc32c(data[q2 + 4:end2], fcrc) == crc2:
-                    return q
-        at = data.find(needle, at + 1)
-        tries += 1
-    return None
-
-
-def _link_v2(data: bytes, q: int, lsn: int, version: int) -> bool:
-    """True when a v2/v3 frame at ``q`` is followed by the frame with the LSN after
-    ``q``'s records whose check holds with the chain continued from ``q``'s check
-    (``unmix`` gives the chain value that check was made from)."""
-    length = HEAD3.unpack_from(data, q)[0]
-    end = q + HEAD_SIZE + length
-    q2 = end + CHECK_SIZE
-    if q2 + HEAD_SIZE > len(data):
-        return False
-    chain = crc32c(data[end:q2], unmix(CHECK.unpack_from(data, end)[0]))
-    length2, lsn2, _, _ = HEAD3.unpack_from(data, q2)
-    end2 = q2 + HEAD_SIZE + length2
-    if lsn2 != lsn + _records_in(data, q, version) or end2 + CHECK_SIZE > len(data):
-        return False
-    return mix(crc32c(data[q2:end2], chain)) == CHECK.unpack_from(data, end2)[0]

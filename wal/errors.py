@@ -1,6 +1,8 @@
 """The WAL's errors: one base (:class:`WalError`) under Ferry's :class:`FerryError`."""
 from __future__ import annotations
 
+import os
+
 import faults
 
 
@@ -19,11 +21,27 @@ class CorruptRecordError(WalError):
         self.path = str(path)
         self.offset = offset
         self.reason = reason
+        d = os.path.dirname(self.path) or "."
         super().__init__(
             f"corrupt write-ahead log: {self.path} at offset {offset}: {reason}; "
-            "records from here on cannot be trusted. Run `ferry wal verify` on the "
-            "directory, and `ferry wal repair DIR --backup COPY` to cut the log here "
-            "if losing the records after this point is acceptable")
+            f"records from here on cannot be trusted, and the log does not open for "
+            f"writing until a person decides. `ferry wal verify {d}` shows the damage; "
+            f"`ferry wal repair {d} --backup {d}.backup` cuts the log here (the records "
+            "after this point are lost; the backup keeps a copy)")
+
+
+class SegmentNotAFileError(WalError):
+    """Something other than a regular file (a directory, a dangling link, a FIFO) sits
+    in the log directory under a segment's name: nothing the log can read or repair;
+    a person has to move it."""
+
+    def __init__(self, path: str, kind: str) -> None:
+        self.path = str(path)
+        self.kind = kind
+        d = os.path.dirname(self.path) or "."
+        super().__init__(
+            f"{self.path} is {kind}, not a write-ahead log segment file: move it out of "
+            f"{d} (or put the segment file back from a backup), then run again")
 
 
 class OutOfDiskError(WalError, faults.OutOfDiskError):

@@ -27,11 +27,11 @@ import threading
 import time
 from typing import Iterator, Protocol, Sequence
 
-from .decoder import (BlockState, RawRecord, Record, Stop, as_record, classify_tail,
-                      decode_block)
+from .decoder import BlockState, RawRecord, Record, Stop, as_record, decode_block
 from .errors import CorruptRecordError, WalError
 from .format import HEADER_SIZE
 from .segments import SegmentFile, list_segments, read_header
+from .tail import classify_tail
 
 BLOCK = 128 << 10
 _BAD = (Stop.BAD_CRC, Stop.BAD_LSN, Stop.BAD_BODY)   # a whole frame that is not acceptable
@@ -205,6 +205,7 @@ def _batches(source: Source, start: int | None, follow: bool, timeout: float | N
     try:
         off, lsn, pending = HEADER_SIZE, seg.first_lsn, b""
         state = BlockState()
+        confirm = -1            # offset of a corruption found once, being read again
         while True:
             end = source.end(seg, fd)
             pos = off + len(pending)
@@ -227,6 +228,14 @@ def _batches(source: Source, start: int | None, follow: bool, timeout: float | N
                 if not bad and off + len(pending) < end:
                     continue        # more bytes already there
             if pending or bad:
+                if bad and not source.trusted:
+                    # Torn or not depends on everything after the bad frame (tail.py):
+                    # read the rest of the file as it is now, in one go. (A frame that is
+                    # merely short is not "bad": the loop above read up to the end.)
+                    have = off + len(pending)
+                    now = source.end(seg, fd)
+                    if now > have:
+                        pending += os.pread(fd, now - have, have)
                 if source.trusted or source.complete(seg):
                     if not source.trusted and source.end(seg, fd) > off + len(pending):
                         continue    # completed while we looked: read the rest first
@@ -235,6 +244,13 @@ def _batches(source: Source, start: int | None, follow: bool, timeout: float | N
                     raise CorruptRecordError(seg.path, off, why)
                 why = classify_tail(pending, off, _rebased(state), version)
                 if why is not None:
+                    if confirm != off:
+                        # Read in two parts: a crashed writer's torn tail may have been
+                        # cut and written over in between. Read it again from here, in
+                        # one piece, before calling it corrupt.
+                        confirm = off
+                        pending, state = b"", BlockState()
+                        continue
                     raise CorruptRecordError(seg.path, off, why)
                 pending = b""       # torn or still being written: re-read next time
                 state = BlockState()

@@ -18,11 +18,12 @@ from dataclasses import dataclass, field
 import faults
 from faults.fileio import FileLayer
 
-from .decoder import Stop, classify_tail, scan
+from .decoder import Stop, scan
 from .errors import CorruptRecordError, WalError
 from .format import HEADER_SIZE, VERSION, SegmentHeader, looks_like_segment, parse_segment_name
 from .segments import (LOCK_NAME, DirLock, SegmentFile, create_segment, list_segments,
                        read_header)
+from .tail import classify_tail
 
 log = logging.getLogger("ferry.wal")
 

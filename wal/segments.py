@@ -13,12 +13,13 @@ import contextlib
 import errno
 import fcntl
 import os
+import stat
 from dataclasses import dataclass
 
 import faults
 from faults.fileio import FileLayer
 
-from .errors import CorruptRecordError, OutOfDiskError, WalLockedError
+from .errors import CorruptRecordError, OutOfDiskError, SegmentNotAFileError, WalLockedError
 from .format import (HEADER_SIZE, TMP_SUFFIX, SegmentHeader, looks_like_segment,
                      parse_segment_name, segment_name)
 
@@ -59,6 +60,8 @@ def list_segments(directory: str) -> list[SegmentFile]:
     segs: list[SegmentFile] = []
     for name in names:
         parsed = parse_segment_name(name)
+        if parsed is not None or looks_like_segment(name):
+            _check_regular(os.path.join(directory, name))
         if parsed is None:
             if looks_like_segment(name):
                 raise CorruptRecordError(
@@ -78,6 +81,22 @@ def list_segments(directory: str) -> list[SegmentFile]:
                 b.path, 0, f"first LSN {b.first_lsn} is below the previous segment's "
                 f"first LSN {a.first_lsn}")
     return segs
+
+
+def _check_regular(path: str) -> None:
+    """Raise :class:`SegmentNotAFileError` unless ``path`` is a regular file (or a link
+    to one): opening a directory or a FIFO would fail, or block, deep inside a read."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        if os.path.islink(path):
+            raise SegmentNotAFileError(path, "a symbolic link to nothing") from None
+        return                      # removed meanwhile (truncate_before): not ours to judge
+    if stat.S_ISREG(mode):
+        return
+    kind = "a directory" if stat.S_ISDIR(mode) else \
+        "a FIFO" if stat.S_ISFIFO(mode) else "not a regular file"
+    raise SegmentNotAFileError(path, kind)
 
 
 def read_header(fd: int, seg: SegmentFile) -> SegmentHeader:
