@@ -53,14 +53,17 @@ def list_segments(directory: str) -> list[SegmentFile]:
     """The segments of ``directory`` in sequence order; raises on a name that claims
     to be a segment but does not parse, and on a gap in the sequence."""
     try:
-        names = os.listdir(directory)
+        # scandir: the entry's type comes with the listing (no stat per segment; readers
+        # in other processes list the directory at every poll)
+        with os.scandir(directory) as it:
+            entries = [(e.name, e.is_file()) for e in it]
     except FileNotFoundError:
         from .errors import WalError
         raise WalError(f"write-ahead log directory {directory} does not exist") from None
     segs: list[SegmentFile] = []
-    for name in names:
+    for name, is_file in entries:
         parsed = parse_segment_name(name)
-        if parsed is not None or looks_like_segment(name):
+        if not is_file and (parsed is not None or looks_like_segment(name)):
             _check_regular(os.path.join(directory, name))
         if parsed is None:
             if looks_like_segment(name):
