@@ -37,9 +37,13 @@ class PartRecord:
     isr: tuple[str, ...] = ()      # in-sync copies: every acknowledged write is on each
     epoch: int = 0                 # bumped by every change of primary or in-sync set
     lost: bool = False             # every in-sync copy is gone: reported, never served stale
+    # the primary's term (Kafka's leader epoch): bumped only when the primary changes.
+    # Copies fence on it, so a change of the in-sync set alone deposes nobody.
+    term: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        return {"primary": self.primary, "isr": list(self.isr), "epoch": self.epoch, "lost": self.lost}
+        return {"primary": self.primary, "isr": list(self.isr), "epoch": self.epoch, "lost": self.lost,
+                "term": self.term}
 
     @classmethod
     def from_json(cls, d: Any) -> "PartRecord":
@@ -48,7 +52,7 @@ class PartRecord:
         prim = d.get("primary")
         return cls(prim if isinstance(prim, str) else None,
                    tuple(x for x in d.get("isr", []) if isinstance(x, str)),
-                   int(d.get("epoch", 0)), bool(d.get("lost", False)))
+                   int(d.get("epoch", 0)), bool(d.get("lost", False)), int(d.get("term", 0)))
 
 
 class ClusterMap:

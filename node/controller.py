@@ -114,7 +114,7 @@ class Controller:
                 return None
             # a new cluster: the node that created it made every partition
             prim = creator if creator in owning else self._ideal_order(cache, p, sorted(owning))[0]
-            return PartRecord(prim, (prim,), 1)
+            return PartRecord(prim, (prim,), 1, False, 1)
         live_isr = [n for n in rec.isr if n in members and n in owning]
         isr = tuple(live_isr) if live_isr else rec.isr      # never empty the set
         # the primary stays while its lease lives and it is OWNING; otherwise the first
@@ -126,7 +126,7 @@ class Controller:
         lost = not live_isr and bool(rec.isr) and all(n in members for n in rec.isr)
         if prim == rec.primary and isr == rec.isr and lost == rec.lost:
             return None
-        return PartRecord(prim, isr, rec.epoch + 1, lost)
+        return PartRecord(prim, isr, rec.epoch + 1, lost, rec.term + (prim != rec.primary))
 
     # -- requests from primaries ----------------------------------------------------
     def handle_requests(self) -> int:
@@ -141,7 +141,7 @@ class Controller:
                 cache, ps, node = key.split("/")
                 p = int(ps)
                 if req.get("op") == "alter_isr":
-                    self.alter_isr(cache, p, node, int(req["epoch"]), list(req.get("remove", [])),
+                    self.alter_isr(cache, p, node, int(req["term"]), list(req.get("remove", [])),
                                    list(req.get("add", [])), req_key=full)
                 elif req.get("op") == "set_primary":
                     self.set_primary(cache, p, node, req.get("previous"), req_key=full)
@@ -153,18 +153,19 @@ class Controller:
                 self.etcd.txn([Etcd.mod_is(full, kv.mod)], [], [full])
         return n
 
-    def alter_isr(self, cache: str, p: int, primary: str, epoch: int,
+    def alter_isr(self, cache: str, p: int, primary: str, term: int,
                   remove: list[str], add: list[str], req_key: str | None = None) -> PartRecord:
-        """The primary of (cache, p) at ``epoch`` removes or admits copies. Checked
-        against etcd itself (not the view), so a deposed primary gets StaleEpoch."""
+        """The primary of (cache, p) in ``term`` removes or admits copies. Checked
+        against etcd itself (not the view), so a deposed primary gets StaleEpoch; a
+        change of the in-sync set meanwhile (a dead copy removed) does not matter."""
         self._check_partition(cache, p)
         key = part_key(self.prefix, cache, p)
         with self.lock:
             kv = self.etcd.get(key)
             rec = PartRecord.from_json(kv.value) if kv else PartRecord()
-            if rec.epoch != epoch or rec.primary != primary:
-                raise StaleEpoch(f"{cache}/{p} is at epoch {rec.epoch} with primary {rec.primary}; "
-                                 f"{primary} asked at epoch {epoch}")
+            if rec.term != term or rec.primary != primary:
+                raise StaleEpoch(f"{cache}/{p} is in term {rec.term} with primary {rec.primary}; "
+                                 f"{primary} asked in term {term}")
             members = self._members()
             bad = [n for n in add if n not in members]
             if bad:
@@ -172,7 +173,7 @@ class Controller:
             if primary in remove:
                 raise BadRequest("a primary cannot remove itself from the in-sync set")
             isr = tuple([n for n in rec.isr if n not in remove] + [n for n in add if n not in rec.isr])
-            new = PartRecord(rec.primary, isr, rec.epoch + 1, False)
+            new = PartRecord(rec.primary, isr, rec.epoch + 1, False, rec.term)
             ok, _ = self.etcd.txn([self._guard(), Etcd.mod_is(key, kv.mod if kv else 0)],
                                   [(key, new.to_json(), 0)], [req_key] if req_key else [])
             if not ok:
@@ -196,7 +197,7 @@ class Controller:
                                  f"(record: primary {rec.primary}, in sync {list(rec.isr)})")
             if node not in self._owning().get((cache, p), set()):
                 raise StaleEpoch(f"{cache}/{p}: {node} does not report OWNING")
-            new = PartRecord(node, rec.isr, rec.epoch + 1, False)
+            new = PartRecord(node, rec.isr, rec.epoch + 1, False, rec.term + 1)
             ok, _ = self.etcd.txn([self._guard(), Etcd.mod_is(key, kv.mod if kv else 0)],
                                   [(key, new.to_json(), 0)], [req_key] if req_key else [])
         if ok:

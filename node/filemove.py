@@ -193,8 +193,9 @@ class FileMoves:
         return "none" if self.cfg.wal_sync == "none" else "group"
 
     def _epoch(self, cache: str, p: int) -> int:
+        """The primary epoch (term) this node knows for p, carried by its DEMANDs."""
         with self.map_lock:
-            return self.map.parts[cache][p].epoch
+            return self.map.parts[cache][p].term
 
     def _primary_addr(self, mv: Any) -> str | None:
         cache, p = mv.cache, mv.p

@@ -242,8 +242,11 @@ class Membership:
                     if mine is not None and mine.epoch > rec.epoch:
                         lst[p] = mine
                     if lst[p].primary != self.id and (mine is None or mine.primary == self.id):
-                        # no longer primary: registrations of moving copies belong to the new one
+                        # no longer primary: registrations of moving copies belong to the new
+                        # one, and a hand-off fence has done its job (left in place, it would
+                        # refuse writes if the role came back here within FENCE_SECONDS)
                         self.copies.pop((cache, p), None)
+                        self.fenced.pop((cache, p), None)
             self.map = m
             self._pending_requests = requests
         with self._map_changed:
@@ -379,9 +382,9 @@ class Membership:
         """Primary (partition lock held): have the controller change p's in-sync set;
         the new record is in this node's map before this returns."""
         with self.map_lock:
-            epoch = self.map.parts[cache][p].epoch
+            epoch, term = self.map.parts[cache][p].epoch, self.map.parts[cache][p].term
         rm, ad = set(remove), set(add)
-        return self.request(cache, p, {"op": "alter_isr", "epoch": epoch, "remove": sorted(rm),
+        return self.request(cache, p, {"op": "alter_isr", "term": term, "remove": sorted(rm),
                                        "add": sorted(ad)},
                             lambda r: r.epoch > epoch and not (rm & set(r.isr)) and ad <= set(r.isr)
                             and r.primary == self.id)

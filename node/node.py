@@ -24,7 +24,7 @@ from . import metrics as metrics_mod
 from .cluster_map import ClusterMap
 from .config import NodeConfig
 from .errors import BadRequest, DataDirLocked, NodeError
-from .membership import Membership
+from .membership import SETTINGS, Membership
 from .rebalance import Rebalancer
 from .rpc import RpcServer
 from .states import State, StateTable
@@ -204,7 +204,8 @@ class Node(Membership, UpdatePath, Rebalancer):
     def op_ping(self) -> dict[str, Any]:
         return {"id": self.id, "boot": self.boot, "epoch": self.map.epoch,
                 "page_size": self.cfg.page_size, "controller": self.map.controller,
-                "lease_valid": self.session.valid() if hasattr(self, "session") else False}
+                "lease_valid": self.session.valid() if hasattr(self, "session") else False,
+                "settings": {name: getattr(self.cfg, fld) for name, fld in SETTINGS.items()}}
 
     def op_get_map(self) -> dict[str, Any]:
         with self.map_lock:

@@ -145,7 +145,7 @@ class Rebalancer(FileMoves):
             mv.sink = MemorySink()
         with self.map_lock:
             rec = self.map.parts[cache][p]
-            prim, epoch = rec.primary, rec.epoch
+            prim, epoch = rec.primary, rec.term
             addr = self.map.address(prim)
         if prim is None or prim == self.id or addr is None:
             if rec.lost:
@@ -259,11 +259,11 @@ class Rebalancer(FileMoves):
         if epoch is None:
             return
         with self.map_lock:
-            mine = self.map.parts[cache][p].epoch
+            mine = self.map.parts[cache][p].term
         if epoch < mine:
             from .errors import StaleEpoch
-            raise StaleEpoch(f"DEMAND of {cache}/{p} from {node} at epoch {epoch}; "
-                             f"{self.id} knows epoch {mine}: refresh and demand again")
+            raise StaleEpoch(f"DEMAND of {cache}/{p} from {node} in primary epoch {epoch}; "
+                             f"{self.id} knows primary epoch {mine}: refresh and demand again")
 
     def _take_primary(self, cache: str, p: int, prim: str) -> None:
         addr = self.map.address(prim)

@@ -32,6 +32,7 @@ def collect(pool: Pool, seed: str) -> dict[str, Any]:
                                "primary": m.primary(cache, p),
                                "in_sync": list(m.parts[cache][p].isr),
                                "epoch": m.parts[cache][p].epoch,
+                               "primary_epoch": m.parts[cache][p].term,
                                "owners": m.ideal(cache, p)})
     return {
         "topology_version": m.version,

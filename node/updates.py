@@ -198,7 +198,7 @@ class UpdatePath:
             for n in rec.isr:
                 out[n] = self.map.address(n)
             isr = set(rec.isr) - {self.id}
-            epoch = rec.epoch
+            epoch = rec.term
         out.update(self.copies.get((cache, p), {}))
         out.pop(self.id, None)
         return {n: a for n, a in out.items() if a or n in isr}, isr, epoch
@@ -255,15 +255,16 @@ class UpdatePath:
                                   f"cluster.min_in_sync = {self.cfg.min_in_sync}: NOT acknowledged")
 
     def check_epoch(self, cache: str, p: int, epoch: int | None, sender: str) -> None:
-        """Refuse a replication or DEMAND from an older epoch of p than this node knows
-        (the sender was deposed), or from a non-primary at the same epoch."""
+        """Refuse a replication from an older primary epoch (term) of p than this node
+        knows (the sender was deposed), or from a non-primary in the same term. The
+        term changes only with the primary: an in-sync change alone refuses nobody."""
         if epoch is None:
             return
         with self.map_lock:
             rec = self.map.parts[cache][p]
-        if epoch < rec.epoch or (epoch == rec.epoch and rec.primary not in (None, sender)):
-            raise StaleEpoch(f"{self.id} knows {cache}/{p} at epoch {rec.epoch} (primary "
-                             f"{rec.primary}); {sender} sent epoch {epoch}")
+        if epoch < rec.term or (epoch == rec.term and rec.primary not in (None, sender)):
+            raise StaleEpoch(f"{self.id} knows {cache}/{p} in primary epoch {rec.term} (primary "
+                             f"{rec.primary}); {sender} sent primary epoch {epoch}")
 
     def op_replicate_batch(self, cache: str, p: int, updates: list[Any], prev: int, primary: str,
                            epoch: int | None = None) -> str:

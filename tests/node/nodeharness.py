@@ -172,6 +172,7 @@ def wait_settled(seed: str, secret: str, nodes: int, backups: int, timeout: floa
             sorted(n for n, s in part["states"].items() if s == "OWNING") == sorted(part["owners"])
             and len(part["owners"]) == want and set(part["states"].values()) == {"OWNING"}
             and part["primary"] == part["owners"][0]
+            and sorted(part.get("in_sync", part["owners"])) == sorted(part["owners"])
             for part in doc["partitions"])
         if ok:
             return doc

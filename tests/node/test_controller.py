@@ -62,7 +62,7 @@ def test_new_cluster_records_come_from_the_creators_reports(etcd):
     w.member("a", owning=[0, 1, 2, 3])
     w.member("b")
     assert w.decide() == 4
-    assert all(w.rec(p) == PartRecord("a", ("a",), 1) for p in range(4))
+    assert all(w.rec(p) == PartRecord("a", ("a",), 1, False, 1) for p in range(4))
     assert w.decide() == 0                  # idempotent
 
 
@@ -72,16 +72,33 @@ def test_removal_needs_the_primary_at_its_epoch_and_goes_through_the_controller(
     w.member("b", owning=[0])
     w.decide()
     w.view.load()
-    rec = w.ctl.alter_isr("default", 0, "a", 1, [], ["b"])      # a admits b
-    assert rec == PartRecord("a", ("a", "b"), 2)
-    with pytest.raises(StaleEpoch):                              # an old epoch changes nothing
-        w.ctl.alter_isr("default", 0, "a", 1, ["b"], [])
+    rec = w.ctl.alter_isr("default", 0, "a", 1, [], ["b"])      # a (term 1) admits b
+    assert rec == PartRecord("a", ("a", "b"), 2, False, 1)
+    with pytest.raises(StaleEpoch):                              # an old term changes nothing
+        w.ctl.alter_isr("default", 0, "a", 0, ["b"], [])
     with pytest.raises(StaleEpoch):                              # nor does a non-primary
-        w.ctl.alter_isr("default", 0, "b", 2, ["a"], [])
+        w.ctl.alter_isr("default", 0, "b", 1, ["a"], [])
     with pytest.raises(BadRequest):
-        w.ctl.alter_isr("default", 0, "a", 2, ["a"], [])
-    assert w.rec(0) == PartRecord("a", ("a", "b"), 2)
-    assert w.ctl.alter_isr("default", 0, "a", 2, ["b"], []) == PartRecord("a", ("a",), 3)
+        w.ctl.alter_isr("default", 0, "a", 1, ["a"], [])
+    assert w.rec(0) == PartRecord("a", ("a", "b"), 2, False, 1)
+    assert w.ctl.alter_isr("default", 0, "a", 1, ["b"], []) == PartRecord("a", ("a",), 3, False, 1)
+
+
+def test_an_in_sync_change_by_the_controller_deposes_nobody(etcd):
+    """A dead copy leaving the set bumps the epoch but not the primary's term: the
+    primary's next request (in its term) is still honoured."""
+    w = World(etcd)
+    w.member("a", owning=[0, 1, 2, 3])
+    w.member("b", owning=[0])
+    w.member("c", owning=[0])
+    w.decide()
+    w.view.load()
+    w.ctl.alter_isr("default", 0, "a", 1, [], ["b", "c"])
+    w.gone("c")
+    w.decide()
+    r = w.rec(0)
+    assert r.isr == ("a", "b") and r.term == 1 and r.epoch == 3
+    assert w.ctl.alter_isr("default", 0, "a", 1, ["b"], []).isr == ("a",)
 
 
 def test_a_deposed_controller_writes_nothing(etcd):
@@ -125,7 +142,7 @@ def test_failover_goes_to_a_live_in_sync_copy_and_dead_copies_leave_the_set(etcd
     w.gone("a")
     w.decide()
     r = w.rec(1)
-    assert r.primary in ("b", "c") and set(r.isr) == {"b", "c"} and r.epoch == 3
+    assert r.primary in ("b", "c") and set(r.isr) == {"b", "c"} and r.epoch == 3 and r.term == 2
     w.member("b", moving=[1])                 # b resyncs: it leaves the set, c leads
     w.decide()
     assert w.rec(1).isr == ("c",) and w.rec(1).primary == "c"
