@@ -1,103 +1,182 @@
-"""Prometheus text-format metrics on a small HTTP server (``metrics_listen``).
+"""The node's Prometheus metrics (``prometheus_client``), served on ``metrics_listen``.
 
-Counters and gauges keyed by name and labels; a summary-like pair ``_sum``/``_count``
-for durations. The exposition is generated on each scrape, so gauges that are cheap to
-compute (partitions by state, replication lag) are filled by a callback then.
+:class:`Metrics` keeps one private registry per node. Every metric the node reports is
+declared in :data:`METRICS` (type, help, label names); the update path calls
+``inc``/``observe``/``set`` by the exposed name, as it did before the library. The
+exposition is produced on each scrape, and gauges that are cheap to compute (partitions
+by state, per-move backlog) are filled then by ``collectors`` (callbacks). :func:`serve`
+runs the library's WSGI server on a thread; :meth:`Metrics.render` returns the same
+text for the ``metrics`` RPC.
 """
 from __future__ import annotations
 
+import logging
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable
+from typing import Callable, Iterable, Literal
+
+import prometheus_client
+from prometheus_client import CollectorRegistry, Counter, Gauge, Summary, generate_latest
+from prometheus_client.registry import RestrictedRegistry
 
 from .config import parse_address
 
-HELP = {
-    "ferry_node_updates_total": ("counter", "Acknowledged updates by cache and operation."),
-    "ferry_node_update_seconds": ("summary", "Time from receiving an update to its acknowledgement."),
-    "ferry_node_replication_failures_total": ("counter", "Updates not acknowledged because a backup failed."),
-    "ferry_node_replication_lag_seconds": ("gauge", "Seconds since a backup partition last applied an update."),
-    "ferry_node_moves_done_total": ("counter", "Partitions that reached OWNING through a move."),
-    "ferry_node_move_bytes_total": ("counter", "Bytes received by moves (files: on the wire; messages: keys and values)."),
-    "ferry_node_moves_in_progress": ("gauge", "Moves running on this node."),
-    "ferry_node_moves_by_stage": ("gauge", "Moves running on this node by stage."),
-    "ferry_node_move_stage_seconds": ("summary", "Time moves spent in each stage."),
-    "ferry_node_replay_backlog": ("gauge", "Temp-WAL updates of a MOVING partition not yet replayed (replay lag)."),
-    "ferry_node_replay_lag_seconds": ("gauge", "Temp-WAL backlog divided by the replay rate."),
-    "ferry_node_replayed_updates_total": ("counter", "Temp-WAL updates applied by replays of completed moves."),
-    "ferry_node_buffered_updates_total": ("counter", "Updates appended to temp WALs by completed moves."),
-    "ferry_node_replay_rate": ("summary", "Temp-WAL records/s applied by the replay of each completed move."),
-    "ferry_node_tempwal_ingest_rate": ("summary", "Records/s into a move's temp WAL before its replay (per completed move)."),
-    "ferry_node_tempwal_ingest": ("gauge", "Records/s into the temp WAL of a running move (since it started buffering)."),
-    "ferry_node_backpressure_seconds_total": ("counter", "Delay added to acknowledgements so a replay catches up."),
-    "ferry_node_partitions": ("gauge", "Partitions on this node by cache and state."),
-    "ferry_node_checkpoint_seconds": ("summary", "Duration of checkpoints started by the node."),
-    "ferry_node_topology_version": ("gauge", "Topology version known to this node."),
+log = logging.getLogger("ferry.node.metrics")
+
+# No ``<name>_created`` series: they would add a family per counter and summary to the
+# exposition, which has the names and only the names listed below (docs/node.md). The
+# switch is process-wide; in a node process this registry is the only user of the library.
+prometheus_client.disable_created_metrics()
+
+Kind = Literal["counter", "gauge", "summary"]
+
+# exposed name -> (type, help, label names). Label names are in sorted order, which is
+# the order the exposition has always printed them in.
+METRICS: dict[str, tuple[Kind, str, tuple[str, ...]]] = {
+    "ferry_node_updates_total": ("counter", "Acknowledged updates by cache and operation.", ("cache", "op")),
+    "ferry_node_update_seconds": ("summary", "Time from receiving an update to its acknowledgement.", ()),
+    "ferry_node_replication_failures_total": ("counter", "Updates not acknowledged because a backup failed.", ("cache",)),
+    "ferry_node_replication_lag_seconds": ("gauge", "Seconds since a backup partition last applied an update.", ("cache", "partition")),
+    "ferry_node_moves_done_total": ("counter", "Partitions that reached OWNING through a move.", ("cache",)),
+    "ferry_node_move_bytes_total": ("counter", "Bytes received by moves (files: on the wire; messages: keys and values).", ("cache",)),
+    "ferry_node_moves_in_progress": ("gauge", "Moves running on this node.", ()),
+    "ferry_node_moves_by_stage": ("gauge", "Moves running on this node by stage.", ("stage",)),
+    "ferry_node_move_stage_seconds": ("summary", "Time moves spent in each stage.", ("stage",)),
+    "ferry_node_replay_backlog": ("gauge", "Temp-WAL updates of a MOVING partition not yet replayed (replay lag).", ("cache", "partition")),
+    "ferry_node_replay_lag_seconds": ("gauge", "Temp-WAL backlog divided by the replay rate.", ("cache", "partition")),
+    "ferry_node_replayed_updates_total": ("counter", "Temp-WAL updates applied by replays of completed moves.", ("cache",)),
+    "ferry_node_buffered_updates_total": ("counter", "Updates appended to temp WALs by completed moves.", ("cache",)),
+    "ferry_node_replay_rate": ("summary", "Temp-WAL records/s applied by the replay of each completed move.", ()),
+    "ferry_node_tempwal_ingest_rate": ("summary", "Records/s into a move's temp WAL before its replay (per completed move).", ()),
+    "ferry_node_tempwal_ingest": ("gauge", "Records/s into the temp WAL of a running move (since it started buffering).", ("cache", "partition")),
+    "ferry_node_backpressure_seconds_total": ("counter", "Delay added to acknowledgements so a replay catches up.", ("cache",)),
+    "ferry_node_partitions": ("gauge", "Partitions on this node by cache and state.", ("cache", "state")),
+    "ferry_node_checkpoint_seconds": ("summary", "Duration of checkpoints started by the node.", ()),
+    "ferry_node_topology_version": ("gauge", "Topology version known to this node.", ()),
 }
 
+_CLASSES = {"counter": Counter, "gauge": Gauge, "summary": Summary}
+_METHOD_KIND: dict[str, Kind] = {"inc": "counter", "set": "gauge", "observe": "summary"}
 
-def _labels(labels: dict[str, str]) -> str:
-    if not labels:
-        return ""
-    inner = ",".join(f'{k}="{str(v).replace(chr(92), chr(92) * 2).replace(chr(34), chr(92) + chr(34))}"'
-                     for k, v in sorted(labels.items()))
-    return "{" + inner + "}"
+
+class _Registry(CollectorRegistry):
+    """A registry that runs the node's collectors before each exposition, so the HTTP
+    server (which only calls ``collect``) and ``render`` show the same fresh gauges."""
+
+    def __init__(self, refresh: Callable[[], None]) -> None:
+        super().__init__(auto_describe=True)
+        self._refresh = refresh
+        self._scrape = threading.Lock()   # one refresh + read at a time: clears race sets
+
+    def collect(self) -> Iterable[prometheus_client.Metric]:
+        with self._scrape:
+            self._refresh()
+            families = list(super().collect())
+        return iter(families)
+
+    def restricted_registry(self, names: Iterable[str]) -> RestrictedRegistry:
+        with self._scrape:                # ?name[]=... scrapes bypass collect()
+            self._refresh()
+        return super().restricted_registry(names)
 
 
 class Metrics:
+    """The node's metrics. ``inc``, ``set`` and ``observe`` never raise: a metric
+    must not fail the write it counts (a wrong name or label set is logged once)."""
+
     def __init__(self) -> None:
-        self._values: dict[tuple[str, str], float] = {}
-        self._lock = threading.Lock()
+        self.registry = _Registry(self._run_collectors)
         self.collectors: list[Callable[["Metrics"], None]] = []
+        self._lock = threading.Lock()
+        self._metrics: dict[str, tuple[Kind, tuple[str, ...], prometheus_client.metrics.MetricWrapperBase]] = {}
+        self._warned: set[tuple[str, str]] = set()
+        # gauges set by a collector: cleared before the next collection, so the series
+        # of a move that ended disappears instead of keeping its last value
+        self._collected: set[str] = set()
+        self._collecting = False
+        for name, (kind, text, labels) in METRICS.items():
+            self._declare(name, kind, text, labels)
+
+    def _declare(self, name: str, kind: Kind, text: str, labels: tuple[str, ...]):
+        metric = _CLASSES[kind](name, text, labelnames=labels, registry=self.registry)
+        self._metrics[name] = (kind, labels, metric)
+        return self._metrics[name]
+
+    def _child(self, method: str, name: str, labels: dict[str, str]):
+        kind = _METHOD_KIND[method]
+        entry = self._metrics.get(name)
+        if entry is None:                 # not in METRICS: declared on first use
+            with self._lock:
+                entry = self._metrics.get(name) or self._declare(
+                    name, kind, f"{name} (not documented in node/metrics.py)", tuple(sorted(labels)))
+        have_kind, names, metric = entry
+        if have_kind != kind or set(names) != set(labels):
+            self._warn(name, f"{method}({', '.join(sorted(labels))}) on a {have_kind} "
+                             f"with labels ({', '.join(names)})")
+            return None
+        return metric.labels(**{k: str(v) for k, v in labels.items()}) if names else metric
+
+    def _warn(self, name: str, what: str) -> None:
+        if (name, what) not in self._warned:
+            self._warned.add((name, what))
+            log.warning("stage=metrics metric %s: %s; not recorded", name, what)
 
     def inc(self, name: str, amount: float = 1, **labels: str) -> None:
-        k = (name, _labels(labels))
-        with self._lock:
-            self._values[k] = self._values.get(k, 0) + amount
+        if amount < 0:
+            self._warn(name, f"a counter cannot go down (inc by {amount})")
+            return
+        m = self._child("inc", name, labels)
+        if m is not None:
+            m.inc(amount)
 
     def set(self, name: str, value: float, **labels: str) -> None:
-        with self._lock:
-            self._values[(name, _labels(labels))] = value
+        m = self._child("set", name, labels)
+        if m is not None:
+            m.set(value)
+            if self._collecting:
+                self._collected.add(name)
 
     def observe(self, name: str, seconds: float, **labels: str) -> None:
-        self.inc(name + "_sum", seconds, **labels)
-        self.inc(name + "_count", 1, **labels)
+        m = self._child("observe", name, labels)
+        if m is not None:
+            m.observe(seconds)
+
+    def _run_collectors(self) -> None:
+        """Called by the registry with its scrape lock held."""
+        for name in self._collected:
+            self._metrics[name][2].clear()        # a no-op on a gauge without labels
+        self._collected = set()
+        self._collecting = True
+        try:
+            for c in self.collectors:
+                try:
+                    c(self)
+                except Exception:                 # a scrape still shows everything else
+                    log.exception("stage=metrics collector %r failed", c)
+        finally:
+            self._collecting = False
 
     def render(self) -> str:
-        for c in self.collectors:
-            c(self)
-        with self._lock:
-            items = sorted(self._values.items())
-        out, done = [], set()
-        for (name, labels), v in items:
-            base = name.removesuffix("_sum").removesuffix("_count")
-            if base not in done and base in HELP:
-                kind, text = HELP[base]
-                out += [f"# HELP {base} {text}", f"# TYPE {base} {kind}"]
-                done.add(base)
-            out.append(f"{name}{labels} {v:g}")
-        return "\n".join(out) + "\n"
+        """The text exposition (Prometheus 0.0.4), as ``GET /metrics`` serves it."""
+        return generate_latest(self.registry).decode()
 
 
-def serve(listen: str, metrics: Metrics) -> ThreadingHTTPServer:
-    host, port = parse_address(listen)
+class MetricsServer:
+    """The library's WSGI server on a daemon thread; ``shutdown`` stops it, closes its
+    socket (the port is free again) and joins the thread."""
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-            if self.path not in ("/metrics", "/"):
-                self.send_error(404, "metrics are at /metrics")
-                return
-            body = metrics.render().encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def __init__(self, listen: str, metrics: Metrics) -> None:
+        host, port = parse_address(listen)
+        self.httpd, self._thread = prometheus_client.start_http_server(
+            port, addr=host.strip("[]"), registry=metrics.registry)
+        self._thread.name = "metrics"
+        self.address = listen
 
-        def log_message(self, *args: object) -> None:
-            pass
+    def shutdown(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self._thread.join(timeout=5)
 
-    srv = ThreadingHTTPServer((host, port), Handler)
-    srv.daemon_threads = True
-    threading.Thread(target=srv.serve_forever, name="metrics", daemon=True).start()
-    return srv
+
+def serve(listen: str, metrics: Metrics) -> MetricsServer:
+    """Serve ``metrics`` on ``listen`` (HOST:PORT) at ``/metrics``."""
+    return MetricsServer(listen, metrics)
