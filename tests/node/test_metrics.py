@@ -166,3 +166,23 @@ def test_a_node_process_serves_metrics_that_parse(tmp_path, nodes) -> None:
     # a graceful stop shuts the server down with the node: exit 0, port free
     assert n.stop() == 0
     assert_port_free(mport)
+
+
+def test_the_grafana_dashboard_queries_only_exposed_series() -> None:
+    import json
+    import os
+    import re
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "grafana-rebalance.json")
+    with open(path) as f:
+        dash = json.load(f)
+    series = set()
+    for name, (kind, _, _) in METRICS.items():
+        series |= {name + "_sum", name + "_count"} if kind == "summary" else {name}
+    exprs = {p["title"]: " ".join(t["expr"] for t in p.get("targets", [])) for p in dash["panels"]}
+    used = set(re.findall(r"ferry_node_\w+", " ".join(exprs.values())))
+    assert used and used <= series, used - series
+    for title, metric in (("Moves by stage", "ferry_node_moves_by_stage"),
+                          ("Bytes/s received by moves", "ferry_node_move_bytes_total"),
+                          ("Replay lag", "ferry_node_replay_lag_seconds"),
+                          ("Foreground update latency (mean)", "ferry_node_update_seconds_count")):
+        assert metric in exprs[title], title
