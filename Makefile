@@ -1,24 +1,42 @@
 # Ferry: two entry points for a fresh machine.
-#   make demo   -> set up .venv and run `ferry demo`
-#   make test   -> set up .venv (and system test dependencies when run as root) and run the tests
+#   make demo   -> install what the demo needs (root + apt), set up .venv, run `ferry demo`
+#   make test   -> install the system test dependencies (root + apt), set up .venv, run the tests
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+ACCEL_INPUTS := $(VENV)/.accel-inputs
 
-.PHONY: demo test test-quick bench clean sysdeps
+.PHONY: demo test test-quick bench clean sysdeps sysdeps-demo FORCE
+# sysdeps must finish before the build inputs are read (it may install a header)
+.NOTPARALLEL:
 
-# The C accelerators (wal/_accel.c, checkpoint/_pageaccel.c) are built by the editable
-# install; a changed source rebuilds them. Without a compiler the pure-Python paths run.
-$(STAMP): pyproject.toml $(wildcard */*.c csrc/*.h)
+# What the C accelerators can be built with: the compiler and, for each header their
+# sources include, whether it is found (scripts/accel inputs). Rewritten only when that
+# changed, so its date moves only then: a header that appeared since the last install
+# (e.g. xxhash.h, installed by sysdeps just before) rebuilds the venv.
+$(ACCEL_INPUTS): FORCE
+	@mkdir -p $(VENV)
+	@$(PYTHON) scripts/accel inputs > $@.new
+	@if cmp -s $@.new $@; then rm -f $@.new; else mv $@.new $@; fi
+
+# The editable install builds the accelerators (optional: the install succeeds without
+# them and the pure-Python paths run). The in-place modules are removed first: setuptools
+# skips one whose sources did not change, even if it was built without a header that is
+# there now. The stamp lists which accelerators were built (scripts/accel built).
+$(STAMP): pyproject.toml $(wildcard */*.c csrc/*.h) $(ACCEL_INPUTS)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	rm -f wal/_accel.*.so checkpoint/_*accel.*.so indexes/_*accel.*.so
 	$(PY) -m pip install -q -e '.[dev]'
-	touch $(STAMP)
+	$(PY) scripts/accel built > $(STAMP).new
+	mv $(STAMP).new $(STAMP)
+	@sed 's/^/  /' $(STAMP)
 
-# system packages first (etcd for the control plane, Java for Spark, gcc and headers for
-# the C accelerators): installed when root with apt, else named
-demo: sysdeps $(STAMP)
+# system packages first: etcd (control plane) and Java (Spark) are required, gcc, the
+# Python headers and xxhash.h build the C accelerators; installed when root with apt,
+# else named (and the demo stops when a required one is missing)
+demo: sysdeps-demo $(STAMP)
 	$(VENV)/bin/ferry demo
 
 # system packages first: the editable install compiles the C accelerators with gcc
@@ -26,7 +44,10 @@ test: sysdeps $(STAMP)
 	$(PY) -m pytest -n 2 -q
 
 sysdeps:
-	./scripts/system-deps
+	./scripts/system-deps test
+
+sysdeps-demo:
+	./scripts/system-deps demo
 
 test-quick: $(STAMP)
 	$(PY) -m pytest -n 2 -q -m "not slow"
@@ -36,3 +57,5 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
+
+FORCE:
