@@ -164,6 +164,13 @@ class Membership:
     def _report_doc(self) -> dict[str, Any]:
         return {"boot": self.boot, "caches": self.report()}
 
+    def put_report(self) -> None:
+        """Write this node's report now. The lock orders build and put: a report built
+        earlier never lands after one built later (the controller removes an in-sync
+        copy whose report does not say OWNING)."""
+        with self._report_lock:
+            self.etcd.put(f"{self.prefix}/reports/{self.id}", self._report_doc(), lease=self.session.lease)
+
     def _reporter(self) -> None:
         while not self.stopping.is_set():
             self._report_dirty.wait(1.0)
@@ -172,9 +179,8 @@ class Membership:
             if not self._report_dirty.is_set():
                 continue
             self._report_dirty.clear()
-            lease = self.session.lease
             try:
-                self.etcd.put(f"{self.prefix}/reports/{self.id}", self._report_doc(), lease=lease)
+                self.put_report()
             except NodeError as e:
                 self._report_dirty.set()
                 log.info("stage=control report not sent (%s); retrying", str(e)[:120])
@@ -415,6 +421,9 @@ class Membership:
                 addr = self.map.address(prim)
             if addr is None or prim == self.id:
                 return
+            # the controller keeps in the set only copies that report OWNING: the report
+            # must be in etcd before the primary admits this copy
+            self.put_report()
             r = self.pool.call(addr, "join_isr", timeout=10.0, cache=cache, p=p, node=self.id)
             if r == "resync":
                 with self.map_lock:
@@ -502,10 +511,10 @@ class Membership:
                     continue
                 if me in ideal:
                     if st in (None, State.EVICTED, State.LOST):
+                        # (a LOST partition is reported by the controller's record; no
+                        # local state is needed for a copy this node never had)
                         if prim is not None and prim != me:
                             self.start_move(cache, p, "assigned by the map")
-                        elif rec.lost and st != State.LOST:
-                            self.states.set(cache, p, State.LOST, reason="no in-sync copy left")
                     elif st == State.MOVING:
                         self.start_move(cache, p, "resuming after restart or resync")
                     elif st == State.RENTING:

@@ -84,6 +84,7 @@ class Node(Membership, UpdatePath, Rebalancer):
         self._isr_joins: set[tuple[str, int]] = set()
         self._map_changed = threading.Condition()
         self._pending_requests: set[str] = set()
+        self._report_lock = threading.Lock()
         self._plocks: dict[tuple[str, int], threading.RLock] = {}
         self._plocks_lock = threading.Lock()
         self.fenced: dict[tuple[str, int], float] = {}
