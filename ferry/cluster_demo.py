@@ -14,12 +14,15 @@ import os
 import random
 import threading
 import time
-from typing import Any, Callable
+from typing import Any
 
 from checkpoint import pagefile
 from indexes import IndexDefinition, IndexStore, PartitionFileSource
 from node.assignment import partition_of
 from node.localcluster import LocalCluster, key_of, value_of
+
+from .demo_ui import DemoUI, MoveRow
+from .demo_validate import validate as validate_with_progress
 
 CACHE = "default"
 INDEX = IndexDefinition("by_city", "city")
@@ -59,22 +62,18 @@ class Writer(threading.Thread):
 
 
 def run_cluster_demo(root: str, *, entries: int, partitions: int, nodes: int,
-                     validate: bool, master: str, log: Callable[[str], None]) -> dict[str, Any]:
+                     validate: bool, master: str, ui: DemoUI) -> dict[str, Any]:
     t0 = time.monotonic()
     model: dict[bytes, bytes | None] = {}
     with LocalCluster(root, partitions=partitions, backups=1, mode="files") as c:
-        log(f"starting a local etcd (the control plane) and {nodes} nodes on loopback in {root}")
+        ui.step(f"starting a local etcd (the control plane) and {nodes} nodes on loopback in {root}")
         c.start(nodes)
-        log(f"control plane {', '.join(c.control_plane)}; controller {c.status().get('controller')}, "
-            f"lease TTL {c.lease_ttl}s")
-        log(f"loading {entries:,} entries (JSON values, index by_city)...")
-        last = [0.0]
-
-        def load_progress(done: int, total: int) -> None:
-            if time.monotonic() - last[0] > 5 or done == total:
-                last[0] = time.monotonic()
-                log(f"  loaded {done:,}/{total:,}")
-        c.load(entries, value_size=100, progress=load_progress)
+        ui.note(f"control plane {', '.join(c.control_plane)}; controller {c.status().get('controller')}, "
+                f"lease TTL {c.lease_ttl} s")
+        ui.step(f"loading {entries:,} entries (JSON values, index by_city)")
+        t_load = time.monotonic()
+        with ui.counter("entries loaded", entries) as report:
+            c.load(entries, value_size=100, progress=lambda done, total: report(done))
         for i in range(entries):
             model[key_of(i)] = value_of(i, 100)
         t_loaded = time.monotonic()
@@ -82,27 +81,29 @@ def run_cluster_demo(root: str, *, entries: int, partitions: int, nodes: int,
         writer = Writer(c, entries, model)
         writer.start()
         time.sleep(0.5)
-        log(f"node n{nodes + 1} joins; rebalancing file-based under live writes")
+        ui.step(f"node n{nodes + 1} joins; rebalancing file-based under live writes")
         t_join = time.time()
         writes_before = writer.writes
         c.add_node(wait=False)
-        c.wait_all_owning(timeout=300, progress=_move_printer(log))
+        with ui.moves("partitions settled") as view:
+            c.wait_all_owning(timeout=300, progress=lambda doc: view.update(*_rows(doc, ui.arrow)))
         t_owning = time.time()
         writes_during = writer.writes - writes_before
         time.sleep(0.5)                     # writes after OWNING go to the new owners
         writer.stop_evt.set()
         writer.join()
-        moves = [m for m in c.moves_done() if m["finished"] >= t_join]
+        moves = sorted((m for m in c.moves_done() if m["finished"] >= t_join), key=lambda m: m["finished"])
         status = c.status()
         control_plane, lease_ttl = ",".join(c.control_plane), c.lease_ttl
     # every node stopped gracefully (checkpoint, exit): its files are what it holds
+    ui.step("checking the invariants on every node's files")
     owners = {(p["partition"]): list(p["owners"]) for p in status["partitions"]}
     invariants = check_files(root, owners, model, partitions)
     invariants["writer_had_no_error"] = writer.error is None
     invariants["b_plus_1_owning_copies"] = all(len(o) == 2 for o in owners.values())
     invariants["every_owner_in_sync"] = all(sorted(p.get("in_sync", [])) == sorted(p["owners"])
                                             for p in status["partitions"])
-    bytes_moved = sum(int(m.get("wire_bytes") or m.get("bytes") or 0) for m in moves)
+    bytes_moved = sum(_bytes(m) for m in moves)
     move_seconds = t_owning - t_join
     summary: dict[str, Any] = {
         "flow": f"{nodes}-node cluster on loopback; node n{nodes + 1} joins; file-based moves",
@@ -117,15 +118,21 @@ def run_cluster_demo(root: str, *, entries: int, partitions: int, nodes: int,
         "stage_seconds": {f"{m['cache']}/{m['partition']}": m.get("stage_seconds", {}) for m in moves},
         "writes_during_move": writes_during,
         "writes_total": writer.writes,
-        "load_seconds": round(t_loaded - t0, 1),
+        "load_seconds": round(t_loaded - t0, 1),       # from the start, with etcd and the nodes
+        "entries": entries,
+        "load_put_seconds": round(t_loaded - t_load, 1),
+        "load_entries_per_s": round(entries / max(t_loaded - t_load, 1e-6)),
+        "updates_buffered_in_temp_wal": sum(int(m.get("buffered") or 0) for m in moves),
+        "updates_replayed": sum(int(m.get("replayed") or 0) for m in moves),
+        "stages": stage_order(moves),
+        "moves": [_move_row(m) for m in moves],
         "invariants": invariants,
         "invariants_ok": all(invariants.values()),
     }
     if writer.error is not None:
         summary["writer_error"] = repr(writer.error)
     if validate:
-        log("running Spark validation (local mode)...")
-        from validation import validate as spark_validate
+        ui.step(f"running the Spark validation job ({master}) against the model of acknowledged writes")
         expected = os.path.join(root, "expected.jsonl")
         with open(expected, "w") as f:
             for k, v in model.items():
@@ -133,34 +140,54 @@ def run_cluster_demo(root: str, *, entries: int, partitions: int, nodes: int,
                                     "value": None if v is None else v.decode()}) + "\n")
         dirs = sorted(os.path.join(root, d) for d in os.listdir(root)
                       if os.path.isfile(os.path.join(root, d, "node.id")))
-        try:
-            v = spark_validate(dirs, master=master, expected=expected)
-        finally:
-            from validation.session import stop_gateway
-            stop_gateway()        # no JVM outlives the demo
+        v = validate_with_progress(ui, dirs, master=master, expected=expected)
         summary["validation"] = {"passed": v["passed"], "partitions_checked": v["partitions_checked"],
                                  "entries": v["entries"], "divergent": v["divergent"],
                                  "corrupt_pages": v["corrupt_pages"], "expected": v.get("expected"),
-                                 "seconds": v["seconds"]}
+                                 "seconds": v["seconds"], "spark_start_seconds": v["spark_start_seconds"]}
     else:
         summary["validation"] = {"passed": None, "skipped": "--no-validate"}
     summary["seconds"] = round(time.monotonic() - t0, 1)
     return summary
 
 
-def _move_printer(log: Callable[[str], None]) -> Callable[[dict[str, Any]], None]:
-    last = [""]
+# the demander's stages of a files move, in order (node/filemove.py)
+STAGES = ("prepare", "demand", "transfer", "install", "index rebuild", "replay", "checkpoint wait")
 
-    def show(doc: dict[str, Any]) -> None:
-        moves = doc.get("moves", [])
-        line = "  moves: " + ("  ".join(
-            f"p{m['partition']}->{m['to']}:{m['stage']}"
-            + (f" {100 * m['bytes'] // m['bytes_total']}%" if m.get("bytes_total") else "")
-            for m in moves) or "none running")
-        if line != last[0]:
-            last[0] = line
-            log(line)
-    return show
+
+def stage_order(moves: list[dict[str, Any]]) -> list[str]:
+    """The stages these moves went through, in the order a move takes them (a stage
+    of another mode, e.g. messages' fetch and catchup, after them)."""
+    seen = [st for m in moves for st in m.get("stage_seconds", {})]
+    return [st for st in STAGES if st in seen] + list(dict.fromkeys(st for st in seen if st not in STAGES))
+
+
+def _bytes(m: dict[str, Any]) -> int:
+    return int(m.get("wire_bytes") or m.get("bytes") or 0)
+
+
+def _move_row(m: dict[str, Any]) -> dict[str, Any]:
+    """One finished move, for the summary table and ``--json`` (``moves``)."""
+    transfer = m.get("stage_seconds", {}).get("transfer") or 0
+    return {"partition": f"{m['cache']}/{m['partition']}", "from": m["from"], "to": m["to"],
+            "bytes": _bytes(m), "stage_seconds": m.get("stage_seconds", {}),
+            "seconds_to_owning": round(m["seconds_to_owning"], 3),
+            "mb_per_s": round(_bytes(m) / transfer / 1e6, 1) if transfer > 0 else None,
+            "buffered": m.get("buffered"), "replayed": m.get("replayed")}
+
+
+def _rows(doc: dict[str, Any], arrow: str = "->") -> tuple[list[MoveRow], tuple[int, int]]:
+    """The running moves of a status document, and (partitions settled, partitions):
+    settled = exactly its ideal owners hold it, all OWNING."""
+    rows = [MoveRow(key=f"{m['cache']}/{m['partition']} {arrow} {m['to']}", stage=m["stage"],
+                    label=f"{m['cache']}/{m['partition']} {m['from'] or '?'} {arrow} {m['to']}",
+                    bytes=int(m.get("bytes") or 0), bytes_total=int(m.get("bytes_total") or 0),
+                    rate_bps=m.get("rate_bps"), eta_s=m.get("eta_s"))
+            for m in doc.get("moves", [])]
+    parts = doc.get("partitions", [])
+    settled = sum(1 for p in parts if set(p["states"].values()) == {"OWNING"}
+                  and sorted(p["states"]) == sorted(p["owners"]))
+    return rows, (settled, len(parts))
 
 
 def check_files(root: str, owners: dict[int, list[str]], model: dict[bytes, bytes | None],

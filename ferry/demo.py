@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 
 import click
 
+from .demo_ui import DemoUI, MovesView, MoveRow, print_summary
+
 MOVE_STAGES = ("buffering", "transfer", "index rebuild", "replay", "checkpoint", "OWNING")
 
 
@@ -199,19 +201,22 @@ def _read(wal, lsn: int, limit: int | None) -> list:
     return list(itertools.islice(wal.read_from(lsn), limit))
 
 
-def _start_supplier(root: str, secret_file: str, entries: int, partitions: int, rate: float) -> tuple[subprocess.Popen, dict]:
+def _start_supplier(root: str, secret_file: str, entries: int, partitions: int, rate: float,
+                    ui: DemoUI) -> tuple[subprocess.Popen, dict]:
     port_file = os.path.join(root, "supplier.ports")
     proc = subprocess.Popen(
         [sys.executable, "-m", "ferry.demo_supplier", "--data", os.path.join(root, "supplier"),
          "--entries", str(entries), "--partitions", str(partitions), "--secret-file", secret_file,
          "--port-file", port_file, "--rate", str(rate)],
         stdout=subprocess.PIPE, text=True)
-    for line in proc.stdout:          # loading progress, then "serving"
-        ev = json.loads(line)
-        if ev["event"] == "loading":
-            _log(f"supplier: loading entries {ev['done']:,}/{ev['total']:,}")
-        elif ev["event"] == "serving":
-            break
+    with ui.counter("entries loaded", entries) as report:
+        for line in proc.stdout:          # loading progress, then "serving"
+            ev = json.loads(line)
+            if ev["event"] == "loading":
+                report(ev["done"])
+            elif ev["event"] == "serving":
+                report(entries)
+                break
     if proc.poll() is not None:
         raise click.ClickException(f"supplier process exited with status {proc.returncode}")
     threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
@@ -219,16 +224,8 @@ def _start_supplier(root: str, secret_file: str, entries: int, partitions: int, 
         return proc, json.load(f)
 
 
-_quiet = False
-
-
-def _log(msg: str) -> None:
-    if not _quiet:
-        click.echo(msg, err=True)
-
-
 def run_demo(root: str, *, entries: int, partitions: int, move_every: int, rate: float,
-             validate: bool, master: str) -> dict:
+             validate: bool, master: str, ui: DemoUI) -> dict:
     from transfer.auth import load_secret
     from .demo_wire import DemoFrame
 
@@ -239,7 +236,10 @@ def run_demo(root: str, *, entries: int, partitions: int, move_every: int, rate:
     secret = load_secret(secret_file)
 
     t0 = time.monotonic()
-    proc, ports = _start_supplier(root, secret_file, entries, partitions, rate)
+    ui.step(f"starting the supplier process: {entries:,} entries in {partitions} partitions, "
+            f"a writer at {rate:,.0f} writes/s")
+    proc, ports = _start_supplier(root, secret_file, entries, partitions, rate, ui)
+    t_loaded = time.monotonic()
     try:
         dem = DemoDemander(os.path.join(root, "demander"), secret,
                            f"127.0.0.1:{ports['transfer_port']}", ("127.0.0.1", ports["control_port"]))
@@ -249,18 +249,22 @@ def run_demo(root: str, *, entries: int, partitions: int, move_every: int, rate:
             dem.locks[p] = threading.Lock()
         for p in range(partitions):
             dem.locks.setdefault(p, threading.Lock())
-        _log(f"supplier loaded {entries:,} entries in {partitions} partitions "
-             f"({time.monotonic() - t0:.1f}s); moving {len(moving)} partitions under live writes")
+        ui.step(f"moving {len(moving)} partitions to the demander process under live writes")
         dem.call(DemoFrame.START_WRITES)
         t_move = time.monotonic()
-        stop_progress = threading.Event()
-        progress = threading.Thread(target=_show_progress, args=(dem, stop_progress), daemon=True)
-        progress.start()
-        with ThreadPoolExecutor(max_workers=2) as pool:       # two moves at a time
-            done = list(pool.map(dem.move, moving))
+        with ui.moves("partitions OWNING") as view:
+            stop_progress = threading.Event()
+            progress = threading.Thread(target=_show_progress, args=(dem, view, stop_progress),
+                                        daemon=True)
+            progress.start()
+            try:
+                with ThreadPoolExecutor(max_workers=2) as pool:       # two moves at a time
+                    done = list(pool.map(dem.move, moving))
+            finally:
+                stop_progress.set()
+                progress.join()
+            view.update(*_rows(dem))
         move_seconds = time.monotonic() - t_move
-        stop_progress.set()
-        progress.join()
         time.sleep(0.5)                                       # writes after OWNING, direct path
         stopped = dem.call(DemoFrame.STOP_WRITES)
         dem.call(DemoFrame.SHUTDOWN)
@@ -273,6 +277,7 @@ def run_demo(root: str, *, entries: int, partitions: int, move_every: int, rate:
 
     sup_dir = os.path.join(root, "supplier")
     dem_dir = os.path.join(root, "demander")
+    ui.step("checking the invariants on both processes' files")
     invariants = check_invariants(sup_dir, dem_dir, moving)
     bytes_moved = sum(m.bytes for m in done)
     summary = {
@@ -286,40 +291,52 @@ def run_demo(root: str, *, entries: int, partitions: int, move_every: int, rate:
         "writes_during_move": stopped["writes"],
         "updates_buffered_in_temp_wal": sum(m.buffered for m in done),
         "updates_replayed": sum(m.replayed for m in done),
+        "entries": entries,
+        "load_put_seconds": round(t_loaded - t0, 1),
+        "load_entries_per_s": round(entries / max(t_loaded - t0, 1e-6)),
+        "stages": [st for st in MOVE_STAGES if st != "OWNING"],
+        "moves": [{"partition": str(m.partition), "from": "supplier", "to": "demander",
+                   "bytes": m.bytes, "stage_seconds": {k: v for k, v in m.stage_seconds.items()
+                                                       if k in MOVE_STAGES},
+                   "seconds_to_owning": m.seconds_to_owning,
+                   "mb_per_s": (round(m.bytes / m.stage_seconds["transfer"] / 1e6, 1)
+                                if m.stage_seconds.get("transfer") else None),
+                   "buffered": m.buffered, "replayed": m.replayed} for m in done],
         "invariants": invariants,
         "invariants_ok": all(invariants.values()),
     }
     if validate:
-        _log("running Spark validation (local mode)...")
-        from validation import validate as spark_validate
-        try:
-            v = spark_validate([sup_dir, dem_dir], master=master, expected=stopped["expected"])
-        finally:
-            from validation.session import stop_gateway
-            stop_gateway()        # no JVM outlives the demo
+        ui.step(f"running the Spark validation job ({master}) against the model of acknowledged writes")
+        from .demo_validate import validate as validate_with_progress
+        v = validate_with_progress(ui, [sup_dir, dem_dir], master=master, expected=stopped["expected"])
         summary["validation"] = {"passed": v["passed"], "partitions_checked": v["partitions_checked"],
                                  "entries": v["entries"], "divergent": v["divergent"],
-                                 "expected": v.get("expected"), "seconds": v["seconds"]}
+                                 "expected": v.get("expected"), "seconds": v["seconds"],
+                                 "spark_start_seconds": v["spark_start_seconds"]}
     else:
         summary["validation"] = {"passed": None, "skipped": "--no-validate"}
     summary["seconds"] = round(time.monotonic() - t0, 1)
     return summary
 
 
-def _show_progress(dem: DemoDemander, stop: threading.Event) -> None:
-    last = ""
-    while not stop.wait(1.0):
-        parts = []
-        for m in dem.moves.values():
-            if m.stage == "transfer" and m.bytes_total:
-                parts.append(f"p{m.partition}:{m.stage} {100 * m.bytes // m.bytes_total}%")
-            elif m.stage not in ("queued", "OWNING"):
-                parts.append(f"p{m.partition}:{m.stage}")
-        owning = sum(m.stage == "OWNING" for m in dem.moves.values())
-        line = f"  moves: {owning}/{len(dem.moves)} OWNING  " + "  ".join(parts)
-        if line != last:
-            _log(line)
-            last = line
+def _rows(dem: DemoDemander) -> tuple[list[MoveRow], tuple[int, int]]:
+    """The running moves, and (partitions OWNING, partitions to move)."""
+    now = time.monotonic()
+    rows = []
+    for m in list(dem.moves.values()):
+        if m.stage in ("queued", "OWNING"):
+            continue
+        rate = m.bytes / max(now - m.started, 1e-6) if m.stage == "transfer" and m.bytes else None
+        eta = (m.bytes_total - m.bytes) / rate if rate and m.bytes_total else None
+        rows.append(MoveRow(key=f"partition {m.partition}", stage=m.stage, bytes=m.bytes,
+                            bytes_total=m.bytes_total, rate_bps=rate, eta_s=eta))
+    owning = sum(m.stage == "OWNING" for m in dem.moves.values())
+    return rows, (owning, len(dem.moves))
+
+
+def _show_progress(dem: DemoDemander, view: MovesView, stop: threading.Event) -> None:
+    while not stop.wait(0.25):
+        view.update(*_rows(dem))
 
 
 def check_invariants(sup_dir: str, dem_dir: str, moved: list[int]) -> dict[str, bool]:
@@ -379,8 +396,7 @@ def demo(root: str | None, entries: int, partitions: int, nodes: int, two_proces
     and moves its partitions file-based while a writer keeps writing, checks the
     invariants on every node's files and runs the Spark validation job in local mode.
     Exit 0 only when every invariant holds and validation passes."""
-    global _quiet
-    _quiet = as_json
+    ui = DemoUI(quiet=as_json)
     if root is None:
         os.makedirs("demo-run", exist_ok=True)
         root = tempfile.mkdtemp(prefix="ferry-demo-", dir="demo-run")
@@ -390,42 +406,17 @@ def demo(root: str | None, entries: int, partitions: int, nodes: int, two_proces
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if two_process:
         summary = run_demo(root, entries=entries, partitions=partitions, move_every=move_every,
-                           rate=rate, validate=not no_validate, master=master)
+                           rate=rate, validate=not no_validate, master=master, ui=ui)
     else:
         from .cluster_demo import run_cluster_demo
         summary = run_cluster_demo(root, entries=entries, partitions=partitions, nodes=nodes,
-                                   validate=not no_validate, master=master, log=_log)
+                                   validate=not no_validate, master=master, ui=ui)
     summary["dir"] = root
     ok = summary["invariants_ok"] and summary["validation"].get("passed") is not False
     if as_json:
         click.echo(json.dumps(summary, indent=None))
     else:
-        _print_summary(summary)
+        print_summary(ui, summary)
     if ok and not keep:
         shutil.rmtree(root, ignore_errors=True)
     sys.exit(0 if ok else 1)
-
-
-def _print_summary(s: dict) -> None:
-    click.echo(f"\nFerry demo: {s['flow']}")
-    if "control_plane" in s:
-        cp = s["control_plane"]
-        click.echo(f"  control plane        etcd {cp['etcd']}, controller {cp['controller']}, "
-                   f"lease TTL {cp['lease_ttl_s']} s")
-    click.echo(f"  partitions moved     {s['partitions_moved']}")
-    click.echo(f"  bytes moved          {s['bytes_moved']:,} ({s['mb_per_s']} MB/s over {s['move_seconds']} s)")
-    extra = (f" ({s['updates_buffered_in_temp_wal']:,} buffered in temp WALs, "
-             f"{s['updates_replayed']:,} replayed)") if "updates_replayed" in s else ""
-    click.echo(f"  writes during move   {s['writes_during_move']:,}{extra}")
-    for p, secs in s["seconds_to_owning"].items():
-        stages = {k: round(v, 3) for k, v in s["stage_seconds"].get(p, {}).items()}
-        click.echo(f"  partition {p:>10} OWNING after {secs:.2f} s   stages {stages}")
-    for name, ok in s["invariants"].items():
-        click.echo(f"  invariant {name:<34} {'ok' if ok else 'FAILED'}")
-    v = s["validation"]
-    if v.get("passed") is None:
-        click.echo("  Spark validation     skipped")
-    else:
-        click.echo(f"  Spark validation     {'passed' if v['passed'] else 'FAILED'}: "
-                   f"{v['partitions_checked']} partitions, {v['entries']:,} entries, {v['seconds']} s")
-    click.echo(f"  total                {s['seconds']} s")

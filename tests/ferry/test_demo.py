@@ -32,7 +32,18 @@ def test_cluster_demo_rebalances_a_join_under_writes(py_env, python, tmp_path) -
     assert 3 <= s["partitions_moved"] <= 14
     assert s["bytes_moved"] > 0
     assert s["writes_during_move"] > 0
-    assert len(s["seconds_to_owning"]) == s["partitions_moved"]
+    # one row per move: where from, where to, seconds per stage in the order a move takes them
+    assert len(s["moves"]) == s["partitions_moved"]
+    assert set(s["seconds_to_owning"]) == {m["partition"] for m in s["moves"]}
+    assert s["stages"] == ["prepare", "demand", "transfer", "install", "index rebuild", "replay",
+                           "checkpoint wait"]
+    for m in s["moves"]:
+        assert m["to"] == "n4" and m["from"] in ("n1", "n2", "n3"), m
+        assert set(m["stage_seconds"]) <= set(s["stages"]) and "transfer" in m["stage_seconds"], m
+        assert m["bytes"] > 0 and m["seconds_to_owning"] > 0
+    assert sum(m["bytes"] for m in s["moves"]) == s["bytes_moved"]
+    assert s["entries"] == 20000 and s["load_entries_per_s"] > 0
+    assert s["updates_replayed"] >= 0 and s["control_plane"]["controller"] in ("n1", "n2", "n3")
     assert s["invariants_ok"] is True and all(s["invariants"].values()), s["invariants"]
     work = tmp_path / "demo"
     assert not list(work.rglob("*.delta"))
@@ -46,11 +57,32 @@ def test_two_process_demo_moves_partitions_under_writes(py_env, python, tmp_path
     assert s["bytes_moved"] > 0
     assert s["writes_during_move"] > 0
     assert set(s["seconds_to_owning"]) == {"0", "4"}
+    assert s["stages"] == ["buffering", "transfer", "index rebuild", "replay", "checkpoint"]
+    assert [m["partition"] for m in sorted(s["moves"], key=lambda m: int(m["partition"]))] == ["0", "4"]
+    assert all(set(m["stage_seconds"]) == set(s["stages"]) for m in s["moves"]), s["moves"]
     assert s["invariants_ok"] is True and all(s["invariants"].values())
     work = tmp_path / "demo"
     # nothing left behind: no temp WAL, no delta file, no supplier process
     assert not os.listdir(work / "demander" / "tmpwal")
     assert not list(work.rglob("*.delta"))
+
+
+def test_demo_output_off_a_terminal_is_plain_text(py_env, python, tmp_path) -> None:
+    """Without --json and with stdout/stderr captured: steps and stage lines on stderr,
+    the summary table and checklist on stdout, no escape sequences, no live display."""
+    r = subprocess.run([python, "-m", "ferry", "demo", "--dir", str(tmp_path / "demo"), "--two-process",
+                        "--no-validate", "--entries", "20000", "--partitions", "8"],
+                       env=py_env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert "\x1b[" not in r.stdout + r.stderr
+    assert "> moving 2 partitions to the demander process under live writes" in r.stderr
+    assert "partitions OWNING: 2/2" in r.stderr
+    assert "Moves: seconds per stage" in r.stdout
+    rows = [line.split() for line in r.stdout.splitlines() if "supplier → demander" in line]
+    assert sorted(row[0] for row in rows) == ["0", "4"] and all(len(row) == 13 for row in rows), rows
+    assert "  ✓ moved partitions equal the supplier's, entry by entry" in r.stdout
+    assert "Spark validation  skipped (--no-validate)" in r.stdout
+    assert r.stdout.rstrip().splitlines()[-1].endswith("all invariants hold")
 
 
 @pytest.mark.slow
@@ -67,6 +99,7 @@ def test_demo_with_spark_validation(py_env, python, tmp_path) -> None:
     assert s["validation"]["partitions_checked"] == 8
     assert s["validation"]["divergent"] == []
     assert s["validation"]["corrupt_pages"] == []
+    assert 0 < s["validation"]["spark_start_seconds"] < s["validation"]["seconds"]
 
 
 def test_demo_refuses_a_non_empty_folder(py_env, python, tmp_path) -> None:

@@ -1,0 +1,313 @@
+"""What ``ferry demo`` shows: progress while it runs (stderr) and the summary (stdout).
+
+On a terminal, rich live displays: a bar for the load, one row per running move with
+its stage, bytes, rate and ETA, and the Spark job's tasks; then the summary as tables
+(one row per move, a column per stage) and the invariants as a checklist. When the
+stream is not a terminal (a pipe, a log file, a test capturing output), the same calls
+print plain lines: one per step, one each time a move enters a stage, and the tables
+without colour. ``--json`` silences the progress; the summary is then the JSON object.
+"""
+from __future__ import annotations
+
+import os
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+from rich import box
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TaskID,
+                           TextColumn, TimeElapsedColumn, TimeRemainingColumn)
+from rich.table import Column, Table
+
+PLAIN_WIDTH = 120           # tables printed to a file or pipe (rich's default is 80)
+
+
+def _console(stderr: bool, quiet: bool = False) -> Console:
+    c = Console(stderr=stderr, quiet=quiet, highlight=False)
+    if not c.is_terminal and "COLUMNS" not in os.environ:
+        c.width = PLAIN_WIDTH
+    return c
+
+
+def mb(n: float) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
+@dataclass
+class MoveRow:
+    """One running move as a demo sees it at a poll."""
+    key: str                    # what identifies it across polls: "default/3 -> n4"
+    stage: str
+    bytes: int = 0
+    bytes_total: int = 0
+    rate_bps: float | None = None
+    eta_s: float | None = None
+    label: str = ""             # what names it on screen (default: the key)
+
+
+class DemoUI:
+    def __init__(self, quiet: bool = False) -> None:
+        self.err = _console(stderr=True, quiet=quiet)
+        self.out = _console(stderr=False)
+        self.live = self.err.is_terminal and not quiet
+        utf = (self.out.encoding or "").lower().startswith("utf")
+        self.ok_mark, self.bad_mark = ("✓", "✗") if utf else ("ok", "FAILED")
+        self.arrow = "→" if utf else "->"
+
+    def step(self, text: str) -> None:
+        """A phase of the demo begins (plain text: no markup is read from it)."""
+        self.err.print(f"[bold cyan]>[/] {escape(text)}")
+
+    def note(self, text: str) -> None:
+        self.err.print(f"  {escape(text)}", style="dim")
+
+    # -- load -------------------------------------------------------------------------
+    @contextmanager
+    def counter(self, what: str, total: int) -> Iterator[Callable[[int], None]]:
+        """``report(done)`` as the work proceeds: a bar with rate and ETA on a terminal,
+        else a line every 5 s and one at the end."""
+        if self.live:
+            with Progress(TextColumn("  {task.description}"), BarColumn(bar_width=40),
+                          MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
+                          TimeRemainingColumn(), console=self.err, transient=False) as prog:
+                task = prog.add_task(what, total=total, rate="")
+                t0 = time.monotonic()
+
+                def report(done: int) -> None:
+                    el = max(time.monotonic() - t0, 1e-6)
+                    prog.update(task, completed=done, rate=f"{done / el:,.0f}/s")
+                yield report
+            return
+        t0 = time.monotonic()
+        last = [t0]
+
+        def report_plain(done: int) -> None:
+            now = time.monotonic()
+            if now - last[0] >= 5 or done >= total:
+                last[0] = now
+                self.note(f"{what} {done:,}/{total:,} ({done / max(now - t0, 1e-6):,.0f}/s)")
+        yield report_plain
+
+    # -- moves ------------------------------------------------------------------------
+    @contextmanager
+    def moves(self, overall: str) -> Iterator["MovesView"]:
+        """Live rows of the running moves; ``overall`` names the bar of the whole
+        rebalance (e.g. "partitions settled")."""
+        if not self.live:
+            view = MovesView(self, None, overall)
+            yield view
+            view.close()
+            return
+        prog = Progress(SpinnerColumn(finished_text=self.ok_mark),
+                        TextColumn("{task.description}", style="bold", table_column=Column(min_width=20)),
+                        TextColumn("{task.fields[stage]}", style="magenta", table_column=Column(min_width=15)),
+                        BarColumn(bar_width=28), TextColumn("{task.fields[size]}"),
+                        TextColumn("{task.fields[rate]}"), TextColumn("{task.fields[eta]}"),
+                        console=self.err, transient=False)
+        with prog:
+            view = MovesView(self, prog, overall)
+            yield view
+            view.close()
+
+    # -- a step without figures of its own (Spark) --------------------------------------
+    @contextmanager
+    def tasks(self, what: str) -> Iterator[Callable[[int, int, str], None]]:
+        """``report(done, total, detail)``: a spinner, a bar and the elapsed time on a
+        terminal; else a line when ``detail`` changes."""
+        if self.live:
+            with Progress(SpinnerColumn(), TextColumn("  {task.description}"),
+                          BarColumn(bar_width=30), MofNCompleteColumn(),
+                          TextColumn("{task.fields[detail]}", style="dim"), TimeElapsedColumn(),
+                          console=self.err, transient=False) as prog:
+                task = prog.add_task(what, total=None, detail="")
+
+                def report(done: int, total: int, detail: str) -> None:
+                    prog.update(task, completed=done, total=total or None, detail=detail)
+                yield report
+                t = prog.tasks[0]
+                prog.update(task, completed=t.total or 1, total=t.total or 1)
+            return
+        last = [""]
+
+        def report_plain(done: int, total: int, detail: str) -> None:
+            if detail and detail != last[0]:
+                last[0] = detail
+                self.note(f"{what}: {detail}")
+        yield report_plain
+
+
+class MovesView:
+    """Rows of running moves, updated from each poll; a move that is no longer
+    running reached OWNING."""
+
+    def __init__(self, ui: DemoUI, prog: Progress | None, overall: str) -> None:
+        self.ui, self.prog = ui, prog
+        self.rows: dict[str, TaskID | None] = {}
+        self.labels: dict[str, str] = {}
+        self.stages: dict[str, str] = {}
+        self.done: set[str] = set()
+        self.overall_name = overall
+        self.overall: TaskID | None = None
+        self._settled: tuple[int, int] | None = None
+
+    def update(self, rows: list[MoveRow], settled: tuple[int, int] | None = None) -> None:
+        """``rows``: the moves running now; ``settled``: (done, total) for the bar
+        of the whole rebalance."""
+        running = {r.key for r in rows}
+        for r in rows:
+            self._show(r)
+        for key in list(self.rows):
+            if key not in running and key not in self.done:
+                self._owning(key)
+        if settled is not None:
+            self._overall(*settled)
+
+    def _show(self, r: MoveRow) -> None:
+        self.done.discard(r.key)                 # a move that restarted runs again
+        self.labels[r.key] = label = r.label or r.key
+        if self.prog is None:
+            if self.stages.get(r.key) != r.stage:
+                size = f"  {mb(r.bytes)} of {mb(r.bytes_total)}" if r.bytes_total else ""
+                self.ui.note(f"move {label}: {r.stage}{size}")
+            self.rows.setdefault(r.key, None)
+            self.stages[r.key] = r.stage
+            return
+        fields = {"stage": r.stage,
+                  "size": f"{mb(r.bytes)}/{mb(r.bytes_total)}" if r.bytes_total else "",
+                  "rate": f"{r.rate_bps / 1e6:.1f} MB/s" if r.rate_bps else "",
+                  "eta": f"eta {r.eta_s:.1f}s" if r.eta_s is not None else ""}
+        total = r.bytes_total or None
+        if r.key not in self.rows or self.rows[r.key] is None:
+            self.rows[r.key] = self.prog.add_task(label, total=total, completed=r.bytes, **fields)
+        else:
+            self.prog.update(self.rows[r.key], description=label, total=total, completed=r.bytes,
+                             **fields)
+        self.stages[r.key] = r.stage
+
+    def _owning(self, key: str) -> None:
+        self.done.add(key)
+        self.stages[key] = "OWNING"
+        if self.prog is None:
+            self.ui.note(f"move {self.labels.get(key, key)}: OWNING")
+            return
+        task = self.rows[key]
+        t = self.prog.tasks[[x.id for x in self.prog.tasks].index(task)]
+        total = t.total or 1
+        self.prog.update(task, total=total, completed=total, stage="OWNING", rate="", eta="")
+
+    def _overall(self, done: int, total: int) -> None:
+        if self._settled == (done, total):
+            return
+        self._settled = (done, total)
+        if self.prog is None:
+            self.ui.note(f"{self.overall_name}: {done}/{total}")
+            return
+        fields = {"stage": "", "size": f"{done}/{total}", "rate": "", "eta": ""}
+        if self.overall is None:
+            self.overall = self.prog.add_task(self.overall_name, total=total, completed=done, **fields)
+        else:
+            self.prog.update(self.overall, total=total, completed=done, **fields)
+
+    def close(self) -> None:
+        for key in list(self.rows):
+            if key not in self.done:
+                self._owning(key)
+
+
+# -- the summary --------------------------------------------------------------------------
+# how the checklist names the invariants of both demos (others: underscores as spaces)
+INVARIANTS = {
+    "acknowledged_writes_on_every_owner": "every acknowledged write on every owner",
+    "owners_hold_identical_entries": "the owners of a partition hold identical entries",
+    "indexes_agree_with_data": "indexes agree with the data",
+    "no_temp_wal_delta_or_temp_file_left": "no temp WAL, delta or temp file left",
+    "writer_had_no_error": "the writer had no error",
+    "b_plus_1_owning_copies": "B+1 OWNING copies of every partition",
+    "every_owner_in_sync": "every owner in the partition's in-sync set",
+    "moved_partitions_equal_supplier": "moved partitions equal the supplier's, entry by entry",
+    "no_temp_wal_left": "no temp WAL left",
+    "no_delta_or_temp_file_left": "no delta or temp file left",
+}
+# a multi-line header keeps the table within 120 columns
+HEADERS = {"index rebuild": "index\nrebuild", "checkpoint wait": "checkpoint\nwait"}
+
+
+def print_summary(ui: DemoUI, s: dict[str, Any]) -> None:
+    """The demo's outcome: figures, one row per move with a column per stage, the
+    invariants as a checklist, the validation, the verdict. Not on a terminal: the
+    same text without colour and without trailing blanks."""
+    out = ui.out
+    if out.is_terminal:
+        _summary(ui, s)
+        return
+    with out.capture() as cap:
+        _summary(ui, s)
+    out.file.write("\n".join(line.rstrip() for line in cap.get().splitlines()) + "\n")
+    out.file.flush()
+
+
+def _summary(ui: DemoUI, s: dict[str, Any]) -> None:
+    out = ui.out
+    out.print()
+    out.print(f"[bold]Ferry demo[/]: {escape(s['flow'])}")
+    facts = Table.grid(padding=(0, 2))
+    facts.add_column(style="bold")
+    facts.add_column()
+    if "control_plane" in s:
+        cp = s["control_plane"]
+        facts.add_row("control plane", f"etcd {escape(str(cp['etcd']))}, controller {cp['controller']}, "
+                                       f"lease TTL {cp['lease_ttl_s']} s")
+    if "load_put_seconds" in s:
+        facts.add_row("load", f"{s['entries']:,} entries in {s['load_put_seconds']} s "
+                              f"({s['load_entries_per_s']:,}/s)")
+    facts.add_row("rebalance", f"{s['partitions_moved']} partitions moved, {mb(s['bytes_moved'])} "
+                               f"in {s['move_seconds']} s ({s['mb_per_s']} MB/s)")
+    writes = f"{s['writes_during_move']:,} during the moves"
+    if "updates_replayed" in s:
+        writes += (f" ({s['updates_buffered_in_temp_wal']:,} buffered in temp WALs, "
+                   f"{s['updates_replayed']:,} replayed)")
+    if "writes_total" in s:
+        writes += f", {s['writes_total']:,} in all"
+    facts.add_row("writes", writes)
+    out.print(facts)
+    if s.get("moves"):
+        out.print(moves_table(ui, s["moves"], s["stages"]))
+    out.print("[bold]Invariants[/]")
+    for name, ok in s["invariants"].items():
+        mark = f"[green]{ui.ok_mark}[/]" if ok else f"[bold red]{ui.bad_mark}[/]"
+        out.print(f"  {mark} {INVARIANTS.get(name, name.replace('_', ' '))}")
+    v = s["validation"]
+    if v.get("passed") is None:
+        out.print("[bold]Spark validation[/]  skipped (--no-validate)")
+    else:
+        mark = f"[green]{ui.ok_mark} passed[/]" if v["passed"] else f"[bold red]{ui.bad_mark} FAILED[/]"
+        out.print(f"[bold]Spark validation[/]  {mark}: {v['partitions_checked']} partitions, "
+                  f"{v['entries']:,} entries against the model of acknowledged writes, {v['seconds']} s")
+    ok = s["invariants_ok"] and v.get("passed") is not False
+    verdict = "[bold green]all invariants hold[/]" if ok else "[bold red]FAILED[/]"
+    out.print(f"[bold]total[/] {s['seconds']} s: {verdict}")
+
+
+def moves_table(ui: DemoUI, moves: list[dict[str, Any]], stages: list[str]) -> Table:
+    t = Table(title="Moves: seconds per stage", title_justify="left", title_style="bold",
+              box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    t.add_column("partition", no_wrap=True)
+    t.add_column(f"from {ui.arrow} to", no_wrap=True)
+    for st in stages:
+        t.add_column(HEADERS.get(st, st), justify="right")
+    t.add_column("MB", justify="right")
+    t.add_column("MB/s", justify="right")
+    t.add_column("replayed", justify="right")
+    t.add_column("OWNING\nafter s", justify="right", style="bold")
+    for m in moves:
+        secs = m.get("stage_seconds", {})
+        t.add_row(str(m["partition"]), f"{m['from']} {ui.arrow} {m['to']}",
+                  *[f"{secs[st]:.2f}" if st in secs else "" for st in stages],
+                  f"{m['bytes'] / 1e6:.1f}",
+                  f"{m['mb_per_s']:.1f}" if m.get("mb_per_s") else "",
+                  f"{m['replayed']:,}" if m.get("replayed") is not None else "",
+                  f"{m['seconds_to_owning']:.2f}")
+    return t

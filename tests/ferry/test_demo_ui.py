@@ -1,0 +1,114 @@
+"""ferry/demo_ui.py off a terminal (a test capturing output, a pipe): plain lines, the
+summary's move table with a column per stage, the invariants as a checklist."""
+from __future__ import annotations
+
+import io
+import re
+
+from rich.console import Console
+
+from ferry.demo_ui import DemoUI, MoveRow, print_summary
+
+ANSI = re.compile(r"\x1b\[")
+STAGES = ["prepare", "demand", "transfer", "install", "index rebuild", "replay", "checkpoint wait"]
+
+
+def plain_ui() -> tuple[DemoUI, io.StringIO, io.StringIO]:
+    ui = DemoUI()
+    out, err = io.StringIO(), io.StringIO()
+    ui.out = Console(file=out, width=120, highlight=False)
+    ui.err = Console(file=err, width=120, highlight=False)
+    ui.live = False
+    return ui, out, err
+
+
+def summary(ok: bool = True) -> dict:
+    moves = [{"partition": f"default/{p}", "from": f"n{p % 3 + 1}", "to": "n4", "bytes": 3_300_000,
+              "stage_seconds": {st: 0.01 * (i + 1) for i, st in enumerate(STAGES)},
+              "seconds_to_owning": 0.42, "mb_per_s": 41.2, "buffered": 12, "replayed": 12}
+             for p in (2, 5)]
+    return {
+        "flow": "3-node cluster on loopback; node n4 joins; file-based moves",
+        "control_plane": {"etcd": "http://127.0.0.1:2379", "controller": "n1", "lease_ttl_s": 3},
+        "entries": 200_000, "load_put_seconds": 20.5, "load_entries_per_s": 9756,
+        "partitions_moved": 2, "bytes_moved": 6_600_000, "mb_per_s": 5.1, "move_seconds": 1.3,
+        "writes_during_move": 321, "writes_total": 999,
+        "updates_buffered_in_temp_wal": 24, "updates_replayed": 24,
+        "stages": STAGES, "moves": moves,
+        "invariants": {"acknowledged_writes_on_every_owner": True, "indexes_agree_with_data": ok,
+                       "b_plus_1_owning_copies": True},
+        "invariants_ok": ok,
+        "validation": {"passed": True, "partitions_checked": 16, "entries": 200_000, "seconds": 25.0},
+        "seconds": 95.2,
+    }
+
+
+def test_summary_is_plain_text_with_a_row_per_move_and_a_column_per_stage() -> None:
+    ui, out, _ = plain_ui()
+    print_summary(ui, summary())
+    text = out.getvalue()
+    assert not ANSI.search(text), text
+    assert all(line == line.rstrip() for line in text.splitlines())
+    assert "etcd http://127.0.0.1:2379, controller n1, lease TTL 3 s" in text
+    assert "200,000 entries in 20.5 s (9,756/s)" in text
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.lstrip().startswith("partition"))
+    header = lines[at - 1] + "\n" + lines[at]          # two-line headers: "index / rebuild"
+    for word in ("prepare", "demand", "transfer", "install", "index", "rebuild", "replay",
+                 "checkpoint", "wait", "MB/s", "replayed"):
+        assert word in header, (word, header)
+    rows = [line for line in lines if line.lstrip().startswith("default/")]
+    assert len(rows) == 2
+    # seven stage figures then MB, MB/s, replayed, OWNING after
+    assert rows[0].split()[4:] == ["0.01", "0.02", "0.03", "0.04", "0.05", "0.06", "0.07",
+                                   "3.3", "41.2", "12", "0.42"], rows[0]
+    assert "  ✓ every acknowledged write on every owner" in text
+    assert "  ✓ B+1 OWNING copies of every partition" in text
+    assert "passed: 16 partitions, 200,000 entries" in text
+    assert text.rstrip().endswith("total 95.2 s: all invariants hold")
+
+
+def test_a_failed_invariant_is_marked_and_the_verdict_says_so() -> None:
+    ui, out, _ = plain_ui()
+    print_summary(ui, summary(ok=False))
+    text = out.getvalue()
+    assert "  ✗ indexes agree with the data" in text
+    assert "FAILED" in text.splitlines()[-1]
+
+
+def test_moves_off_a_terminal_print_one_line_per_stage_entered() -> None:
+    ui, _, err = plain_ui()
+    with ui.moves("partitions settled") as view:
+        view.update([MoveRow("default/2 n1 -> n4", "transfer", 100, 1_000_000)], (7, 8))
+        view.update([MoveRow("default/2 n1 -> n4", "transfer", 500_000, 1_000_000)], (7, 8))
+        view.update([MoveRow("default/2 n1 -> n4", "replay", 1_000_000, 1_000_000)], (7, 8))
+        view.update([], (8, 8))
+    assert err.getvalue().splitlines() == [
+        "  move default/2 n1 -> n4: transfer  0.0 MB of 1.0 MB",
+        "  partitions settled: 7/8",
+        "  move default/2 n1 -> n4: replay  1.0 MB of 1.0 MB",
+        "  move default/2 n1 -> n4: OWNING",
+        "  partitions settled: 8/8",
+    ]
+
+
+def test_a_live_display_tracks_each_move_to_owning() -> None:
+    ui, _, err = plain_ui()
+    ui.err = Console(file=err, width=120, force_terminal=True)
+    ui.live = True
+    with ui.moves("partitions settled") as view:
+        # the source of a move is known only after its prepare stage: one row all along
+        view.update([MoveRow("default/2 -> n4", "transfer", 500_000, 1_000_000, 2e6, 0.25,
+                             label="default/2 n1 -> n4"),
+                     MoveRow("default/3 -> n4", "prepare", label="default/3 ? -> n4")], (6, 8))
+        view.update([MoveRow("default/3 -> n4", "index rebuild", 1_000_000, 1_000_000,
+                             label="default/3 n2 -> n4")], (7, 8))
+        prog = view.prog
+        by_name = {t.description: t for t in prog.tasks}
+        assert sorted(by_name) == ["default/2 n1 -> n4", "default/3 n2 -> n4", "partitions settled"]
+        assert by_name["default/2 n1 -> n4"].fields["stage"] == "OWNING"
+        assert by_name["default/2 n1 -> n4"].finished
+        assert by_name["default/3 n2 -> n4"].fields["stage"] == "index rebuild"
+        assert by_name["partitions settled"].completed == 7
+    assert all(t.finished for t in prog.tasks if t.description != "partitions settled")
+    assert "default/3 n2 -> n4" in err.getvalue() and "\x1b[" in err.getvalue()
