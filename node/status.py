@@ -48,30 +48,92 @@ def collect(pool: Pool, seed: str) -> dict[str, Any]:
     }
 
 
-def render(doc: dict[str, Any]) -> str:
-    lines = [f"topology version {doc['topology_version']} (epoch {doc['epoch']}), "
-             f"controller {doc['controller']}", "", "nodes:"]
+def render(doc: dict[str, Any], *, width: int | None = None, color: bool | None = None) -> str:
+    """The status document as tables: nodes with their partitions by state, every
+    partition's primary, in-sync copies and epochs, the moves with stage, bytes, rate
+    and ETA. Colour only when stdout is a terminal (and ``color`` is not False); the
+    width is the terminal's, else 120 (``width`` overrides)."""
+    import io
+    import shutil
+    import sys
+
+    from rich import box
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    tty = sys.stdout.isatty()
+    color = tty if color is None else color
+    width = width or (shutil.get_terminal_size((120, 24)).columns if tty else 120)
+    buf = io.StringIO()
+    out = Console(file=buf, width=width, force_terminal=color, no_color=not color,
+                  color_system="standard" if color else None, highlight=False)
+
+    def table(title: str) -> Table:
+        return Table(title=title, title_justify="left", title_style="bold", box=box.SIMPLE_HEAD,
+                     pad_edge=False, collapse_padding=True)
+
+    order = ("OWNING", "MOVING", "RENTING", "EVICTED", "LOST")
+    present = {st for part in doc["partitions"] for st in part["states"].values()}
+    states = [st for st in order if st in present] + sorted(present - set(order))
+    style = {"OWNING": "green", "MOVING": "yellow", "RENTING": "cyan", "EVICTED": "dim", "LOST": "bold red"}
+    out.print(f"[bold]topology version[/] {doc['topology_version']} (epoch {doc['epoch']}), "
+              f"[bold]controller[/] {escape(str(doc.get('controller')))}")
+
+    nodes = table("Nodes: partitions by state")
+    for col in ("node", "address", "status"):
+        nodes.add_column(col, no_wrap=True)
+    for st in states:
+        nodes.add_column(st, justify="right", style=style.get(st, ""))
+    nodes.add_column("primary of", justify="right")
     for n in doc["nodes"]:
-        flag = "alive" if n["alive"] else "DEAD"
-        lines.append(f"  {n['id']:<12} {n['address']:<22} {flag}{' leaving' if n['leaving'] else ''}")
-        counts: dict[str, int] = {}
+        counts = {st: 0 for st in states}
         for part in doc["partitions"]:
-            s = part["states"].get(n["id"])
-            if s:
-                counts[s] = counts.get(s, 0) + 1
-        if counts:
-            lines.append("  " + " " * 13 + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
-    lines.append("")
-    lines.append(f"moves in progress: {len(doc['moves'])}")
-    for mv in doc["moves"]:
-        eta = f"{mv['eta_s']}s" if mv.get("eta_s") is not None else "?"
-        line = (f"  {mv['cache']}/{mv['partition']} {mv['from']} -> {mv['to']} "
-                f"[{mv.get('mode', 'messages')}] {mv['stage']:<15} {mv['bytes']}/{mv['bytes_total']} B "
-                f"{mv.get('rate_bps', 0) / 1e6:.1f} MB/s backlog {mv.get('backlog', 0)}")
-        if mv.get("mode") == "files":
-            line += (f" replayed {mv.get('replayed', 0)} ({mv.get('replay_rate', 0)}/s,"
-                     f" ingest {mv.get('ingest_rate', 0)}/s)")
-        lines.append(line + f" eta {eta}")
+            st = part["states"].get(n["id"])
+            if st:
+                counts[st] += 1
+        prim = sum(1 for part in doc["partitions"] if part.get("primary") == n["id"])
+        status = "[green]alive[/]" if n["alive"] else "[bold red]DEAD[/]"
+        if n["leaving"]:
+            status += " leaving"
+        if n["id"] == doc.get("controller"):
+            status += ", controller"
+        nodes.add_row(escape(n["id"]), escape(n["address"]), status,
+                      *[str(counts[st]) if counts[st] else "" for st in states], str(prim))
+    out.print(nodes)
+
+    parts = table(f"Partitions: {len(doc['partitions'])}")
+    for col in ("partition", "primary", "owners", "in-sync", "epoch", "primary epoch", "copies"):
+        parts.add_column(col, justify="right" if "epoch" in col else "left")
+    for part in doc["partitions"]:
+        isr = part.get("in_sync", [])
+        short = set(part["owners"]) - set(isr)
+        copies = " ".join(f"{escape(n)}:[{style.get(st, '')}]{st}[/]" if style.get(st) else f"{escape(n)}:{st}"
+                          for n, st in sorted(part["states"].items()))
+        parts.add_row(f"{escape(part['cache'])}/{part['partition']}", escape(str(part.get("primary"))),
+                      escape(",".join(part["owners"])),
+                      escape(",".join(isr)) + (f" [yellow](not {escape(','.join(sorted(short)))})[/]" if short else ""),
+                      str(part.get("epoch", "")), str(part.get("primary_epoch", "")), copies)
+    out.print(parts)
+
+    moves = table(f"Moves in progress: {len(doc['moves'])}")
+    if doc["moves"]:
+        for col, right in (("partition", False), ("from -> to", False), ("stage", False), ("MB", True),
+                           ("MB/s", True), ("backlog", True), ("replayed", True), ("ETA", True)):
+            moves.add_column(col, justify="right" if right else "left", no_wrap=True)
+        for mv in doc["moves"]:
+            replayed = f"{mv.get('replayed', 0)}"
+            if mv.get("mode") == "files":
+                replayed += f" ({mv.get('replay_rate', 0)}/s, ingest {mv.get('ingest_rate', 0)}/s)"
+            moves.add_row(f"{escape(mv['cache'])}/{mv['partition']}",
+                          f"{escape(str(mv['from']))} -> {escape(str(mv['to']))}",
+                          escape(f"[{mv.get('mode', 'messages')}] {mv['stage']}"),
+                          f"{mv['bytes'] / 1e6:.1f}/{mv['bytes_total'] / 1e6:.1f}",
+                          f"{mv.get('rate_bps', 0) / 1e6:.1f}", str(mv.get("backlog", 0)), replayed,
+                          f"{mv['eta_s']}s" if mv.get("eta_s") is not None else "?")
+        out.print(moves)
+    else:
+        out.print(f"[bold]{moves.title}[/]")
     if doc["lost"]:
-        lines.append(f"LOST partitions (no live OWNING copy): {', '.join(doc['lost'])}")
-    return "\n".join(lines)
+        out.print(f"[bold red]LOST partitions (no live OWNING copy): {escape(', '.join(doc['lost']))}[/]")
+    return "\n".join(line.rstrip() for line in buf.getvalue().rstrip("\n").splitlines())
