@@ -6,32 +6,43 @@ copies, serves writes and checkpoints).
 """
 from __future__ import annotations
 
-from .scenario import CacheSpec, DiskSpec, Event, Scenario, WorkloadSpec
+from .scenario import CONTROLLER, LEADER, CacheSpec, DiskSpec, Event, Scenario, WorkloadSpec
+
+TTL = 2.0           # the cluster driver's lease TTL (drivers/cluster.py LEASE_TTL_S)
+
+# The partition and control-plane scenarios (no crash plan needed: the faults are the
+# events); the matrix runs each once per seed (matrix.FAULTS)
+# Three writers at 20 ops/s each for 15 s: a write stalled on a failed primary (up to
+# WRITE_TIMEOUT_S) stalls one writer, not the workload, so the cut-off side keeps
+# being tried while the fault lasts
+PARTITIONED = WorkloadSpec(writers=3, ops=300, rate=20.0, keys=100)
+FAULT_SCENARIOS = ("net-cut", "long-cut", "controller-cut", "flapping", "etcd-member-loss",
+                   "control-plane-outage", "controller-kill")
 
 BUILTINS: dict[str, Scenario] = {
     "join": Scenario(
         name="join", description="two nodes under writes; a third joins and pulls its share",
         nodes=("n1", "n2"), workload=WorkloadSpec(ops=240),
-        events=(Event(60, "join", "n3"),), settle_timeout=60.0,
+        events=(Event(120, "join", "n3"),), settle_timeout=60.0,
         # n2 gives partitions away too; n1 (the coordinator) is the third node
         roles={"supplier": "n2", "demander": "n3", "third": "n1"}),
     "leave": Scenario(
         name="leave", description="three nodes under writes; n3 leaves gracefully",
         nodes=("n1", "n2", "n3"), workload=WorkloadSpec(ops=240),
-        events=(Event(60, "leave", "n3"),),
+        events=(Event(120, "leave", "n3"),),
         roles={"supplier": "n3", "demander": "n1", "third": "n2"}, settle_timeout=60.0),
     "kill-restart": Scenario(
         name="kill-restart", description="three nodes; n2 is SIGKILLed under writes and comes back",
         nodes=("n1", "n2", "n3"), workload=WorkloadSpec(ops=240),
         # the restart comes by op 120 or 4 s after the kill: a crash plan on another node
         # may leave partitions LOST until n2 is back, and writes to them wait 20 s each
-        events=(Event(60, "kill", "n2"), Event(120, "restart", "n2", max_wait=4.0)),
+        events=(Event(120, "kill", "n2"), Event(120, "restart", "n2", max_wait=4.0)),
         roles={"supplier": "n1", "demander": "n2", "third": "n3"}, settle_timeout=60.0),
     "join-under-load": Scenario(
         name="join-under-load", description="two writers, more keys; n3 then n4 join",
         nodes=("n1", "n2"), caches=(CacheSpec(partitions=16),),
         workload=WorkloadSpec(writers=2, ops=200, keys=300, distribution="zipf"),
-        events=(Event(60, "join", "n3"), Event(200, "join", "n4")), settle_timeout=60.0,
+        events=(Event(120, "join", "n3"), Event(200, "join", "n4")), settle_timeout=60.0,
         roles={"supplier": "n1", "demander": "n3", "third": "n2"}),
     "disk-full": Scenario(
         name="disk-full",
@@ -41,7 +52,7 @@ BUILTINS: dict[str, Scenario] = {
         nodes=("n1", "n2"), disk=DiskSpec("n3", size_mib=96, free_mib=16),
         # paced writes: updates keep arriving while n3's moves fail and retry
         workload=WorkloadSpec(ops=300, rate=60.0),
-        events=(Event(60, "join", "n3"), Event(60, "fill", "n3"), Event(200, "free", "n3")),
+        events=(Event(120, "join", "n3"), Event(120, "fill", "n3"), Event(200, "free", "n3")),
         roles={"supplier": "n2", "demander": "n3", "third": "n1"}, settle_timeout=90.0),
     "disk-full-mid-transfer": Scenario(
         name="disk-full-mid-transfer",
@@ -52,16 +63,65 @@ BUILTINS: dict[str, Scenario] = {
         nodes=("n1", "n2"), disk=DiskSpec("n3", size_mib=96, free_mib=0, mid_transfer=True),
         transfer_rate=64 << 10,
         workload=WorkloadSpec(ops=300, rate=60.0, value_size=(8 << 10, 16 << 10)),
-        events=(Event(60, "join", "n3"), Event(60, "fill", "n3"), Event(200, "free", "n3")),
+        events=(Event(120, "join", "n3"), Event(120, "fill", "n3"), Event(200, "free", "n3")),
         roles={"supplier": "n2", "demander": "n3", "third": "n1"}, settle_timeout=120.0),
     "net-cut": Scenario(
         name="net-cut",
-        description="three nodes behind RPC proxies; n3 is cut off from its peers until the "
-                    "membership declares it failed, then the links heal",
+        description="three nodes behind RPC proxies; n3 is cut off from its peers (not from "
+                    "etcd) for 2 lease TTLs: its backups leave the in-sync sets through the "
+                    "controller, then the links heal and its copies resync",
         nodes=("n1", "n2", "n3"), proxy=True,
         workload=WorkloadSpec(ops=300, rate=60.0),
-        events=(Event(90, "cut", "n3"), Event(91, "heal", "n3")),
+        events=(Event(90, "cut", "n3"), Event(91, "heal", min_wait=2 * TTL)),
         roles={"supplier": "n3", "demander": "n1", "third": "n2"}, settle_timeout=90.0),
+    # -- partitions and the control plane (issue 19); every write goes through one
+    # node's view, the cut-off one included, and a heal must converge within 3 TTLs
+    "long-cut": Scenario(
+        name="long-cut",
+        description="n3, a minority of one, is isolated from its peers and from etcd for 5 "
+                    "lease TTLs under writes sent through every node: its lease expires, its "
+                    "primaries move; healed, it registers again and its copies resync",
+        nodes=("n1", "n2", "n3"), proxy=True, workload=PARTITIONED,
+        events=(Event(120, "isolate", "n3"), Event(121, "heal", min_wait=5 * TTL)),
+        roles={"supplier": "n3", "demander": "n1", "third": "n2"}, settle_timeout=60.0),
+    "controller-cut": Scenario(
+        name="controller-cut",
+        description="the controller (from cluster status) is isolated from its peers and "
+                    "from etcd for 3 lease TTLs under writes: another node is elected, the "
+                    "old one must not act or acknowledge; healed, it rejoins",
+        nodes=("n1", "n2", "n3"), proxy=True, workload=PARTITIONED,
+        events=(Event(120, "isolate", CONTROLLER), Event(121, "heal", min_wait=3 * TTL)),
+        settle_timeout=60.0),
+    "flapping": Scenario(
+        name="flapping",
+        description="n3 is isolated (peers and etcd) and healed every second for 8 s under "
+                    "writes: in-sync sets shrink and grow, moves start and break",
+        nodes=("n1", "n2", "n3"), proxy=True, workload=PARTITIONED,
+        events=(Event(120, "flap", "n3", duration_s=8.0, period_s=1.0),),
+        roles={"supplier": "n3", "demander": "n1", "third": "n2"}, settle_timeout=60.0),
+    "etcd-member-loss": Scenario(
+        name="etcd-member-loss",
+        description="a 3-member etcd; its raft leader is SIGKILLed under writes and restarted "
+                    "5 s later: the control plane keeps a quorum, nothing stops",
+        nodes=("n1", "n2", "n3"), control_plane_members=3, workload=PARTITIONED,
+        events=(Event(120, "kill-etcd", LEADER), Event(121, "restart-etcd", LEADER, min_wait=5.0)),
+        roles={"supplier": "n3", "demander": "n1", "third": "n2"}, settle_timeout=60.0),
+    "control-plane-outage": Scenario(
+        name="control-plane-outage",
+        description="every etcd member is SIGKILLed under writes and restarted 10 s later: "
+                    "primaries stop acknowledging when their leases may end, reads go on; "
+                    "afterwards writes resume with nothing acknowledged lost",
+        nodes=("n1", "n2", "n3"), workload=PARTITIONED,
+        events=(Event(120, "kill-etcd"), Event(121, "restart-etcd", min_wait=10.0)),
+        roles={"supplier": "n3", "demander": "n1", "third": "n2"}, settle_timeout=60.0),
+    "controller-kill": Scenario(
+        name="controller-kill",
+        description="the controller (from cluster status) is SIGKILLed under writes and "
+                    "restarted by op 240 or 4 s later: its lease expires, another node takes "
+                    "over, the restarted node comes back as a member",
+        nodes=("n1", "n2", "n3"), workload=PARTITIONED,
+        events=(Event(120, "kill", CONTROLLER), Event(240, "restart", CONTROLLER, max_wait=4.0)),
+        settle_timeout=60.0),
     "file-move": Scenario(
         name="file-move", driver="file-move",
         description="the seed's file move (temp WAL, transfer, index rebuild, replay, "

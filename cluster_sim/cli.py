@@ -82,27 +82,37 @@ def run_cmd(scenario: str, crash: str | None, side: str, seed: int, as_json: boo
 @click.option("--seeds", type=int, default=1, show_default=True, help="Seeds per cell (1..K).")
 @click.option("--first-seed", type=int, default=1, show_default=True)
 @click.option("--scenario", help="Run every point in this scenario instead of the built-in plan.")
+@click.option("--faults", default=None,
+              help="Fault scenarios to run once per seed without a crash plan: 'all', 'none' "
+                   "or a comma list (default: all with --points all and no --scenario, else none).")
 @click.option("--json", "as_json", is_flag=True,
               help='Print {"cells": [...], "passed": n, "failed": n}.')
 @click.option("--report", "report_dir", type=click.Path(file_okay=False),
               help="Write report.md, report.html and per-cell timeline PNGs here.")
 @click.option("--workdir", type=click.Path(file_okay=False))
 def matrix_cmd(points: str, sides: str, seeds: int, first_seed: int, scenario: str | None,
-               as_json: bool, report_dir: str | None, workdir: str | None) -> None:
-    """Every crash point x the side it hits x K seeds; exit 0 only if every cell passed."""
+               faults: str | None, as_json: bool, report_dir: str | None, workdir: str | None) -> None:
+    """Every crash point x the side it hits x K seeds, and the fault scenarios x K
+    seeds; exit 0 only if every cell passed."""
     from faults import POINTS
     from .errors import SimError
-    from .matrix import plan_cells, run_matrix
+    from .matrix import FAULTS, NO_CRASH, plan_cells, run_matrix
     names = sorted(POINTS) if points == "all" else [p.strip() for p in points.split(",") if p.strip()]
     side_list = [s.strip() for s in sides.split(",") if s.strip()]
+    if faults is None:
+        faults = "all" if points == "all" and not scenario else "none"
+    fault_list = list(FAULTS) if faults == "all" else [] if faults == "none" else \
+        [f.strip() for f in faults.split(",") if f.strip()]
     try:
-        cells = plan_cells(names, side_list, list(range(first_seed, first_seed + seeds)), scenario)
+        cells = plan_cells(names, side_list, list(range(first_seed, first_seed + seeds)), scenario,
+                           faults=fault_list)
     except (KeyError, SimError) as e:
         raise click.ClickException(str(e))
     say = (lambda m: None) if as_json else (lambda m: click.echo(m, err=True))
 
     def on_cell(c) -> None:
-        say(f"{'pass' if c.passed else 'FAIL'}  {c.point:<28} {c.side:<9} seed={c.seed:<4} {c.seconds:>6.1f}s")
+        what = c.scenario if c.point == NO_CRASH else c.point
+        say(f"{'pass' if c.passed else 'FAIL'}  {what:<28} {c.side:<9} seed={c.seed:<4} {c.seconds:>6.1f}s")
         if not c.passed:
             bad = {k: v[:3] for k, v in c.result.problems.items() if v}
             say(f"      seed {c.seed}; replay: {c.replay}\n      {bad}")

@@ -17,7 +17,7 @@ from node.assignment import partition_of
 
 from .workload import Model
 
-NAMES = ("acknowledged_writes_present", "no_removed_key_returns", "owners_agree",
+NAMES = ("acknowledged_writes_present", "no_removed_key_returns", "counters_unique", "owners_agree",
          "indexes_agree_with_data", "owning_copies", "no_temp_files_left", "wal_space_reclaimed")
 
 TEMP_SUFFIXES = (".ferry-tmp", ".ferry-resume", ".delta", ".tmp", ".partial", ".recv")
@@ -66,6 +66,7 @@ def check_all(layout: Layout, model: Model) -> dict[str, list[str]]:
     data = {c: read_copy(c) for c in owning}
     out = {name: [] for name in NAMES}
     _model_checks(layout, model, data, out)
+    out["counters_unique"] = counter_conflicts(model, layout.partitions)
     out["owners_agree"] = _owners_agree(data)
     out["indexes_agree_with_data"] = _indexes(layout, owning)
     out["owning_copies"] = _owning_copies(layout, owning)
@@ -94,6 +95,24 @@ def _model_checks(layout: Layout, model: Model, data: dict[Copy, dict], out: dic
     for name in ("acknowledged_writes_present", "no_removed_key_returns"):
         if len(out[name]) > 20:
             out[name][20:] = [f"... and {len(out[name]) - 20} more"]
+
+
+def counter_conflicts(model: Model, partitions: int) -> list[str]:
+    """Two acknowledged writes that got the same (partition, counter) with different
+    contents: two primaries acknowledged at the same point of the partition's history
+    (a split brain). Counters come from the put/remove replies (the cluster driver)."""
+    seen: dict[tuple[int, int], tuple[bytes, bytes | None, str]] = {}
+    out: list[str] = []
+    for a in model.acks:
+        p = partition_of(a.key, partitions)
+        who = f"acknowledged by {a.by or '?'}, routed by {a.via or '?'}"
+        first = seen.setdefault((p, a.counter), (a.key, a.value, who))
+        if first[:2] != (a.key, a.value):
+            out.append(f"partition {p} counter {a.counter}: acknowledged for {first[0]!r} "
+                       f"({first[2]}) and for {a.key!r} ({who})")
+    if len(out) > 20:
+        out[20:] = [f"... and {len(out) - 20} more"]
+    return out
 
 
 def digest(entries: dict[bytes, tuple[bytes, int]]) -> str:

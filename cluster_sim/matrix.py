@@ -9,6 +9,10 @@ entries at ``join`` and nothing else changes.
 The Nth hit a crash fires on comes from the seed (:func:`default_nth`) for points hit
 many times per run, so seeds explore different moments; a failing cell prints the one
 command that replays it exactly.
+
+Fault cells (:data:`FAULTS`: partitions, the controller cut off or killed, etcd members
+lost, the whole control plane down) carry no crash plan: the fault is the scenario's
+events. Their point is ``none`` and their side ``-``; they run once per seed.
 """
 from __future__ import annotations
 
@@ -19,8 +23,12 @@ from typing import Any, Callable
 
 from faults import POINTS
 
+from .builtins import FAULT_SCENARIOS
 from .runner import RunResult, run
 from .scenario import SIDES, CrashPlan, load
+
+FAULTS: tuple[str, ...] = FAULT_SCENARIOS
+NO_CRASH = "none"          # the point of a fault cell
 
 _FM = {"supplier": "file-move", "demander": "file-move"}
 PLAN: dict[str, dict[str, str]] = {
@@ -52,6 +60,8 @@ def default_nth(point: str, seed: int) -> int:
 
 
 def replay_command(scenario: str, point: str, nth: int, side: str, seed: int) -> str:
+    if point == NO_CRASH:
+        return f"ferry sim run --scenario {shlex.quote(scenario)} --seed {seed}"
     return ("ferry sim run --scenario " + shlex.quote(scenario) +
             f" --crash {point}:{nth} --side {side} --seed {seed}")
 
@@ -95,10 +105,14 @@ class MatrixResult:
 
 
 def plan_cells(points: list[str], sides: list[str], seeds: list[int],
-               scenario: str | None = None) -> list[Cell]:
+               scenario: str | None = None, faults: list[str] | tuple[str, ...] = ()) -> list[Cell]:
     """The cells to run. ``scenario`` replaces the plan: every point on each of the
-    scenario's sides (for a user's own scenario, or ``join`` once issue 7 lands)."""
+    scenario's sides (for a user's own scenario, or ``join`` once issue 7 lands).
+    ``faults``: fault scenarios to run once per seed, without a crash plan."""
     cells = []
+    for name in faults:
+        load(name)              # an unknown name fails before anything runs
+        cells += [Cell(NO_CRASH, "-", seed, name, 0) for seed in seeds]
     for point in points:
         if point not in POINTS:
             raise KeyError(f"unknown crash point {point!r}")
@@ -118,8 +132,8 @@ def run_matrix(cells: list[Cell], *, workdir: str | None = None,
                log: Callable[[str], None] = lambda m: None) -> MatrixResult:
     out = MatrixResult()
     for cell in cells:
-        res = run(load(cell.scenario), seed=cell.seed, workdir=workdir, log=log,
-                  crash=CrashPlan(cell.point, side=cell.side, nth=cell.nth))
+        crash = None if cell.point == NO_CRASH else CrashPlan(cell.point, side=cell.side, nth=cell.nth)
+        res = run(load(cell.scenario), seed=cell.seed, workdir=workdir, log=log, crash=crash)
         cell.passed, cell.seconds, cell.result = res.passed, res.seconds, res
         out.cells.append(cell)
         on_cell(cell)

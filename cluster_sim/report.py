@@ -11,6 +11,10 @@ from typing import Any
 
 from .runner import RunResult
 
+# timeline marks drawn as events (grey lines, labelled)
+EVENT_KINDS = ("join", "leave", "kill", "restart", "cut", "heal", "cut-control", "isolate", "flap",
+               "flap end", "kill-etcd", "restart-etcd")
+
 
 def _commit() -> str:
     try:
@@ -54,10 +58,10 @@ def timeline_png(res: RunResult, path: str) -> str:
         for m in tl.marks:
             if m.kind == "crash":
                 a.axvline(m.t, color="red", lw=1.5)
-            elif m.kind in ("join", "leave", "kill", "restart", "cut", "heal", "settled"):
+            elif m.kind in EVENT_KINDS + ("settled", "converged"):
                 a.axvline(m.t, color="grey", lw=0.8, ls="--")
     for m in tl.marks:
-        if m.kind in ("crash", "join", "leave", "kill", "restart", "cut", "heal"):
+        if m.kind in ("crash",) + EVENT_KINDS:
             axes[0].annotate(f"{m.kind} {m.node}", (m.t, 0), rotation=90, fontsize=6,
                              color="red" if m.kind == "crash" else "grey", va="bottom")
     fig.suptitle(f"{res.scenario} seed={res.seed} crash={res.crash or '-'} side={res.side or '-'} "

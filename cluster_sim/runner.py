@@ -4,7 +4,11 @@
   -> writers run the seeded workload, the model records what was acknowledged
   -> topology events fire when the workload has issued ``at`` operations
   -> a process that kills itself at its crash point is restarted (without the plan)
-  -> settle -> clean stop of every process -> invariants on the data directories
+  -> settle -> reads through every node (cluster) -> clean stop of every process
+  -> invariants on the data directories
+
+Everything after the driver's setup runs in a worker thread under the scenario's time
+budget; a run past it fails naming the step it was stuck in (:mod:`cluster_sim.budget`).
 
 The result's JSON is ``{"passed", "invariants": {NAME: bool}, "seed"}``; the rest
 (problems, timeline, trace of reached points) is kept beside it for reports.
@@ -19,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from .budget import GRACE_S, Budget
 from .drivers import ClusterDriver, Driver, FileMoveDriver
 from .errors import SimError
 from .invariants import NAMES, check_all
@@ -64,13 +69,31 @@ def make_driver(s: Scenario, *args: Any, **kw: Any) -> Driver:
     return (FileMoveDriver if s.driver == "file-move" else ClusterDriver)(s, *args, **kw)
 
 
+@dataclass
+class _Outcome:
+    """What the worker thread of one run produced (the main thread reads it)."""
+    problems: dict[str, list[str]] = field(default_factory=dict)
+    codes: dict[str, int | None] = field(default_factory=dict)
+    error: str | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def fail(self, error: str, *, first: bool = True) -> None:
+        with self.lock:
+            if self.error is None or not first:
+                self.error = error
+
+
 def run(scenario: Scenario, *, seed: int = 0, crash: CrashPlan | None = None,
         workdir: str | None = None, keep: bool = False,
         net: Any = None, expected: str | None = None,
         log: Callable[[str], None] = lambda m: None) -> RunResult:
     """One run. ``expected``: also write the model of acknowledged writes there (JSON
     lines for ``ferry validate --expected``, see :meth:`Model.expected_file`); keep the
-    run folder (``keep``) to validate its data directories."""
+    run folder (``keep``) to validate its data directories.
+
+    The run works in a thread under the scenario's time budget
+    (:meth:`Scenario.budget`); past it every process is killed and the run fails with
+    ``run_completed`` naming the step it was stuck in (:mod:`cluster_sim.budget`)."""
     s = validate(scenario.with_crash(crash) if crash is not None else scenario)
     if workdir is not None:
         os.makedirs(workdir, exist_ok=True)     # --workdir may name a folder to create
@@ -78,47 +101,37 @@ def run(scenario: Scenario, *, seed: int = 0, crash: CrashPlan | None = None,
     tl, model = Timeline(), Model()
     spec = s.crash.spec(seed) if s.crash else None
     t0 = time.monotonic()
+    budget = Budget(s.budget())
     try:
         driver = make_driver(s, seed, run_dir, tl, model, spec, net=net)
     except Exception:
         shutil.rmtree(run_dir, ignore_errors=True)   # e.g. SimSkipped: no tmpfs here
         raise
-    problems: dict[str, list[str]] = {}
-    error: str | None = None
-    codes: dict[str, int | None] = {}
+    out = _Outcome()
+    log(f"run {s.name} seed={seed} crash={spec or '-'} side={s.crash.side if s.crash else '-'} "
+        f"budget={budget.seconds:.0f}s in {run_dir}")
+    worker = threading.Thread(target=_work, args=(driver, s, model, tl, log, budget, out, expected),
+                              name=f"run-{s.name}-{seed}", daemon=True)
+    worker.start()
     try:
-        log(f"run {s.name} seed={seed} crash={spec or '-'} side={s.crash.side if s.crash else '-'} in {run_dir}")
-        driver.start()
-        _drive(driver, s, seed, model, tl, log)
-        deadline = time.monotonic() + s.settle_timeout
-        next_sample = 0.0
-        while not driver.settled():
-            driver.poll()
-            if time.monotonic() >= next_sample:
-                driver.sample()
-                next_sample = time.monotonic() + SAMPLE_S
-            if time.monotonic() > deadline:
-                raise SimError(f"did not settle within {s.settle_timeout}s; last status: "
-                               f"{str(driver.last_status)[:1500]}")
-            time.sleep(0.2)
-        tl.mark("-", "settled")
-        codes = driver.stop()
-        tl.mark("-", "stop")
-        if any(c == -9 for c in codes.values()) and not driver.crashed:
-            driver.crashed.append("(at shutdown)")  # the armed point fired in the final stop
-        _recover_unclean(driver, codes)
-        layout = driver.layout()
-        problems = check_all(layout, model)
-        if expected:
-            model.expected_file(expected, layout.partitions, layout.cache)
-    except Exception as e:  # noqa: BLE001 - a run that cannot finish is a failed cell, with why
-        error = f"{type(e).__name__}: {e}"
-        log(f"run failed: {error}")
-        driver.kill_all()
+        worker.join(budget.left())
+        if worker.is_alive():
+            budget.expired = True
+            out.fail(budget.verdict(), first=False)
+            log(f"run failed: {out.error}")
+            tl.mark("-", "over budget", budget.describe())
+            driver.kill_all()          # blocked calls into the processes now fail
+            worker.join(GRACE_S)
+    except BaseException:
+        driver.kill_all()              # interrupted (^C): leave no process behind
+        driver.cleanup()
+        raise
     try:
         driver.cleanup()
     except Exception as e:  # noqa: BLE001 - a mount that would not go is a failed run
-        error = error or f"cleanup: {type(e).__name__}: {e}"
+        out.fail(f"cleanup: {type(e).__name__}: {e}")
+    problems = {} if budget.expired else out.problems
+    error = out.error
     reached = sorted(read_trace(driver.trace))
     invariants = {n: not problems.get(n, ["not checked"]) for n in NAMES}
     for name, bad in driver.extra_checks().items():
@@ -137,17 +150,64 @@ def run(scenario: Scenario, *, seed: int = 0, crash: CrashPlan | None = None,
     res = RunResult(s.name, seed, s.crash.label() if s.crash else None,
                     s.crash.side if s.crash else None, passed, invariants, problems,
                     round(time.monotonic() - t0, 2), reached, model.n_acked, model.n_unsure,
-                    tl, run_dir, error, codes)
+                    tl, run_dir, error, out.codes)
     if passed and not keep:
         shutil.rmtree(run_dir, ignore_errors=True)
         res.dir = None
     return res
 
 
+def _work(driver: Driver, s: Scenario, model: Model, tl: Timeline, log: Callable[[str], None],
+          budget: Budget, out: _Outcome, expected: str | None) -> None:
+    """The steps of one run (in the run's worker thread)."""
+    try:
+        budget.enter("start")
+        driver.start()
+        budget.enter("events")
+        _drive(driver, s, driver.seed, model, tl, log, budget)
+        budget.enter("settle")
+        deadline = time.monotonic() + s.settle_timeout
+        next_sample = 0.0
+        while not driver.settled():
+            driver.poll()
+            if time.monotonic() >= next_sample:
+                driver.sample()
+                next_sample = time.monotonic() + SAMPLE_S
+            if time.monotonic() > deadline:
+                raise SimError(f"did not settle within {s.settle_timeout}s: {driver.unsettled()}")
+            if budget.expired:
+                return
+            time.sleep(0.2)
+        tl.mark("-", "settled")
+        if budget.expired:
+            return
+        budget.enter("reads", "every node's view reads every key")
+        driver.after_settle()
+        budget.enter("stop")
+        out.codes = codes = driver.stop()
+        tl.mark("-", "stop")
+        if any(c == -9 for c in codes.values()) and not driver.crashed:
+            driver.crashed.append("(at shutdown)")  # the armed point fired in the final stop
+        budget.enter("checks")
+        _recover_unclean(driver, codes)
+        layout = driver.layout()
+        out.problems = check_all(layout, model)
+        if expected:
+            model.expected_file(expected, layout.partitions, layout.cache)
+    except Exception as e:  # noqa: BLE001 - a run that cannot finish is a failed cell, with why
+        if budget.expired:
+            return                     # the main thread gave up on us and said why
+        out.fail(f"{type(e).__name__}: {e}")
+        log(f"run failed: {out.error}")
+        driver.kill_all()
+
+
 def _drive(driver: Driver, s: Scenario, seed: int, model: Model, tl: Timeline,
-           log: Callable[[str], None]) -> None:
-    """Writers + events + crash handling until every operation was issued."""
+           log: Callable[[str], None], budget: Budget | None = None) -> None:
+    """Writers + events + crash handling until every operation was issued, every
+    event fired and no fault is still running by itself (a flap)."""
     ops = generate(s.workload, seed)
+    total = sum(len(x) for x in ops)
     issued = [0]
     lock = threading.Lock()
     stop = threading.Event()
@@ -162,8 +222,7 @@ def _drive(driver: Driver, s: Scenario, seed: int, model: Model, tl: Timeline,
                 with lock:
                     issued[0] += 1
                 try:
-                    driver.apply(client, op)
-                    model.ack(op)
+                    model.ack(op, driver.apply(client, op))
                 except Exception:  # noqa: BLE001 - not returned: may or may not be there
                     model.unsure(op)
                 if interval:
@@ -179,17 +238,27 @@ def _drive(driver: Driver, s: Scenario, seed: int, model: Model, tl: Timeline,
     last_event = time.monotonic()
 
     def due(ev: Any) -> bool:
-        return (issued[0] >= ev.at or not any(t.is_alive() for t in threads)
-                or (ev.max_wait > 0 and time.monotonic() - last_event >= ev.max_wait))
+        since = time.monotonic() - last_event
+        return since >= ev.min_wait and (
+            issued[0] >= ev.at or not any(t.is_alive() for t in threads)
+            or (ev.max_wait > 0 and since >= ev.max_wait))
     try:
-        while any(t.is_alive() for t in threads) or pending:
+        while any(t.is_alive() for t in threads) or pending or driver.busy():
+            if budget and budget.expired:
+                return              # the run is over; the main thread said why
             driver.poll()
             while pending and due(pending[0]):
                 ev = pending.pop(0)
-                tl.mark(ev.node, ev.action, f"at op {issued[0]}")
-                log(f"  event {ev.action} {ev.node} at op {issued[0]}")
-                driver.event(ev.action, ev.node)
+                what = f"{ev.action} {ev.node}".rstrip()
+                tl.mark(ev.node or "-", ev.action, f"at op {issued[0]}")
+                log(f"  event {what} at op {issued[0]}")
+                if budget:
+                    budget.note(f"in event {what!r}, op {issued[0]} of {total}")
+                driver.event(ev)
                 last_event = time.monotonic()
+            if budget:
+                budget.note(f"op {issued[0]} of {total} issued; {len(pending)} event(s) to come"
+                            + ("; a flap is running" if driver.busy() else ""))
             if time.monotonic() >= next_sample:
                 driver.sample()
                 next_sample = time.monotonic() + SAMPLE_S

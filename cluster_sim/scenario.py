@@ -7,8 +7,10 @@ knowing node ids; the runner puts ``FERRY_CRASH`` in that process's environment 
 
 Two drivers run scenarios (see :mod:`cluster_sim.runner`):
 
-- ``cluster``: real ``ferry node`` processes on loopback, a workload through
-  ``node.Client``, topology events (join, leave, kill, restart).
+- ``cluster``: real ``ferry node`` processes on loopback with their own etcd, a
+  workload through ``node.Client`` (each write through one node's view of the map),
+  topology events (join, leave, kill, restart) and partitions (cut from peers, from
+  the control plane, both, flapping; etcd members killed and restarted).
 - ``file-move``: the seed's file-based move between two processes (supplier, demander)
   with the real transfer, checkpoint, wal and indexes parts (cluster_sim/mover), the
   harness being the client. When node/ moves partitions file-based (issue 7) the
@@ -27,7 +29,18 @@ from faults import POINTS
 from .errors import ScenarioError
 
 SIDES = ("supplier", "demander", "third")
-ACTIONS = ("join", "leave", "kill", "restart", "cut", "heal", "fill", "free")
+ACTIONS = ("join", "leave", "kill", "restart", "cut", "heal", "fill", "free",
+           "cut-control", "isolate", "flap", "kill-etcd", "restart-etcd")
+# Events whose node is a process of the scenario (the others name a fault's target)
+NODE_ACTIONS = ("join", "leave", "kill", "restart")
+# Network partitions of one node (cluster driver): peers, control plane, both, flapping
+PARTITION_ACTIONS = ("cut", "cut-control", "isolate", "flap")
+ETCD_ACTIONS = ("kill-etcd", "restart-etcd")
+# Placeholders resolved when the event fires (and kept for the rest of the run):
+CONTROLLER = "@controller"     # the node `cluster status` names controller
+LEADER = "@leader"             # the etcd member that is raft leader
+# Time budget parts (seconds) when the scenario gives none: see Scenario.budget()
+BUDGET_START_S, BUDGET_EVENT_S, BUDGET_STOP_S, BUDGET_CHECKS_S = 60.0, 20.0, 90.0, 60.0
 DRIVERS = ("cluster", "file-move")
 DISTRIBUTIONS = ("uniform", "zipf", "sequential")
 
@@ -79,11 +92,22 @@ class Event:
     """``action`` on ``node`` once the workload has issued ``at`` operations in total,
     or at the latest ``max_wait`` seconds after the previous event (0 = no bound): a
     workload stalled by unavailable partitions (each write waits for its timeout) must
-    not hold back the event that ends the outage, e.g. the restart after a kill."""
+    not hold back the event that ends the outage, e.g. the restart after a kill.
+    ``min_wait``: and not before this many seconds after the previous event (a cut that
+    must last, e.g. 5 lease TTLs, however fast the writes go).
+
+    ``node`` may be ``@controller`` (cut, cut-control, isolate, flap, kill, restart:
+    the controller when the event fires; later events mean the same node), an etcd
+    member ``etcdK`` or ``@leader`` (kill-etcd, restart-etcd; empty: every member),
+    and is empty for ``heal`` (everything heals). ``flap``: cut and heal the node from
+    peers and control plane every ``period_s`` for ``duration_s`` seconds, ending healed."""
     at: int
     action: str
-    node: str
+    node: str = ""
     max_wait: float = 0.0
+    min_wait: float = 0.0
+    duration_s: float = 0.0
+    period_s: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -119,14 +143,33 @@ class Scenario:
     disk: DiskSpec | None = None   # one node's data dir on a small tmpfs (cluster)
     transfer_rate: int = 0         # [transfer] rate_limit of every node, bytes/s (0: none)
     settle_timeout: float = 90.0
+    control_plane_members: int = 1 # etcd members of the run's control plane (cluster)
+    time_budget: float = 0.0       # seconds for the whole run; 0: budget() computes one
     description: str = ""
 
     def all_nodes(self) -> list[str]:
         out = list(self.nodes)
         for e in self.events:
-            if e.action in ("join", "leave", "kill", "restart") and e.node not in out:
+            if e.action in NODE_ACTIONS and e.node not in out and not e.node.startswith("@"):
                 out.append(e.node)
         return out
+
+    def budget(self) -> float:
+        """The run's time budget: ``time_budget``, or one computed from the scenario --
+        start, the workload at its rate (x2 for writes slowed by faults), every event's
+        waits plus a slack, the settle timeout, the final stop and the checks. Past it
+        the run is stopped and fails naming the step it was in (it never hangs)."""
+        if self.time_budget > 0:
+            return self.time_budget
+        w = self.workload
+        per_op = 1.0 / w.rate if w.rate > 0 else 0.05
+        events = sum(max(e.min_wait, e.duration_s) + BUDGET_EVENT_S for e in self.events)
+        return round(BUDGET_START_S + 2 * w.ops * per_op + events + self.settle_timeout
+                     + BUDGET_STOP_S + BUDGET_CHECKS_S, 1)
+
+    def control_faults(self) -> bool:
+        """Whether nodes reach etcd through per-node proxies (a control-plane cut)."""
+        return any(e.action in ("cut-control", "isolate", "flap") for e in self.events)
 
     def target(self) -> str | None:
         """The node (or process) the crash plan arms."""
@@ -165,15 +208,10 @@ def validate(s: Scenario) -> Scenario:
     lo, hi = w.value_size
     if not 1 <= lo <= hi <= 64 << 10:
         raise bad("workload.value_size must be [lo, hi] with 1 <= lo <= hi <= 65536")
+    if s.control_plane_members < 1 or s.time_budget < 0:
+        raise bad("control_plane_members must be >= 1 and time_budget >= 0 (0: computed)")
     for e in s.events:
-        if e.action not in ACTIONS:
-            raise bad(f"event action {e.action!r} is not one of {', '.join(ACTIONS)}")
-        if e.at < 0 or e.max_wait < 0:
-            raise bad(f"event {e.action} {e.node}: 'at' and 'max_wait' must be >= 0")
-        if e.action in ("fill", "free") and (s.disk is None or e.node != s.disk.node):
-            raise bad(f"event {e.action} {e.node}: needs disk = {{node = {e.node!r}}}")
-        if e.action in ("cut", "heal") and s.driver == "cluster" and not s.proxy:
-            raise bad(f"event {e.action} {e.node}: needs proxy = true")
+        _check_event(s, e, bad)
     if s.disk is not None:
         d = s.disk
         if s.driver != "cluster":
@@ -201,6 +239,35 @@ def validate(s: Scenario) -> Scenario:
             raise bad("crash.probability must be in (0, 1]")
         s.target()
     return s
+
+
+def _check_event(s: Scenario, e: Event, bad: Any) -> None:
+    what = f"event {e.action} {e.node}".rstrip()
+    if e.action not in ACTIONS:
+        raise bad(f"event action {e.action!r} is not one of {', '.join(ACTIONS)}")
+    if e.at < 0 or e.max_wait < 0 or e.min_wait < 0 or e.duration_s < 0:
+        raise bad(f"{what}: 'at', 'max_wait', 'min_wait' and 'duration_s' must be >= 0")
+    if e.action not in ("heal", *ETCD_ACTIONS) and not e.node:
+        raise bad(f"{what}: needs a node")
+    if e.action in ("fill", "free") and (s.disk is None or e.node != s.disk.node):
+        raise bad(f"{what}: needs disk = {{node = {e.node!r}}}")
+    if e.action in ("cut", "isolate", "flap") and s.driver == "cluster" and not s.proxy:
+        raise bad(f"{what}: needs proxy = true")
+    if s.driver != "cluster" and e.action in ("cut-control", "isolate", "flap", *ETCD_ACTIONS):
+        raise bad(f"{what}: needs the cluster driver")
+    if e.node == CONTROLLER and e.action not in (*PARTITION_ACTIONS, "kill", "restart"):
+        raise bad(f"{what}: {CONTROLLER} names a node for a cut, isolate, flap, kill or restart")
+    if e.node.startswith("@") and e.node not in (CONTROLLER, LEADER):
+        raise bad(f"{what}: {e.node!r} is not {CONTROLLER} or {LEADER}")
+    if e.action in ETCD_ACTIONS:
+        members = [f"etcd{i + 1}" for i in range(s.control_plane_members)]
+        if e.node not in ("", LEADER, *members):
+            raise bad(f"{what}: the etcd member must be one of {', '.join(members)}, "
+                      f"{LEADER}, or empty for all (control_plane_members = {s.control_plane_members})")
+    elif e.node == LEADER:
+        raise bad(f"{what}: {LEADER} names an etcd member (kill-etcd, restart-etcd)")
+    if e.action == "flap" and (e.duration_s <= 0 or e.period_s <= 0):
+        raise bad(f"{what}: needs duration_s > 0 and period_s > 0")
 
 
 # -- loading ------------------------------------------------------------------------------

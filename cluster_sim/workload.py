@@ -10,12 +10,18 @@ operations that did not return (in flight at a crash, or failed): those "may or 
 not be there". After the run, a copy of the key must hold the acknowledged value or one
 of those later candidates; a key whose last acknowledged operation was a remove must be
 absent unless a later unacknowledged put may have landed.
+
+It also keeps the partition update counter each acknowledged write got (the put or
+remove returns it) and the node whose view routed it: two acknowledged writes with the
+same (partition, counter) and different contents mean two primaries acknowledged at
+once (a split brain), see :func:`cluster_sim.invariants.counter_conflicts`.
 """
 from __future__ import annotations
 
 import json
 import random
 import threading
+import time
 from dataclasses import dataclass, field
 
 from .scenario import WorkloadSpec
@@ -76,12 +82,32 @@ def preload(spec: WorkloadSpec, seed: int) -> list[tuple[bytes, bytes]]:
             for i in range(spec.preload)]
 
 
+@dataclass(frozen=True)
+class Receipt:
+    """What a driver knows of one acknowledged write."""
+    counter: int | None           # the partition update counter the put/remove returned
+    via: str = ""                 # the node whose map routed it
+    by: str = ""                  # the node that answered (the primary that acknowledged)
+
+
+@dataclass(frozen=True)
+class Ack:
+    """One acknowledged write: what, the counter the cluster gave it, through whom."""
+    key: bytes
+    value: bytes | None
+    counter: int
+    via: str                      # the node whose map routed the write ("" unknown)
+    by: str = ""                  # the node that acknowledged it
+    at: float = 0.0               # time.monotonic() of the acknowledgement
+
+
 @dataclass
 class Model:
     acked: dict[bytes, bytes | None] = field(default_factory=dict)
     maybe: dict[bytes, list[bytes | None]] = field(default_factory=dict)
     n_acked: int = 0
     n_unsure: int = 0
+    acks: list[Ack] = field(default_factory=list)     # writes acknowledged with a counter
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def load(self, entries: list[tuple[bytes, bytes]]) -> None:
@@ -89,12 +115,16 @@ class Model:
             for k, v in entries:
                 self.acked[k] = v
 
-    def ack(self, op: Op) -> None:
-        """The call returned: this is now the key's value, earlier doubts are settled."""
+    def ack(self, op: Op, receipt: Receipt | None = None) -> None:
+        """The call returned: this is now the key's value, earlier doubts are settled.
+        ``receipt``: the counter it got, who routed and who acknowledged it."""
         with self._lock:
             self.acked[op.key] = op.value
             self.maybe.pop(op.key, None)
             self.n_acked += 1
+            if receipt is not None and isinstance(receipt.counter, int):
+                self.acks.append(Ack(op.key, op.value, receipt.counter, receipt.via, receipt.by,
+                                     time.monotonic()))
 
     def unsure(self, op: Op) -> None:
         """The call did not return (crash, timeout, error): it may or may not be there."""

@@ -9,9 +9,9 @@ from typing import Any
 
 from ..invariants import Layout
 from ..procs import Proc
-from ..scenario import Scenario
+from ..scenario import Event, Scenario
 from ..timeline import Timeline
-from ..workload import Model, Op
+from ..workload import Model, Op, Receipt
 
 RESTART_DELAY_S = 0.3     # a killed process comes back after this (the OS frees its ports)
 
@@ -71,14 +71,28 @@ class Driver:
     def setup(self) -> None: ...
     def start(self) -> None: raise NotImplementedError
     def client(self, writer: int) -> Any: raise NotImplementedError
-    def apply(self, client: Any, op: Op) -> None: raise NotImplementedError
-    def event(self, action: str, node: str) -> None: raise NotImplementedError
+    def apply(self, client: Any, op: Op) -> Receipt | None:
+        """Send ``op``; returns when acknowledged (with its counter and who routed and
+        acknowledged it, when the driver knows); raises when not acknowledged."""
+        raise NotImplementedError
+    def event(self, ev: Event) -> None: raise NotImplementedError
     def restart_after_crash(self, node: str) -> None: raise NotImplementedError
     def processes(self) -> dict[str, Proc]: raise NotImplementedError
     def sample(self) -> None: ...
     def settled(self) -> bool: raise NotImplementedError
     def stop(self) -> dict[str, int | None]: raise NotImplementedError
     def layout(self) -> Layout: raise NotImplementedError
+
+    def busy(self) -> bool:
+        """A fault that runs by itself is not over yet (the events phase waits)."""
+        return False
+
+    def unsettled(self) -> str:
+        """Why the last ``settled()`` was False, for the failure message."""
+        return str(self.last_status)[:1500]
+
+    def after_settle(self) -> None:
+        """Checks on the running, settled system (e.g. reads), before the stop."""
 
     def extra_checks(self) -> dict[str, list[str]]:
         """Checks the driver made during the run (fault events): name -> problems."""

@@ -1,12 +1,14 @@
 """The ``cluster`` driver: real ``ferry node`` processes on loopback.
 
 Nodes get a TOML config (a 2 s control-plane lease, so a killed node is failed in about
-two seconds), register in the run's own etcd (started in the run folder, stopped at
-cleanup), and are driven by ``node.Client``. Settled
-means what ``cluster status`` shows: every live member in the map, no move in
-progress, every partition with exactly its ideal owners OWNING and the ideal primary.
-Fault events (``cut``/``heal`` a node's RPC links through per-node proxies, ``fill``/
-``free`` a node's tmpfs disk) live in :mod:`.clusterfaults`.
+two seconds), register in the run's own etcd (``control_plane_members`` members,
+started in the run folder, stopped at cleanup), and are driven by ``node.Client``, each
+write through one node's view (:mod:`.writes`). Settled means what ``cluster status``
+shows: every live member in the map, no move in progress, every partition with exactly
+its ideal owners OWNING, all of them in sync, and the ideal primary
+(:func:`.convergence.settled_problems`). Fault events (partitions of a node from its
+peers and/or etcd, etcd members killed, a node's tmpfs disk filled) live in
+:mod:`.clusterfaults`.
 """
 from __future__ import annotations
 
@@ -20,9 +22,12 @@ from typing import Any
 from ..errors import ProcessError, SimError
 from ..invariants import Copy, Layout
 from ..procs import ROOT, Proc, child_env, free_port
-from ..workload import Op
+from ..scenario import Event
+from ..workload import Op, Receipt
 from .base import Driver
 from .clusterfaults import ClusterFaults
+from .convergence import settled_problems
+from .writes import NodeClients, WriteStats, verify_reads
 
 LEASE_TTL_S = 2
 
@@ -46,9 +51,11 @@ class ClusterDriver(ClusterFaults, Driver):
         if s.proxy and self.net is not None:
             raise SimError("proxy = true runs on loopback only, not with network namespaces")
         from node.etcdserver import EtcdCluster
-        self.etcd = EtcdCluster(os.path.join(self.dir, "etcd"), n=getattr(s, "control_plane_members", 1))
+        self.etcd = EtcdCluster(os.path.join(self.dir, "etcd"), n=s.control_plane_members)
         self.etcd.start()
-        self.setup_faults(self.ports)
+        self.setup_faults(self.ports, LEASE_TTL_S)
+        self.last_problems: list[str] = []
+        self.write_stats = WriteStats()
 
     def address(self, node: str) -> str:
         """Where the node listens (the harness's clients and status use it)."""
@@ -71,8 +78,9 @@ class ClusterDriver(ClusterFaults, Driver):
         return self.procs[node]
 
     def control_plane_for(self, node: str) -> list[str]:
-        """The etcd endpoints ``node`` uses (a proxy per node when faults need one)."""
-        return self.etcd.endpoints
+        """The etcd endpoints ``node`` uses: its own proxies when the scenario cuts
+        nodes from the control plane, else the members' client URLs."""
+        return self.partitions.control_endpoints(node) or self.etcd.endpoints
 
     def start_node(self, node: str, *, wait: bool = True) -> None:
         p = self._proc(node)
@@ -119,22 +127,20 @@ class ClusterDriver(ClusterFaults, Driver):
         self.start_node(node, wait=wait)
 
     # -- workload ----------------------------------------------------------------------------
-    def client(self, writer: int) -> Any:
-        from node import Client
-        return Client([self.address(n) for n in self.scenario.all_nodes()],
-                      secret_file=self.secret_file, timeout=20)
+    def client(self, writer: int) -> NodeClients:
+        nodes = self.scenario.all_nodes()
+        return NodeClients({n: self.address(n) for n in nodes}, self.secret_file,
+                           self.scenario.caches[0].name, self.write_stats,
+                           advertised={n: self.advertised(n) for n in nodes})
 
-    def apply(self, client: Any, op: Op) -> None:
-        cache = self.scenario.caches[0].name
-        if op.value is None:
-            client.remove(cache, op.key)
-        else:
-            client.put(cache, op.key, op.value)
+    def apply(self, client: NodeClients, op: Op) -> Receipt:
+        return client.apply(op)
 
     # -- events ------------------------------------------------------------------------------
-    def event(self, action: str, node: str) -> None:
-        if self.fault_event(action, node):
+    def event(self, ev: Event) -> None:
+        if self.fault_event(ev):
             return
+        action, node = ev.action, self.resolve(ev.node)
         if action == "join":
             self.start_node(node, wait=False)
         elif action == "kill":
@@ -151,6 +157,9 @@ class ClusterDriver(ClusterFaults, Driver):
             self.left.add(node)
         else:
             raise ProcessError(f"the cluster driver cannot {action} {node}")
+
+    def busy(self) -> bool:
+        return self.faults_busy()
 
     def restart_after_crash(self, node: str) -> None:
         if node not in self.left:
@@ -193,22 +202,44 @@ class ClusterDriver(ClusterFaults, Driver):
                              bytes_moved=sum(m.get("bytes", 0) for m in doc["moves"]),
                              backlog=sum(m.get("backlog", 0) for m in doc["moves"]))
 
+    def map_of(self, node: str) -> Any:
+        """``node``'s own map (a ``ClusterMap``), None when it does not answer."""
+        from node.cluster_map import ClusterMap
+        from node.wire import Pool, load_secret
+        pool = Pool(load_secret(self.secret_file), role="client")
+        try:
+            return ClusterMap.from_wire(pool.call(self.address(node), "get_map", timeout=5.0))
+        except Exception:  # noqa: BLE001 - down or restarting
+            return None
+        finally:
+            pool.close()
+
+    def expected(self) -> set[str]:
+        """The nodes that should be live members: started, not left."""
+        return {n for n in self.procs if n not in self.left}
+
     def settled(self) -> bool:
-        expect = {n for n, p in self.procs.items() if n not in self.left}
+        expect = self.expected()
         if not all(self.procs[n].alive() for n in expect):
+            self.last_problems = [f"{n} is not running" for n in expect if not self.procs[n].alive()]
             return False
         doc = self.status()
-        if doc is None:
-            return False
-        live = {n["id"] for n in doc["nodes"] if n["alive"] and not n["leaving"]}
-        want = min(self.scenario.caches[0].backups + 1, len(live))
         self.last_status = doc
-        return live == expect and not doc["moves"] and all(
-            sorted(n for n, s in part["states"].items() if s == "OWNING") == sorted(part["owners"])
-            and len(part["owners"]) == want and set(part["states"].values()) == {"OWNING"}
-            and part["primary"] == part["owners"][0] for part in doc["partitions"])
+        self.last_problems = settled_problems(doc, expect, self.scenario.caches[0].backups)
+        return not self.last_problems
+
+    def unsettled(self) -> str:
+        return "; ".join(self.last_problems[:6]) or str(self.last_status)[:1500]
+
+    def after_settle(self) -> None:
+        """Every node's view reads every key as the model says (nodes still running)."""
+        self.timeline.mark("-", "writes", self.write_stats.summary())
+        live = {n: self.address(n) for n in sorted(self.expected())}
+        self.checks["reads_serve_last_acked"] = verify_reads(
+            live, self.secret_file, self.scenario.caches[0].name, self.model)
 
     def stop(self) -> dict[str, int | None]:
+        self.convergence.cancel()
         # SIGTERM to all at once: stopping one by one would start moves we then cut.
         for n, p in self.procs.items():
             if p.alive():

@@ -1,14 +1,20 @@
-"""Network and disk faults of the ``cluster`` driver (a mixin of :class:`ClusterDriver`).
+"""Network, control-plane and disk faults of the ``cluster`` driver (a mixin of
+:class:`ClusterDriver`), and the checks that go with them.
 
-Network (``proxy = true``): every node advertises a loopback proxy in front of its RPC
-port (``--advertise``, node/config.py), so peers reach it -- heartbeats, replication,
-map pushes, register -- only through that proxy. ``cut NODE`` blocks, on NODE's proxy,
-the connections of every other node process, and on every other proxy those of NODE
-(:meth:`netproxy.Proxy.block`): NODE is cut off from its peers both ways while the
-harness (its clients and status) and the control plane (etcd) still reach everyone.
-Replication to NODE fails, so its primaries' peers leave NODE's copies out of the
-in-sync sets (through the controller, via etcd) and NODE's own primaries cannot
-acknowledge; ``heal NODE`` unblocks and NODE's copies resync. The file transfer port is not proxied (node/ advertises the address it binds).
+Network (:mod:`.partitions`): ``cut NODE`` (from its peers; ``proxy = true``),
+``cut-control NODE`` (from etcd), ``isolate NODE`` (both), ``heal`` (everything),
+``flap NODE`` (isolate/heal every ``period_s`` for ``duration_s``). ``NODE`` may be
+``@controller``: the controller when the event fires. etcd (:mod:`.etcdfaults`):
+``kill-etcd [etcdK|@leader]`` and ``restart-etcd [...]`` (empty: every member).
+
+Checks: after each end of a fault (``heal``, a flap's end, ``restart-etcd``) the
+cluster must converge within 3 lease TTLs (``converged_after_heal``,
+:mod:`.convergence`; a new fault before that cancels the clock); a node cut from etcd
+for 2 lease TTLs or more must have dropped out of the others' maps
+(``control_cut_effective``: the cut really broke its keep-alive connections and watch);
+while every etcd member is down, no write may be acknowledged once every lease could
+have ended (``no_ack_while_control_plane_down``: from the kill + 1 TTL + a slack for
+a write whose lease check came just before the fence, to the restart).
 
 Disk (``disk = {node = ...}``): the node's data directory is a tmpfs
 (:mod:`cluster_sim.diskfull`). ``fill NODE`` leaves ``free_mib`` free; ``free NODE``
@@ -22,49 +28,107 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
 import time
 from typing import Any
 
 from ..diskfull import Tmpfs
-from ..netproxy import Proxy
+from ..errors import ProcessError
+from ..scenario import CONTROLLER, Event
+from .convergence import CONVERGE_TTLS, ConvergenceWatch, map_problems, settled_problems
+from .etcdfaults import EtcdFaults
+from .partitions import Partitions
 
-DECLARE_TIMEOUT_S = 20.0
 REFUSAL_TIMEOUT_S = 30.0
+FENCE_SLACK_S = 2.0       # a write checked its lease just before the fence: replication, reply
 # what transfer.OutOfDiskError / the free-disk check write into the node's log
 REFUSED = re.compile(r"out of disk space|bytes free for partition|No space left on device")
 TEMP_SUFFIX = ".ferry-tmp"   # a transfer's file while it arrives (transfer/resume.py)
 
 
 class ClusterFaults:
-    """Needs from the driver: scenario, procs, dir, timeline, data_dir(), status_of()."""
+    """Needs from the driver: scenario, procs, dir, timeline, etcd, data_dir(), status(),
+    status_of(), map_of(), expected()."""
 
-    def setup_faults(self: Any, listen_ports: dict[str, int]) -> None:
+    def setup_faults(self: Any, listen_ports: dict[str, int], lease_ttl: float) -> None:
         self.checks: dict[str, list[str]] = {}
-        self.proxies: dict[str, Proxy] = {}
+        self.lease_ttl = lease_ttl
+        self.resolved: dict[str, str] = {}          # @controller -> the node it meant
         self.tmpfs: Tmpfs | None = None
         if self.scenario.disk is not None:
             self.tmpfs = Tmpfs(self.data_dir(self.scenario.disk.node), self.scenario.disk.size_mib)
             self.tmpfs.mount()
+        self.partitions = Partitions(self.timeline, self.live_pids)
         if self.scenario.proxy:
-            for n, port in listen_ports.items():
-                self.proxies[n] = Proxy(("127.0.0.1", port)).start()
+            self.partitions.add_peer_proxies(listen_ports)
+        if self.scenario.control_faults():
+            self.partitions.add_control_proxies(self.scenario.all_nodes(),
+                                                [m.client_port for m in self.etcd.members])
+        self.proxies = self.partitions.peer
+        self.etcd_faults = EtcdFaults(self.etcd, self.timeline)
+        self.convergence = ConvergenceWatch(self.converged_problems, CONVERGE_TTLS * lease_ttl,
+                                            self.timeline)
+        self.partitions.on_healed = self.convergence.start
+        self._heals = 0
+        self._gone_watch = threading.Event()
+        self.gone: dict[str, float] = {}            # node -> s from its etcd cut to its lease's end
+        self.outages: list[list[float]] = []        # [start, end] with every etcd member down
 
     def cleanup_faults(self: Any) -> None:
-        for px in self.proxies.values():
-            px.stop()
+        self.convergence.cancel()
+        self._gone_watch.set()
+        self.partitions.stop()
         if self.tmpfs is not None:
             self.tmpfs.unmount()
-        etcd = getattr(self, "etcd", None)
-        if etcd is not None:
-            etcd.stop()
+        self.etcd.stop()
 
-    def fault_event(self: Any, action: str, node: str) -> bool:
-        """Handle a fault event; False when ``action`` is not one."""
+    def live_pids(self: Any) -> dict[str, int]:
+        return {n: p.popen.pid for n, p in self.procs.items() if p.alive() and p.popen}
+
+    def resolve(self: Any, node: str) -> str:
+        """``@controller`` -> the controller now (the same node for the rest of the run)."""
+        if node != CONTROLLER:
+            return node
+        if node not in self.resolved:
+            deadline = time.monotonic() + 10 * self.lease_ttl
+            while (doc := self.status()) is None or not doc.get("controller"):
+                if time.monotonic() > deadline:
+                    raise ProcessError("@controller: no node names a controller")
+                time.sleep(0.2)
+            self.resolved[node] = doc["controller"]
+            self.timeline.mark(doc["controller"], "resolved", f"{node} is {doc['controller']}")
+        return self.resolved[node]
+
+    def fault_event(self: Any, ev: Event) -> bool:
+        """Handle a fault event; False when ``ev`` is not one."""
+        action, node = ev.action, self.resolve(ev.node)
+        if action in ("cut", "cut-control", "isolate", "flap", "kill-etcd"):
+            self.convergence.cancel()     # a new fault: the last heal's clock stops
         if action == "cut":
-            self.isolate(node)
+            self.partitions.cut_peers(node)
+        elif action in ("cut-control", "isolate"):
+            (self.partitions.cut_control if action == "cut-control" else self.partitions.isolate)(node)
+            self._gone_watch.clear()
+            threading.Thread(target=self._await_gone, args=(node, time.monotonic()),
+                             name=f"gone-{node}", daemon=True).start()
+        elif action == "flap":
+            self.partitions.flap(node, ev.duration_s, ev.period_s)
+            self._heals += 1
         elif action == "heal":
-            for px in self.proxies.values():
-                px.unblock()
+            self._check_control_cuts()
+            self.partitions.heal()
+            self._heals += 1
+            self.convergence.start("heal")
+        elif action == "kill-etcd":
+            self.etcd_faults.kill(node)
+            if not any(m.alive() for m in self.etcd.members):
+                self.outages.append([time.monotonic(), 0.0])
+        elif action == "restart-etcd":
+            if self.outages and not self.outages[-1][1]:
+                self.outages[-1][1] = time.monotonic()
+            self.etcd_faults.restart(node)
+            self._heals += 1
+            self.convergence.start("restart-etcd")
         elif action == "fill":
             assert self.tmpfs is not None and self.scenario.disk is not None
             if self.scenario.disk.mid_transfer:
@@ -79,16 +143,38 @@ class ClusterFaults:
             return False
         return True
 
-    # -- network ------------------------------------------------------------------------
-    def isolate(self: Any, node: str) -> None:
-        pids = {n: p.popen.pid for n, p in self.procs.items() if p.alive() and p.popen}
-        others = {pid for n, pid in pids.items() if n != node}
-        if node in self.proxies:
-            self.proxies[node].block(others)
-        for n, px in self.proxies.items():
-            if n != node and node in pids:
-                px.block({pids[node]})
-        self.timeline.mark(node, "cut", "from its peers (the control plane still reaches it)")
+    def faults_busy(self: Any) -> bool:
+        """A fault still running by itself (a flap)."""
+        return self.partitions.flapping()
+
+    # -- control-plane cuts --------------------------------------------------------------
+    def _await_gone(self: Any, node: str, since: float) -> None:
+        """Until another node's map drops ``node`` (its lease expired in etcd): marked
+        on the timeline; ``_check_control_cuts`` holds a long cut to it."""
+        while not self._gone_watch.wait(0.2):
+            for peer in (n for n in self.live_pids() if n != node):
+                m = self.map_of(peer)
+                if m is not None and node not in m.members:
+                    self.gone[node] = round(time.monotonic() - since, 2)
+                    self.timeline.mark(node, "lease expired", f"{self.gone[node]:.1f}s after the cut "
+                                       f"(seen by {peer})")
+                    return
+
+    def _check_control_cuts(self: Any) -> None:
+        problems = self.checks.setdefault("control_cut_effective", [])
+        for node, since in self.partitions.cut_since.items():
+            lasted = time.monotonic() - since
+            if lasted >= 2 * self.lease_ttl and node not in self.gone:
+                problems.append(f"{node} was cut from etcd for {lasted:.1f}s (lease TTL "
+                                f"{self.lease_ttl:.0f}s) and no other node's map dropped it")
+        self._gone_watch.set()
+
+    # -- convergence ---------------------------------------------------------------------
+    def converged_problems(self: Any) -> list[str]:
+        """One map on every expected node, and settled (see :mod:`.convergence`)."""
+        expect = self.expected()
+        probs = map_problems({n: self.map_of(n) for n in sorted(expect)})
+        return probs or settled_problems(self.status(), expect, self.scenario.caches[0].backups)
 
     # -- disk ---------------------------------------------------------------------------
     def await_transfer(self: Any, node: str) -> None:
@@ -137,7 +223,23 @@ class ClusterFaults:
                                  only=getattr(self, "caught", None)))
 
     def extra_checks(self: Any) -> dict[str, list[str]]:
-        return self.checks
+        out = dict(self.checks)
+        if self._heals:
+            out["converged_after_heal"] = list(self.convergence.problems)
+        if self.outages:
+            out["no_ack_while_control_plane_down"] = self._acks_in_outages()
+        return out
+
+    def _acks_in_outages(self: Any) -> list[str]:
+        out = []
+        for start, end in self.outages:
+            lo, hi = start + self.lease_ttl + FENCE_SLACK_S, end or time.monotonic()
+            for a in self.model.acks:
+                if lo <= a.at <= hi:
+                    out.append(f"{a.key!r} acknowledged by {a.by or '?'} (counter {a.counter}) "
+                               f"{a.at - start:.1f}s after every etcd member was killed "
+                               f"(restart at {hi - start:.1f}s)")
+        return out[:20]
 
 
 def _unclean(data: str, cache: str, only: str | None = None) -> list[str]:

@@ -17,6 +17,7 @@ from ..invariants import Copy, Layout
 from ..mover.wire import CACHE, SimFrame
 from ..netproxy import Proxy
 from ..procs import Proc, free_port
+from ..scenario import Event
 from ..workload import Op
 from .base import Driver
 
@@ -144,7 +145,8 @@ class FileMoveDriver(Driver):
     def apply(self, client: SimClient, op: Op) -> None:
         client.call(op)
 
-    def event(self, action: str, node: str) -> None:
+    def event(self, ev: Event) -> None:
+        action, node = ev.action, ev.node
         if action in ("join", "restart"):
             self._start(node)
         elif action == "kill":

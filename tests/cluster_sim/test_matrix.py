@@ -20,10 +20,20 @@ def test_plan_covers_every_point_and_cells_are_seeded() -> None:
     assert [(c.point, c.side, c.seed, c.nth) for c in cells] == [(c.point, c.side, c.seed, c.nth) for c in again]
 
 
+def test_fault_scenarios_are_cells_without_a_crash_plan() -> None:
+    from cluster_sim.matrix import FAULTS, NO_CRASH
+    cells = plan_cells(["wal.before_sync"], ["third"], [1, 2], faults=list(FAULTS))
+    faults = [c for c in cells if c.point == NO_CRASH]
+    assert {c.scenario for c in faults} == set(FAULTS) and len(faults) == 2 * len(FAULTS)
+    assert {"long-cut", "controller-cut", "flapping", "etcd-member-loss", "control-plane-outage"} <= set(FAULTS)
+    assert faults[0].replay == f"ferry sim run --scenario {faults[0].scenario} --seed 1"
+    assert set(faults[0].to_json()) == {"point", "side", "seed", "passed", "seconds", "replay"}
+
+
 @pytest.mark.slow
 def test_quick_matrix_passes(tmp_path, py_env) -> None:
     out = subprocess.run([sys.executable, "-m", "ferry", "sim", "matrix", "--points", "all",
-                          "--sides", "supplier,demander", "--seeds", "1", "--json",
+                          "--sides", "supplier,demander", "--seeds", "1", "--faults", "none", "--json",
                           "--report", str(tmp_path / "report"), "--workdir", str(tmp_path)],
                          capture_output=True, text=True, env=py_env, timeout=900)
     doc = json.loads(out.stdout)

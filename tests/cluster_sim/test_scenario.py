@@ -7,7 +7,7 @@ import json
 import pytest
 
 from cluster_sim import BUILTINS, CrashPlan, Model, ScenarioError, generate, load_scenario
-from cluster_sim.workload import Op
+from cluster_sim.workload import Op, Receipt
 
 TOML = """
 name = "mine"
@@ -120,3 +120,65 @@ def test_event_max_wait_is_loaded_and_checked() -> None:
     assert s.events[1].max_wait == 2.5 and s.events[0].max_wait == 0.0
     with pytest.raises(ScenarioError, match="max_wait"):
         from_dict(base | {"events": [{"at": 5, "action": "kill", "node": "n2", "max_wait": -1}]})
+
+
+def test_partition_and_etcd_events_are_loaded_and_checked() -> None:
+    from cluster_sim.scenario import from_dict
+    base = {"name": "x", "nodes": ["n1", "n2", "n3"], "proxy": True}
+    s = from_dict(base | {"control_plane_members": 3, "events": [
+        {"at": 5, "action": "isolate", "node": "@controller"},
+        {"at": 6, "action": "heal", "min_wait": 10},
+        {"at": 7, "action": "flap", "node": "n3", "duration_s": 4, "period_s": 0.5},
+        {"at": 8, "action": "cut-control", "node": "n2"},
+        {"at": 9, "action": "kill-etcd", "node": "@leader"},
+        {"at": 9, "action": "restart-etcd", "node": "etcd3"},
+        {"at": 9, "action": "kill-etcd"}]})
+    assert s.events[1].node == "" and s.events[1].min_wait == 10
+    assert s.all_nodes() == ["n1", "n2", "n3"]          # placeholders are not processes
+    assert s.control_faults() and s.budget() > s.settle_timeout
+    refused = [
+        ({"action": "flap", "node": "n3"}, "duration_s > 0"),
+        ({"action": "isolate"}, "needs a node"),
+        ({"action": "kill-etcd", "node": "etcd4"}, "etcd member must be one of etcd1, etcd2, etcd3"),
+        ({"action": "cut", "node": "@leader"}, "names an etcd member"),
+        ({"action": "join", "node": "@controller"}, "names a node for a cut"),
+        ({"action": "heal", "node": "@somebody"}, "is not @controller"),
+        ({"action": "heal", "min_wait": -1}, "must be >= 0"),
+    ]
+    for ev, match in refused:
+        with pytest.raises(ScenarioError, match=match):
+            from_dict(base | {"control_plane_members": 3, "events": [{"at": 1} | ev]})
+    with pytest.raises(ScenarioError, match="needs proxy = true"):
+        from_dict({"name": "x", "nodes": ["n1"], "events": [{"at": 1, "action": "isolate", "node": "n1"}]})
+    with pytest.raises(ScenarioError, match="needs the cluster driver"):
+        from_dict({"name": "x", "driver": "file-move", "nodes": ["supplier"],
+                   "events": [{"at": 1, "action": "kill-etcd"}]})
+    with pytest.raises(ScenarioError, match="control_plane_members"):
+        from_dict(base | {"control_plane_members": 0})
+    assert from_dict(base | {"time_budget": 42.0}).budget() == 42.0
+
+
+def test_fault_builtins_name_their_faults() -> None:
+    from cluster_sim.builtins import FAULT_SCENARIOS
+    for name in FAULT_SCENARIOS:
+        s = load_scenario(name)
+        assert s.events and s.budget() < 600
+    assert load_scenario("etcd-member-loss").control_plane_members == 3
+    assert {e.action for e in load_scenario("control-plane-outage").events} == {"kill-etcd", "restart-etcd"}
+    assert load_scenario("long-cut").events[1].min_wait >= 5 * 2.0       # 5 lease TTLs
+
+
+def test_model_keeps_the_counters_of_acknowledged_writes() -> None:
+    from cluster_sim.invariants import counter_conflicts
+    from node.assignment import partition_of
+    m = Model()
+    m.ack(Op(0, 0, b"a", b"1"), Receipt(7, "n1", "n2"))
+    m.ack(Op(0, 1, b"a", b"2"), Receipt(8, "n1", "n2"))
+    assert counter_conflicts(m, 8) == []
+    # another key of the same partition acknowledged at counter 8: two primaries
+    other = next(b"k%d" % i for i in range(1000) if partition_of(b"k%d" % i, 8) == partition_of(b"a", 8))
+    m.ack(Op(1, 0, other, b"x"), Receipt(8, "n3", "n3"))
+    bad = counter_conflicts(m, 8)
+    assert len(bad) == 1 and "counter 8" in bad[0] and "acknowledged by n3, routed by n3" in bad[0]
+    m.ack(Op(1, 1, b"b", b"y"))                        # no counter (file-move driver): not kept
+    assert len(m.acks) == 3

@@ -1,0 +1,146 @@
+"""The cluster driver's clients: every write through one node's view of the map, and
+the read check after the run settled.
+
+Each operation belongs to one node (``route``: by the writer and the operation's
+position, from the seed alone), and goes through a ``node.Client`` seeded with that
+node first whose map is dropped before each operation: the map comes from that node,
+so a node cut off from the others (its map stale, itself still primary there) is
+tried -- the minority side is exercised, and must not acknowledge. When it refuses
+(``not_primary``, ``unavailable``) the client refreshes from the live members and
+retries within ``WRITE_TIMEOUT_S``; a node that is down is skipped for the next seed.
+A write that raised is "not acknowledged" (it may or may not be there); one that
+returned is acknowledged with the partition counter the node replied.
+
+:class:`WriteStats` counts, per node, the writes it routed, and the puts/removes that
+node itself refused by error code (``unavailable`` from a primary whose lease is not
+valid or which could not shrink its in-sync set, ``not_primary`` ...): the run's
+record that the minority side was tried.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+from ..workload import Model, Op, Receipt
+
+WRITE_TIMEOUT_S = 8.0      # a new primary is up about 1 lease TTL after its predecessor died
+CALL_TIMEOUT_S = 8.0       # one RPC (the node's own replication timeout is 5 s)
+SLOW_S = 1.0
+
+
+def route(nodes: list[str], op: Op) -> str:
+    """The node whose view routes ``op``: spread over every node of the scenario."""
+    return nodes[(op.seq + op.writer) % len(nodes)]
+
+
+class WriteStats:
+    """Per node: writes routed through its view, and its own refusals by error code."""
+
+    def __init__(self) -> None:
+        self.routed: Counter[str] = Counter()
+        self.refused: dict[str, Counter[str]] = {}
+        self.slow: Counter[str] = Counter()          # writes that took > SLOW_S
+        self.longest: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def count(self, node: str, seconds: float = 0.0) -> None:
+        with self._lock:
+            self.routed[node] += 1
+            if seconds > SLOW_S:
+                self.slow[node] += 1
+            self.longest[node] = max(self.longest.get(node, 0.0), seconds)
+
+    def refusal(self, node: str, code: str) -> None:
+        with self._lock:
+            self.refused.setdefault(node, Counter())[code] += 1
+
+    def summary(self) -> str:
+        with self._lock:
+            return "; ".join(
+                f"{n}: {k} routed (slowest {self.longest.get(n, 0):.1f}s, {self.slow[n]} over "
+                f"{SLOW_S:.0f}s)" + (", refused by itself " + ", ".join(
+                    f"{c} {code}" for code, c in sorted(self.refused[n].items())) if n in self.refused else "")
+                for n, k in sorted(self.routed.items()))
+
+
+class NodeClients:
+    """One ``node.Client`` per node for one writer (one thread); ``apply`` returns the
+    counter, the routing node and the node that acknowledged."""
+
+    def __init__(self, addresses: dict[str, str], secret_file: str, cache: str,
+                 stats: WriteStats | None = None, advertised: dict[str, str] | None = None) -> None:
+        from node import Client
+        self.nodes = list(addresses)
+        self.cache = cache
+        self.stats = stats or WriteStats()
+        self.clients: dict[str, Any] = {}
+        self.names = {a: n for n, a in (advertised or {}).items()} | {a: n for n, a in addresses.items()}
+        self.answered = ""          # the node that answered this writer's last put/remove
+        for n, addr in addresses.items():
+            others = [a for m, a in addresses.items() if m != n]
+            c = Client([addr, *others], secret_file=secret_file, timeout=WRITE_TIMEOUT_S)
+            c.pool.timeout = CALL_TIMEOUT_S
+            mine = {addr, (advertised or {}).get(n, addr)}   # the map names the advertised one
+            c.pool.call = self._counting(n, mine, c.pool.call)
+            self.clients[n] = c
+
+    def _counting(self, node: str, addrs: set[str], call: Any) -> Any:
+        """``Pool.call`` that notes the node's own refusals of a put/remove."""
+        from node.errors import NodeError
+
+        def counted(address: str, method: str, /, timeout: float | None = None, **args: Any) -> Any:
+            try:
+                out = call(address, method, timeout=timeout, **args)
+                if method in ("put", "remove"):
+                    self.answered = self.names.get(address, address)
+                return out
+            except NodeError as e:
+                if address in addrs and method in ("put", "remove"):
+                    self.stats.refusal(node, getattr(e, "code", type(e).__name__))
+                raise
+        return counted
+
+    def apply(self, op: Op) -> Receipt:
+        node = route(self.nodes, op)
+        c = self.clients[node]
+        c.map = None            # this node's view: the map is fetched from it first
+        t0 = time.monotonic()
+        try:
+            if op.value is None:
+                counter = c.remove(self.cache, op.key)
+            else:
+                counter = c.put(self.cache, op.key, op.value)
+            return Receipt(counter, node, self.answered)
+        finally:
+            self.stats.count(node, time.monotonic() - t0)
+
+    def close(self) -> None:
+        for c in self.clients.values():
+            c.close()
+
+
+def verify_reads(addresses: dict[str, str], secret_file: str, cache: str, model: Model) -> list[str]:
+    """Through each node's client, every key the workload wrote reads as its last
+    acknowledged value (or a later unacknowledged one; absent after a remove)."""
+    from node import Client
+    problems: list[str] = []
+    for n, addr in addresses.items():
+        others = [a for m, a in addresses.items() if m != n]
+        with Client([addr, *others], secret_file=secret_file, timeout=WRITE_TIMEOUT_S) as c:
+            bad = 0
+            for key in sorted(model.keys()):
+                try:
+                    found = c.get(cache, key)
+                except Exception as e:  # noqa: BLE001 - a read that fails is the finding
+                    why: str | None = f"{key!r}: read failed: {type(e).__name__}: {str(e)[:160]}"
+                else:
+                    why = model.check(key, found)
+                if why:
+                    bad += 1
+                    if bad <= 10:
+                        problems.append(f"through {n}: {why}")
+            if bad > 10:
+                problems.append(f"through {n}: ... and {bad - 10} more")
+    return problems
