@@ -148,6 +148,11 @@ class Node(Membership, UpdatePath, Rebalancer):
 
     # -- lifecycle ----------------------------------------------------------------
     def start(self) -> None:
+        if not self.cfg.control_plane:        # say so before binding anything
+            from .errors import ConfigError
+            raise ConfigError("no control plane: pass --control-plane http://HOST:PORT (the client "
+                              "URL of an etcd 3.4+ cluster; `ferry demo` and LocalCluster start a "
+                              "local one) or set [control_plane] endpoints")
         self.server = RpcServer(self.cfg.listen, self.secret, self.dispatch)
         self.server.start()
         self.transfer_address = start_supplier(self)

@@ -17,7 +17,7 @@ from node import Client
 from node.errors import NodeError
 from node.wire import Pool, load_secret
 
-from nodeharness import NodeProc, env, etcd, status, wait_settled, write_secret
+from nodeharness import NodeProc, env, etcd, free_port, status, wait_settled, write_secret
 
 CONFIG = """
 [control_plane]
@@ -197,7 +197,8 @@ def test_cluster_settings_apply_on_every_node_within_a_second(pair):
 def test_a_node_without_a_reachable_control_plane_says_so(tmp_path):
     secret = write_secret(str(tmp_path / "secret"))
     r = subprocess.run([sys.executable, "-m", "ferry", "node", "start", "--id", "n1", "--data",
-                        str(tmp_path / "d"), "--secret-file", secret], capture_output=True, text=True,
+                        str(tmp_path / "d"), "--secret-file", secret, "--listen",
+                        f"127.0.0.1:{free_port()}"], capture_output=True, text=True,
                        env=env(), timeout=60)
     assert r.returncode == 2 and "--control-plane" in r.stderr + r.stdout
     assert "Traceback" not in r.stderr
