@@ -27,26 +27,37 @@ import os
 import secrets
 import stat
 
-from .errors import AuthError, FrameError, PeerClosed, RemoteError
+from . import safefs
+from .errors import AuthError, FrameError, PeerClosed, RemoteError, UnsafePath
 from .frames import ErrorCode, FrameType, read_frame, send_error, write_frame
 from .transport import Conn
 
 NONCE_SIZE = 32
 SECRET_ENV = "FERRY_SECRET"
 MIN_SECRET = 16          # bytes; shorter secrets are guessable offline from one handshake
+MAX_SECRET_FILE = 64 << 10   # a secret is a line; anything this big is the wrong file
+# Frames a server reads before the peer has proved the secret are tiny (HELLO is about
+# 80 bytes, RESPONSE about 50): strangers must not make it buffer a full 1 MiB frame.
+HANDSHAKE_MAX_PAYLOAD = 4096
+HANDSHAKE_DEADLINE = 10.0    # seconds for the whole handshake, however the bytes trickle in
 _SERVER_LABEL = b"ferry-server\0"
 _CLIENT_LABEL = b"ferry-client\0"
 
 
 def load_secret(path: str | None = None, *, env: str = SECRET_ENV) -> bytes:
-    """The cluster secret from ``path`` (whitespace stripped) or else ``$env``."""
+    """The cluster secret from ``path`` (whitespace stripped) or else ``$env``.
+
+    The file must be a regular file (a symlink to one is fine: mounted secrets are
+    links); a FIFO or device is refused at once instead of blocking the process, and
+    its mode is checked on the file actually read."""
     if path:
         try:
-            st = os.stat(path)
-            with open(path, "rb") as f:
-                data = f.read().strip()
+            raw, st = safefs.read_small(path, MAX_SECRET_FILE, follow=True)
+        except UnsafePath as e:
+            raise AuthError(f"secret file {e.reason}; point --secret-file at the secret itself") from None
         except OSError as e:
             raise AuthError(f"cannot read secret file {path}: {e.strerror}") from None
+        data = raw.strip()
         if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
             raise AuthError(f"secret file {path} is readable by group/others (mode "
                             f"{stat.S_IMODE(st.st_mode):o}); chmod 600 it")
@@ -93,11 +104,21 @@ def client_handshake(conn: Conn, secret: bytes, *, role: str = "transfer") -> No
                         stage="handshake", peer=conn.peer) from None
 
 
-def server_handshake(conn: Conn, secret: bytes) -> str:
+def server_handshake(conn: Conn, secret: bytes, *, deadline: float | None = HANDSHAKE_DEADLINE) -> str:
     """Authenticate the connecting peer; returns its role. On failure the peer gets an
-    ERROR frame (code AUTH) and AuthError is raised; nothing else was read."""
+    ERROR frame (code AUTH) and AuthError is raised; nothing else was read. The whole
+    handshake must end within ``deadline`` seconds (None: only the per-read timeout),
+    and its frames are at most HANDSHAKE_MAX_PAYLOAD bytes."""
+    conn.set_deadline(deadline)
     try:
-        hello = read_frame(conn)
+        return _server_handshake(conn, secret)
+    finally:
+        conn.set_deadline(None)
+
+
+def _server_handshake(conn: Conn, secret: bytes) -> str:
+    try:
+        hello = read_frame(conn, limit=HANDSHAKE_MAX_PAYLOAD)
         if hello.type != FrameType.HELLO:
             send_error(conn, ErrorCode.AUTH, "authentication required: the first frame must be HELLO")
             raise AuthError(f"peer {conn.peer} sent frame type {hello.type} before authenticating",
@@ -108,7 +129,7 @@ def server_handshake(conn: Conn, secret: bytes) -> str:
             raise FrameError(ErrorCode.PROTOCOL, "handshake role must be a short string")
         ns = secrets.token_bytes(NONCE_SIZE)
         write_frame(conn, FrameType.CHALLENGE, {"nonce": ns, "mac": _mac(secret, _SERVER_LABEL, nc, ns, role)})
-        resp = read_frame(conn, expect=[FrameType.RESPONSE])
+        resp = read_frame(conn, expect=[FrameType.RESPONSE], limit=HANDSHAKE_MAX_PAYLOAD)
         mac = resp.body.get("mac")
         if not isinstance(mac, bytes) or not hmac.compare_digest(mac, _mac(secret, _CLIENT_LABEL, ns, nc, role)):
             send_error(conn, ErrorCode.AUTH, "wrong cluster secret (or a replayed handshake)")

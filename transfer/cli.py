@@ -15,6 +15,33 @@ import click
 
 # Failures worth another attempt (the next attempt resumes from the verified chunks).
 _RETRYABLE = ("PeerClosed",)
+MAX_PARTITION = 2**31 - 1     # transfer.messages.MAX_PARTITION (not imported: --help stays light)
+
+
+class _BadOption(click.ClickException):
+    """An option value out of range: one line naming it and what to use, exit 2 (not a
+    traceback from deep inside, as ``--port 70000`` gave)."""
+
+    exit_code = 2
+
+    def __init__(self, command: str, message: str) -> None:
+        super().__init__(message)
+        self.command = command
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"ferry transfer {self.command}: error: {self.message}", err=True)
+
+
+def _between(lo: int, hi: int | None, hint: str) -> Any:
+    """A click callback: every value of the option in lo..hi (hi None: no upper bound)."""
+    def check(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        for v in value if isinstance(value, tuple) else (value,):
+            if v is not None and not (lo <= v and (hi is None or v <= hi)):
+                rng = f"{lo}..{hi}" if hi is not None else f"{lo} or more"
+                raise _BadOption(ctx.info_name or "?", f"{param.opts[0]} {v} is out of range: "
+                                 f"use {rng} ({hint})")
+        return value
+    return check
 
 
 @click.group("transfer")
@@ -30,11 +57,13 @@ def _secret(path: str | None) -> bytes:
 @transfer.command("serve")
 @click.option("--dir", "directory", required=True, type=click.Path(file_okay=False, exists=True),
               help="Directory holding part-<p>.bin files (other caches in sub-directories).")
-@click.option("--port", type=int, required=True, help="TCP port to listen on (0: any).")
+@click.option("--port", type=int, required=True, callback=_between(0, 65535, "0 picks a free port"),
+              help="TCP port to listen on (0: any).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--secret-file", type=click.Path(dir_okay=False), help="Cluster secret file (or $FERRY_SECRET).")
 @click.option("--rate", default=None, help="Node-wide send limit, e.g. 200MB (bytes/s).")
-@click.option("--max-transfers", default=4, show_default=True, help="Concurrent transfers served.")
+@click.option("--max-transfers", default=4, show_default=True,
+              callback=_between(1, None, "concurrent transfers served"), help="Concurrent transfers served.")
 @click.option("--limits-file", type=click.Path(dir_okay=False), default=None,
               help='JSON {"rate": "200MB", "max_transfers": 4}; overrides --rate/--max-transfers '
                    "and is re-read on SIGHUP while serving.")
@@ -91,6 +120,7 @@ def serve(directory: str, port: int, host: str, secret_file: str | None, rate: s
 @transfer.command("fetch")
 @click.argument("peer")
 @click.option("--partition", "partitions", type=int, multiple=True, required=True,
+              callback=_between(0, MAX_PARTITION, "a partition number"),
               help="Partition to fetch (repeatable).")
 @click.option("--dest", required=True, type=click.Path(file_okay=False), help="Directory to install into.")
 @click.option("--cache", default="default", show_default=True)
@@ -101,7 +131,9 @@ def serve(directory: str, port: int, host: str, secret_file: str | None, rate: s
               help="known_hosts file for the SSH host key check (default ~/.ssh/known_hosts).")
 @click.option("--no-host-key-check", is_flag=True, help="Do not check the SSH host key (unsafe).")
 @click.option("--rate", default=None, help="Receive limit, e.g. 200MB (bytes/s).")
-@click.option("--retries", default=2, show_default=True, help="Resume attempts after a lost connection.")
+@click.option("--retries", default=2, show_default=True,
+              callback=_between(0, None, "0 tries once, N retries N times after a lost connection"),
+              help="Resume attempts after a lost connection.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON summary on stdout.")
 def fetch(peer: str, partitions: tuple[int, ...], dest: str, cache: str, secret_file: str | None,
           ssh_spec: str | None, ssh_key: str | None, known_hosts: str | None, no_host_key_check: bool,

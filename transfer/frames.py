@@ -106,8 +106,8 @@ def encode(ftype: int, body: dict[str, Any] | None = None) -> bytes:
     return head + struct.pack("<I", crc) + payload
 
 
-def decode_header(head: bytes) -> tuple[int, int, int]:
-    """Validate a 12-byte header; return (type, payload length, crc)."""
+def decode_header(head: bytes, limit: int = MAX_PAYLOAD) -> tuple[int, int, int]:
+    """Validate a 12-byte header (payload at most ``limit``); return (type, payload length, crc)."""
     if len(head) < HEADER_SIZE:
         raise FrameError(ErrorCode.PROTOCOL, f"short frame header ({len(head)} of {HEADER_SIZE} bytes)")
     magic, version, ftype, length, crc = HEADER.unpack_from(head)
@@ -118,8 +118,8 @@ def decode_header(head: bytes) -> tuple[int, int, int]:
                          f"protocol version {version} not supported (this side speaks {PROTOCOL_VERSION})")
     if ftype not in _known_types:
         raise FrameError(ErrorCode.UNKNOWN_TYPE, f"unknown frame type {ftype}")
-    if length > MAX_PAYLOAD:
-        raise FrameError(ErrorCode.TOO_LARGE, f"frame of {length} bytes exceeds the maximum {MAX_PAYLOAD}")
+    if length > limit:
+        raise FrameError(ErrorCode.TOO_LARGE, f"frame of {length} bytes exceeds the maximum {limit}")
     return ftype, length, crc
 
 
@@ -160,11 +160,13 @@ def write_frame(conn: Stream, ftype: int, body: dict[str, Any] | None = None) ->
     conn.send(encode(ftype, body))
 
 
-def read_frame(conn: Stream, *, expect: Iterable[int] | None = None) -> Frame:
+def read_frame(conn: Stream, *, expect: Iterable[int] | None = None,
+               limit: int = MAX_PAYLOAD) -> Frame:
     """Read one frame. An ERROR frame raises RemoteError; a frame of a type not in
-    ``expect`` raises FrameError(PROTOCOL) naming what was expected."""
+    ``expect`` raises FrameError(PROTOCOL) naming what was expected. ``limit`` lowers
+    the payload maximum (the handshake reads only small frames from strangers)."""
     head = conn.recv_exact(HEADER_SIZE)
-    ftype, length, crc = decode_header(head)
+    ftype, length, crc = decode_header(head, limit)
     try:
         payload = conn.recv_exact(length)
     except PeerClosed as e:

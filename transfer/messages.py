@@ -211,7 +211,9 @@ class Resend:
         if not isinstance(v, list) or not v or len(v) > MAX_CHUNKS or \
                 not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < MAX_CHUNKS for i in v):
             raise FrameError(ErrorCode.PROTOCOL, "RESEND needs a non-empty list of chunk indexes")
-        return cls(tuple(v))
+        # Each chunk once, in order: a 523-byte RESEND naming chunk 0 five hundred times
+        # would otherwise make the supplier send it five hundred times.
+        return cls(tuple(sorted(set(v))))
 
 
 @dataclass(frozen=True)

@@ -19,11 +19,12 @@ from dataclasses import dataclass
 
 from faults import crashpoint
 
-from .auth import server_handshake
+from .auth import HANDSHAKE_DEADLINE, server_handshake
 from .errors import (AuthError, BadName, Busy, FrameError, NotHeld, PeerClosed, RemoteError,
                      TransferError)
 from .frames import ErrorCode, FrameType, read_frame, send_error, write_frame
 from .limits import Limits
+from .listener import HandshakeGate, accept_loop, refuse
 from .messages import (Chunk, Demand, End, Manifest, Preimage, Queued, Received, Resend,
                        check_chunk_size)
 from .pipeline import SLICE, AheadHasher, Preimages, chunk_as_of_c, chunk_checksum
@@ -33,6 +34,10 @@ from .storage import Snapshot, TransferStorage
 from .transport import Conn, SocketConn
 
 log = logging.getLogger("ferry.transfer")
+
+# A demander re-requests a few rounds at most (3 by default); each round may cost the
+# whole file again, so more than this per DEMAND is a peer making the supplier work.
+MAX_RESEND_ROUNDS = 8
 
 
 @dataclass
@@ -55,7 +60,10 @@ class SupplierSession:
     def run(self) -> None:
         try:
             with self.stages.stage("handshake", peer=self.conn.peer):
-                server_handshake(self.conn, self.server.secret)
+                try:
+                    server_handshake(self.conn, self.server.secret, deadline=self.server.handshake_timeout)
+                finally:
+                    self.server.gate.leave()     # authenticated (or gone): no longer counted
             while self._serve_one():
                 pass
         except AuthError as e:
@@ -213,11 +221,17 @@ class SupplierSession:
         return sent
 
     def _await_applied(self, snap: Snapshot, m: Manifest, pre: dict[int, bytes]) -> None:
+        rounds = 0
         while True:
             frame = read_frame(self.conn, expect=[FrameType.RESEND, FrameType.APPLIED])
             if frame.type == FrameType.APPLIED:
                 return
-            resend = Resend.from_body(frame.body)
+            rounds += 1
+            if rounds > self.server.max_resend_rounds:
+                # Each round may cost the whole file again: bounded work per DEMAND.
+                raise FrameError(ErrorCode.PROTOCOL, f"more than {self.server.max_resend_rounds} "
+                                 "RESEND rounds for one transfer; demand the partition again")
+            resend = Resend.from_body(frame.body)      # each chunk named once (deduplicated)
             n_bytes = 0
             for i in resend.chunks:
                 if i not in self._sums:
@@ -246,11 +260,16 @@ class SupplierServer:
     sending limit (concurrent transfers, bytes/s), changeable while running."""
 
     def __init__(self, storage: TransferStorage, secret: bytes, host: str = "127.0.0.1",
-                 port: int = 0, *, limits: Limits | None = None, timeout: float = 60.0) -> None:
+                 port: int = 0, *, limits: Limits | None = None, timeout: float = 60.0,
+                 handshake_timeout: float = HANDSHAKE_DEADLINE, max_handshakes: int = 64,
+                 max_resend_rounds: int = MAX_RESEND_ROUNDS) -> None:
         self.storage = storage
         self.secret = secret
         self.limits = limits or Limits()
         self.timeout = timeout
+        self.handshake_timeout = handshake_timeout
+        self.max_resend_rounds = max_resend_rounds
+        self.gate = HandshakeGate(max_handshakes)
         self.stats = SupplierStats()
         self._sock = socket.create_server((host, port), backlog=64, reuse_port=False)
         self._stop = threading.Event()
@@ -268,28 +287,48 @@ class SupplierServer:
         return self
 
     def serve_forever(self) -> None:
-        self._sock.settimeout(0.5)   # wake up to notice stop()
-        while not self._stop.is_set():
-            try:
-                sock, addr = self._sock.accept()
-            except socket.timeout:
-                continue
-            except OSError:
-                if self._stop.is_set():
-                    break
-                raise
-            # No Nagle: a small CHUNK header after a sendfile must not wait for an ACK.
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self.serve_connection(SocketConn(sock, "%s:%s" % addr[:2]))
+        """Accept until stop(); transient accept() failures (out of file descriptors ...)
+        are logged and waited out, never the end of the server (transfer.listener)."""
+        accept_loop(self._sock, self._stop, self._accepted, log=log, name="supplier")
 
-    def serve_connection(self, conn: Conn) -> threading.Thread:
-        """Serve an already connected stream (TCP, or an SSH channel/stdio) in a thread."""
+    def _accepted(self, sock: socket.socket, peer: str) -> None:
+        if not self.gate.enter():
+            self._refused(peer)
+            refuse(sock, f"too many connections waiting to authenticate ({self.gate.limit}); retry")
+            return
+        # No Nagle: a small CHUNK header after a sendfile must not wait for an ACK.
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._start(SocketConn(sock, peer))
+
+    def _refused(self, peer: str) -> None:
+        if self.gate.report.due():
+            log.warning("supplier: refused %s: %d connections are already in the handshake "
+                        "(max_handshakes); %d refused so far", peer, self.gate.limit, self.gate.refused)
+
+    def serve_connection(self, conn: Conn) -> threading.Thread | None:
+        """Serve an already connected stream (TCP, or an SSH channel/stdio) in a thread;
+        None when too many connections are authenticating (the peer got ERROR BUSY)."""
+        if not self.gate.enter():
+            self._refused(conn.peer)
+            send_error(conn, ErrorCode.BUSY, "too many connections waiting to authenticate; retry")
+            conn.close()
+            return None
+        return self._start(conn)
+
+    def _start(self, conn: Conn) -> threading.Thread:
+        """A session thread for a connection already counted by the gate."""
         conn.set_timeout(self.timeout)
         self.stats.sessions += 1
         t = threading.Thread(target=self._run_session, args=(conn,), name=f"ferry-supply-{conn.peer}",
                              daemon=True)
         self._sessions.add(t)
-        t.start()
+        try:
+            t.start()
+        except BaseException:
+            self._sessions.discard(t)
+            self.gate.leave()
+            conn.close()
+            raise
         return t
 
     def _run_session(self, conn: Conn) -> None:

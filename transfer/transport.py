@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import select
 import socket
+import time
 from typing import Any
 
 from .errors import PeerClosed, PeerUnreachable, TransferError
@@ -39,6 +40,12 @@ class Conn:
 
     def set_timeout(self, seconds: float | None) -> None:
         pass
+
+    def set_deadline(self, seconds: float | None) -> None:
+        """Until cleared (None), every read and write must end within ``seconds`` from
+        now in total: unlike the per-call timeout it does not restart with each byte,
+        so a peer dripping one byte at a time cannot hold the connection (used for the
+        whole handshake). Transports without one ignore it."""
 
     def readable(self) -> bool:
         """True when bytes from the peer are waiting (so a read will not block)."""
@@ -92,22 +99,43 @@ class SocketConn(Conn):
             self.peer = peer or "%s:%s" % sock.getpeername()[:2]
         except (OSError, TypeError):
             self.peer = peer or "local"
+        self._timeout = sock.gettimeout()
+        self._deadline: float | None = None     # time.monotonic() by which I/O must end
+        self._deadline_s = 0.0
+
+    def _before_io(self) -> None:
+        if self._deadline is None:
+            return
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise self._deadline_passed()
+        self.sock.settimeout(left if self._timeout is None else min(left, self._timeout))
+
+    def _deadline_passed(self) -> PeerClosed:
+        return PeerClosed(f"{self.peer} did not finish within {self._deadline_s:g} s (deadline)")
+
+    def _timed_out(self, doing: str) -> PeerClosed:
+        if self._deadline is not None and time.monotonic() >= self._deadline:
+            return self._deadline_passed()
+        return PeerClosed(f"timed out {doing} {self.peer}")
 
     def send(self, data: bytes | memoryview) -> None:
         try:
+            self._before_io()
             self.sock.sendall(data)
         except (BrokenPipeError, ConnectionResetError) as e:
             raise PeerClosed(f"connection to {self.peer} lost while sending: {e}") from None
         except socket.timeout:
-            raise PeerClosed(f"timed out sending to {self.peer}") from None
+            raise self._timed_out("sending to") from None
 
     def recv_into(self, view: memoryview) -> int:
         try:
+            self._before_io()
             return self.sock.recv_into(view)
         except ConnectionResetError as e:
             raise PeerClosed(f"connection reset by {self.peer}: {e}") from None
         except socket.timeout:
-            raise PeerClosed(f"timed out waiting for {self.peer}") from None
+            raise self._timed_out("waiting for") from None
 
     def sendfile(self, fd: int, offset: int, count: int) -> int:
         sent = 0
@@ -132,7 +160,15 @@ class SocketConn(Conn):
         return sent
 
     def set_timeout(self, seconds: float | None) -> None:
+        self._timeout = seconds
         self.sock.settimeout(seconds)
+
+    def set_deadline(self, seconds: float | None) -> None:
+        if seconds is None:
+            self._deadline = None
+            self.sock.settimeout(self._timeout)
+        else:
+            self._deadline, self._deadline_s = time.monotonic() + seconds, seconds
 
     def readable(self) -> bool:
         return bool(select.select([self.sock], [], [], 0)[0])
@@ -162,14 +198,29 @@ class ChannelConn(Conn):
     def __init__(self, chan: Any, peer: str) -> None:
         self.chan = chan
         self.peer = peer
+        self._timeout: float | None = None
+        self._deadline: float | None = None
+        self._deadline_s = 0.0
+
+    def _before_io(self) -> None:
+        if self._deadline is None:
+            return
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise PeerClosed(f"{self.peer} did not finish within {self._deadline_s:g} s (deadline)")
+        self.chan.settimeout(left if self._timeout is None else min(left, self._timeout))
 
     def send(self, data: bytes | memoryview) -> None:
+        self._before_io()
         try:
             self.chan.sendall(bytes(data) if isinstance(data, memoryview) else data)
+        except socket.timeout:
+            raise PeerClosed(f"timed out sending to {self.peer}") from None
         except (OSError, EOFError) as e:
             raise PeerClosed(f"channel to {self.peer} lost while sending: {e}") from None
 
     def recv_into(self, view: memoryview) -> int:
+        self._before_io()
         try:
             data = self.chan.recv(len(view))
         except socket.timeout:
@@ -180,7 +231,15 @@ class ChannelConn(Conn):
         return len(data)
 
     def set_timeout(self, seconds: float | None) -> None:
+        self._timeout = seconds
         self.chan.settimeout(seconds)
+
+    def set_deadline(self, seconds: float | None) -> None:
+        if seconds is None:
+            self._deadline = None
+            self.chan.settimeout(self._timeout)
+        else:
+            self._deadline, self._deadline_s = time.monotonic() + seconds, seconds
 
     def readable(self) -> bool:
         return bool(self.chan.recv_ready())

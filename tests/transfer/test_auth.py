@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import socket
 import threading
 
@@ -125,3 +126,43 @@ def test_load_secret(tmp_path, monkeypatch) -> None:
     monkeypatch.delenv("FERRY_SECRET")
     with pytest.raises(AuthError, match="no cluster secret"):
         auth.load_secret(None)
+
+
+def _special(kind: str, path) -> None:
+    if kind == "FIFO":
+        os.mkfifo(path, 0o600)
+    elif kind == "directory":
+        os.mkdir(path, 0o700)
+    elif kind == "too big":
+        path.write_bytes(GOOD * 5000)
+        path.chmod(0o600)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind,word", [("FIFO", "FIFO"), ("directory", "directory"),
+                                       ("too big", "larger than")])
+def test_load_secret_refuses_special_files_at_once(tmp_path, kind, word) -> None:
+    """A FIFO as secret file used to block the process for ever (open waits for a writer)."""
+    p = tmp_path / "s"
+    _special(kind, p)
+    out: dict = {}
+
+    def load() -> None:
+        try:
+            auth.load_secret(str(p))
+        except AuthError as e:
+            out["error"] = e
+    t = threading.Thread(target=load, daemon=True)
+    t.start()
+    t.join(5)
+    assert not t.is_alive(), "load_secret blocked"
+    assert word in str(out["error"]), out
+
+
+def test_load_secret_follows_a_link_to_a_regular_file(tmp_path) -> None:
+    """Mounted secrets (Kubernetes ...) are symlinks: those are fine."""
+    real = tmp_path / "real"
+    real.write_bytes(GOOD + b"\n")
+    real.chmod(0o600)
+    os.symlink(real, tmp_path / "link")
+    assert auth.load_secret(str(tmp_path / "link")) == GOOD

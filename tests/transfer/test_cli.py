@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from click.testing import CliRunner
 
 from transfer.cli import transfer
@@ -29,7 +30,7 @@ def test_fetch_json_summary(server, src, dst, secret_file) -> None:
 
 
 def _run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run(FERRY + ["transfer"] + args, env=env, capture_output=True, text=True, timeout=60)
+    return subprocess.run(FERRY + ["transfer"] + args, env=env, capture_output=True, text=True, timeout=30)
 
 
 def test_failures_exit_nonzero_with_one_line(server, src, dst, secret_file, tmp_path, py_env) -> None:
@@ -115,3 +116,37 @@ def test_serve_rereads_limits_file_on_sighup(src, dst, secret_file, tmp_path, py
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(10)
+
+
+# (name, arguments, what the one line must say); {d} is a scratch directory
+BAD_OPTIONS = [
+    ("serve port over 65535", ["serve", "--dir", "{d}", "--port", "70000"], "--port 70000 is out of range: use 0..65535"),
+    ("serve negative port", ["serve", "--dir", "{d}", "--port", "-1"], "--port -1 is out of range"),
+    ("serve no transfers", ["serve", "--dir", "{d}", "--port", "0", "--max-transfers", "0"],
+     "--max-transfers 0 is out of range: use 1 or more"),
+    ("fetch negative retries", ["fetch", "127.0.0.1:1", "--partition", "1", "--dest", "{d}", "--retries", "-5"],
+     "--retries -5 is out of range: use 0 or more"),
+    ("fetch negative partition", ["fetch", "127.0.0.1:1", "--partition", "-1", "--dest", "{d}"],
+     "--partition -1 is out of range"),
+    ("fetch partition over 2^31-1", ["fetch", "127.0.0.1:1", "--partition", str(2**31), "--dest", "{d}"],
+     f"--partition {2**31} is out of range: use 0..{2**31 - 1}"),
+]
+
+
+@pytest.mark.parametrize("name,args,text", BAD_OPTIONS, ids=[b[0] for b in BAD_OPTIONS])
+def test_bad_option_values_are_one_line_exit_2(tmp_path, secret_file, name, args, text) -> None:
+    """Out-of-range values used to end in a traceback (OverflowError for --port 70000,
+    UnboundLocalError for --retries -5)."""
+    argv = [a.format(d=tmp_path) for a in args] + ["--secret-file", secret_file]
+    r = CliRunner().invoke(transfer, argv)
+    assert r.exit_code == 2, (r.exit_code, r.output, r.exception)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    cmd = args[0]
+    assert len(lines) == 1 and lines[0].startswith(f"ferry transfer {cmd}: error: ") and text in lines[0], lines
+
+
+def test_serve_with_a_fifo_as_secret_file_fails_at_once(tmp_path, py_env) -> None:
+    fifo = tmp_path / "secret"
+    os.mkfifo(fifo, 0o600)
+    r = _run(["serve", "--dir", str(tmp_path), "--port", "0", "--secret-file", str(fifo)], py_env)
+    assert r.returncode == 1 and "FIFO" in r.stderr and "Traceback" not in r.stderr, r.stderr
