@@ -10,6 +10,29 @@ import sys
 import click
 
 
+class InputError(click.ClickException):
+    """Bad input (a config value, a flag, an argument): one line, exit status 2 like
+    click's own usage errors, so scripts can tell it from a failure of the cluster (1)."""
+
+    exit_code = 2
+
+
+def _text(what: str, value: str) -> str:
+    """``value`` as the UTF-8 text it is sent as. Arguments that are not UTF-8 arrive
+    from click as str with surrogate escapes, which cannot be encoded."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        try:
+            bad = f"byte 0x{value[e.start].encode('utf-8', 'surrogateescape')[0]:02x}"
+        except UnicodeEncodeError:
+            bad = f"code point U+{ord(value[e.start]):04X}"
+        raise InputError(f"{what} is not UTF-8 text ({bad} at character {e.start}); "
+                         "ferry cluster takes UTF-8 text: use node.Client for binary keys and "
+                         "values") from None
+    return value
+
+
 @click.group("node")
 def node() -> None:
     """Run a storage node."""
@@ -52,11 +75,15 @@ def start(config_path: str | None, node_id: str | None, data: str | None, listen
                 raise cfgmod.ConfigError("--partitions/--backups apply to a single cache only")
             c = cfg.caches[0]
             from dataclasses import replace
-            c = replace(c, partitions=partitions or c.partitions,
+            # `partitions or ...` once turned --partitions 0 into the default 64
+            c = replace(c, partitions=c.partitions if partitions is None else partitions,
                         backups=c.backups if backups is None else backups)
-            cfg = cfgmod.with_overrides(cfg, caches=(c,))
+            try:
+                cfg = cfgmod.with_overrides(cfg, caches=(c,))
+            except cfgmod.ConfigError as e:
+                raise cfgmod.ConfigError(f"--partitions/--backups: {e}") from None
     except NodeError as e:
-        raise click.ClickException(str(e))
+        raise InputError(str(e)) from None
     sys.exit(run(cfg))
 
 
@@ -70,6 +97,9 @@ _secret = click.option("--secret-file", type=click.Path(dir_okay=False), help="C
 
 
 def _fail(e: Exception) -> None:
+    # the request itself is wrong (bad argument, too large, unknown cache): exit 2
+    if getattr(e, "code", None) in ("bad_request", "too_large", "config"):
+        raise InputError(str(e))
     raise click.ClickException(str(e))
 
 
@@ -112,6 +142,7 @@ def _client(seed: tuple[str, ...], secret_file: str | None):  # type: ignore[no-
 def put_cmd(seed: tuple[str, ...], secret_file: str | None, cache: str, key: str, value: str) -> None:
     """Store VALUE under KEY (UTF-8); prints the update counter once acknowledged."""
     from .errors import NodeError
+    cache, key, value = _text("--cache", cache), _text("KEY", key), _text("VALUE", value)
     try:
         with _client(seed, secret_file) as c:
             click.echo(f"ok counter={c.put(cache, key, value)}")
@@ -127,6 +158,7 @@ def put_cmd(seed: tuple[str, ...], secret_file: str | None, cache: str, key: str
 def get_cmd(seed: tuple[str, ...], secret_file: str | None, cache: str, key: str) -> None:
     """Print the value of KEY (exit status 1 when absent)."""
     from .errors import NodeError
+    cache, key = _text("--cache", cache), _text("KEY", key)
     try:
         with _client(seed, secret_file) as c:
             v = c.get(cache, key)
@@ -146,6 +178,7 @@ def get_cmd(seed: tuple[str, ...], secret_file: str | None, cache: str, key: str
 def remove_cmd(seed: tuple[str, ...], secret_file: str | None, cache: str, key: str) -> None:
     """Remove KEY; prints the update counter once acknowledged."""
     from .errors import NodeError
+    cache, key = _text("--cache", cache), _text("KEY", key)
     try:
         with _client(seed, secret_file) as c:
             click.echo(f"ok counter={c.remove(cache, key)}")
@@ -161,6 +194,7 @@ def leave_cmd(seed: tuple[str, ...], secret_file: str | None, node_id: str) -> N
     """Ask NODE_ID to leave gracefully: its partitions move away, then it exits."""
     from .errors import NodeError
     from .wire import Pool, load_secret
+    node_id = _text("NODE_ID", node_id)
     try:
         Pool(load_secret(secret_file), role="client").call(seed[0], "leave", node=node_id)
     except NodeError as e:

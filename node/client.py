@@ -5,6 +5,10 @@ the primary of the key's partition, and follows map changes: a ``not_primary`` o
 ``unavailable`` answer (or a dead connection) refreshes the map and retries until
 ``timeout`` seconds have passed. A put or remove returns (the partition update
 counter) only when the cluster acknowledged it; an error raises.
+
+A request that cannot fit in one frame is refused here with ``TooLarge`` before
+anything is sent: the channel refuses to write such a frame and that surfaced as a
+retryable ``Unavailable``, so a 2 MB value was retried for the whole timeout.
 """
 from __future__ import annotations
 
@@ -14,9 +18,26 @@ from typing import Any, Iterable
 
 from .assignment import partition_of
 from .cluster_map import ClusterMap
-from .errors import AuthFailed, NodeError, Unavailable
+from .errors import AuthFailed, NodeError, TooLarge, Unavailable
 from .updates import as_bytes
-from .wire import Pool, load_secret
+from .wire import MAX_FRAME, Pool, load_secret
+
+# msgpack bytes of a request besides its keys and values (frame fields, method and
+# argument names, the cache name's header), and per key or value (its bin header, a
+# pair's array header): counted high, so a request under the estimate always fits.
+REQUEST_OVERHEAD = 256
+ITEM_OVERHEAD = 16
+
+
+def request_bytes(cache: str, key: bytes, args: dict[str, Any]) -> int:
+    """An upper bound of the encoded size of a put/put_batch/get/remove request."""
+    n = REQUEST_OVERHEAD + len(cache.encode("utf-8")) + len(key)
+    for v in args.values():
+        if isinstance(v, (bytes, bytearray)):
+            n += len(v) + ITEM_OVERHEAD
+        elif isinstance(v, list):           # put_batch items: [[key, value], ...]
+            n += sum(len(k) + len(x) + ITEM_OVERHEAD for k, x in v)
+    return n
 
 
 class Client:
@@ -52,6 +73,11 @@ class Client:
         raise Unavailable(f"no node of the cluster answers ({', '.join(self._addresses())}): {last}")
 
     def _call_primary(self, cache: str, key: bytes, method: str, **args: Any) -> Any:
+        size = request_bytes(cache, key, args)
+        if size > MAX_FRAME:
+            raise TooLarge(f"{method} request of about {size} bytes does not fit in one "
+                           f"{MAX_FRAME}-byte frame; nothing was sent. A value may be at most "
+                           "the cluster's limits.max_value_bytes (512 KiB by default)")
         deadline = time.monotonic() + self.timeout
         hint: str | None = None
         delay = 0.05

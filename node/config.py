@@ -20,6 +20,15 @@ DEFAULT_BACKUPS = 1
 # spill to overflow pages), and a request must fit in one control frame (1 MiB).
 MAX_KEY_BYTES = 512
 MAX_VALUE_BYTES = 512 * 1024
+# A value travels whole in one request frame (transfer.frames.MAX_PAYLOAD, 1 MiB; not
+# imported: that would load the transfer package for every `ferry` command). The rest
+# of the frame is kept for the key and the request's own fields.
+MAX_FRAME = 1 << 20
+MAX_VALUE_LIMIT = MAX_FRAME - (64 << 10)
+# Below this the checkpointer would start its next run as soon as one ends: interval 0
+# once kept a core at 100% for ever (issue 24).
+MIN_CHECKPOINT_INTERVAL_S = 0.05
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -130,7 +139,10 @@ def _caches(raw: Any, where: str) -> tuple[CacheConfig, ...]:
             if not isinstance(d, dict) or not isinstance(d.get("name"), str) \
                     or not isinstance(d.get("field"), str) or not _NAME.match(d["name"]):
                 raise ConfigError(f"{where}: caches[{i}].indexes[{j}] needs string 'name' and 'field'")
-            idx.append(IndexConfig(d["name"], d["field"], bool(d.get("unique", False))))
+            if not isinstance(d.get("unique", False), bool):
+                raise ConfigError(f"{where}: caches[{i}].indexes[{j}].unique must be true or false, "
+                                  f"not {d['unique']!r}")
+            idx.append(IndexConfig(d["name"], d["field"], d.get("unique", False)))
         out.append(CacheConfig(name, parts, backups, tuple(idx)))
     if len({c.name for c in out}) != len(out):
         raise ConfigError(f"{where}: cache names must be unique")
@@ -177,7 +189,9 @@ def _flatten(doc: dict[str, Any], where: str) -> dict[str, Any]:
             raise ConfigError(f"{where}: {key!r} is gone: membership lives in the control plane "
                               "(etcd); set [control_plane] endpoints and lease_ttl_s instead "
                               "(docs/node.md)")
-        elif key in known_tables and isinstance(val, dict):
+        elif key in known_tables:
+            if not isinstance(val, dict):
+                raise ConfigError(f"{where}: {key!r} must be a table ([{key}] with its keys below)")
             for sub, v in val.items():
                 if (key, sub) not in _KEYS:
                     raise ConfigError(f"{where}: unknown key [{key}].{sub}")
@@ -187,19 +201,33 @@ def _flatten(doc: dict[str, Any], where: str) -> dict[str, Any]:
     return out
 
 
+def read_toml(path: str) -> dict[str, Any]:
+    """The document of the TOML file ``path``, or ConfigError saying what is wrong."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise ConfigError(f"cannot read config {path}: {e.strerror}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:     # tomllib would raise this, not TOMLDecodeError
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise ConfigError(f"config {path} is not UTF-8 text (byte 0x{raw[e.start]:02x} on line "
+                          f"{line}); TOML files must be UTF-8: re-save it as UTF-8") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config {path} is not valid TOML: {e}") from None
+    except RecursionError:
+        raise ConfigError(f"config {path} nests arrays or tables too deeply") from None
+
+
 def load(path: str | None = None, **flags: Any) -> NodeConfig:
     """Read ``path`` (TOML, optional) and apply ``flags`` (None values are ignored)."""
     values: dict[str, Any] = {}
     where = path or "flags"
     if path:
-        try:
-            with open(path, "rb") as f:
-                doc = tomllib.load(f)
-        except OSError as e:
-            raise ConfigError(f"cannot read config {path}: {e.strerror}") from None
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"config {path} is not valid TOML: {e}") from None
-        values.update(_flatten(doc, path))
+        values.update(_flatten(read_toml(path), path))
         base = os.path.dirname(os.path.abspath(path))
         for k in ("data", "secret_file"):  # relative paths are relative to the file
             if isinstance(values.get(k), str) and not os.path.isabs(values[k]):
@@ -219,7 +247,15 @@ def load(path: str | None = None, **flags: Any) -> NodeConfig:
     if not isinstance(values["id"], str) or not _NAME.match(values["id"]):
         raise ConfigError(f"{where}: node id {values['id']!r} must be 1-64 letters, digits, _ . -")
     cfg = NodeConfig(**values, source=path)
-    return validate(cfg)
+    try:
+        return validate(cfg)
+    except ConfigError as e:
+        # name the file, unless the value came from a flag (validate's messages start
+        # with the key's name)
+        flagged = [_key(k) for k, v in flags.items() if v is not None and v != ()]
+        if not path or any(str(e).startswith(k + " ") for k in flagged):
+            raise
+        raise ConfigError(f"{path}: {e}") from None
 
 
 def validate(cfg: NodeConfig) -> NodeConfig:
@@ -245,30 +281,95 @@ def validate(cfg: NodeConfig) -> NodeConfig:
     if cfg.metrics_listen:
         parse_address(cfg.metrics_listen)
     if cfg.transfer_listen:
-        host, port = cfg.transfer_listen.rpartition(":")[::2]
-        if not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        host, port = str(cfg.transfer_listen).rpartition(":")[::2]
+        if not isinstance(cfg.transfer_listen, str) or not host or not port.isdigit() \
+                or not 0 <= int(port) < 65536:
             raise ConfigError(f"transfer.listen {cfg.transfer_listen!r}: expected HOST:PORT (port 0 = any)")
-    if cfg.transfer_rate_limit < 0:
-        raise ConfigError("transfer.rate_limit must be >= 0 bytes/s (0 = unlimited)")
-    if cfg.wal_sync not in ("group", "always", "none"):
-        raise ConfigError(f"wal.sync must be group, always or none (got {cfg.wal_sync!r})")
-    if cfg.rebalance_mode not in ("messages", "files"):
-        raise ConfigError(f"rebalance.mode must be 'messages' or 'files' (got {cfg.rebalance_mode!r})")
-    if cfg.rebalance_batch < 1 or cfg.transfer_concurrency < 1:
-        raise ConfigError("rebalance.batch and transfer.concurrency must be >= 1")
-    if not isinstance(cfg.index_workers, int) or not 0 <= cfg.index_workers <= 64:
-        raise ConfigError(f"rebalance.index_workers must be 0 (in the node's process) to 64, "
-                          f"not {cfg.index_workers!r}")
-    if cfg.index_offload not in ("idle", "always"):
-        raise ConfigError(f"rebalance.index_offload must be 'idle' or 'always' (got {cfg.index_offload!r}; "
-                          "index_workers = 0 keeps every rebuild in the node's process)")
-    if not isinstance(cfg.index_offload_min_bytes, int) or cfg.index_offload_min_bytes < 0:
-        raise ConfigError(f"rebalance.index_offload_min_bytes must be >= 0 bytes, "
-                          f"not {cfg.index_offload_min_bytes!r}")
-    if cfg.max_key_bytes < 1 or cfg.max_value_bytes < 0:
-        raise ConfigError("limits: max_key_bytes must be >= 1 and max_value_bytes >= 0")
+    for fld in ("id", "data"):
+        if not isinstance(getattr(cfg, fld), str) or not getattr(cfg, fld):
+            raise ConfigError(f"{fld!r} must be a non-empty string, not {getattr(cfg, fld)!r}")
+    for fld in ("advertise", "secret_file"):
+        if getattr(cfg, fld) is not None and not isinstance(getattr(cfg, fld), str):
+            raise ConfigError(f"{_key(fld)} must be a string, not {getattr(cfg, fld)!r}")
+    _choice(cfg, "log_level", LOG_LEVELS, upper=True)
+    _choice(cfg, "wal_sync", ("group", "always", "none"))
+    _choice(cfg, "rebalance_mode", ("messages", "files"))
+    _choice(cfg, "index_offload", ("idle", "always"),
+            hint="; index_workers = 0 keeps every rebuild in the node's process")
+    _number(cfg, "checkpoint_interval_s", MIN_CHECKPOINT_INTERVAL_S, 86400, "seconds")
+    _whole(cfg, "page_size", 1024, 65536, "bytes")
+    from checkpoint.pagefile import valid_page_size
+    if not valid_page_size(cfg.page_size):
+        raise ConfigError(f"checkpoint.page_size must be a power of two 1024..65536 (the partition "
+                          f"file format's page sizes), not {cfg.page_size!r}")
+    from checkpoint.memory import MIN_PAGES
+    _whole(cfg, "memory_budget", MIN_PAGES * cfg.page_size, None,
+           f"bytes, at least {MIN_PAGES} pages of page memory")
+    _whole(cfg, "transfer_rate_limit", 0, None, "bytes/s, 0 = unlimited")
+    _whole(cfg, "transfer_concurrency", 1, 256, "partitions moved at once")
+    _whole(cfg, "rebalance_batch", 1, 65536, "entries per batch")
+    _whole(cfg, "replay_rate_limit", 0, None, "records/s, 0 = unlimited")
+    _whole(cfg, "index_workers", 0, 64, "processes, 0 = in the node's process")
+    _whole(cfg, "index_offload_min_bytes", 0, None, "bytes")
+    from checkpoint.page import max_key
+    _whole(cfg, "max_key_bytes", 1, max_key(cfg.page_size),
+           f"bytes: a key must fit in one {cfg.page_size}-byte data page")
+    _whole(cfg, "max_value_bytes", 0, MAX_VALUE_LIMIT,
+           f"bytes: a value travels in one {MAX_FRAME >> 20} MiB request frame")
+    _check_caches(cfg.caches)
     return cfg
 
 
 def with_overrides(cfg: NodeConfig, **changes: Any) -> NodeConfig:
     return validate(replace(cfg, **changes))
+
+
+def _key(fld: str) -> str:
+    """The TOML name of a NodeConfig field (``transfer.rate_limit``), as users write it
+    in the file and in ``ferry cluster settings set``."""
+    for k, f in _KEYS.items():
+        if f == fld:
+            return ".".join(k)
+    return fld
+
+
+def _whole(cfg: NodeConfig, fld: str, lo: int, hi: int | None, unit: str) -> None:
+    v = getattr(cfg, fld)
+    # bool is an int in Python; `true` is never a count
+    if not isinstance(v, int) or isinstance(v, bool) or v < lo or (hi is not None and v > hi):
+        rng = f"{lo}..{hi}" if hi is not None else f">= {lo}"
+        raise ConfigError(f"{_key(fld)} must be a whole number {rng} ({unit}), not {v!r}")
+
+
+def _number(cfg: NodeConfig, fld: str, lo: float, hi: float, unit: str) -> None:
+    v = getattr(cfg, fld)
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not lo <= v <= hi:  # NaN fails too
+        raise ConfigError(f"{_key(fld)} must be a number {lo}..{hi} ({unit}), not {v!r}")
+
+
+def _choice(cfg: NodeConfig, fld: str, allowed: tuple[str, ...], *, upper: bool = False,
+            hint: str = "") -> None:
+    v = getattr(cfg, fld)
+    if not isinstance(v, str) or (v.upper() if upper else v) not in allowed:
+        raise ConfigError(f"{_key(fld)} must be one of {', '.join(allowed)}, not {v!r}{hint}")
+
+
+def _check_caches(caches: Any) -> None:
+    """Caches from the file (already shape-checked by :func:`_caches`) or from flags
+    (``--partitions``/``--backups``): the same ranges either way."""
+    if not isinstance(caches, tuple) or not caches:
+        raise ConfigError("there must be at least one cache ([[caches]])")
+    for i, c in enumerate(caches):
+        where = f"caches[{i}] ({c.name})"
+        if not isinstance(c.partitions, int) or isinstance(c.partitions, bool) \
+                or not 1 <= c.partitions <= 65536:
+            raise ConfigError(f"{where}: partitions must be a whole number 1..65536, not {c.partitions!r}")
+        if not isinstance(c.backups, int) or isinstance(c.backups, bool) or not 0 <= c.backups <= 8:
+            raise ConfigError(f"{where}: backups must be a whole number 0..8, not {c.backups!r}")
+        names = [ix.name for ix in c.indexes]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ConfigError(f"{where}: index name(s) {', '.join(map(repr, dup))} appear more than "
+                              "once; each index of a cache needs its own name")
+    if len({c.name for c in caches}) != len(caches):
+        raise ConfigError("cache names must be unique")

@@ -18,6 +18,15 @@ def setup_logging(cfg: NodeConfig) -> None:
         format=f"%(asctime)s %(levelname)s node={cfg.id} %(name)s: %(message)s")
 
 
+def cannot_start(cfg: NodeConfig, why: object) -> int:
+    """ONE line on stderr (where the log goes too) saying why the node does not start;
+    exit status 2. Not a log record: that adds a timestamp and logger name to the line
+    a person has to act on, and said it twice when printed as well."""
+    msg = " ".join(str(why).split())           # one line, whatever the message held
+    print(f"ferry node start: node {cfg.id} cannot start: {msg}", file=sys.stderr, flush=True)
+    return 2
+
+
 def run(cfg: NodeConfig) -> int:
     setup_logging(cfg)
     _tune_malloc(logging.getLogger("ferry.node"))
@@ -25,11 +34,19 @@ def run(cfg: NodeConfig) -> int:
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     log = logging.getLogger("ferry.node")
     from .node import Node
+    from .storage import check_data_dir, check_held, os_problem
     try:
+        check_data_dir(cfg.data)
         node = Node(cfg)
     except NodeError as e:
-        log.error("stage=start cannot start: %s", e)
-        return 2
+        return cannot_start(cfg, e)
+    except OSError as e:       # one the start-up checks did not foresee: still one line
+        return cannot_start(cfg, os_problem(e))
+    try:
+        check_held(node.data, node.states)
+    except NodeError as e:
+        node.stop()
+        return cannot_start(cfg, e)
     # The handler only records the signal. A Python signal handler runs in the main
     # thread between bytecodes, so taking a lock there (Event.set, logging) can
     # deadlock against the very code it interrupted: two SIGTERMs back to back once
@@ -44,9 +61,8 @@ def run(cfg: NodeConfig) -> int:
     try:
         node.start()
     except NodeError as e:
-        log.error("stage=start cannot start: %s", e)
         node.stop()
-        return 2
+        return cannot_start(cfg, e)
     print(f"node {cfg.id} serving on {cfg.listen}", flush=True)
     while not received and not node.left.is_set():
         time.sleep(0.2)

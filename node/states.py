@@ -24,6 +24,7 @@ from __future__ import annotations
 import enum
 import json
 import os
+import stat
 import threading
 from typing import Callable, Iterator
 
@@ -72,16 +73,33 @@ class StateTable:
         self._load()
 
     def _load(self) -> None:
+        def damaged(why: str) -> NodeError:
+            return NodeError(f"cannot read partition states {self.path}: {why}; the file is "
+                             "written atomically, so this is damage: restore it or wipe the data dir")
         try:
-            with open(self.path, "rb") as f:
-                doc = json.loads(f.read())
+            # non-blocking: a FIFO in its place must not hang the start
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except FileNotFoundError:
             return
-        except (OSError, ValueError) as e:
-            raise NodeError(f"cannot read partition states {self.path}: {e}; the file is "
-                            "written atomically, so this is damage: restore it or wipe the data dir")
-        for cache, parts in doc.get("caches", {}).items():
+        except OSError as e:
+            raise damaged(e.strerror or str(e)) from None
+        try:
+            with os.fdopen(fd, "rb") as f:
+                if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                    raise damaged("not a regular file")
+                doc = json.loads(f.read())
+        except OSError as e:
+            raise damaged(e.strerror or str(e)) from None
+        except (ValueError, RecursionError) as e:       # UnicodeDecodeError is a ValueError
+            raise damaged(f"not JSON ({e})") from None
+        caches = doc.get("caches", {}) if isinstance(doc, dict) else None
+        if not isinstance(caches, dict) or not all(isinstance(v, dict) for v in caches.values()):
+            raise damaged('expected {"caches": {CACHE: {PARTITION: STATE}}}')
+        for cache, parts in caches.items():
             for p, s in parts.items():
+                if not p.isdigit() or not isinstance(s, str) or s not in State.__members__:
+                    raise damaged(f"cache {cache!r}: {p!r}: {s!r} is not PARTITION: STATE "
+                                  f"(states: {', '.join(State.__members__)})")
                 self._states[(cache, int(p))] = State(s)
 
     def get(self, cache: str, p: int) -> State | None:

@@ -3,11 +3,19 @@
 
 This is the node's only seam to storage. Every data change also updates the indexes
 (old value read first), so data and indexes agree.
+
+Start-up errors enter here: what the data dir holds that the node cannot use (a
+corrupt or missing partition file, a renamed WAL segment, a directory where a file
+belongs, a garbage index, no permission, a pseudo file system) becomes a
+:class:`DataDirError` with one line saying what, where and what to do, and
+``ferry node start`` exits 2 with it instead of a traceback.
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import stat
 from typing import Any, Iterator
 
 from checkpoint import PartitionStore
@@ -15,9 +23,132 @@ from faults import fileio
 from checkpoint.pagefile import iter_entries
 from indexes import IndexDefinition, IndexStore
 
+from faults import FerryError
+
 from .config import CacheConfig, NodeConfig
+from .errors import NodeError
 
 log = logging.getLogger("ferry.node.storage")
+
+# what a node with unusable data can do; its copies are in the rest of the cluster
+REFILL = ("restore it from a backup, or start this node on an empty data dir so that it "
+          "pulls its partitions from the other owners")
+
+
+class DataDirError(NodeError):
+    """The data dir holds something the node cannot use; found at start-up."""
+
+    code = "data_dir"
+
+
+def os_problem(e: OSError) -> str:
+    """What an OS error means for a path in a data dir, and what to do about it."""
+    where = e.filename if e.filename is not None else "?"
+    why = {
+        errno.EACCES: "permission denied: give the node's user read and write access, or use "
+                      "another --data",
+        errno.EPERM: "operation not permitted: give the node's user read and write access, or "
+                     "use another --data",
+        errno.EROFS: "the file system is read-only: use a --data on a writable file system",
+        errno.ENOSPC: "no space left on the file system: free some and start again",
+        errno.EDQUOT: "disk quota exceeded: free some space and start again",
+        errno.ELOOP: "a loop of symbolic links: point --data at a real directory",
+        errno.ENOTDIR: "a part of this path is not a directory: move that file aside",
+        errno.EISDIR: "a directory where a file belongs: move it out of the data dir",
+        errno.EEXIST: "exists but is not a directory: move it aside",
+        errno.ENOENT: "no such file or directory",
+    }.get(e.errno or 0, e.strerror or str(e))
+    return f"{where}: {why}"
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISREG, "a regular file"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symbolic link")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def check_data_dir(data: str) -> None:
+    """Before the node touches its data dir: ``data`` is (or is made) a directory the
+    node can create files in, and ``data/node.id``, if there, is UTF-8 text in a
+    regular file. Raises DataDirError."""
+    try:
+        try:
+            os.makedirs(data, exist_ok=True)
+        except FileExistsError:     # there, but not a directory: said below
+            pass
+        st = os.stat(data)
+    except OSError as e:
+        raise DataDirError(f"cannot use --data {os_problem(e)}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise DataDirError(f"--data {data} is {_kind(st.st_mode)}, not a directory: point --data "
+                           "at a directory (it is created if missing)")
+    # The lock file is the first file a node creates; /proc and /sys refuse it with
+    # ENOENT, a read-only mount with EROFS, a directory without write access with EACCES.
+    lock = os.path.join(data, "LOCK")
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        if e.errno == errno.ENOENT:
+            raise DataDirError(f"cannot create files in --data {data} (is it on a pseudo file "
+                               "system such as /proc or /sys?): use a directory on a disk") from None
+        raise DataDirError(f"cannot create files in --data {os_problem(e)}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise DataDirError(f"{lock} is {_kind(os.fstat(fd).st_mode)}, not the node's lock "
+                               "file: remove it and start again")
+    finally:
+        os.close(fd)
+    node_id = os.path.join(data, "node.id")
+    try:
+        st = os.stat(node_id)
+        if not stat.S_ISREG(st.st_mode):
+            raise DataDirError(f"{node_id} is {'a directory' if stat.S_ISDIR(st.st_mode) else _kind(st.st_mode)}"
+                               ", not the file of this data dir's node id: move it aside")
+        with open(node_id, "rb") as f:
+            f.read(4096).decode("utf-8")
+    except FileNotFoundError:
+        pass                        # a new data dir: the node writes it
+    except OSError as e:
+        raise DataDirError(f"cannot read the node id: {os_problem(e)}") from None
+    except UnicodeDecodeError:
+        raise DataDirError(f"{node_id} is not UTF-8 text; it holds the id of the node this data "
+                           "dir belongs to, written at its first start: write that id back into "
+                           "it, or use another data dir") from None
+
+
+def _start_error(e: BaseException, cache: str, what: str) -> DataDirError:
+    """A storage error at start-up of ``cache`` as one line with what to do."""
+    if isinstance(e, OSError):
+        return DataDirError(f"cache {cache}: cannot open {what}: {os_problem(e)}")
+    from indexes import IndexCorruptError, IndexStoreError
+    if isinstance(e, IndexCorruptError):
+        return DataDirError(f"cache {cache}: index file {e.path} is corrupt; the indexes hold no "
+                            f"data of their own: delete {os.path.dirname(e.path)} and start "
+                            "again, the node rebuilds them from the partition files")
+    if isinstance(e, IndexStoreError):
+        return DataDirError(f"cache {cache}: cannot open its indexes: {e}")
+    from checkpoint import CheckpointError, CorruptPageError
+    if isinstance(e, CorruptPageError):
+        return DataDirError(f"cache {cache}: partition file {e.path} is corrupt at page {e.page} "
+                            f"(byte offset {e.offset}): {e.reason}; {REFILL}")
+    if isinstance(e, CheckpointError):
+        return DataDirError(f"cache {cache}: {e}; {REFILL}")
+    return DataDirError(f"cache {cache}: cannot open {what}: {e}")    # the WAL's own advice
+
+
+def check_held(data: dict[str, "CacheData"], states: Any) -> None:
+    """Every partition the state table (``node.states.StateTable``) says this node
+    OWNS has its file. A partition is created before it is marked OWNING and deleted
+    only after it left OWNING, so one without its file is damage; left alone, it
+    failed the node's first report to the control plane with a traceback."""
+    for (cache, p), s in states.items():
+        if s.value == "OWNING" and cache in data and p not in data[cache].partitions():
+            path = data[cache].store.partition_path(p)
+            raise DataDirError(f"cache {cache} partition {p} is OWNING in states.json but its "
+                               f"file {path} is missing: {REFILL}")
 
 
 Entry = tuple[bytes, "bytes | None", int]
@@ -31,18 +162,28 @@ class CacheData:
         self.cache = cache
         self.root = os.path.join(cfg.data, "caches", cache.name)
         self.index_root = os.path.join(cfg.data, "indexes", cache.name)
-        os.makedirs(self.root, exist_ok=True)
-        os.makedirs(self.index_root, exist_ok=True)
-        self.store = PartitionStore.open(self.root, page_size=cfg.page_size,
-                                         memory_budget=cfg.memory_budget, wal_sync=cfg.wal_sync,
-                                         checkpoint_interval=cfg.checkpoint_interval_s)
-        defs = [IndexDefinition(i.name, i.field, unique=i.unique) for i in cache.indexes]
-        self.indexes = IndexStore.open(self.index_root, defs)
-        # An index update follows its data update; a crash between the two leaves the
-        # index behind. Without a clean-shutdown marker, rebuild it from the data.
-        for p in self.store.partitions():
-            if not clean or not self.indexes.ready(p):
-                self.indexes.rebuild(p, self.store)
+        try:
+            os.makedirs(self.root, exist_ok=True)
+            self.store = PartitionStore.open(self.root, page_size=cfg.page_size,
+                                             memory_budget=cfg.memory_budget, wal_sync=cfg.wal_sync,
+                                             checkpoint_interval=cfg.checkpoint_interval_s)
+        except (FerryError, OSError) as e:
+            raise _start_error(e, cache.name, f"its partitions in {self.root}") from None
+        try:
+            os.makedirs(self.index_root, exist_ok=True)
+            defs = [IndexDefinition(i.name, i.field, unique=i.unique) for i in cache.indexes]
+            self.indexes = IndexStore.open(self.index_root, defs)
+            # An index update follows its data update; a crash between the two leaves the
+            # index behind. Without a clean-shutdown marker, rebuild it from the data.
+            for p in self.store.partitions():
+                if not clean or not self.indexes.ready(p):
+                    self.indexes.rebuild(p, self.store)
+        except (FerryError, OSError) as e:
+            err = _start_error(e, cache.name, f"its indexes in {self.index_root}")
+            if getattr(self, "indexes", None) is not None:
+                self.indexes.close()
+            self.store.close(checkpoint=False)
+            raise err from None
 
     # -- partitions ---------------------------------------------------------------
     def partitions(self) -> list[int]:

@@ -12,19 +12,22 @@ A plan is a JSON file ``DATA/plans/<name>.json``::
 
 ``to`` names the B+1 owners, primary first. The node writes ``<name>.status`` next to
 it (JSON ``{"plan", "state", "reason", "updated"}``; state ``accepted``, ``running``,
-``done`` or ``failed``). A malformed plan, or one the coordinator refuses (unknown
-cache/partition/node, wrong owner count) is ``failed`` and changes nothing; a plan is
+``done`` or ``failed``). A malformed plan (not JSON, nested deeper than
+``MAX_PLAN_DEPTH``, larger than ``MAX_PLAN_BYTES``), or one the coordinator refuses
+(unknown cache/partition/node, wrong owner count) is ``failed`` and changes nothing;
+its status is written, so it is not tried again at the next start. A plan is
 ``done`` when every named partition has exactly its named owners OWNING (nothing else
 holding it) and the first one as primary.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
+import stat
 import threading
 import time
-import tomllib
 from typing import Any
 
 from faults import fileio
@@ -35,17 +38,53 @@ log = logging.getLogger("ferry.node.watch")
 PLAN_TIMEOUT_S = 600.0
 LIVE = {"transfer_rate_limit", "transfer_concurrency", "checkpoint_interval_s", "log_level",
         "replay_rate_limit"}
+# A plan names partitions and owners: a few KiB even for thousands of moves. Larger
+# files are refused unread; a 47 MB plan once took 736 MB of memory to parse.
+MAX_PLAN_BYTES = 1 << 20
+# {"moves": [{"to": [...]}]} is 4 levels deep. json.loads recurses per level: 100,000
+# nested arrays raised RecursionError, which escaped as an unexpected failure, wrote no
+# .status and so failed again at every start.
+MAX_PLAN_DEPTH = 8
 
 
 class PlanError(ValueError):
     pass
 
 
+def _depth(raw: bytes) -> int:
+    """Deepest nesting of ``[``/``{`` outside strings (counted before parsing, so a
+    hostile file never reaches the recursive parser)."""
+    depth = deepest = 0
+    in_str = escaped = False
+    for b in raw:
+        if in_str:
+            if escaped:
+                escaped = False
+            elif b == 0x5C:            # backslash
+                escaped = True
+            elif b == 0x22:            # "
+                in_str = False
+        elif b == 0x22:
+            in_str = True
+        elif b in (0x5B, 0x7B):        # [ {
+            depth += 1
+            deepest = max(deepest, depth)
+        elif b in (0x5D, 0x7D):        # ] }
+            depth -= 1
+    return deepest
+
+
 def parse_plan(raw: bytes) -> list[dict[str, Any]]:
     """The moves of a plan, shape-checked; :class:`PlanError` says what is wrong."""
+    if len(raw) > MAX_PLAN_BYTES:
+        raise PlanError(f"plan is {len(raw)} bytes, more than the limit of {MAX_PLAN_BYTES}; "
+                        "split it into smaller plans")
+    if _depth(raw) > MAX_PLAN_DEPTH:
+        raise PlanError(f"nested more than {MAX_PLAN_DEPTH} levels deep; expected "
+                        '{"moves": [{"cache", "partition", "to": [nodes]}, ...]}')
     try:
         doc = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise PlanError(f"not valid JSON: {e}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("moves"), list) or not doc["moves"]:
         raise PlanError('expected {"moves": [{"cache", "partition", "to": [nodes]}, ...]}')
@@ -122,18 +161,27 @@ class Watcher:
 
     def _plan_thread(self, path: str) -> None:
         while True:
+            # what identifies this version of the plan: a digest, not the contents,
+            # which would stay in memory for as long as the node runs
+            seen: Any = None
             try:
-                with open(path, "rb") as f:
-                    raw = f.read()
+                try:
+                    seen = hashlib.blake2b(read_plan(path), digest_size=16).digest()
+                except PlanError:       # too large, not a file: refused by run_plan
+                    st = os.stat(path)
+                    seen = (st.st_size, st.st_mtime_ns)
             except OSError:
-                raw = None
+                pass
             # the same content again (a second event of one write): nothing to do
-            if raw is not None and self._seen.get(path) != raw:
-                self._seen[path] = raw
+            if seen is not None and self._seen.get(path) != seen:
+                self._seen[path] = seen
                 try:
                     self.run_plan(path)
-                except Exception:
+                except Exception as e:
                     log.exception("stage=plan %s failed unexpectedly", path)
+                    # a status, so that the plan is not run again at every start
+                    write_status(path, os.path.basename(path)[:-5], "failed",
+                                 f"internal error: {type(e).__name__}: {e}")
             with self._lock:
                 if path not in self._again:
                     self._running.discard(path)
@@ -145,11 +193,9 @@ class Watcher:
         from . import config as cfgmod
         node, old = self.node, self.node.cfg
         try:
-            with open(old.source, "rb") as f:
-                doc = tomllib.load(f)
-            fresh = cfgmod._flatten(doc, old.source)
+            fresh = cfgmod._flatten(cfgmod.read_toml(old.source), old.source)
             new = cfgmod.with_overrides(old, **{k: v for k, v in fresh.items() if k in LIVE})
-        except (OSError, tomllib.TOMLDecodeError, ConfigError, TypeError) as e:
+        except (ConfigError, TypeError) as e:
             log.error("stage=config %s not applied: %s", old.source, e)
             return
         others = sorted(k for k, v in fresh.items() if k not in LIVE and k not in ("data", "secret_file")
@@ -168,8 +214,7 @@ class Watcher:
     def run_plan(self, path: str) -> None:
         name = os.path.basename(path)[:-5]
         try:
-            with open(path, "rb") as f:
-                moves = parse_plan(f.read())
+            moves = parse_plan(read_plan(path))
         except OSError as e:
             return write_status(path, name, "failed", f"cannot read: {e.strerror}")
         except PlanError as e:
@@ -205,6 +250,24 @@ class Watcher:
                 if m.primary(cache, p) != to[0]:
                     return False
         return True
+
+
+def read_plan(path: str) -> bytes:
+    """The bytes of a plan file: a regular file of at most MAX_PLAN_BYTES (larger ones
+    are refused unread). Opened non-blocking, so a FIFO dropped in plans/ cannot hang
+    the plan thread."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise PlanError("not a regular file")
+        if st.st_size > MAX_PLAN_BYTES:
+            raise PlanError(f"plan is {st.st_size} bytes, more than the limit of "
+                            f"{MAX_PLAN_BYTES}; split it into smaller plans")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read(MAX_PLAN_BYTES + 1)     # parse_plan refuses what grew meanwhile
+    finally:
+        os.close(fd)
 
 
 def status_path(plan_path: str) -> str:
