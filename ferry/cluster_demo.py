@@ -140,7 +140,8 @@ def run_cluster_demo(root: str, *, entries: int, partitions: int, nodes: int,
                                     "value": None if v is None else v.decode()}) + "\n")
         dirs = sorted(os.path.join(root, d) for d in os.listdir(root)
                       if os.path.isfile(os.path.join(root, d, "node.id")))
-        v = validate_with_progress(ui, dirs, master=master, expected=expected)
+        v = validate_with_progress(ui, dirs, master=master, expected=expected,
+                                   jvm_log=os.path.join(root, "spark.log"))
         summary["validation"] = {"passed": v["passed"], "partitions_checked": v["partitions_checked"],
                                  "entries": v["entries"], "divergent": v["divergent"],
                                  "corrupt_pages": v["corrupt_pages"], "expected": v.get("expected"),

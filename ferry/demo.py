@@ -308,7 +308,8 @@ def run_demo(root: str, *, entries: int, partitions: int, move_every: int, rate:
     if validate:
         ui.step(f"running the Spark validation job ({master}) against the model of acknowledged writes")
         from .demo_validate import validate as validate_with_progress
-        v = validate_with_progress(ui, [sup_dir, dem_dir], master=master, expected=stopped["expected"])
+        v = validate_with_progress(ui, [sup_dir, dem_dir], master=master, expected=stopped["expected"],
+                                   jvm_log=os.path.join(root, "spark.log"))
         summary["validation"] = {"passed": v["passed"], "partitions_checked": v["partitions_checked"],
                                  "entries": v["entries"], "divergent": v["divergent"],
                                  "expected": v.get("expected"), "seconds": v["seconds"],

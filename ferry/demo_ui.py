@@ -116,7 +116,7 @@ class DemoUI:
     @contextmanager
     def tasks(self, what: str) -> Iterator[Callable[[int, int, str], None]]:
         """``report(done, total, detail)``: a spinner, a bar and the elapsed time on a
-        terminal; else a line when ``detail`` changes."""
+        terminal; else a line for each step before the tasks, then one every 5 s."""
         if self.live:
             with Progress(SpinnerColumn(), TextColumn("  {task.description}"),
                           BarColumn(bar_width=30), MofNCompleteColumn(),
@@ -128,15 +128,24 @@ class DemoUI:
                     prog.update(task, completed=done, total=total or None, detail=detail)
                 yield report
                 t = prog.tasks[0]
-                prog.update(task, completed=t.total or 1, total=t.total or 1)
+                prog.update(task, completed=t.total or 1, total=t.total or 1, detail="")
             return
-        last = [""]
+        t0 = time.monotonic()
+        last = [t0 - 5.0]
+        seen = [0, 0]
 
         def report_plain(done: int, total: int, detail: str) -> None:
-            if detail and detail != last[0]:
-                last[0] = detail
+            now = time.monotonic()
+            if not total:                           # a step before any task: say each one
                 self.note(f"{what}: {detail}")
+                return
+            seen[:] = [done, total]
+            if now - last[0] >= 5:                  # tasks: a line every 5 s at most
+                last[0] = now
+                self.note(f"{what}: {done}/{total} tasks, {now - t0:.0f} s ({detail or 'running'})")
         yield report_plain
+        if seen[1]:
+            self.note(f"{what}: {seen[1]}/{seen[1]} tasks, {time.monotonic() - t0:.0f} s")
 
 
 class MovesView:

@@ -1,11 +1,15 @@
 """The demo's Spark validation with progress: the session is started here (so starting
 Spark, ~6 s, shows as its own step) and a thread reads the Spark status tracker for the
-job's tasks while ``validation.validate`` runs. No JVM outlives it."""
+job's tasks while ``validation.validate`` runs. The JVM's own stderr (log4j banner,
+warnings) goes to a log file instead of between the demo's lines. No JVM outlives it."""
 from __future__ import annotations
 
+import os
+import sys
 import threading
 import time
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 from .demo_ui import DemoUI
 
@@ -36,17 +40,37 @@ def _watch(sc: Any, report: Callable[[int, int, str], None], stop: threading.Eve
             return
 
 
-def validate(ui: DemoUI, dirs: list[str], *, master: str, expected: str) -> dict[str, Any]:
+@contextmanager
+def _stderr_to(path: str) -> Iterator[None]:
+    """File descriptor 2 goes to ``path`` meanwhile: a process started now (the JVM)
+    keeps writing there; this process gets its stderr back at the end."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.dup2(fd, 2)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(fd)
+
+
+def validate(ui: DemoUI, dirs: list[str], *, master: str, expected: str,
+             jvm_log: str) -> dict[str, Any]:
     """``validation.validate`` on ``dirs`` against ``expected``; the returned
-    ``seconds`` include starting Spark, ``spark_start_seconds`` is that part."""
+    ``seconds`` include starting Spark, ``spark_start_seconds`` is that part. The
+    JVM's stderr goes to ``jvm_log``."""
     from validation import validate as spark_validate
     from validation.session import start, stop_gateway
 
     t0 = time.monotonic()
     with ui.tasks("Spark validation") as report:
-        report(0, 0, f"starting Spark ({master})")
+        report(0, 0, f"starting Spark ({master}); its log: {jvm_log}")
         try:
-            spark = start(master)
+            with _stderr_to(jvm_log):
+                spark = start(master)
             started = time.monotonic() - t0
             report(0, 0, "reading the partition files")
             stop = threading.Event()
