@@ -8,6 +8,7 @@ index directory by its last use are used.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
 
@@ -16,14 +17,28 @@ import click
 
 def _definitions(defs: tuple[str, ...], defs_file: str | None) -> tuple[list[Any] | None, str | None]:
     from .definitions import IndexDefinition
+    from .errors import IndexDefinitionError
     out: list[IndexDefinition] = []
     codec = None
     if defs_file:
-        with open(defs_file, encoding="utf-8") as f:
-            body = json.load(f)
+        try:
+            with open(defs_file, "rb") as f:
+                body = json.loads(f.read().decode("utf-8"))
+        except OSError as e:
+            raise IndexDefinitionError(f"--defs {defs_file}: cannot read it: {e.strerror}") from None
+        except UnicodeDecodeError as e:
+            raise IndexDefinitionError(f"--defs {defs_file}: not UTF-8 text (byte {e.start}); "
+                                       "write the definitions as JSON in UTF-8") from None
+        except (ValueError, RecursionError) as e:
+            raise IndexDefinitionError(f"--defs {defs_file}: not valid JSON ({e})") from None
         if isinstance(body, dict):
             codec = body.get("codec")
             body = body.get("indexes", [])
+        if not isinstance(body, list) or not all(isinstance(d, dict) for d in body):
+            raise IndexDefinitionError(
+                f"--defs {defs_file}: expected a JSON list of definitions "
+                '([{"name", "field", "unique", "on_bad", "type"}, ...]) or '
+                '{"codec": ..., "indexes": [...]}')
         out.extend(IndexDefinition.from_json(d) for d in body)
     out.extend(IndexDefinition.parse(d) for d in defs)
     return (out or None), codec
@@ -35,6 +50,34 @@ def _open(index: str, defs: tuple[str, ...], defs_file: str | None, codec: str |
     definitions, file_codec = _definitions(defs, defs_file)
     return IndexStore.open(index, definitions, codec=codec or file_codec,
                            reset_corrupt=reset_corrupt)
+
+
+class InputError(click.ClickException):
+    """A wrong path or argument: exit status 2 (1 means the index differs or is corrupt)."""
+
+    exit_code = 2
+
+
+def _index_dir(index: str) -> str:
+    """``--index`` names the environment's directory; its ``data.mdb`` is taken to mean
+    the directory too (IndexCorruptError's advice names the file)."""
+    if os.path.basename(index) == "data.mdb" and os.path.isfile(index):
+        return os.path.dirname(index) or "."
+    return index
+
+
+def _existing_index(index: str) -> str:
+    """The directory of an index that exists. Opening a mistyped path would create an
+    empty index there and report every partition missing."""
+    index = _index_dir(index)
+    if not os.path.isdir(index):
+        what = "is not a directory" if os.path.exists(index) else "does not exist"
+        raise InputError(f"--index {index} {what}; give the directory of an existing index "
+                         "(`ferry index rebuild` creates one)")
+    if not os.path.isfile(os.path.join(index, "data.mdb")):
+        raise InputError(f"--index {index} is not an index (no data.mdb in it); give the "
+                         "directory of an existing index (`ferry index rebuild` creates one)")
+    return index
 
 
 def _partitions(source: Any, chosen: tuple[int, ...]) -> list[int]:
@@ -70,7 +113,7 @@ def index() -> None:
 
 @index.command("rebuild")
 @common
-@click.option("--memory", type=int, default=256, show_default=True,
+@click.option("--memory", type=click.IntRange(min=1), default=256, show_default=True,
               help="MiB of sort buffer before runs spill to scratch files.")
 @click.option("--reset-corrupt", is_flag=True,
               help="Move a corrupt index file aside and start empty.")
@@ -85,9 +128,13 @@ def rebuild_cmd(data: str, index: str, partitions: tuple[int, ...], defs: tuple[
 
     from .errors import IndexStoreError
     from .source import PartitionFileSource
+    index = _index_dir(index)
     try:
         store = _open(index, defs, defs_file, codec, reset_corrupt)
-    except (IndexStoreError, OSError, ValueError) as e:
+    except OSError as e:
+        raise click.ClickException(f"--index {index}: cannot create or open it: "
+                                   f"{e.strerror}") from None
+    except (IndexStoreError, ValueError) as e:
         raise click.ClickException(str(e)) from None
     source = PartitionFileSource(data)
     results = []
@@ -132,7 +179,7 @@ def rebuild_cmd(data: str, index: str, partitions: tuple[int, ...], defs: tuple[
 @index.command("verify")
 @common
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-@click.option("--max-details", type=int, default=100, show_default=True,
+@click.option("--max-details", type=click.IntRange(min=0), default=100, show_default=True,
               help="Entries listed per kind of mismatch and partition.")
 @click.option("--structure", is_flag=True,
               help="First check the LMDB file's structure offline (slow on big files).")
@@ -143,10 +190,16 @@ def verify_cmd(data: str, index: str, partitions: tuple[int, ...], defs: tuple[s
     to the wrong value. Exit status 1 when anything differs."""
     from .errors import IndexStoreError
     from .source import PartitionFileSource
+    try:
+        index = _existing_index(index)
+    except InputError as e:
+        if as_json:
+            click.echo(json.dumps({"index": index, "ok": False, "error": e.message,
+                                   "structure": []}))
+            sys.exit(e.exit_code)
+        raise
     problems: list[str] = []
     if structure:
-        import os
-
         import lmdb.verify as lv
         try:
             problems = lv.verify(os.path.join(index, "data.mdb"))
@@ -161,11 +214,12 @@ def verify_cmd(data: str, index: str, partitions: tuple[int, ...], defs: tuple[s
             sys.exit(1)
         raise click.ClickException(str(e)) from None
     source = PartitionFileSource(data)
+    from checkpoint import CheckpointError
     try:
         parts = _partitions(source, partitions)
         reports = [store.verify(p, source, max_details=max_details) for p in parts]
         orphans = [p for p in store.ready_partitions() if p not in parts and not partitions]
-    except IndexStoreError as e:
+    except (IndexStoreError, CheckpointError) as e:     # e.g. a corrupt partition file
         raise click.ClickException(str(e)) from None
     finally:
         store.close()
