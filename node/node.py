@@ -262,6 +262,8 @@ class Node(Membership, UpdatePath, Rebalancer):
         by_stage: dict[str, int] = {}
         for mv in list(self.moves.values()):
             by_stage[mv.stage] = by_stage.get(mv.stage, 0) + 1
+            m.set("ferry_node_move_bytes_in_progress", mv.wire if mv.mode == "files" else mv.bytes,
+                  cache=mv.cache, partition=str(mv.p))
             sink = mv.sink
             if sink is not None and mv.mode == "files":
                 b = sink.backlog()
@@ -274,6 +276,9 @@ class Node(Membership, UpdatePath, Rebalancer):
                       "checkpoint wait", "fetch", "catchup"):
             m.set("ferry_node_moves_by_stage", by_stage.get(stage, 0), stage=stage)
         m.set("ferry_node_topology_version", self.map.version)
+        sess = getattr(self, "session", None)
+        m.set("ferry_node_lease_valid", 1 if sess is not None and sess.valid() else 0)
+        m.set("ferry_node_is_controller", 1 if self.controller is not None else 0)
         now = time.time()
         for (cache, p), t in list(self.last_applied.items()):
             m.set("ferry_node_replication_lag_seconds", now - t, cache=cache, partition=str(p))
