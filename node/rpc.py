@@ -1,5 +1,7 @@
 """The node's TCP server: one thread per connection, the handshake first, then
-REQUEST/REPLY frames (see :mod:`node.wire`).
+REQUEST/REPLY frames (see :mod:`node.wire`). Accepting is transfer.listener's loop:
+it outlives transient accept() failures, caps the connections still authenticating
+and gives each one deadline for its whole handshake.
 
 Failures are contained per request: a handler error becomes an error REPLY; a
 malformed REQUEST (not a map, unknown method, bad arguments) becomes a ``bad_request``
@@ -16,6 +18,7 @@ from typing import Any, Callable
 from faults import OutOfDiskError
 from transfer import frames
 from transfer.errors import FrameError, PeerClosed, TransferError
+from transfer.listener import HandshakeGate, accept_loop, refuse
 from transfer.transport import SocketConn
 
 from .config import parse_address
@@ -28,12 +31,20 @@ Dispatch = Callable[[str, dict[str, Any], str], Any]   # (method, args, role) ->
 
 
 class RpcServer:
+    """``handshake_timeout`` bounds the whole handshake (not each read), and at most
+    ``max_handshakes`` connections may be in it at once; more are answered ERROR BUSY
+    and closed (transfer.listener). Authenticated connections then idle up to
+    ``idle_timeout`` between requests."""
+
     def __init__(self, listen: str, secret: bytes, dispatch: Dispatch, *,
-                 idle_timeout: float = 300.0) -> None:
+                 idle_timeout: float = 300.0, handshake_timeout: float = 10.0,
+                 max_handshakes: int = 64) -> None:
         host, port = parse_address(listen)
         self.secret = secret
         self.dispatch = dispatch
         self.idle_timeout = idle_timeout
+        self.handshake_timeout = handshake_timeout
+        self.gate = HandshakeGate(max_handshakes)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -52,26 +63,40 @@ class RpcServer:
         self.thread.start()
 
     def _accept(self) -> None:
-        while not self._stop.is_set():
-            try:
-                s, addr = self.sock.accept()
-            except OSError:
-                return
-            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn = SocketConn(s, "%s:%s" % addr[:2])
+        # Transient accept() failures (out of file descriptors ...) are waited out: this
+        # thread used to return on the first one, and the node never served RPC again.
+        accept_loop(self.sock, self._stop, self._accepted, log=log, name="rpc")
+
+    def _accepted(self, s: socket.socket, peer: str) -> None:
+        if not self.gate.enter():
+            if self.gate.report.due():
+                log.warning("stage=auth refused %s: %d connections already in the handshake "
+                            "(max_handshakes); %d refused so far", peer, self.gate.limit, self.gate.refused)
+            refuse(s, f"too many connections waiting to authenticate ({self.gate.limit}); retry")
+            return
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn = SocketConn(s, peer)
+        try:
             threading.Thread(target=self._serve, args=(conn,), name=f"rpc-{conn.peer}",
                              daemon=True).start()
+        except BaseException:
+            self.gate.leave()
+            raise
 
     def _serve(self, conn: SocketConn) -> None:
         with self._lock:
             self._conns.add(conn)
         try:
-            conn.set_timeout(10.0)   # a peer that never finishes the handshake is dropped
+            conn.set_timeout(self.handshake_timeout)
             try:
-                role = authenticate_incoming(conn, self.secret)
+                # one deadline for the whole handshake: a peer dripping a byte at a time
+                # is dropped after handshake_timeout, not kept for ever
+                role = authenticate_incoming(conn, self.secret, deadline=self.handshake_timeout)
             except AuthFailed as e:
                 log.warning("stage=auth refused %s: %s", conn.peer, e)
                 return
+            finally:
+                self.gate.leave()
             conn.set_timeout(self.idle_timeout)
             while not self._stop.is_set():
                 try:
@@ -118,6 +143,10 @@ class RpcServer:
 
     def stop(self) -> None:
         self._stop.set()
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)    # wakes a blocked accept() at once on Linux
+        except OSError:
+            pass
         try:
             self.sock.close()
         except OSError:

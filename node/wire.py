@@ -38,6 +38,8 @@ MAX_FRAME = frames.MAX_PAYLOAD
 
 
 def load_secret(path: str | None) -> bytes:
+    """The cluster secret (transfer.auth.load_secret: a regular file, never a FIFO that
+    would block the node's start, not group/world readable), or AuthFailed."""
     try:
         return _auth.load_secret(path)
     except TransferError as e:
@@ -52,9 +54,11 @@ def authenticate_outgoing(conn: Conn, secret: bytes, role: str) -> None:
         raise AuthFailed(str(e)) from None
 
 
-def authenticate_incoming(conn: Conn, secret: bytes) -> str:
+def authenticate_incoming(conn: Conn, secret: bytes, *,
+                          deadline: float | None = _auth.HANDSHAKE_DEADLINE) -> str:
+    """The whole handshake must end within ``deadline`` seconds."""
     try:
-        return _auth.server_handshake(conn, secret)
+        return _auth.server_handshake(conn, secret, deadline=deadline)
     except TransferError as e:
         raise AuthFailed(str(e)) from None
 
