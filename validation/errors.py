@@ -1,6 +1,8 @@
 """Errors of the validation package (all are :class:`faults.FerryError`)."""
 from __future__ import annotations
 
+import re
+
 from faults import errors as _faults_errors
 from faults.errors import FerryError
 
@@ -20,3 +22,26 @@ class ExpectedFileError(ValidationError):
 
 class OutOfDiskError(ValidationError, _faults_errors.OutOfDiskError):
     """No room for the HTML report or the Parquet export."""
+
+
+# "org.apache.spark.SparkException: " and the like, before the message itself
+_JAVA_CLASS = re.compile(r"^:?\s*(?:[A-Za-z_$][\w$]*\.)+[A-Za-z_$][\w$]*(?:Exception|Error)\s*:\s*")
+_NOISE = ("at ", "... ", "An error occurred while calling", "== ", "JVM stacktrace:",
+          "Driver stacktrace:", "Traceback ")
+MAX_DETAIL = 400
+
+
+def short_error(exc: BaseException) -> str:
+    """A Spark (Py4J) error as one line: its first meaningful line and, when there is
+    one, its innermost cause. str() of such an error carries the whole Java stack (165
+    lines for an unreadable expected file), which buried the one line that matters."""
+    lines = [ln.strip() for ln in str(exc).splitlines()]
+    useful = [ln for ln in lines if ln and not ln.startswith(_NOISE) and ln != ":"]
+    causes = [ln[len("Caused by:"):].strip() for ln in useful if ln.startswith("Caused by:")]
+    first = _JAVA_CLASS.sub("", useful[0]) if useful else type(exc).__name__
+    out = first[:MAX_DETAIL]
+    if causes:
+        cause = _JAVA_CLASS.sub("", causes[-1])[:MAX_DETAIL]
+        if cause and cause not in first:
+            out += f" (cause: {cause})"
+    return out

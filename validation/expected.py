@@ -7,8 +7,15 @@ acknowledged writes: JSON lines or Parquet with columns
 - ``value`` (text or binary), ``value_hex``, or ``value_hash`` (Spark's
   ``xxhash64(value)``, = Python ``xxhash.xxh64_intdigest(value, seed=42)`` as a
   signed 64-bit integer); a NULL value means the key must be absent (removed);
-- ``partition``; optional ``cache`` (without it the data must hold one cache, or
-  the rows are taken to be of the cache ``default``).
+- ``partition`` (a whole number 0..65535 on every row); optional ``cache`` (without
+  it the data must hold one cache, or the rows are taken to be of the cache
+  ``default``).
+
+A column of the wrong type (``"partition": "abc"``, a key that is an object, a
+``value_hash`` that is text) or a row without a partition is an error naming the
+file, the column and an example (exit status 2), not a mismatch: a NULL partition
+would show up as "missing" keys and fail the check for a reason that is not in the
+data.
 
 Every expected row is checked on every owner of its partition: ``missing`` (an
 owner lacks the key, or no node holds the partition: node NULL), ``wrong`` (the
@@ -21,13 +28,16 @@ import os
 from typing import TYPE_CHECKING
 
 from .compare import PartitionState, render_key, value_hash
-from .errors import ExpectedFileError
+from .errors import ExpectedFileError, short_error
 from .layout import DEFAULT_CACHE
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 KINDS = ("missing", "extra", "wrong")
+INTEGRAL = ("tinyint", "smallint", "int", "bigint")
+TEXT = ("string", "binary")
+MAX_PARTITION = 65535      # node.config: a cache has at most 65536 partitions
 
 
 def _load(spark: "SparkSession", path: str) -> "DataFrame":
@@ -40,7 +50,65 @@ def _load(spark: "SparkSession", path: str) -> "DataFrame":
         # that would show up as a thousand "missing" keys.
         return spark.read.option("mode", "FAILFAST").json(path)
     except Exception as exc:  # noqa: BLE001 - Spark raises its own analysis errors
-        raise ExpectedFileError(f"cannot read expected file {path}: {exc}") from exc
+        if os.path.isdir(path) or path.endswith((".parquet", ".pq")):
+            raise ExpectedFileError(f"cannot read expected file {path} as Parquet: "
+                                    f"{short_error(exc)}") from exc
+        where = _first_bad_line(path)      # Spark does not say which line
+        raise ExpectedFileError(f"cannot read expected file {path} as JSON lines (one object "
+                                f"per line): {where or short_error(exc)}") from exc
+
+
+def _first_bad_line(path: str) -> str | None:
+    """``line N: why`` of the first line of a JSON-lines file that is not one JSON
+    object, found by reading it here (only after Spark refused the file)."""
+    import json
+    try:
+        with open(path, "rb") as f:
+            for n, raw in enumerate(f, 1):
+                if not raw.strip():
+                    continue
+                try:
+                    if not isinstance(json.loads(raw), dict):
+                        return f"line {n} is not a JSON object"
+                except json.JSONDecodeError as e:
+                    return f"line {n}, column {e.colno}: {e.msg}"
+                except (ValueError, RecursionError) as e:     # not UTF-8, nested too deep
+                    return f"line {n}: {type(e).__name__}: {e}"
+    except OSError:
+        pass
+    return None
+
+
+def _check_type(df: "DataFrame", path: str, column: str, allowed: tuple[str, ...],
+                what: str) -> None:
+    """``column`` holds one of the ``allowed`` Spark types, or ExpectedFileError with
+    an example value. A cast would make the wrong type NULL (or, with ANSI casts, fail
+    later inside the comparison with a Spark stack trace)."""
+    from pyspark.sql import functions as F
+    dtype = dict(df.dtypes)[column]
+    if dtype in allowed:
+        return
+    col = F.col(column)
+    rows = df.where(col.isNotNull()).select(column)
+    row = None
+    if dtype == "string":       # an example that is plainly not a number, if there is one
+        row = rows.where(~col.rlike(r"^\s*-?[0-9]+\s*$")).first()
+    row = row or rows.first()
+    if row is None:
+        raise ExpectedFileError(f"{path}: column {column} is null on every row; it must hold {what}")
+    raise ExpectedFileError(f"{path}: column {column} holds {dtype} values such as {row[0]!r}; "
+                            f"it must hold {what}")
+
+
+def _check_partitions(df: "DataFrame", path: str, key_column: str) -> None:
+    from pyspark.sql import functions as F
+    _check_type(df, path, "partition", INTEGRAL, f"whole numbers 0..{MAX_PARTITION}")
+    p = F.col("partition")
+    bad = (df.where(p.isNull() | (p < 0) | (p > MAX_PARTITION))
+           .select("partition", key_column).first())
+    if bad is not None:
+        raise ExpectedFileError(f"{path}: the row with {key_column} {bad[1]!r} has partition "
+                                f"{bad[0]!r}; every row needs a partition 0..{MAX_PARTITION}")
 
 
 def read_expected(spark: "SparkSession", path: str, caches: set[str]) -> "DataFrame":
@@ -50,24 +118,31 @@ def read_expected(spark: "SparkSession", path: str, caches: set[str]) -> "DataFr
     df = _load(spark, path)
     types = dict(df.dtypes)
     if "key" in types:
+        _check_type(df, path, "key", TEXT, "text or binary keys")
         key = F.col("key").cast("binary")
     elif "key_hex" in types:
+        _check_type(df, path, "key_hex", ("string",), "keys as hex text")
         key = F.unhex("key_hex")
     else:
         raise ExpectedFileError(f"{path} has no key column (key or key_hex); columns: "
                                 f"{sorted(types)}")
     if "value_hash" in types:
+        _check_type(df, path, "value_hash", INTEGRAL, "64-bit xxhash64 values (whole numbers)")
         vh = F.col("value_hash").cast("long")
     elif "value" in types:
+        _check_type(df, path, "value", TEXT, "text or binary values")
         vh = value_hash(F.col("value").cast("binary"), None)
     elif "value_hex" in types:
+        _check_type(df, path, "value_hex", ("string",), "values as hex text")
         vh = value_hash(F.unhex("value_hex"), None)
     else:
         raise ExpectedFileError(f"{path} has no value column (value, value_hex or "
                                 f"value_hash); columns: {sorted(types)}")
     if "partition" not in types:
         raise ExpectedFileError(f"{path} has no partition column; columns: {sorted(types)}")
+    _check_partitions(df, path, "key" if "key" in types else "key_hex")
     if "cache" in types:
+        _check_type(df, path, "cache", ("string",), "cache names (text)")
         cache = F.col("cache").cast("string")
     elif len(caches) == 1:
         cache = F.lit(next(iter(caches)))

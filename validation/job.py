@@ -25,7 +25,7 @@ import time
 from typing import TYPE_CHECKING
 
 from validation import compare, expected as expected_mod, report as report_mod
-from validation.errors import ExpectedFileError, ValidationError
+from validation.errors import ExpectedFileError, ValidationError, short_error
 from validation.layout import PartitionFile, list_folders
 from validation.session import DEFAULT_MASTER, is_local, ship_decoder, start
 from validation.source import SOURCE_NAME, FerryDataSource
@@ -95,7 +95,7 @@ def export_parquet(raw: "DataFrame", out: str) -> None:
         (compare.entries(raw, with_value=True).write.mode("overwrite")
          .partitionBy("cache", "partition").parquet(out))
     except Exception as exc:  # noqa: BLE001 - Spark wraps the OS error of the writer
-        raise ValidationError(f"cannot export Parquet to {out}: {exc}") from exc
+        raise ValidationError(f"cannot export Parquet to {out}: {short_error(exc)}") from exc
 
 
 def validate_outcome(dirs: list[str], *, master: str | None = DEFAULT_MASTER,
@@ -148,13 +148,23 @@ def execute(dirs: list[str], *, master: str | None, expected: str | None, as_jso
         outcome = validate_outcome(dirs, master=master, expected=expected, report=report,
                                    export=export, max_keys=max_keys, conf=conf)
     except ValidationError as exc:
-        print(f"ferry validate: {exc}", file=sys.stderr)
+        print(f"ferry validate: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # noqa: BLE001 - a Spark failure: one line, not a Java stack
+        if not _from_spark(exc):
+            raise
+        print(f"ferry validate: Spark failed: {short_error(exc)}", file=sys.stderr)
         return 2
     if as_json:
         print(json.dumps(outcome.to_json()))
     else:
         print(report_mod.summary(outcome))
     return 0 if outcome.passed else 1
+
+
+def _from_spark(exc: BaseException) -> bool:
+    """An error raised by Spark or its Py4J bridge (their classes live in those packages)."""
+    return any(c.__module__.startswith(("pyspark.", "py4j.")) for c in type(exc).__mro__)
 
 
 def parse_conf(items: list[str]) -> dict[str, str]:
