@@ -13,6 +13,9 @@ Public face:
   every Ferry protocol; :mod:`transfer.transport` (``Conn``, ``SocketConn``,
   ``ChannelConn``, ``connect_tcp``)
 - :mod:`transfer.ssh` (``SSHTunnel``: reach a supplier through OpenSSH with paramiko)
+- :mod:`transfer.listener` (the accept loop and handshake cap shared with the node's
+  RPC server), :mod:`transfer.safefs` (opening files in data directories without
+  following planted links or waiting on FIFOs)
 - :mod:`transfer.splice` (the demander's zero-copy receive, socket -> pipe -> file;
   ``Demander(splice=False)`` forces the copying path, ``FetchResult.spliced`` tells)
 - errors: :class:`TransferError` and subclasses in :mod:`transfer.errors`
@@ -23,7 +26,8 @@ from __future__ import annotations
 
 from .demander import Demander
 from .errors import (AuthError, BadName, ChecksumError, FrameError, NotHeld, OutOfDiskError,
-                     PageCheckError, PeerClosed, PeerUnreachable, RemoteError, TransferError)
+                     PageCheckError, PeerClosed, PeerUnreachable, RemoteError, TransferError,
+                     UnsafePath)
 from .limits import Limits, parse_rate
 from .messages import Priority
 from .result import FetchResult, Progress
@@ -36,4 +40,5 @@ __all__ = [
     "Limits", "Priority", "parse_rate",
     "TransferError", "AuthError", "BadName", "ChecksumError", "FrameError", "NotHeld",
     "OutOfDiskError", "PageCheckError", "PeerClosed", "PeerUnreachable", "RemoteError",
+    "UnsafePath",
 ]

@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-from transfer import Demander, DirectoryStorage, Limits, RemoteError, SupplierServer
+from transfer import Demander, DirectoryStorage, RemoteError, SupplierServer
 from transfer import frames
 from transfer.auth import client_handshake
 from transfer.frames import ErrorCode, FrameType
