@@ -66,3 +66,14 @@ def main() -> None:
         cli.main(prog_name="ferry", standalone_mode=True)
     except KeyboardInterrupt:
         sys.exit(130)
+    except Exception as e:
+        # A FerryError is an error on purpose: its message says what, where and what to
+        # do. One a command did not turn into its own output still gets one line, not
+        # a traceback (issue 24); anything else is a bug and keeps its traceback.
+        from faults.errors import FerryError
+        if not isinstance(e, FerryError):
+            raise
+        group = next((a for a in sys.argv[1:] if a in GROUPS), "")
+        print(f"ferry{' ' + group if group else ''}: error: {' '.join(str(e).split())}",
+              file=sys.stderr)
+        sys.exit(1)
