@@ -165,7 +165,7 @@ def _symlink_loop(tmp_path):
 
 def _unwritable(tmp_path):
     if os.geteuid() == 0:
-        pytest.skip("root writes into a mode-555 directory; the read-only mount case covers root")
+        pytest.skip("root writes into a mode-555 directory: test_an_unwritable_data_dir_as_another_user")
     d = tmp_path / "ro"
     d.mkdir()
     d.chmod(0o555)
@@ -206,6 +206,27 @@ def test_unusable_data_dirs_exit_2_with_one_line(tmp_path, make, needle):
             subprocess.run(["umount", data], check=False)
     line = assert_one_line_error(r, needle)
     assert data in line
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
+                    reason="root runs the node as nobody here; other users run unwritable-dir")
+def test_an_unwritable_data_dir_as_another_user(tmp_path):
+    """Root may write anywhere: the node runs as nobody under a mode-555 directory."""
+    import tempfile
+    base = tempfile.mkdtemp(prefix="ferry-unwritable-", dir="/tmp")
+    try:
+        os.chmod(base, 0o555)
+        for data in (os.path.join(base, "data"), base):        # to create / to write in
+            r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                                sys.executable, "-m", "ferry", "node", "start", "--id", "n1",
+                                "--data", data, "--secret-file", "/nonexistent",
+                                "--control-plane", NOWHERE],
+                               capture_output=True, text=True, env=env(), cwd="/", timeout=60)
+            line = assert_one_line_error(r, "permission denied")
+            assert data in line
+    finally:
+        os.chmod(base, 0o755)
+        shutil.rmtree(base)
 
 
 # -- damaged files in a data dir a real node wrote -----------------------------------------
