@@ -74,8 +74,9 @@ class StateTable:
 
     def _load(self) -> None:
         def damaged(why: str) -> NodeError:
-            return NodeError(f"cannot read partition states {self.path}: {why}; the file is "
-                             "written atomically, so this is damage: restore it or wipe the data dir")
+            from .storage import DataDirError     # node.storage imports the stores: not at load
+            return DataDirError(f"cannot read partition states {self.path}: {why}; the file is "
+                                "written atomically, so this is damage: restore it or wipe the data dir")
         try:
             # non-blocking: a FIFO in its place must not hang the start
             fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
