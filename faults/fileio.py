@@ -90,7 +90,17 @@ def atomic_write(path: str, data: bytes, *, error: type[OutOfDiskError] = OutOfD
     mix: write a temp file, fsync it, rename over, fsync the directory."""
     io = _layer
     tmp = f"{path}.tmp"
-    fd = io.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    # a leftover temp file (a crash) is removed, never followed: a symlink planted at
+    # PATH.tmp must not make this write land in the file it points at
+    for attempt in range(3):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        try:
+            fd = io.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            break
+        except FileExistsError:
+            if attempt == 2:
+                raise
     try:
         write_all(fd, data, tmp, error=error, io=io)
         io.fsync(fd)

@@ -48,3 +48,16 @@ def test_disk_full_becomes_out_of_disk_error_and_leaves_old_file(tmp_path) -> No
     assert ei.value.needed == 100 and ei.value.path.endswith("meta.tmp")
     assert target.read_bytes() == b"old"
     assert os.listdir(tmp_path) == ["meta"]
+
+
+def test_atomic_write_never_follows_a_planted_temp_symlink(tmp_path):
+    """A symlink at PATH.tmp (left by an attacker with write access to the folder)
+    is replaced, not followed: the victim keeps its contents."""
+    from faults import fileio
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    target = tmp_path / "states.json"
+    (tmp_path / "states.json.tmp").symlink_to(victim)
+    fileio.atomic_write(str(target), b"new")
+    assert victim.read_bytes() == b"precious"
+    assert target.read_bytes() == b"new" and not target.is_symlink()
