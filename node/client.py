@@ -29,15 +29,20 @@ REQUEST_OVERHEAD = 256
 ITEM_OVERHEAD = 16
 
 
+def _encoded(v: Any) -> int:
+    """At least the msgpack size of ``v`` (bytes, text, lists of them, small scalars)."""
+    if isinstance(v, (bytes, bytearray)):
+        return len(v) + ITEM_OVERHEAD
+    if isinstance(v, str):
+        return len(v.encode("utf-8", "surrogatepass")) + ITEM_OVERHEAD
+    if isinstance(v, (list, tuple)):        # put_batch items: [[key, value], ...]
+        return sum(_encoded(x) for x in v) + ITEM_OVERHEAD
+    return ITEM_OVERHEAD
+
+
 def request_bytes(cache: str, key: bytes, args: dict[str, Any]) -> int:
     """An upper bound of the encoded size of a put/put_batch/get/remove request."""
-    n = REQUEST_OVERHEAD + len(cache.encode("utf-8")) + len(key)
-    for v in args.values():
-        if isinstance(v, (bytes, bytearray)):
-            n += len(v) + ITEM_OVERHEAD
-        elif isinstance(v, list):           # put_batch items: [[key, value], ...]
-            n += sum(len(k) + len(x) + ITEM_OVERHEAD for k, x in v)
-    return n
+    return REQUEST_OVERHEAD + _encoded(cache) + _encoded(key) + sum(map(_encoded, args.values()))
 
 
 class Client:

@@ -19,9 +19,9 @@ def setup_logging(cfg: NodeConfig) -> None:
 
 
 def cannot_start(cfg: NodeConfig, why: object) -> int:
-    """ONE line on stderr (where the log goes too) saying why the node does not start;
-    exit status 2. Not a log record: that adds a timestamp and logger name to the line
-    a person has to act on, and said it twice when printed as well."""
+    """ONE line on stderr saying why the node does not start; exit status 2. Printed,
+    not logged: a log record puts a timestamp and a logger name before the words a
+    person has to act on, and the log goes to stderr too, so doing both says it twice."""
     msg = " ".join(str(why).split())           # one line, whatever the message held
     print(f"ferry node start: node {cfg.id} cannot start: {msg}", file=sys.stderr, flush=True)
     return 2

@@ -19,11 +19,9 @@ import stat
 from typing import Any, Iterator
 
 from checkpoint import PartitionStore
-from faults import fileio
+from faults import FerryError, fileio
 from checkpoint.pagefile import iter_entries
 from indexes import IndexDefinition, IndexStore
-
-from faults import FerryError
 
 from .config import CacheConfig, NodeConfig
 from .errors import NodeError
@@ -62,7 +60,8 @@ def os_problem(e: OSError) -> str:
 
 
 def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISREG, "a regular file"), (stat.S_ISCHR, "a character device"),
+    for test, name in ((stat.S_ISREG, "a regular file"), (stat.S_ISDIR, "a directory"),
+                       (stat.S_ISCHR, "a character device"),
                        (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"),
                        (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symbolic link")):
         if test(mode):
@@ -96,17 +95,18 @@ def check_data_dir(data: str) -> None:
                                "system such as /proc or /sys?): use a directory on a disk") from None
         raise DataDirError(f"cannot create files in --data {os_problem(e)}") from None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise DataDirError(f"{lock} is {_kind(os.fstat(fd).st_mode)}, not the node's lock "
-                               "file: remove it and start again")
+        mode = os.fstat(fd).st_mode
     finally:
         os.close(fd)
+    if not stat.S_ISREG(mode):
+        raise DataDirError(f"{lock} is {_kind(mode)}, not the node's lock file: remove it and "
+                           "start again")
     node_id = os.path.join(data, "node.id")
     try:
         st = os.stat(node_id)
         if not stat.S_ISREG(st.st_mode):
-            raise DataDirError(f"{node_id} is {'a directory' if stat.S_ISDIR(st.st_mode) else _kind(st.st_mode)}"
-                               ", not the file of this data dir's node id: move it aside")
+            raise DataDirError(f"{node_id} is {_kind(st.st_mode)}, not the file of this data "
+                               "dir's node id: move it aside")
         with open(node_id, "rb") as f:
             f.read(4096).decode("utf-8")
     except FileNotFoundError:
