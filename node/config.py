@@ -246,6 +246,12 @@ def load(path: str | None = None, **flags: Any) -> NodeConfig:
             raise ConfigError(f"{where}: '{req}' is required (set it in the file or pass --{req})")
     if not isinstance(values["id"], str) or not _NAME.match(values["id"]):
         raise ConfigError(f"{where}: node id {values['id']!r} must be 1-64 letters, digits, _ . -")
+    if "max_key_bytes" not in values and isinstance(values.get("page_size"), int) \
+            and not isinstance(values["page_size"], bool):
+        # the default key limit is what one data page holds, if that is less than 512:
+        # page_size = 1024 alone must not be refused for a key limit nobody set
+        from checkpoint.page import max_key
+        values["max_key_bytes"] = min(MAX_KEY_BYTES, max(1, max_key(values["page_size"])))
     cfg = NodeConfig(**values, source=path)
     try:
         return validate(cfg)

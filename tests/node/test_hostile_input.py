@@ -115,6 +115,17 @@ def test_good_settings_still_load(tmp_path):
     assert (cfg.checkpoint_interval_s, cfg.page_size, cfg.max_value_bytes) == (0.5, 8192, 900000)
 
 
+def test_small_pages_lower_the_default_key_limit(tmp_path):
+    """A 1 KiB page holds keys of at most 483 bytes: that is the default there, not an
+    error for a limit nobody set; setting more is refused."""
+    f = tmp_path / "node.toml"
+    f.write_text(BASE + "[checkpoint]\npage_size = 1024\n")
+    assert load(str(f)).max_key_bytes == 483
+    f.write_text(BASE + "[checkpoint]\npage_size = 1024\n[limits]\nmax_key_bytes = 512\n")
+    with pytest.raises(ConfigError, match=r"max_key_bytes must be a whole number 1..483"):
+        load(str(f))
+
+
 def test_value_limit_fits_the_frame():
     from node.config import MAX_FRAME
     from transfer.frames import MAX_PAYLOAD
