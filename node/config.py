@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import tomllib
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -29,6 +30,7 @@ MAX_VALUE_LIMIT = MAX_FRAME - (64 << 10)
 # once kept a core at 100% for ever (issue 24).
 MIN_CHECKPOINT_INTERVAL_S = 0.05
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+MAX_CONFIG_BYTES = 1 << 20
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -202,10 +204,20 @@ def _flatten(doc: dict[str, Any], where: str) -> dict[str, Any]:
 
 
 def read_toml(path: str) -> dict[str, Any]:
-    """The document of the TOML file ``path``, or ConfigError saying what is wrong."""
+    """The document of the TOML file ``path``, or ConfigError saying what is wrong.
+    Opened non-blocking and only if it is a regular file: ``--config`` naming a FIFO
+    hung the start, ``/dev/zero`` read until memory ran out."""
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise ConfigError(f"config {path} is not a regular file; point --config at a "
+                                  "TOML file")
+            if st.st_size > MAX_CONFIG_BYTES:
+                raise ConfigError(f"config {path} is {st.st_size} bytes; a node's config is "
+                                  f"a few KiB (at most {MAX_CONFIG_BYTES} bytes are read)")
+            raw = f.read(MAX_CONFIG_BYTES + 1)
     except OSError as e:
         raise ConfigError(f"cannot read config {path}: {e.strerror}") from None
     try:

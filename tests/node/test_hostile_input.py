@@ -167,6 +167,20 @@ def test_bad_config_files_exit_2_with_one_line(tmp_path, content, needle):
     assert str(cfg) in line
 
 
+@pytest.mark.parametrize("kind", ["fifo", "2MB"])
+def test_a_config_that_is_not_a_small_file_is_refused_unread(tmp_path, kind):
+    """A FIFO blocked the start for ever; a huge file was read whole."""
+    secret = write_secret(str(tmp_path / "secret"))
+    cfg = tmp_path / "node.toml"
+    if kind == "fifo":
+        os.mkfifo(cfg)
+    else:
+        cfg.write_bytes(b"# " + b"x" * (2 << 20) + b"\n")
+    r = node_start(["--config", str(cfg), "--id", "n1", "--data", str(tmp_path / "d"),
+                    "--secret-file", secret, "--control-plane", NOWHERE], timeout=30)
+    assert_one_line_error(r, "not a regular file" if kind == "fifo" else "bytes; a node's config")
+
+
 # -- `ferry node start --data` that cannot be used --------------------------------------
 def _symlink_loop(tmp_path):
     os.symlink(tmp_path / "loop-b", tmp_path / "loop-a")
