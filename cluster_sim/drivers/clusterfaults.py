@@ -154,20 +154,22 @@ class ClusterFaults:
         while not self._gone_watch.wait(0.2):
             for peer in (n for n in self.live_pids() if n != node):
                 m = self.map_of(peer)
-                if m is not None and node not in m.members:
+                if m is not None and m.members and node not in m.members:
                     self.gone[node] = round(time.monotonic() - since, 2)
                     self.timeline.mark(node, "lease expired", f"{self.gone[node]:.1f}s after the cut "
                                        f"(seen by {peer})")
                     return
 
     def _check_control_cuts(self: Any) -> None:
+        self._gone_watch.set()          # the watchers of this cut stop
+        if not self.partitions.cut_since:
+            return
         problems = self.checks.setdefault("control_cut_effective", [])
         for node, since in self.partitions.cut_since.items():
             lasted = time.monotonic() - since
             if lasted >= 2 * self.lease_ttl and node not in self.gone:
                 problems.append(f"{node} was cut from etcd for {lasted:.1f}s (lease TTL "
                                 f"{self.lease_ttl:.0f}s) and no other node's map dropped it")
-        self._gone_watch.set()
 
     # -- convergence ---------------------------------------------------------------------
     def converged_problems(self: Any) -> list[str]:
