@@ -118,8 +118,9 @@ class Etcd:
                     last = e
                     continue
                 raise
+        why = (str(last).strip() or type(last).__name__)[:200] if last else "no endpoint answered"
         raise ControlPlaneDown(f"control plane (etcd at {', '.join(self.endpoints)}) unreachable: "
-                               f"{str(last)[:200]}")
+                               f"{why}; is etcd running there?")
 
     def post(self, path: str, body: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
         def do(c: Any) -> Any:
