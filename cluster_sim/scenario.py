@@ -30,12 +30,14 @@ from .errors import ScenarioError
 
 SIDES = ("supplier", "demander", "third")
 ACTIONS = ("join", "leave", "kill", "restart", "cut", "heal", "fill", "free",
-           "cut-control", "isolate", "flap", "kill-etcd", "restart-etcd")
+           "cut-control", "isolate", "flap", "kill-etcd", "restart-etcd", "pause", "unpause")
 # Events whose node is a process of the scenario (the others name a fault's target)
 NODE_ACTIONS = ("join", "leave", "kill", "restart")
 # Network partitions of one node (cluster driver): peers, control plane, both, flapping
 PARTITION_ACTIONS = ("cut", "cut-control", "isolate", "flap")
 ETCD_ACTIONS = ("kill-etcd", "restart-etcd")
+# Faults only a node in a container can have (container mode: drivers/container.py)
+CONTAINER_ACTIONS = ("pause", "unpause")
 # Placeholders resolved when the event fires (and kept for the rest of the run):
 CONTROLLER = "@controller"     # the node `cluster status` names controller
 LEADER = "@leader"             # the etcd member that is raft leader
@@ -253,7 +255,8 @@ def _check_event(s: Scenario, e: Event, bad: Any) -> None:
         raise bad(f"{what}: needs disk = {{node = {e.node!r}}}")
     if e.action in ("cut", "isolate", "flap") and s.driver == "cluster" and not s.proxy:
         raise bad(f"{what}: needs proxy = true")
-    if s.driver != "cluster" and e.action in ("cut-control", "isolate", "flap", *ETCD_ACTIONS):
+    if s.driver != "cluster" and e.action in ("cut-control", "isolate", "flap", *ETCD_ACTIONS,
+                                              *CONTAINER_ACTIONS):
         raise bad(f"{what}: needs the cluster driver")
     if e.node == CONTROLLER and e.action not in (*PARTITION_ACTIONS, "kill", "restart"):
         raise bad(f"{what}: {CONTROLLER} names a node for a cut, isolate, flap, kill or restart")

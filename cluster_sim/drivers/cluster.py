@@ -19,10 +19,11 @@ import subprocess
 import sys
 from typing import Any
 
+from ..diskfull import SimSkipped
 from ..errors import ProcessError, SimError
 from ..invariants import Copy, Layout
 from ..procs import ROOT, Proc, child_env, free_port
-from ..scenario import Event
+from ..scenario import CONTAINER_ACTIONS, Event
 from ..workload import Op, Receipt
 from .base import Driver
 from .clusterfaults import ClusterFaults
@@ -35,6 +36,9 @@ LEASE_TTL_S = 2
 class ClusterDriver(ClusterFaults, Driver):
     def setup(self) -> None:
         s = self.scenario
+        if not hasattr(self.net, "attach") and any(e.action in CONTAINER_ACTIONS for e in s.events):
+            raise SimSkipped(f"scenario {s.name!r}: pause/unpause need container mode "
+                             "(nodes in containers: docs/harness.md)")
         cache = s.caches[0]
         idx = "".join(f'[[caches.indexes]]\nname = "{i.name}"\nfield = "{i.field}"\n' for i in cache.indexes)
         self.config = os.path.join(self.dir, "node.toml")
@@ -54,6 +58,8 @@ class ClusterDriver(ClusterFaults, Driver):
         self.etcd = EtcdCluster(os.path.join(self.dir, "etcd"), n=s.control_plane_members)
         self.etcd.start()
         self.setup_faults(self.ports, LEASE_TTL_S)
+        if hasattr(self.net, "attach"):
+            self.net.attach(self)       # container mode (drivers/container.py): slow disks, checks
         self.last_problems: list[str] = []
         self.write_stats = WriteStats()
 
@@ -73,7 +79,8 @@ class ClusterDriver(ClusterFaults, Driver):
             if node in self.proxies:
                 argv += ["--advertise", self.advertised(node)]
             argv += ["--control-plane", ",".join(self.control_plane_for(node))]
-            self.procs[node] = Proc(node, argv, os.path.join(self.dir, f"{node}.log"),
+            make = getattr(self.net, "proc", Proc)      # container mode: a container per life
+            self.procs[node] = make(node, argv, os.path.join(self.dir, f"{node}.log"),
                                     trace=self.trace, crash=self.crash_for(node), prefix=self.prefix(node))
         return self.procs[node]
 
@@ -155,8 +162,17 @@ class ClusterDriver(ClusterFaults, Driver):
             if r.returncode != 0:
                 raise ProcessError(f"cluster leave {node} failed: {r.stderr.strip()[-500:]}")
             self.left.add(node)
+        elif action in CONTAINER_ACTIONS:
+            self.net.fault(action, node)        # pause / unpause (drivers/container.py)
         else:
             raise ProcessError(f"the cluster driver cannot {action} {node}")
+
+    def cleanup(self) -> None:
+        try:
+            super().cleanup()
+        finally:
+            if hasattr(self.net, "release"):
+                self.net.release()      # container mode: containers, slow disks
 
     def busy(self) -> bool:
         return self.faults_busy()

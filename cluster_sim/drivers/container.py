@@ -1,0 +1,258 @@
+"""Container mode of the cluster driver: every node in its own container (see
+:mod:`cluster_sim.containerprocs`), and the faults only containers give.
+
+Used like the network-namespace mode, as the run's ``net``::
+
+    engine = Engine.find_or_start()
+    with ContainerMode(engine, ContainerSpec(slow_disk={"n3": SlowDisk(256 << 10)})) as mode:
+        result = cluster_sim.run(scenario, seed=1, net=mode)
+
+The cluster driver asks the mode for each node's :class:`ContainerProc` (``proc``),
+calls ``attach`` at its setup, ``fault`` for the container events and ``release`` at
+its cleanup. Faults:
+
+- ``pause NODE`` / ``unpause NODE`` (events): ``docker pause`` freezes every process of
+  the node (cgroup freezer): the classic GC pause. Its sockets stay open and the
+  kernel still accepts connections for it; it answers nothing, renews no lease. Check
+  ``pause_lease_expired``: a pause of 2 lease TTLs or more must end with another
+  node's map without it (its lease expired in etcd); after ``unpause`` the cluster must
+  converge within 3 TTLs (``converged_after_unpause``), the frozen node having woken
+  with a stale view of the map.
+- a slow disk (``ContainerSpec.slow_disk``): the node's data directory on its own loop
+  device (:mod:`cluster_sim.loopdisk`) throttled by ``--device-write-bps`` /
+  ``--device-read-bps``. Check ``slow_disk_effective``: the node's container did write
+  through the throttled device (docker's blkio stats, sampled every second).
+- a memory limit (``ContainerSpec.memory_mib``/``memory``): ``--memory`` with no swap;
+  a node the kernel OOM-kills is a crash like any other (restarted, timeline mark
+  ``oom-killed``).
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..containerprocs import Box, ContainerLife, ContainerProc
+from ..containers import Engine, configure_testcontainers, node_mounts
+from ..errors import SimError
+from ..loopdisk import LoopDisk, require as require_loop
+
+SAMPLE_S = 1.0            # blkio stats of throttled nodes
+
+
+@dataclass(frozen=True)
+class SlowDisk:
+    """A node's data device limited to ``write_bps`` (and ``read_bps``, 0: none) bytes/s."""
+    write_bps: int
+    read_bps: int = 0
+    size_mib: int = 256     # the transfer wants a partition plus 64 MiB free
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    """Per-node container options of a run."""
+    slow_disk: dict[str, SlowDisk] = field(default_factory=dict)
+    memory_mib: int = 0                                   # every node (0: no limit)
+    memory: dict[str, int] = field(default_factory=dict)  # per node, over memory_mib
+
+    def memory_of(self, node: str) -> int:
+        return self.memory.get(node, self.memory_mib)
+
+
+def _option(argv: list[str], name: str) -> str:
+    try:
+        return argv[argv.index(name) + 1]
+    except (ValueError, IndexError):
+        raise SimError(f"container mode: the node's command has no {name}: {argv}") from None
+
+
+class ContainerMode:
+    """The ``net`` of a run in container mode; a context manager that releases what is
+    left (containers, loop devices) at exit."""
+
+    def __init__(self, engine: Engine, spec: ContainerSpec | None = None) -> None:
+        configure_testcontainers()
+        self.engine, self.spec = engine, spec or ContainerSpec()
+        self.image = engine.image()
+        if self.spec.slow_disk:
+            require_loop()
+        self.tag = uuid.uuid4().hex[:6]
+        self.procs: dict[str, ContainerProc] = {}
+        self.disks: dict[str, LoopDisk] = {}
+        self.driver: Any = None
+        self.paused: dict[str, float] = {}        # node -> when it was frozen
+        self.gone: dict[str, float] = {}          # node -> s from its pause to its lease's end
+        self.written: dict[str, dict[str, int]] = {}   # node -> container -> bytes on its device
+        self._stop = threading.Event()
+
+    # -- what the driver asks of a multi-host mode ---------------------------------------
+    def host(self, node: str) -> str:
+        return "127.0.0.1"              # host networking: each node on its own port
+
+    def gateway(self, node: str) -> str:
+        """Where the node reaches the host (the run's etcd, its control proxies): host
+        networking shares the host's loopback."""
+        return "127.0.0.1"
+
+    def prefix(self, node: str) -> list[str]:
+        return []
+
+    def attach(self, driver: Any) -> None:
+        """At the driver's setup: the slow disks, mounted before any node starts, and
+        the checks this mode reports (in the driver's ``checks``)."""
+        self.driver = driver
+        for node, slow in self.spec.slow_disk.items():
+            disk = LoopDisk(driver.data_dir(node), slow.size_mib)
+            disk.mount()
+            self.disks[node] = disk
+            driver.timeline.mark(node, "slow disk", f"{disk.device}: {slow.write_bps} B/s write"
+                                 + (f", {slow.read_bps} B/s read" if slow.read_bps else ""))
+        if self.disks:
+            driver.checks["slow_disk_effective"] = []
+            threading.Thread(target=self._sample, name="blkio", daemon=True).start()
+
+    def proc(self, name: str, argv: list[str], log: str, *, trace: str | None = None,
+             crash: str | None = None, prefix: list[str] | None = None) -> ContainerProc:
+        """The node's process: a container per life (see :mod:`cluster_sim.containerprocs`)."""
+        data = _option(argv, "--data")
+        os.makedirs(data, exist_ok=True)
+        for path in (log, trace):
+            if path:
+                open(path, "ab").close()        # a bind mount needs the file to exist
+        mounts = [*node_mounts(),
+                  (_option(argv, "--config"), _option(argv, "--config"), "ro"),
+                  (_option(argv, "--secret-file"), _option(argv, "--secret-file"), "ro"),
+                  (data, data, "rw"), (log, log, "rw")]
+        if trace:
+            mounts.append((trace, trace, "rw"))
+        slow = self.spec.slow_disk.get(name)
+        disk = self.disks.get(name)
+        if slow is not None and disk is None:
+            raise SimError(f"container mode: {name}'s slow disk is not mounted (attach not called)")
+        box = Box(self.image, self.tag, tuple(mounts), memory_mib=self.spec.memory_of(name),
+                  device=disk.device if disk else "",
+                  write_bps=slow.write_bps if slow else 0, read_bps=slow.read_bps if slow else 0)
+        p = ContainerProc(name, argv, log, trace=trace, crash=crash, box=box,
+                          host=self.engine.host,
+                          on_exit=lambda life, node=name: self._exited(node, life))
+        self.procs[name] = p
+        return p
+
+    # -- faults ------------------------------------------------------------------------
+    def fault(self, action: str, node: str) -> None:
+        life = self._life(node)
+        d = self.driver
+        if action == "pause":
+            d.convergence.cancel()          # a new fault: the last heal's clock stops
+            life.pause()
+            self.paused[node] = time.monotonic()
+            d.timeline.mark(node, "paused", life.name)
+            threading.Thread(target=self._await_gone, args=(node, life), name=f"gone-{node}",
+                             daemon=True).start()
+        elif action == "unpause":
+            since = self.paused.pop(node, None)
+            life.unpause()
+            if since is None:
+                raise SimError(f"unpause {node}: it was not paused")
+            lasted = time.monotonic() - since
+            d.timeline.mark(node, "unpaused", f"after {lasted:.1f}s")
+            probs = d.checks.setdefault("pause_lease_expired", [])
+            if lasted >= 2 * d.lease_ttl and node not in self.gone:
+                probs.append(f"{node} was frozen for {lasted:.1f}s (lease TTL {d.lease_ttl:.0f}s) "
+                             "and no other node's map dropped it")
+            # the same list the heal checks fill: problems of this clock land there too
+            d.checks["converged_after_unpause"] = d.convergence.problems
+            d.convergence.start("unpause")
+        else:
+            raise SimError(f"container mode cannot {action} {node}")
+
+    def _life(self, node: str) -> ContainerLife:
+        p = self.procs.get(node)
+        if p is None or p.popen is None or p.popen.poll() is not None:
+            raise SimError(f"{node} has no running container to pause or thaw")
+        return p.popen
+
+    def _await_gone(self, node: str, life: ContainerLife) -> None:
+        """While ``node`` is frozen: until another node's map drops it (timeline mark)."""
+        since = self.paused.get(node, time.monotonic())
+        while node in self.paused and not self._stop.is_set():
+            for peer, p in self.procs.items():
+                if peer == node or not p.alive():
+                    continue
+                m = self.driver.map_of(peer)
+                if m is not None and m.members and node not in m.members:
+                    self.gone[node] = round(time.monotonic() - since, 2)
+                    self.driver.timeline.mark(node, "lease expired",
+                                              f"{self.gone[node]:.1f}s into the pause (seen by {peer})")
+                    return
+            self._stop.wait(0.2)
+
+    # -- slow disk and memory --------------------------------------------------------------
+    def _sample(self) -> None:
+        """Bytes each throttled node's containers wrote to their device (blkio stats)."""
+        while not self._stop.wait(SAMPLE_S):
+            self._sample_once()
+
+    def _sample_once(self) -> None:
+        for node, disk in self.disks.items():
+            p = self.procs.get(node)
+            if p is None or p.popen is None or p.popen.poll() is not None or not disk.device:
+                continue
+            st = os.stat(disk.device).st_rdev
+            dev = (os.major(st), os.minor(st))
+            stats = p.popen.stats().get("blkio_stats") or {}
+            n = sum(int(e.get("value", 0)) for e in stats.get("io_service_bytes_recursive") or []
+                    if (e.get("major"), e.get("minor")) == dev and str(e.get("op")).lower() == "write")
+            seen = self.written.setdefault(node, {})
+            seen[p.popen.name] = max(seen.get(p.popen.name, 0), n)
+
+    def _exited(self, node: str, life: ContainerLife) -> None:
+        if life.oom_killed and self.driver is not None:
+            self.driver.timeline.mark(node, "oom-killed", life.name)
+
+    # -- the end ---------------------------------------------------------------------------
+    def release(self) -> None:
+        """Remove every container of the run (each life's waiter removes its own; this
+        catches the rest), then unmount the slow disks keeping their files."""
+        self._stop.set()
+        self._finish_checks()
+        self._remove_containers()
+        for disk in self.disks.values():
+            disk.unmount()
+        self.disks.clear()
+
+    def _finish_checks(self) -> None:
+        if self.driver is None or not self.disks:
+            return
+        probs = self.driver.checks.setdefault("slow_disk_effective", [])
+        for node, slow in self.spec.slow_disk.items():
+            n = sum(self.written.get(node, {}).values())
+            self.driver.timeline.mark(node, "slow disk written", f"{n} bytes through the "
+                                      f"{slow.write_bps} B/s limit")
+            if n == 0 and node in self.procs:
+                probs.append(f"{node} wrote nothing through its throttled device "
+                             f"(blkio stats of its containers)")
+
+    def _remove_containers(self) -> None:
+        try:
+            client = self.engine.client()
+        except Exception:  # noqa: BLE001 - the engine is gone: so are its containers
+            return
+        try:
+            from ..containerprocs import LABEL
+            for c in client.containers.list(all=True, filters={"label": f"{LABEL}={self.tag}"}):
+                try:
+                    c.remove(force=True)
+                except Exception:  # noqa: BLE001 - removed meanwhile by its waiter
+                    pass
+        finally:
+            client.close()
+
+    def __enter__(self) -> ContainerMode:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
