@@ -58,6 +58,11 @@ class Netns:
     def host(self, node: str) -> str:
         return f"10.77.{self.index[node]}.2"
 
+    def gateway(self, node: str) -> str:
+        """The host's end of the node's veth: what the node reaches the host on (the
+        run's etcd listens on the host's loopback; a proxy here forwards to it)."""
+        return f"10.77.{self.index[node]}.1"
+
     def prefix(self, node: str) -> list[str]:
         return ["ip", "netns", "exec", self.ns(node)]
 

@@ -136,9 +136,10 @@ class ClusterDriver(ClusterFaults, Driver):
     # -- workload ----------------------------------------------------------------------------
     def client(self, writer: int) -> NodeClients:
         nodes = self.scenario.all_nodes()
-        return NodeClients({n: self.address(n) for n in nodes}, self.secret_file,
+        return NodeClients(nodes, lambda: {n: self.address(n) for n in nodes}, self.secret_file,
                            self.scenario.caches[0].name, self.write_stats,
-                           advertised={n: self.advertised(n) for n in nodes})
+                           advertised=lambda: {n: self.advertised(n) for n in nodes},
+                           up=lambda: {n for n, p in self.procs.items() if p.alive() and n not in self.left})
 
     def apply(self, client: NodeClients, op: Op) -> Receipt:
         return client.apply(op)
@@ -163,7 +164,7 @@ class ClusterDriver(ClusterFaults, Driver):
                 raise ProcessError(f"cluster leave {node} failed: {r.stderr.strip()[-500:]}")
             self.left.add(node)
         elif action in CONTAINER_ACTIONS:
-            self.net.fault(action, node)        # pause / unpause (drivers/container.py)
+            self.net.fault(ev, node)            # pause / unpause (drivers/container.py)
         else:
             raise ProcessError(f"the cluster driver cannot {action} {node}")
 

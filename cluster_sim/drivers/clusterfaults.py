@@ -61,9 +61,12 @@ class ClusterFaults:
         self.partitions = Partitions(self.timeline, self.live_pids)
         if self.scenario.proxy:
             self.partitions.add_peer_proxies(listen_ports)
-        if self.scenario.control_faults():
-            self.partitions.add_control_proxies(self.scenario.all_nodes(),
-                                                [m.client_port for m in self.etcd.members])
+        if self.scenario.control_faults() or self.net is not None:
+            # multi-host: a node in its namespace reaches etcd (on the host's loopback)
+            # only through a proxy on its gateway address
+            self.partitions.add_control_proxies(
+                self.scenario.all_nodes(), [m.client_port for m in self.etcd.members],
+                listen=self.net.gateway if self.net is not None else lambda n: "127.0.0.1")
         self.proxies = self.partitions.peer
         self.etcd_faults = EtcdFaults(self.etcd, self.timeline)
         self.convergence = ConvergenceWatch(self.converged_problems, CONVERGE_TTLS * lease_ttl,

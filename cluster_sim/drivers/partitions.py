@@ -9,9 +9,10 @@ Two sets of loopback proxies (:class:`cluster_sim.netproxy.Proxy`):
   connections of the other node processes, and on every other proxy those of NODE
   (``Proxy.block(pids)``, both directions); the harness's own connections (clients,
   ``cluster status``) go to the listen ports and are never cut.
-- **control proxies** (a scenario with ``cut-control``, ``isolate`` or ``flap``): one
-  per node and etcd member, in front of that member's client port; the node is started
-  with ``--control-plane`` naming its own proxies only. ``cut-control NODE`` cuts every
+- **control proxies** (a scenario with ``cut-control``, ``isolate`` or ``flap``, and
+  always in multi-host mode, listening on the node's gateway): one per node and etcd
+  member, in front of that member's client port; the node is started with
+  ``--control-plane`` naming its own proxies only. ``cut-control NODE`` cuts every
   connection on NODE's control proxies -- the established ones too, so the node's HTTP
   keep-alive connections and its streaming watch break at once -- and refuses new ones
   until the heal.
@@ -46,9 +47,12 @@ class Partitions:
         for n, port in listen_ports.items():
             self.peer[n] = Proxy(("127.0.0.1", port)).start()
 
-    def add_control_proxies(self, nodes: list[str], etcd_ports: list[int]) -> None:
+    def add_control_proxies(self, nodes: list[str], etcd_ports: list[int],
+                            listen: Callable[[str], str] = lambda n: "127.0.0.1") -> None:
+        """``listen(node)``: where the node's proxies listen (its namespace's gateway in
+        multi-host mode, where the host's loopback is out of the node's reach)."""
         for n in nodes:
-            self.control[n] = [Proxy(("127.0.0.1", port)).start() for port in etcd_ports]
+            self.control[n] = [Proxy(("127.0.0.1", port), host=listen(n)).start() for port in etcd_ports]
 
     def control_endpoints(self, node: str) -> list[str] | None:
         """The URLs ``node`` reaches etcd through, or None when it goes straight."""

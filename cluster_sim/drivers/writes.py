@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from typing import Any
+from typing import Any, Callable
 
 from ..workload import Model, Op, Receipt
 
@@ -30,9 +30,16 @@ CALL_TIMEOUT_S = 8.0       # one RPC (the node's own replication timeout is 5 s)
 SLOW_S = 1.0
 
 
-def route(nodes: list[str], op: Op) -> str:
-    """The node whose view routes ``op``: spread over every node of the scenario."""
-    return nodes[(op.seq + op.writer) % len(nodes)]
+def route(nodes: list[str], op: Op, up: set[str] | None = None) -> str:
+    """The node whose view routes ``op``: spread over every node of the scenario; a
+    node not running (not joined yet, killed, left) passes its turn to the next one up
+    (a cut-off node is running: it keeps its turn)."""
+    i = (op.seq + op.writer) % len(nodes)
+    for k in range(len(nodes)):
+        n = nodes[(i + k) % len(nodes)]
+        if up is None or n in up:
+            return n
+    return nodes[i]
 
 
 class WriteStats:
@@ -67,24 +74,39 @@ class WriteStats:
 
 class NodeClients:
     """One ``node.Client`` per node for one writer (one thread); ``apply`` returns the
-    counter, the routing node and the node that acknowledged."""
+    counter, the routing node and the node that acknowledged. ``addresses()`` and
+    ``advertised()`` are asked at each write: a node started again on another port
+    (its first port was taken) gets a new client."""
 
-    def __init__(self, addresses: dict[str, str], secret_file: str, cache: str,
-                 stats: WriteStats | None = None, advertised: dict[str, str] | None = None) -> None:
-        from node import Client
-        self.nodes = list(addresses)
-        self.cache = cache
+    def __init__(self, nodes: list[str], addresses: Callable[[], dict[str, str]], secret_file: str,
+                 cache: str, stats: WriteStats | None = None,
+                 advertised: Callable[[], dict[str, str]] | None = None,
+                 up: Callable[[], set[str]] | None = None) -> None:
+        self.nodes = list(nodes)
+        self.up = up
+        self.addresses, self.advertised = addresses, advertised or addresses
+        self.secret_file, self.cache = secret_file, cache
         self.stats = stats or WriteStats()
-        self.clients: dict[str, Any] = {}
-        self.names = {a: n for n, a in (advertised or {}).items()} | {a: n for n, a in addresses.items()}
+        self.clients: dict[str, tuple[str, Any]] = {}     # node -> (its address, client)
+        self.names: dict[str, str] = {}                  # any address of a node -> node
         self.answered = ""          # the node that answered this writer's last put/remove
-        for n, addr in addresses.items():
-            others = [a for m, a in addresses.items() if m != n]
-            c = Client([addr, *others], secret_file=secret_file, timeout=WRITE_TIMEOUT_S)
-            c.pool.timeout = CALL_TIMEOUT_S
-            mine = {addr, (advertised or {}).get(n, addr)}   # the map names the advertised one
-            c.pool.call = self._counting(n, mine, c.pool.call)
-            self.clients[n] = c
+
+    def _client(self, node: str) -> Any:
+        from node import Client
+        addrs, adv = self.addresses(), self.advertised()
+        have = self.clients.get(node)
+        if have is not None and have[0] == addrs[node]:
+            return have[1]
+        if have is not None:
+            have[1].close()
+        self.names.update({a: n for n, a in adv.items()} | {a: n for n, a in addrs.items()})
+        others = [a for m, a in addrs.items() if m != node]
+        c = Client([addrs[node], *others], secret_file=self.secret_file, timeout=WRITE_TIMEOUT_S)
+        c.pool.timeout = CALL_TIMEOUT_S
+        # the node's own refusals: the map names its advertised address, seeds the listen one
+        c.pool.call = self._counting(node, {addrs[node], adv.get(node, addrs[node])}, c.pool.call)
+        self.clients[node] = (addrs[node], c)
+        return c
 
     def _counting(self, node: str, addrs: set[str], call: Any) -> Any:
         """``Pool.call`` that notes the node's own refusals of a put/remove."""
@@ -103,8 +125,8 @@ class NodeClients:
         return counted
 
     def apply(self, op: Op) -> Receipt:
-        node = route(self.nodes, op)
-        c = self.clients[node]
+        node = route(self.nodes, op, self.up() if self.up else None)
+        c = self._client(node)
         c.map = None            # this node's view: the map is fetched from it first
         t0 = time.monotonic()
         try:
@@ -117,7 +139,7 @@ class NodeClients:
             self.stats.count(node, time.monotonic() - t0)
 
     def close(self) -> None:
-        for c in self.clients.values():
+        for _, c in self.clients.values():
             c.close()
 
 
