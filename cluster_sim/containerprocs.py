@@ -188,6 +188,9 @@ class ContainerProc(Proc):
 
     def start(self) -> ContainerProc:
         from testcontainers.core.container import DockerContainer
+
+        from .containers import configure_testcontainers
+        configure_testcontainers()          # no Ryuk: its image cannot be pulled here
         assert self.box is not None
         armed = self.crash if self.lives == 0 else None
         with open(self.log, "ab") as log:

@@ -41,6 +41,9 @@ for so in glob.glob(os.path.join(sys.argv[1], "*", "_*accel.*.so")):
 """
 
 
+_UNSET = object()
+
+
 def configure_testcontainers() -> None:
     """Ryuk off (its image cannot be pulled) and the engine's own host as the address of
     containers (they use host networking). Before testcontainers reads its config."""
@@ -81,6 +84,10 @@ class Engine:
     host: str
     dir: str | None = None
     _image: str | None = field(default=None, repr=False)
+    _saved: Any = field(default=None, repr=False)     # DOCKER_HOST before activate()
+
+    def __post_init__(self) -> None:
+        self._saved = _UNSET
 
     @classmethod
     def find_or_start(cls) -> Engine:
@@ -101,6 +108,13 @@ class Engine:
             engine.stop()
             raise SimSkipped(f"container mode: the private engine started but {late}")
         return engine
+
+    def activate(self) -> None:
+        """Make this the engine of every docker client of the process (testcontainers
+        makes its own from the environment); :meth:`stop` puts the old value back."""
+        if os.environ.get("DOCKER_HOST") != self.host:
+            self._saved = os.environ.get("DOCKER_HOST")
+            os.environ["DOCKER_HOST"] = self.host
 
     def env(self) -> dict[str, str]:
         """The environment of a docker client or script that talks to this engine."""
@@ -134,6 +148,12 @@ class Engine:
             subprocess.run([os.path.join(SCRIPTS, "docker-down"), self.dir], capture_output=True,
                            timeout=120)
             self.dir = None
+        if self._saved is not _UNSET:
+            if self._saved is None:
+                os.environ.pop("DOCKER_HOST", None)
+            else:
+                os.environ["DOCKER_HOST"] = self._saved
+            self._saved = _UNSET
 
 
 def node_mounts() -> list[tuple[str, str, str]]:

@@ -258,8 +258,10 @@ def _check_event(s: Scenario, e: Event, bad: Any) -> None:
     if s.driver != "cluster" and e.action in ("cut-control", "isolate", "flap", *ETCD_ACTIONS,
                                               *CONTAINER_ACTIONS):
         raise bad(f"{what}: needs the cluster driver")
-    if e.node == CONTROLLER and e.action not in (*PARTITION_ACTIONS, "kill", "restart"):
-        raise bad(f"{what}: {CONTROLLER} names a node for a cut, isolate, flap, kill or restart")
+    if e.node == CONTROLLER and e.action not in (*PARTITION_ACTIONS, "kill", "restart",
+                                                 *CONTAINER_ACTIONS):
+        raise bad(f"{what}: {CONTROLLER} names a node for a cut, isolate, flap, kill, restart, "
+                  "pause or unpause")
     if e.node.startswith("@") and e.node not in (CONTROLLER, LEADER):
         raise bad(f"{what}: {e.node!r} is not {CONTROLLER} or {LEADER}")
     if e.action in ETCD_ACTIONS:

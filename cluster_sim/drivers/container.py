@@ -32,15 +32,19 @@ import os
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..containerprocs import Box, ContainerLife, ContainerProc
+from ..builtins import BUILTINS, PARTITIONED, TTL
+from ..containerprocs import LABEL, Box, ContainerLife, ContainerProc
 from ..containers import Engine, configure_testcontainers, node_mounts
 from ..errors import SimError
 from ..loopdisk import LoopDisk, require as require_loop
+from ..scenario import CONTROLLER, Event, Scenario
 
 SAMPLE_S = 1.0            # blkio stats of throttled nodes
+MEMORY_MIB = 512          # every node's limit in the built-in container runs (a node: ~60 MB)
+SLOW_WRITE_BPS = 64 << 10     # the slow disk: 64 KiB/s
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,7 @@ class ContainerMode:
 
     def __init__(self, engine: Engine, spec: ContainerSpec | None = None) -> None:
         configure_testcontainers()
+        engine.activate()
         self.engine, self.spec = engine, spec or ContainerSpec()
         self.image = engine.image()
         if self.spec.slow_disk:
@@ -87,6 +92,7 @@ class ContainerMode:
         self.gone: dict[str, float] = {}          # node -> s from its pause to its lease's end
         self.written: dict[str, dict[str, int]] = {}   # node -> container -> bytes on its device
         self._stop = threading.Event()
+        self._lock = threading.Lock()
 
     # -- what the driver asks of a multi-host mode ---------------------------------------
     def host(self, node: str) -> str:
@@ -142,32 +148,50 @@ class ContainerMode:
         return p
 
     # -- faults ------------------------------------------------------------------------
-    def fault(self, action: str, node: str) -> None:
-        life = self._life(node)
+    def fault(self, ev: Event, node: str) -> None:
+        """``pause NODE`` (thawed by ``unpause NODE``, or by itself after ``duration_s``:
+        exact, whatever the workload does meanwhile)."""
         d = self.driver
-        if action == "pause":
+        if ev.action == "pause":
+            life = self._life(node)
             d.convergence.cancel()          # a new fault: the last heal's clock stops
             life.pause()
             self.paused[node] = time.monotonic()
-            d.timeline.mark(node, "paused", life.name)
-            threading.Thread(target=self._await_gone, args=(node, life), name=f"gone-{node}",
+            d.timeline.mark(node, "paused", life.name + (f" for {ev.duration_s:.1f}s" if ev.duration_s else ""))
+            threading.Thread(target=self._await_gone, args=(node,), name=f"gone-{node}",
                              daemon=True).start()
-        elif action == "unpause":
-            since = self.paused.pop(node, None)
-            life.unpause()
-            if since is None:
-                raise SimError(f"unpause {node}: it was not paused")
-            lasted = time.monotonic() - since
-            d.timeline.mark(node, "unpaused", f"after {lasted:.1f}s")
-            probs = d.checks.setdefault("pause_lease_expired", [])
-            if lasted >= 2 * d.lease_ttl and node not in self.gone:
-                probs.append(f"{node} was frozen for {lasted:.1f}s (lease TTL {d.lease_ttl:.0f}s) "
-                             "and no other node's map dropped it")
-            # the same list the heal checks fill: problems of this clock land there too
-            d.checks["converged_after_unpause"] = d.convergence.problems
-            d.convergence.start("unpause")
+            if ev.duration_s > 0:
+                threading.Thread(target=self._thaw_after, args=(node, ev.duration_s),
+                                 name=f"thaw-{node}", daemon=True).start()
+        elif ev.action == "unpause":
+            if not self._thaw(node):
+                raise SimError(f"unpause {node}: it is not paused")
         else:
-            raise SimError(f"container mode cannot {action} {node}")
+            raise SimError(f"container mode cannot {ev.action} {node}")
+
+    def _thaw_after(self, node: str, seconds: float) -> None:
+        if not self._stop.wait(seconds):
+            self._thaw(node)
+
+    def _thaw(self, node: str) -> bool:
+        """Unpause ``node``, check its lease ran out if the pause was long enough, and
+        start the convergence clock. False when it was not paused."""
+        with self._lock:
+            since = self.paused.pop(node, None)
+        if since is None:
+            return False
+        d = self.driver
+        self._life(node).unpause()
+        lasted = time.monotonic() - since
+        d.timeline.mark(node, "unpaused", f"after {lasted:.1f}s")
+        probs = d.checks.setdefault("pause_lease_expired", [])
+        if lasted >= 2 * d.lease_ttl and node not in self.gone:
+            probs.append(f"{node} was frozen for {lasted:.1f}s (lease TTL {d.lease_ttl:.0f}s) "
+                         "and no other node's map dropped it")
+        # the list the heal checks fill too: what this clock finds lands there as well
+        d.checks["converged_after_unpause"] = d.convergence.problems
+        d.convergence.start("unpause")
+        return True
 
     def _life(self, node: str) -> ContainerLife:
         p = self.procs.get(node)
@@ -175,7 +199,7 @@ class ContainerMode:
             raise SimError(f"{node} has no running container to pause or thaw")
         return p.popen
 
-    def _await_gone(self, node: str, life: ContainerLife) -> None:
+    def _await_gone(self, node: str) -> None:
         """While ``node`` is frozen: until another node's map drops it (timeline mark)."""
         since = self.paused.get(node, time.monotonic())
         while node in self.paused and not self._stop.is_set():
@@ -231,7 +255,8 @@ class ContainerMode:
         for node, slow in self.spec.slow_disk.items():
             n = sum(self.written.get(node, {}).values())
             self.driver.timeline.mark(node, "slow disk written", f"{n} bytes through the "
-                                      f"{slow.write_bps} B/s limit")
+                                      f"{slow.write_bps} B/s limit ({n / slow.write_bps:.1f}s "
+                                      "at that rate)")
             if n == 0 and node in self.procs:
                 probs.append(f"{node} wrote nothing through its throttled device "
                              f"(blkio stats of its containers)")
@@ -242,7 +267,6 @@ class ContainerMode:
         except Exception:  # noqa: BLE001 - the engine is gone: so are its containers
             return
         try:
-            from ..containerprocs import LABEL
             for c in client.containers.list(all=True, filters={"label": f"{LABEL}={self.tag}"}):
                 try:
                     c.remove(force=True)
@@ -256,3 +280,29 @@ class ContainerMode:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+# The container runs: a scenario and what its nodes' containers get. `join` and
+# `kill-restart` are the built-ins as they are, each node in a container under a memory
+# limit; `pause` and `slow-disk-join` need containers.
+SCENARIOS: dict[str, tuple[Scenario, ContainerSpec]] = {
+    "join": (BUILTINS["join"], ContainerSpec(memory_mib=MEMORY_MIB)),
+    "kill-restart": (BUILTINS["kill-restart"], ContainerSpec(memory_mib=MEMORY_MIB)),
+    "pause": (Scenario(
+        name="pause",
+        description="the controller is frozen (docker pause: a GC pause) for 3 lease TTLs under "
+                    "writes sent through every node: its lease expires, another node takes over; "
+                    "thawed, it wakes with a stale map, must not act on it, and rejoins",
+        nodes=("n1", "n2", "n3"), workload=PARTITIONED,
+        events=(Event(120, "pause", CONTROLLER, duration_s=3 * TTL),),
+        settle_timeout=60.0), ContainerSpec(memory_mib=MEMORY_MIB)),
+    "slow-disk-join": (replace(
+        BUILTINS["join"], name="slow-disk-join",
+        # values of 2-4 KB: n3's share (partition files, WAL, indexes) is about a MiB,
+        # several seconds at the disk's rate
+        workload=replace(BUILTINS["join"].workload, value_size=(2000, 4000)),
+        description="two nodes under writes; a third joins with its data on a disk that writes "
+                    f"{SLOW_WRITE_BPS >> 10} KiB/s (its fsyncs wait) and pulls its share"),
+        ContainerSpec(memory_mib=MEMORY_MIB,
+                      slow_disk={"n3": SlowDisk(SLOW_WRITE_BPS, read_bps=SLOW_WRITE_BPS)})),
+}
