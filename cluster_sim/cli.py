@@ -42,18 +42,27 @@ def _crash(point: str | None, side: str, seed: int):
 @click.option("--expected", type=click.Path(dir_okay=False),
               help="Write the model of acknowledged writes here (JSON lines for "
                    "`ferry validate --expected`; use with --keep).")
+@click.option("--containers", "in_containers", is_flag=True,
+              help="Container mode: each node in its own container (the Docker engine at "
+                   "DOCKER_HOST, else a private one; root). Also knows the container runs: "
+                   "pause, slow-disk-join (docs/harness.md).")
 def run_cmd(scenario: str, crash: str | None, side: str, seed: int, as_json: bool, keep: bool,
-            workdir: str | None, plot: str | None, expected: str | None) -> None:
+            workdir: str | None, plot: str | None, expected: str | None,
+            in_containers: bool = False) -> None:
     """Run one scenario under one seed (and crash plan); exit 0 only if every invariant holds."""
     from .diskfull import SimSkipped
     from .errors import SimError
     from .runner import run
     from .scenario import load
     try:
-        s = load(scenario)
         plan = _crash(crash, side, seed)
-        res = run(s, seed=seed, crash=plan, workdir=workdir, keep=keep, expected=expected,
+        kw = dict(seed=seed, crash=plan, workdir=workdir, keep=keep, expected=expected,
                   log=(lambda m: None) if as_json else (lambda m: click.echo(m, err=True)))
+        if in_containers:          # cluster_sim/drivers/container.py
+            from .drivers.container import load as load_container_run, run_in_containers
+            res = run_in_containers(*load_container_run(scenario), **kw)
+        else:
+            res = run(load(scenario), **kw)
     except SimSkipped as e:      # a prerequisite of the scenario is missing here (e.g. tmpfs)
         click.echo(f"SKIPPED: {e}", err=True)
         sys.exit(SKIPPED_EXIT)

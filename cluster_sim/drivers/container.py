@@ -40,7 +40,7 @@ from ..containerprocs import LABEL, Box, ContainerLife, ContainerProc
 from ..containers import Engine, configure_testcontainers, node_mounts
 from ..errors import SimError
 from ..loopdisk import LoopDisk, require as require_loop
-from ..scenario import CONTROLLER, Event, Scenario
+from ..scenario import CONTROLLER, Event, Scenario, load as load_scenario
 
 SAMPLE_S = 1.0            # blkio stats of throttled nodes
 MEMORY_MIB = 512          # every node's limit in the built-in container runs (a node: ~60 MB)
@@ -306,3 +306,24 @@ SCENARIOS: dict[str, tuple[Scenario, ContainerSpec]] = {
         ContainerSpec(memory_mib=MEMORY_MIB,
                       slow_disk={"n3": SlowDisk(SLOW_WRITE_BPS, read_bps=SLOW_WRITE_BPS)})),
 }
+
+
+def load(name_or_file: str) -> tuple[Scenario, ContainerSpec]:
+    """A container run by name (:data:`SCENARIOS`), else any scenario (built-in name or
+    file) with every node in a container and no limits."""
+    if name_or_file in SCENARIOS:
+        return SCENARIOS[name_or_file]
+    return load_scenario(name_or_file), ContainerSpec()
+
+
+def run_in_containers(scenario: Scenario, spec: ContainerSpec, **run_kw: Any) -> Any:
+    """One run in container mode on the engine there is, or a private one started for it
+    (and stopped after); ``run_kw`` as :func:`cluster_sim.run`. Raises SimSkipped with
+    the reason where no engine can start."""
+    from ..runner import run
+    engine = Engine.find_or_start()
+    try:
+        with ContainerMode(engine, spec) as mode:
+            return run(scenario, net=mode, **run_kw)
+    finally:
+        engine.stop()
