@@ -23,26 +23,26 @@ BUILTINS: dict[str, Scenario] = {
     "join": Scenario(
         name="join", description="two nodes under writes; a third joins and pulls its share",
         nodes=("n1", "n2"), workload=WorkloadSpec(ops=240),
-        events=(Event(120, "join", "n3"),), settle_timeout=60.0,
+        events=(Event(60, "join", "n3"),), settle_timeout=60.0,
         # n2 gives partitions away too; n1 (the coordinator) is the third node
         roles={"supplier": "n2", "demander": "n3", "third": "n1"}),
     "leave": Scenario(
         name="leave", description="three nodes under writes; n3 leaves gracefully",
         nodes=("n1", "n2", "n3"), workload=WorkloadSpec(ops=240),
-        events=(Event(120, "leave", "n3"),),
+        events=(Event(60, "leave", "n3"),),
         roles={"supplier": "n3", "demander": "n1", "third": "n2"}, settle_timeout=60.0),
     "kill-restart": Scenario(
         name="kill-restart", description="three nodes; n2 is SIGKILLed under writes and comes back",
         nodes=("n1", "n2", "n3"), workload=WorkloadSpec(ops=240),
         # the restart comes by op 120 or 4 s after the kill: a crash plan on another node
         # may leave partitions LOST until n2 is back, and writes to them wait 20 s each
-        events=(Event(120, "kill", "n2"), Event(120, "restart", "n2", max_wait=4.0)),
+        events=(Event(60, "kill", "n2"), Event(120, "restart", "n2", max_wait=4.0)),
         roles={"supplier": "n1", "demander": "n2", "third": "n3"}, settle_timeout=60.0),
     "join-under-load": Scenario(
         name="join-under-load", description="two writers, more keys; n3 then n4 join",
         nodes=("n1", "n2"), caches=(CacheSpec(partitions=16),),
         workload=WorkloadSpec(writers=2, ops=200, keys=300, distribution="zipf"),
-        events=(Event(120, "join", "n3"), Event(200, "join", "n4")), settle_timeout=60.0,
+        events=(Event(60, "join", "n3"), Event(200, "join", "n4")), settle_timeout=60.0,
         roles={"supplier": "n1", "demander": "n3", "third": "n2"}),
     "disk-full": Scenario(
         name="disk-full",
@@ -52,7 +52,7 @@ BUILTINS: dict[str, Scenario] = {
         nodes=("n1", "n2"), disk=DiskSpec("n3", size_mib=96, free_mib=16),
         # paced writes: updates keep arriving while n3's moves fail and retry
         workload=WorkloadSpec(ops=300, rate=60.0),
-        events=(Event(120, "join", "n3"), Event(120, "fill", "n3"), Event(200, "free", "n3")),
+        events=(Event(60, "join", "n3"), Event(60, "fill", "n3"), Event(200, "free", "n3")),
         roles={"supplier": "n2", "demander": "n3", "third": "n1"}, settle_timeout=90.0),
     "disk-full-mid-transfer": Scenario(
         name="disk-full-mid-transfer",
@@ -63,7 +63,7 @@ BUILTINS: dict[str, Scenario] = {
         nodes=("n1", "n2"), disk=DiskSpec("n3", size_mib=96, free_mib=0, mid_transfer=True),
         transfer_rate=64 << 10,
         workload=WorkloadSpec(ops=300, rate=60.0, value_size=(8 << 10, 16 << 10)),
-        events=(Event(120, "join", "n3"), Event(120, "fill", "n3"), Event(200, "free", "n3")),
+        events=(Event(60, "join", "n3"), Event(60, "fill", "n3"), Event(200, "free", "n3")),
         roles={"supplier": "n2", "demander": "n3", "third": "n1"}, settle_timeout=120.0),
     "net-cut": Scenario(
         name="net-cut",

@@ -11,6 +11,8 @@ from typing import Any
 
 from .runner import RunResult
 
+# timeline marks a fault cell's row in report.json keeps (what the fault did)
+NOTE_KINDS = ("resolved", "lease expired", "flap end", "converged", "writes", "over budget")
 # timeline marks drawn as events (grey lines, labelled)
 EVENT_KINDS = ("join", "leave", "kill", "restart", "cut", "heal", "cut-control", "isolate", "flap",
                "flap end", "kill-etcd", "restart-etcd")
@@ -76,8 +78,10 @@ def _rows(result: Any) -> list[dict[str, Any]]:
     rows = []
     for i, c in enumerate(result.cells):
         bad = {k: v[:3] for k, v in c.result.problems.items() if v} if c.result else {}
+        notes = [f"{m.kind} {m.node}: {m.detail}".rstrip(": ") for m in c.result.timeline.marks
+                 if m.kind in NOTE_KINDS] if c.result else []
         rows.append(c.to_json() | {"scenario": c.scenario, "nth": c.nth, "png": f"cell-{i:03d}.png",
-                                   "problems": bad})
+                                   "problems": bad, "notes": notes})
     return rows
 
 

@@ -205,22 +205,36 @@ def _work(driver: Driver, s: Scenario, model: Model, tl: Timeline, log: Callable
 def _drive(driver: Driver, s: Scenario, seed: int, model: Model, tl: Timeline,
            log: Callable[[str], None], budget: Budget | None = None) -> None:
     """Writers + events + crash handling until every operation was issued, every
-    event fired and no fault is still running by itself (a flap)."""
+    event fired and no fault is still running by itself (a flap).
+
+    An event due by its op count (no ``min_wait``) is a gate: no writer issues
+    operation ``at`` + 1 before it fired, so it lands at its op however slow the loop
+    that fires it is (status samples take a while; unpaced writers do not wait)."""
     ops = generate(s.workload, seed)
     total = sum(len(x) for x in ops)
     issued = [0]
     lock = threading.Lock()
     stop = threading.Event()
+    pending = sorted(s.events, key=lambda e: e.at)
+
+    def take_turn() -> bool:
+        """Count one more operation, unless the next event is due first."""
+        with lock:
+            head = pending[0] if pending else None
+            if head is None or head.min_wait > 0 or issued[0] < head.at:
+                issued[0] += 1
+                return True
+        return False
 
     def writer(w: int) -> None:
         client = driver.client(w)
         interval = 1.0 / s.workload.rate if s.workload.rate > 0 else 0.0
         try:
             for op in ops[w]:
+                while not stop.is_set() and not take_turn():
+                    time.sleep(0.005)
                 if stop.is_set():
                     return
-                with lock:
-                    issued[0] += 1
                 try:
                     model.ack(op, driver.apply(client, op))
                 except Exception:  # noqa: BLE001 - not returned: may or may not be there
@@ -233,7 +247,6 @@ def _drive(driver: Driver, s: Scenario, seed: int, model: Model, tl: Timeline,
     threads = [threading.Thread(target=writer, args=(w,), daemon=True) for w in range(len(ops))]
     for t in threads:
         t.start()
-    pending = sorted(s.events, key=lambda e: e.at)
     next_sample = 0.0
     last_event = time.monotonic()
 
@@ -248,7 +261,8 @@ def _drive(driver: Driver, s: Scenario, seed: int, model: Model, tl: Timeline,
                 return              # the run is over; the main thread said why
             driver.poll()
             while pending and due(pending[0]):
-                ev = pending.pop(0)
+                with lock:
+                    ev = pending.pop(0)
                 what = f"{ev.action} {ev.node}".rstrip()
                 tl.mark(ev.node or "-", ev.action, f"at op {issued[0]}")
                 log(f"  event {what} at op {issued[0]}")
