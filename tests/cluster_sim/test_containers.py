@@ -54,6 +54,22 @@ def test_node_mounts_hold_interpreter_venv_and_checkout() -> None:
     assert not any(a != b and a.startswith(b + os.sep) for a in hosts for b in hosts)
 
 
+def test_no_engine_and_no_image_skip_with_the_reasons(monkeypatch, tmp_path) -> None:
+    scripts = tmp_path / "scripts"
+    scripts.mkdir()
+    for name, why in (("docker-up", "a private dockerd needs root"),
+                      ("ferry-image", "debootstrap is not installed")):
+        (scripts / name).write_text(f"#!/bin/sh\necho '{name}: {why}' >&2\nexit 3\n")
+        (scripts / name).chmod(0o755)
+    monkeypatch.setattr(containers, "SCRIPTS", str(scripts))
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
+    monkeypatch.delenv(containers.IMAGE_ENV, raising=False)
+    with pytest.raises(SimSkipped, match=r"no Docker engine reachable at unix://.*needs root"):
+        containers.Engine.find_or_start()
+    with pytest.raises(SimSkipped, match="no node image: ferry-image: debootstrap is not installed"):
+        containers.Engine("unix:///nowhere").image()
+
+
 def test_pause_needs_container_mode(tmp_path) -> None:
     s = cluster_sim.Scenario(name="p", nodes=("n1", "n2"),
                              events=(cluster_sim.Event(10, "pause", "n1", duration_s=1.0),))
