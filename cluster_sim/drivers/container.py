@@ -108,8 +108,12 @@ class ContainerMode:
 
     def attach(self, driver: Any) -> None:
         """At the driver's setup: the slow disks, mounted before any node starts, and
-        the checks this mode reports (in the driver's ``checks``)."""
+        the checks this mode reports (in the driver's ``checks``). A mode may serve one
+        run after another: each gets its own tag and state."""
         self.driver = driver
+        self.tag = uuid.uuid4().hex[:6]
+        self.procs, self.paused, self.gone, self.written = {}, {}, {}, {}
+        self._stop = threading.Event()
         for node, slow in self.spec.slow_disk.items():
             disk = LoopDisk(driver.data_dir(node), slow.size_mib)
             disk.mount()
