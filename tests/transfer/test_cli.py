@@ -115,7 +115,7 @@ def test_serve_rereads_limits_file_on_sighup(src, dst, secret_file, tmp_path, py
         assert read(os.path.join(dst, "part-0.bin")) == data
     finally:
         proc.send_signal(signal.SIGINT)
-        proc.wait(10)
+        proc.communicate(timeout=20)      # drains stderr: a full pipe would block the shutdown
 
 
 # (name, arguments, what the one line must say); {d} is a scratch directory
