@@ -95,6 +95,10 @@ class RpcServer:
             except AuthFailed as e:
                 log.warning("stage=auth refused %s: %s", conn.peer, e)
                 return
+            except (TransferError, OSError) as e:   # gone mid-handshake, or the server stops
+                if not self._stop.is_set():
+                    log.info("stage=auth %s left during the handshake: %s", conn.peer, e)
+                return
             finally:
                 self.gate.leave()
             conn.set_timeout(self.idle_timeout)
@@ -110,13 +114,19 @@ class RpcServer:
                 except TransferError as e:
                     log.warning("stage=rpc connection from %s: %s", conn.peer, e)
                     return
+                except OSError as e:
+                    # the server is stopping (stop() closed this socket under the read:
+                    # EBADF) or the connection broke: end this connection quietly
+                    if not self._stop.is_set():
+                        log.info("stage=rpc connection from %s ended: %s", conn.peer, e)
+                    return
                 body = self._handle(fr.body, role)
                 try:
                     frames.write_frame(conn, NodeFrame.REPLY, body)
                 except FrameError as e:  # the result itself is too big for one frame
                     frames.write_frame(conn, NodeFrame.REPLY, {"id": fr.body.get("id"), "ok": False,
                                                                "e": error_body(NodeError(str(e)))})
-                except TransferError:
+                except (TransferError, OSError):
                     return
         finally:
             with self._lock:

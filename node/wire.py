@@ -127,8 +127,23 @@ class Channel:
             pass
 
 
+def _dropped(ch: "Channel") -> bool:
+    """An idle channel whose peer has closed it (or sent something unasked): readable
+    now, with nothing or EOF to read. urllib3 checks pooled connections the same way."""
+    import select
+    sock = getattr(ch.conn, "sock", None)
+    if sock is None:
+        return False
+    try:
+        r, _, _ = select.select([sock], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    return bool(r)      # an idle request/reply channel has nothing to read unless closed
+
+
 class Pool:
-    """Cached channels by address; a broken channel is dropped and redialled."""
+    """Cached channels by address; a broken channel is dropped and redialled, and an
+    idle one the peer closed meanwhile is not reused."""
 
     def __init__(self, secret: bytes, *, role: str = "node", timeout: float = 10.0) -> None:
         self.secret, self.role, self.timeout = secret, role, timeout
@@ -136,9 +151,17 @@ class Pool:
         self._lock = threading.Lock()
 
     def call(self, address: str, method: str, /, timeout: float | None = None, **args: Any) -> Any:
-        with self._lock:
-            free = self._free.setdefault(address, [])
-            ch = free.pop() if free else None
+        ch = None
+        while True:
+            with self._lock:
+                free = self._free.setdefault(address, [])
+                ch = free.pop() if free else None
+            if ch is None or not _dropped(ch):
+                break
+            # the peer closed this idle channel (it restarted, or a link was cut and
+            # healed): a request on it would fail after it was sent, and a replicate
+            # failing so makes the primary drop a healthy copy from the in-sync set
+            ch.close()
         if ch is None:
             ch = Channel(address, self.secret, role=self.role, timeout=timeout or self.timeout)
         try:
