@@ -30,6 +30,13 @@ def _refused_by(r: cluster_sim.RunResult, node: str) -> int:
     return sum(int(n) for n in re.findall(r"(\d+) (?:unavailable|not_primary)", mine))
 
 
+def _routed_via(r: cluster_sim.RunResult, node: str) -> int:
+    stats = _mark(r, "writes")[-1].detail
+    mine = next((part for part in stats.split("; ") if part.startswith(f"{node}:")), "")
+    m = re.search(r"(\d+) routed", mine)
+    return int(m.group(1)) if m else 0
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [1, 2])
 @pytest.mark.parametrize("name", ISSUE_19)
@@ -42,8 +49,15 @@ def test_fault_scenario_loses_nothing_and_converges(tmp_path, name: str, seed: i
         cut = _mark(r, "isolate")[-1].node
         # the isolation landed: the node's lease ended in etcd while its connections were cut
         assert r.invariants["control_cut_effective"] and [m.node for m in _mark(r, "lease expired")] == [cut]
-        # and the minority side was tried: the cut node itself refused writes sent to it
-        assert _refused_by(r, cut) > 0, _mark(r, "writes")[-1].detail
+        # and the minority side was tried: writes went through the cut node's own map,
+        # and the cut node itself refused the ones it had to lead. (The controller role
+        # is independent of primaries: in a controller-cut the controller may lead no
+        # partition at the moment of the cut; seen once in CI, seed 1. Then nothing
+        # reaches it to refuse, and only the routing is required.)
+        detail = _mark(r, "writes")[-1].detail
+        assert _routed_via(r, cut) > 0, detail
+        if name == "long-cut":
+            assert _refused_by(r, cut) > 0, detail
     if name == "controller-cut":
         assert _mark(r, "resolved")[0].detail.startswith("@controller is ")
     if name == "flapping":
