@@ -38,14 +38,42 @@ class Conn:
     def close(self) -> None:
         raise NotImplementedError
 
+    # The per-call timeout and the deadline over many calls (set_deadline). A transport
+    # with timeouts implements _apply_timeout and calls _before_io before each read and
+    # write; one without them ignores both.
+    _timeout: float | None = None
+    _deadline: float | None = None      # time.monotonic() by which I/O must end
+    _deadline_s = 0.0
+
+    def _apply_timeout(self, seconds: float | None) -> None:
+        """Set the underlying stream's per-call timeout."""
+
     def set_timeout(self, seconds: float | None) -> None:
-        pass
+        self._timeout = seconds
+        self._apply_timeout(seconds)
 
     def set_deadline(self, seconds: float | None) -> None:
         """Until cleared (None), every read and write must end within ``seconds`` from
         now in total: unlike the per-call timeout it does not restart with each byte,
         so a peer dripping one byte at a time cannot hold the connection (used for the
         whole handshake). Transports without one ignore it."""
+        if seconds is None:
+            self._deadline = None
+            self._apply_timeout(self._timeout)
+        else:
+            self._deadline, self._deadline_s = time.monotonic() + seconds, seconds
+
+    def _before_io(self) -> None:
+        """Under a deadline: the time left becomes the timeout of the next call."""
+        if self._deadline is None:
+            return
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise self._deadline_passed()
+        self._apply_timeout(left if self._timeout is None else min(left, self._timeout))
+
+    def _deadline_passed(self) -> PeerClosed:
+        return PeerClosed(f"{self.peer} did not finish within {self._deadline_s:g} s (deadline)")
 
     def readable(self) -> bool:
         """True when bytes from the peer are waiting (so a read will not block)."""
@@ -100,19 +128,6 @@ class SocketConn(Conn):
         except (OSError, TypeError):
             self.peer = peer or "local"
         self._timeout = sock.gettimeout()
-        self._deadline: float | None = None     # time.monotonic() by which I/O must end
-        self._deadline_s = 0.0
-
-    def _before_io(self) -> None:
-        if self._deadline is None:
-            return
-        left = self._deadline - time.monotonic()
-        if left <= 0:
-            raise self._deadline_passed()
-        self.sock.settimeout(left if self._timeout is None else min(left, self._timeout))
-
-    def _deadline_passed(self) -> PeerClosed:
-        return PeerClosed(f"{self.peer} did not finish within {self._deadline_s:g} s (deadline)")
 
     def _timed_out(self, doing: str) -> PeerClosed:
         if self._deadline is not None and time.monotonic() >= self._deadline:
@@ -159,16 +174,8 @@ class SocketConn(Conn):
             raise PeerClosed(f"connection to {self.peer} lost during sendfile: {e}") from None
         return sent
 
-    def set_timeout(self, seconds: float | None) -> None:
-        self._timeout = seconds
+    def _apply_timeout(self, seconds: float | None) -> None:
         self.sock.settimeout(seconds)
-
-    def set_deadline(self, seconds: float | None) -> None:
-        if seconds is None:
-            self._deadline = None
-            self.sock.settimeout(self._timeout)
-        else:
-            self._deadline, self._deadline_s = time.monotonic() + seconds, seconds
 
     def readable(self) -> bool:
         return bool(select.select([self.sock], [], [], 0)[0])
@@ -198,17 +205,6 @@ class ChannelConn(Conn):
     def __init__(self, chan: Any, peer: str) -> None:
         self.chan = chan
         self.peer = peer
-        self._timeout: float | None = None
-        self._deadline: float | None = None
-        self._deadline_s = 0.0
-
-    def _before_io(self) -> None:
-        if self._deadline is None:
-            return
-        left = self._deadline - time.monotonic()
-        if left <= 0:
-            raise PeerClosed(f"{self.peer} did not finish within {self._deadline_s:g} s (deadline)")
-        self.chan.settimeout(left if self._timeout is None else min(left, self._timeout))
 
     def send(self, data: bytes | memoryview) -> None:
         self._before_io()
@@ -230,16 +226,8 @@ class ChannelConn(Conn):
         view[:len(data)] = data
         return len(data)
 
-    def set_timeout(self, seconds: float | None) -> None:
-        self._timeout = seconds
+    def _apply_timeout(self, seconds: float | None) -> None:
         self.chan.settimeout(seconds)
-
-    def set_deadline(self, seconds: float | None) -> None:
-        if seconds is None:
-            self._deadline = None
-            self.chan.settimeout(self._timeout)
-        else:
-            self._deadline, self._deadline_s = time.monotonic() + seconds, seconds
 
     def readable(self) -> bool:
         return bool(self.chan.recv_ready())
