@@ -127,18 +127,13 @@ class Channel:
             pass
 
 
-def _dropped(ch: "Channel") -> bool:
+def _dropped(ch: Channel) -> bool:
     """An idle channel whose peer has closed it (or sent something unasked): readable
     now, with nothing or EOF to read. urllib3 checks pooled connections the same way."""
-    import select
-    sock = getattr(ch.conn, "sock", None)
-    if sock is None:
-        return False
     try:
-        r, _, _ = select.select([sock], [], [], 0)
+        return ch.conn.readable()  # an idle request/reply channel has nothing to read unless closed
     except (OSError, ValueError):
         return True
-    return bool(r)      # an idle request/reply channel has nothing to read unless closed
 
 
 class Pool:
@@ -151,7 +146,6 @@ class Pool:
         self._lock = threading.Lock()
 
     def call(self, address: str, method: str, /, timeout: float | None = None, **args: Any) -> Any:
-        ch = None
         while True:
             with self._lock:
                 free = self._free.setdefault(address, [])
