@@ -45,7 +45,6 @@ class Every:
     def __init__(self, seconds: float = LOG_EVERY) -> None:
         self.seconds = seconds
         self._last = -float("inf")
-        self.suppressed = 0
         self._lock = threading.Lock()
 
     def due(self) -> bool:
@@ -54,13 +53,7 @@ class Every:
             if now - self._last >= self.seconds:
                 self._last = now
                 return True
-            self.suppressed += 1
             return False
-
-    def take_suppressed(self) -> int:
-        with self._lock:
-            n, self.suppressed = self.suppressed, 0
-            return n
 
 
 class HandshakeGate:
