@@ -96,6 +96,11 @@ class Metrics:
         # of a move that ended disappears instead of keeping its last value
         self._collected: set[str] = set()
         self._collecting = False
+        # the child of each (method, name, labels) seen, counters and summaries only:
+        # inc/observe run on every write (node/updates.py), and the checks plus the
+        # library's labels() cost several times the increment. Gauges are not kept: a
+        # collector's are cleared before each scrape, which would orphan a kept child.
+        self._children: dict[tuple, prometheus_client.metrics.MetricWrapperBase] = {}
         for name, (kind, text, labels) in METRICS.items():
             self._declare(name, kind, text, labels)
 
@@ -105,6 +110,15 @@ class Metrics:
         return self._metrics[name]
 
     def _child(self, method: str, name: str, labels: dict[str, str]):
+        key = (method, name, tuple(labels.items()))
+        child = self._children.get(key)
+        if child is None:
+            child = self._lookup(method, name, labels)
+            if child is not None and method != "set":
+                self._children[key] = child
+        return child
+
+    def _lookup(self, method: str, name: str, labels: dict[str, str]):
         kind = _METHOD_KIND[method]
         entry = self._metrics.get(name)
         if entry is None:                 # not in METRICS: declared on first use
