@@ -95,7 +95,6 @@ class Etcd:
         self._clients = [etcd3gw.client(host=h, port=p, protocol=s, timeout=timeout, api_path="/v3/")
                          for s, h, p in parse_endpoints(endpoints)]
         self._cur = 0
-        self._lock = threading.Lock()
 
     def _call(self, fn: Callable[[Any], Any]) -> Any:
         from etcd3gw import exceptions as ex
@@ -122,16 +121,8 @@ class Etcd:
         raise ControlPlaneDown(f"control plane (etcd at {', '.join(self.endpoints)}) unreachable: "
                                f"{why}; is etcd running there?")
 
-    def post(self, path: str, body: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
-        def do(c: Any) -> Any:
-            if timeout is None:
-                return c.post(c.get_url(path), json=body)
-            old, c.timeout = c.timeout, timeout
-            try:
-                return c.post(c.get_url(path), json=body)
-            finally:
-                c.timeout = old
-        return self._call(do)
+    def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self._call(lambda c: c.post(c.get_url(path), json=body))
 
     # -- keys ---------------------------------------------------------------------
     def range_prefix(self, prefix: str) -> tuple[int, dict[str, KV]]:
@@ -174,11 +165,6 @@ class Etcd:
     @staticmethod
     def create_is(key: str, rev: int) -> dict[str, Any]:
         return {"key": _b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": str(rev)}
-
-    @staticmethod
-    def value_is(key: str, value: Any) -> dict[str, Any]:
-        return {"key": _b64(key), "target": "VALUE", "result": "EQUAL",
-                "value": _b64(json.dumps(value, sort_keys=True))}
 
     # -- leases -------------------------------------------------------------------
     def grant(self, ttl: int) -> tuple[int, int]:
@@ -257,7 +243,6 @@ class Session:
         self.on_expired = on_expired
         self.lease = 0
         self._valid_until = 0.0
-        self.last_ok = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -274,7 +259,6 @@ class Session:
         with self._lock:
             self.lease = lease
             self._valid_until = t0 + ttl - self.margin
-            self.last_ok = t0
         return lease
 
     def start(self) -> None:
@@ -303,7 +287,6 @@ class Session:
                 with self._lock:
                     if self.lease == lease:
                         self._valid_until = t0 + ttl - self.margin
-                        self.last_ok = t0
             else:
                 with self._lock:
                     if self.lease != lease:
@@ -334,7 +317,6 @@ class View:
         self.etcd, self.prefix, self.on_change = etcd, prefix, on_change
         self.kvs: dict[str, KV] = {}
         self.revision = 0
-        self.synced_at = 0.0           # monotonic time of the last event or reload
         self.lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -343,7 +325,6 @@ class View:
         rev, kvs = self.etcd.range_prefix(self.prefix)
         with self.lock:
             self.kvs, self.revision = kvs, rev
-            self.synced_at = time.monotonic()
         self.on_change(None)
 
     def start(self) -> None:
@@ -369,7 +350,6 @@ class View:
                             changed.add(key)
                         if rev > self.revision:
                             self.revision = rev
-                        self.synced_at = time.monotonic()
                     if changed:
                         self.on_change(changed)
             except Compacted:

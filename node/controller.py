@@ -28,7 +28,7 @@ from typing import Any
 from .assignment import ranked
 from .cluster_map import PartRecord
 from .config import CacheConfig
-from .control import KV, Etcd, View
+from .control import Etcd, View
 from .errors import BadRequest, NodeError, StaleEpoch, Unavailable
 from .states import State
 
@@ -72,9 +72,6 @@ class Controller:
         kv = self.view.get(part_key(self.prefix, cache, p))
         return (PartRecord.from_json(kv.value), kv.mod) if kv else (None, 0)
 
-    def _ideal_order(self, cache: str, p: int, nodes: list[str]) -> list[str]:
-        return ranked(cache, p, nodes)
-
     # -- the periodic decision ----------------------------------------------------
     def decide(self) -> int:
         """Bring every record in line with membership and reports; returns how many
@@ -113,7 +110,7 @@ class Controller:
             if not owning:
                 return None
             # a new cluster: the node that created it made every partition
-            prim = creator if creator in owning else self._ideal_order(cache, p, sorted(owning))[0]
+            prim = creator if creator in owning else ranked(cache, p, sorted(owning))[0]
             return PartRecord(prim, (prim,), 1, False, 1)
         live_isr = [n for n in rec.isr if n in members and n in owning]
         isr = tuple(live_isr) if live_isr else rec.isr      # never empty the set
@@ -121,7 +118,7 @@ class Controller:
         # live in-sync copy takes over (a non-OWNING node does not lead: safe at once)
         prim = rec.primary
         if prim not in live_isr:
-            cands = self._ideal_order(cache, p, live_isr)
+            cands = ranked(cache, p, live_isr)
             prim = cands[0] if cands else None
         lost = not live_isr and bool(rec.isr) and all(n in members for n in rec.isr)
         if prim == rec.primary and isr == rec.isr and lost == rec.lost:
@@ -239,4 +236,4 @@ class Controller:
             raise BadRequest(f"no partition {cache}/{p}")
 
 
-__all__ = ["Controller", "part_key", "KV", "NodeError"]
+__all__ = ["Controller", "part_key"]

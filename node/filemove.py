@@ -264,7 +264,6 @@ class FileMoves:
             if time.monotonic() > give_up:
                 raise Unavailable(f"no owner could supply {cache}/{p} for {FETCH_GIVE_UP_S:.0f}s")
             self.stopping.wait(0.5)
-            self.refresh_map()
 
     def _check_page_size(self, mv: Any) -> None:
         """A file moves only between stores of one page size; else the move falls back
@@ -396,7 +395,7 @@ class FileMoves:
         counter at registration (all earlier updates are replicated already)."""
         self._serving()
         with self.plock(cache, p):
-            self.check_demand_epoch(cache, p, epoch, node)
+            self.check_epoch(cache, p, epoch, node, demand=True)
             if not self.leads(cache, p):
                 raise self._not_primary(cache, p)
             self.copies.setdefault((cache, p), {})[node] = address

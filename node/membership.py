@@ -20,7 +20,7 @@ from .cluster_map import ClusterMap, Member, PartRecord
 from .config import with_overrides
 from .control import Etcd, Session, View
 from .controller import Controller
-from .errors import ConfigError, ControlPlaneDown, NodeError, StaleEpoch, Unavailable
+from .errors import ConfigError, ControlPlaneDown, NodeError, Unavailable
 from .states import State
 
 log = logging.getLogger("ferry.node.membership")
@@ -48,6 +48,13 @@ def _secret_check(secret: bytes, salt: str) -> str:
     return hmac.new(secret, b"ferry-cluster-secret-check:" + salt.encode(), hashlib.sha256).hexdigest()
 
 
+def require_control_plane(cfg: Any) -> None:
+    if not cfg.control_plane:
+        raise ConfigError("no control plane: pass --control-plane http://HOST:PORT (the client "
+                          "URL of an etcd 3.4+ cluster; `ferry demo` and LocalCluster start a "
+                          "local one) or set [control_plane] endpoints")
+
+
 class Membership:
     # -- start --------------------------------------------------------------------
     def connect_control_plane(self) -> None:
@@ -55,10 +62,7 @@ class Membership:
         under a lease, load the map and start watching. Waits for etcd up to
         START_TIMEOUT_S (a node started before its control plane comes up)."""
         cfg = self.cfg
-        if not cfg.control_plane:
-            raise ConfigError("no control plane: pass --control-plane http://HOST:PORT (the client "
-                              "URL of an etcd 3.4+ cluster; `ferry demo` and LocalCluster start a "
-                              "local one) or set [control_plane] endpoints")
+        require_control_plane(cfg)
         self.prefix = cfg.control_prefix
         self.etcd = Etcd(cfg.control_plane)
         self.session = Session(self.etcd, cfg.lease_ttl_s, cfg.lease_margin_s, on_expired=self._reregister)
@@ -230,24 +234,18 @@ class Membership:
                     m.pins[parts[1]][int(parts[2])] = [str(x) for x in val]
                 elif kind == "controller" and isinstance(val, dict):
                     m.controller = val.get("id")
-                    self._controller_kv = kv
                 elif kind == "settings" and len(parts) == 2:
                     settings[parts[1]] = val
                 elif kind == "requests":
                     requests.add(key)
             except (ValueError, TypeError) as e:
                 log.warning("stage=control ignoring malformed key %s: %s", key, e)
-        if m.controller is None:
-            self._controller_kv = None
         m.version = version
         with self.map_lock:
             old = self.map
             for cache, lst in m.parts.items():
                 for p, rec in enumerate(lst):
-                    mine = old.parts.get(cache, [])[p] if cache in old.parts else None
-                    if mine is not None and mine.epoch > rec.epoch:
-                        lst[p] = mine
-                    if lst[p].primary != self.id and (mine is None or mine.primary == self.id):
+                    if rec.primary != self.id and old.parts[cache][p].primary == self.id:
                         # no longer primary: registrations of moving copies belong to the new
                         # one, and a hand-off fence has done its job (left in place, it would
                         # refuse writes if the role came back here within FENCE_SECONDS)
@@ -258,16 +256,13 @@ class Membership:
         with self._map_changed:
             self._map_changed.notify_all()
         self._apply_settings(settings)
-        ctl = self.controller
-        if ctl is not None:
-            self._controller_wake.set()
-        if m.controller is None or (ctl is not None and m.controller != self.id):
+        # the controller decides on every change; an election (none, or just won) is
+        # looked at at once
+        if self.controller is not None or m.controller in (None, self.id):
             self._controller_wake.set()
         self.wake()
 
 
-    def refresh_map(self) -> None:
-        """The watch keeps the map current; nothing to pull."""
 
     def _apply_settings(self, settings: dict[str, Any]) -> None:
         changes: dict[str, Any] = {}
@@ -301,12 +296,13 @@ class Membership:
             if self.stopping.is_set():
                 return
             try:
-                kv = self.etcd.get(key)
+                # the election key as the watch shows it: no etcd read per round; a won
+                # campaign shows up (and wakes this loop) with the next watch event
+                kv = self.view.get(key)
                 lease = self.session.lease
                 if kv is None and self.session.valid():
-                    ok, _ = self.etcd.txn([Etcd.create_is(key, 0)],
-                                          [(key, {"id": self.id, "boot": self.boot}, lease)])
-                    kv = self.etcd.get(key)
+                    self.etcd.txn([Etcd.create_is(key, 0)], [(key, {"id": self.id, "boot": self.boot}, lease)])
+                    continue
                 mine = (kv is not None and isinstance(kv.value, dict) and kv.value.get("id") == self.id
                         and kv.value.get("boot") == self.boot and kv.lease == lease)
                 if mine and (self.controller is None or self.controller.election_rev != kv.create):
@@ -336,8 +332,6 @@ class Membership:
         if addr is None:
             raise Unavailable("no controller now (election in progress or control plane down)")
         return self.pool.call(addr, method, timeout=5.0, **args)
-
-    call_coordinator = call_controller    # the old name
 
     def _controller_or_fail(self) -> Controller:
         ctl = self.controller
@@ -376,12 +370,6 @@ class Membership:
                     raise Unavailable(f"no answer from the controller to {doc.get('op')} of "
                                       f"{cache}/{p} in {timeout:.1f}s (no controller, or etcd unreachable)")
                 self._map_changed.wait(min(left, 0.1))
-
-    def op_set_primary(self, cache: str, p: int, node: str, previous: str | None) -> Any:
-        """Kept for callers of the old RPC: the request goes through etcd."""
-        rec = self.request(cache, p, {"op": "set_primary", "previous": previous},
-                           lambda r: r.primary == node) if node == self.id else None
-        return rec.to_json() if rec is not None else False
 
     # -- the in-sync set, primary side ----------------------------------------------------
     def alter_isr(self, cache: str, p: int, remove: list[str] = (), add: list[str] = ()) -> PartRecord:  # type: ignore[assignment]
@@ -559,4 +547,4 @@ class Membership:
         log.info("stage=evict cache=%s partition=%d evicted: %s", cache, p, why)
 
 
-__all__ = ["Membership", "SETTINGS", "StaleEpoch", "os"]
+__all__ = ["Membership", "SETTINGS", "require_control_plane"]

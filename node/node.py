@@ -24,7 +24,7 @@ from . import metrics as metrics_mod
 from .cluster_map import ClusterMap
 from .config import NodeConfig
 from .errors import BadRequest, DataDirLocked, NodeError
-from .membership import SETTINGS, Membership
+from .membership import SETTINGS, Membership, require_control_plane
 from .rebalance import Rebalancer
 from .rpc import RpcServer
 from .states import State, StateTable
@@ -80,7 +80,6 @@ class Node(Membership, UpdatePath, Rebalancer):
         self.map_lock = threading.RLock()
         self.map = ClusterMap({c.name: c for c in cfg.caches})
         self.controller = None                 # node.controller.Controller while elected
-        self._controller_kv = None
         self._isr_joins: set[tuple[str, int]] = set()
         self._map_changed = threading.Condition()
         self._pending_requests: set[str] = set()
@@ -148,11 +147,7 @@ class Node(Membership, UpdatePath, Rebalancer):
 
     # -- lifecycle ----------------------------------------------------------------
     def start(self) -> None:
-        if not self.cfg.control_plane:        # say so before binding anything
-            from .errors import ConfigError
-            raise ConfigError("no control plane: pass --control-plane http://HOST:PORT (the client "
-                              "URL of an etcd 3.4+ cluster; `ferry demo` and LocalCluster start a "
-                              "local one) or set [control_plane] endpoints")
+        require_control_plane(self.cfg)       # say so before binding anything
         self.server = RpcServer(self.cfg.listen, self.secret, self.dispatch)
         self.server.start()
         self.transfer_address = start_supplier(self)
@@ -287,5 +282,5 @@ class Node(Membership, UpdatePath, Rebalancer):
 CLIENT_METHODS = {"ping", "get_map", "put", "put_batch", "get", "remove", "lookup", "range", "moves",
                   "moves_done",
                   "metrics", "leave"}
-METHODS = CLIENT_METHODS | {"set_primary", "join_isr", "replicate", "replicate_batch", "demand", "fetch", "demand_done", "register", "pin",
+METHODS = CLIENT_METHODS | {"join_isr", "replicate", "replicate_batch", "demand", "fetch", "demand_done", "register", "pin",
                             "handoff", "unfence"}

@@ -212,7 +212,7 @@ class Rebalancer(FileMoves):
         self._serving()
         data = self.data[cache]
         with self.plock(cache, p):
-            self.check_demand_epoch(cache, p, epoch, node)
+            self.check_epoch(cache, p, epoch, node, demand=True)
             if not self.leads(cache, p):
                 raise self._not_primary(cache, p)
             self.copies.setdefault((cache, p), {})[node] = address
@@ -252,18 +252,6 @@ class Rebalancer(FileMoves):
 
     def op_unfence(self, cache: str, p: int) -> bool:
         return self.fenced.pop((cache, p), None) is not None
-
-    def check_demand_epoch(self, cache: str, p: int, epoch: int | None, node: str) -> None:
-        """A DEMAND from a node that knows an older epoch of p is refused: its view of
-        who is primary and in sync is out of date."""
-        if epoch is None:
-            return
-        with self.map_lock:
-            mine = self.map.parts[cache][p].term
-        if epoch < mine:
-            from .errors import StaleEpoch
-            raise StaleEpoch(f"DEMAND of {cache}/{p} from {node} in primary epoch {epoch}; "
-                             f"{self.id} knows primary epoch {mine}: refresh and demand again")
 
     def _take_primary(self, cache: str, p: int, prim: str) -> None:
         addr = self.map.address(prim)

@@ -254,15 +254,22 @@ class UpdatePath:
                 raise Unavailable(f"{what} are durable on {', '.join(rec.isr)} only, fewer than "
                                   f"cluster.min_in_sync = {self.cfg.min_in_sync}: NOT acknowledged")
 
-    def check_epoch(self, cache: str, p: int, epoch: int | None, sender: str) -> None:
-        """Refuse a replication from an older primary epoch (term) of p than this node
-        knows (the sender was deposed), or from a non-primary in the same term. The
-        term changes only with the primary: an in-sync change alone refuses nobody."""
+    def check_epoch(self, cache: str, p: int, epoch: int | None, sender: str, *,
+                    demand: bool = False) -> None:
+        """Refuse a message carrying an older primary epoch (term) of p than this node
+        knows: a replication from a deposed primary, or a DEMAND from a node whose view
+        of who leads is out of date. A replication in the same term must also come from
+        the record's primary. The term changes only with the primary: an in-sync change
+        alone refuses nobody."""
         if epoch is None:
             return
         with self.map_lock:
             rec = self.map.parts[cache][p]
-        if epoch < rec.term or (epoch == rec.term and rec.primary not in (None, sender)):
+        if demand:
+            if epoch < rec.term:
+                raise StaleEpoch(f"DEMAND of {cache}/{p} from {sender} in primary epoch {epoch}; "
+                                 f"{self.id} knows primary epoch {rec.term}: refresh and demand again")
+        elif epoch < rec.term or (epoch == rec.term and rec.primary not in (None, sender)):
             raise StaleEpoch(f"{self.id} knows {cache}/{p} in primary epoch {rec.term} (primary "
                              f"{rec.primary}); {sender} sent primary epoch {epoch}")
 

@@ -238,7 +238,6 @@ class Watcher:
 
     def _plan_done(self, moves: list[dict[str, Any]]) -> bool:
         node = self.node
-        node.refresh_map()
         with node.map_lock:
             m = node.map
             live = set(m.alive())
