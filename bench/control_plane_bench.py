@@ -32,10 +32,10 @@ import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 
 
 def _failover_once(root: str, ttl: int) -> dict[str, float]:
-    sys.path.insert(0, ROOT)
     from node import partition_of
     from node.localcluster import LocalCluster
     c = LocalCluster(root, partitions=8, backups=1, lease_ttl=ttl)

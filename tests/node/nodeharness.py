@@ -180,6 +180,18 @@ def wait_settled(seed: str, secret: str, nodes: int, backups: int, timeout: floa
     raise AssertionError(f"cluster did not settle: {json.dumps(doc)[:3000]}")
 
 
+def start_pair(tmp_path: Any, nodes: list[NodeProc], config: str) -> tuple[str, str, NodeProc, NodeProc]:
+    """n1 and n2 (backups 1) with ``config``, settled; returns (secret, config path, n1, n2)."""
+    secret = write_secret(str(tmp_path / "secret"))
+    cfg = tmp_path / "node.toml"
+    cfg.write_text(config)
+    n1 = NodeProc(str(tmp_path), "n1", secret, config=str(cfg)).start()
+    n2 = NodeProc(str(tmp_path), "n2", secret, config=str(cfg)).start()
+    nodes += [n1, n2]
+    wait_settled(n1.address, secret, 2, 1)
+    return secret, str(cfg), n1, n2
+
+
 def offline_check(data_dirs: list[str], cache: str = "default") -> dict[int, dict[bytes, bytes]]:
     """After every node stopped: each OWNING copy of a partition has the same entries
     and counter, its indexes verify against its data. Returns partition -> data."""

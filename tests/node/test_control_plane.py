@@ -17,7 +17,7 @@ from node import Client
 from node.errors import NodeError
 from node.wire import Pool, load_secret
 
-from nodeharness import NodeProc, env, etcd, free_port, status, wait_settled, write_secret
+from nodeharness import NodeProc, env, etcd, free_port, start_pair, status, wait_settled, write_secret
 
 CONFIG = """
 [control_plane]
@@ -42,15 +42,8 @@ def _key_of_partition(p: int, parts: int = 4) -> str:
 
 @pytest.fixture
 def pair(tmp_path, nodes):
-    secret = write_secret(str(tmp_path / "secret"))
-    cfg = tmp_path / "node.toml"
-    cfg.write_text(CONFIG)
-    n1 = NodeProc(str(tmp_path), "n1", secret, config=str(cfg)).start()
-    nodes.append(n1)
-    n2 = NodeProc(str(tmp_path), "n2", secret, config=str(cfg)).start()
-    nodes.append(n2)
-    doc = wait_settled(n1.address, secret, nodes=2, backups=1)
-    return secret, n1, n2, doc
+    secret, _, n1, n2 = start_pair(tmp_path, nodes, CONFIG)
+    return secret, n1, n2, status(n1.address, secret)
 
 
 def test_a_primary_cut_off_from_etcd_stops_acknowledging_within_one_ttl(tmp_path, nodes):

@@ -48,6 +48,15 @@ class World:
     def gone(self, n: str) -> None:
         self.etcd.txn([], [], [f"{PREFIX}/members/{n}", f"{PREFIX}/reports/{n}"])
 
+    def three_in_sync(self, p: int) -> None:
+        """a created the cluster and leads p; b and c joined p's in-sync set through a."""
+        self.member("a", owning=[0, 1, 2, 3])
+        self.member("b", owning=[p])
+        self.member("c", owning=[p])
+        self.decide()
+        self.view.load()
+        self.ctl.alter_isr("default", p, "a", 1, [], ["b", "c"])
+
     def rec(self, p: int) -> PartRecord:
         return PartRecord.from_json(self.etcd.get(part_key(PREFIX, "default", p)).value)
 
@@ -88,12 +97,7 @@ def test_an_in_sync_change_by_the_controller_deposes_nobody(etcd):
     """A dead copy leaving the set bumps the epoch but not the primary's term: the
     primary's next request (in its term) is still honoured."""
     w = World(etcd)
-    w.member("a", owning=[0, 1, 2, 3])
-    w.member("b", owning=[0])
-    w.member("c", owning=[0])
-    w.decide()
-    w.view.load()
-    w.ctl.alter_isr("default", 0, "a", 1, [], ["b", "c"])
+    w.three_in_sync(0)
     w.gone("c")
     w.decide()
     r = w.rec(0)
@@ -133,12 +137,7 @@ def test_a_stale_copy_is_never_made_primary(etcd):
 
 def test_failover_goes_to_a_live_in_sync_copy_and_dead_copies_leave_the_set(etcd):
     w = World(etcd)
-    w.member("a", owning=[0, 1, 2, 3])
-    w.member("b", owning=[1])
-    w.member("c", owning=[1])
-    w.decide()
-    w.view.load()
-    w.ctl.alter_isr("default", 1, "a", 1, [], ["b", "c"])
+    w.three_in_sync(1)
     w.gone("a")
     w.decide()
     r = w.rec(1)

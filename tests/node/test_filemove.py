@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+import nodeharness
 from nodeharness import NodeProc, offline_check, status, wait_settled, write_secret
 from test_cluster import CONFIG, Writer, check_model, writes_during
 
@@ -21,14 +22,7 @@ FILES = CONFIG.replace("[control_plane]", "[rebalance]\nindex_offload = \"always
 
 
 def start_pair(tmp_path, nodes, config: str = FILES):
-    secret = write_secret(str(tmp_path / "secret"))
-    cfg = tmp_path / "node.toml"
-    cfg.write_text(config)
-    n1 = NodeProc(str(tmp_path), "n1", secret, config=str(cfg)).start()
-    n2 = NodeProc(str(tmp_path), "n2", secret, config=str(cfg)).start()
-    nodes += [n1, n2]
-    wait_settled(n1.address, secret, 2, 1)
-    return secret, str(cfg), n1, n2
+    return nodeharness.start_pair(tmp_path, nodes, config)
 
 
 def wait_exit(n: NodeProc, timeout: float = 60.0) -> int:
