@@ -109,23 +109,17 @@ class Receiving:
         return out
 
     def _new_journal(self) -> None:
-        """A fresh journal, atomically: a temp file created exclusively (fileio's
-        atomic_write would truncate whatever a planted ``.tmp`` link points to), fsynced,
-        renamed over, directory fsynced."""
+        """A fresh journal, atomically (fileio.atomic_write, which creates its temp file
+        exclusively and never writes through a planted ``.tmp`` link)."""
         head = _HEAD.pack(_MAGIC, self.chunk_size, 0)[:12]
         tmp = self.journal_path + ".tmp"
-        safefs.remove_planted(tmp, self.io, stale_ok=True)    # a crash's leftover, or planted
-        fd = safefs.create_new(tmp, os.O_WRONLY, self.io)
+        # a crash's leftover goes quietly; anything planted is reported, a directory refused
+        safefs.remove_planted(tmp, self.io, stale_ok=True)
         try:
-            fileio.write_all(fd, head + struct.pack("<I", crc32c.crc32c(head)), tmp,
-                             error=OutOfDiskError, io=self.io)
-            self.io.fsync(fd)
+            fileio.atomic_write(self.journal_path, head + struct.pack("<I", crc32c.crc32c(head)),
+                                error=OutOfDiskError)
         except OSError as e:
-            raise _disk_error(e, tmp, None) from e
-        finally:
-            self.io.close(fd)
-        self.io.replace(tmp, self.journal_path)
-        self.io.fsync_dir(os.path.dirname(self.journal_path) or ".")
+            raise _disk_error(e, tmp, None) from e      # ENOSPC at the fsync too
         self._jfd = safefs.open_existing(self.journal_path, os.O_WRONLY | os.O_APPEND, self.io)
         if self._jfd is None:
             raise UnsafePath(f"{self.journal_path} was replaced right after it was written; "
