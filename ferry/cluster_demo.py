@@ -21,7 +21,7 @@ from indexes import IndexDefinition, IndexStore, PartitionFileSource
 from node.assignment import partition_of
 from node.localcluster import LocalCluster, key_of, value_of
 
-from .demo_ui import DemoUI, MoveRow
+from .demo_ui import DemoUI, MoveRow, move_row
 from .demo_validate import validate as validate_with_progress
 
 CACHE = "default"
@@ -168,13 +168,9 @@ def _bytes(m: dict[str, Any]) -> int:
 
 
 def _move_row(m: dict[str, Any]) -> dict[str, Any]:
-    """One finished move, for the summary table and ``--json`` (``moves``)."""
-    transfer = m.get("stage_seconds", {}).get("transfer") or 0
-    return {"partition": f"{m['cache']}/{m['partition']}", "from": m["from"], "to": m["to"],
-            "bytes": _bytes(m), "stage_seconds": m.get("stage_seconds", {}),
-            "seconds_to_owning": round(m["seconds_to_owning"], 3),
-            "mb_per_s": round(_bytes(m) / transfer / 1e6, 1) if transfer > 0 else None,
-            "buffered": m.get("buffered"), "replayed": m.get("replayed")}
+    return move_row(f"{m['cache']}/{m['partition']}", m["from"], m["to"], _bytes(m),
+                    m.get("stage_seconds", {}), round(m["seconds_to_owning"], 3),
+                    m.get("buffered"), m.get("replayed"))
 
 
 def _rows(doc: dict[str, Any], arrow: str = "->") -> tuple[list[MoveRow], tuple[int, int]]:

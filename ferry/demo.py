@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 import click
 
-from .demo_ui import DemoUI, MovesView, MoveRow, print_summary
+from .demo_ui import DemoUI, MovesView, MoveRow, move_row, print_summary
 
 MOVE_STAGES = ("buffering", "transfer", "index rebuild", "replay", "checkpoint", "OWNING")
 
@@ -295,13 +295,9 @@ def run_demo(root: str, *, entries: int, partitions: int, move_every: int, rate:
         "load_put_seconds": round(t_loaded - t0, 1),
         "load_entries_per_s": round(entries / max(t_loaded - t0, 1e-6)),
         "stages": [st for st in MOVE_STAGES if st != "OWNING"],
-        "moves": [{"partition": str(m.partition), "from": "supplier", "to": "demander",
-                   "bytes": m.bytes, "stage_seconds": {k: v for k, v in m.stage_seconds.items()
-                                                       if k in MOVE_STAGES},
-                   "seconds_to_owning": m.seconds_to_owning,
-                   "mb_per_s": (round(m.bytes / m.stage_seconds["transfer"] / 1e6, 1)
-                                if m.stage_seconds.get("transfer") else None),
-                   "buffered": m.buffered, "replayed": m.replayed} for m in done],
+        "moves": [move_row(str(m.partition), "supplier", "demander", m.bytes,
+                           {k: v for k, v in m.stage_seconds.items() if k in MOVE_STAGES},
+                           m.seconds_to_owning, m.buffered, m.replayed) for m in done],
         "invariants": invariants,
         "invariants_ok": all(invariants.values()),
     }

@@ -300,6 +300,17 @@ def _summary(ui: DemoUI, s: dict[str, Any]) -> None:
     out.print(f"[bold]total[/] {s['seconds']} s: {verdict}")
 
 
+def move_row(partition: str, frm: str, to: str, nbytes: int, stage_seconds: dict[str, float],
+             seconds_to_owning: float, buffered: int | None, replayed: int | None) -> dict[str, Any]:
+    """One finished move, as the summary's ``moves`` holds it (``--json``) and
+    :func:`moves_table` shows it; its MB/s is over the transfer stage."""
+    transfer = stage_seconds.get("transfer") or 0
+    return {"partition": partition, "from": frm, "to": to, "bytes": nbytes,
+            "stage_seconds": stage_seconds, "seconds_to_owning": seconds_to_owning,
+            "mb_per_s": round(nbytes / transfer / 1e6, 1) if transfer > 0 else None,
+            "buffered": buffered, "replayed": replayed}
+
+
 def moves_table(ui: DemoUI, moves: list[dict[str, Any]], stages: list[str]) -> Table:
     t = Table(title="Moves: seconds per stage", title_justify="left", title_style="bold",
               box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
