@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import socket
 import subprocess
 import sys
@@ -31,17 +30,13 @@ from transfer.errors import RemoteError
 from transfer.frames import ErrorCode, FrameType
 from transfer.transport import SocketConn
 
+from nodeharness import free_port
+from transfer_helpers import drip, expect_line, log_lines, wait_until
 from wire_fuzz import HANDSHAKE_BODIES, body_for, exchange, names, streams, values
 
 SECRET = b"test-cluster-secret-0123456789abcdef"
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 pytestmark = pytest.mark.timeout(120)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _echo(method: str, args: dict, role: str) -> dict:
@@ -55,7 +50,7 @@ def rpc():
     srv = None
     for _ in range(5):                    # a free port can be taken between probe and bind
         try:
-            srv = RpcServer(f"127.0.0.1:{_free_port()}", SECRET, _echo, handshake_timeout=3.0,
+            srv = RpcServer(f"127.0.0.1:{free_port()}", SECRET, _echo, handshake_timeout=3.0,
                             max_handshakes=8)
             break
         except Exception:
@@ -74,19 +69,10 @@ def _call(port: int, **args) -> dict:
         ch.close()
 
 
-def _wait(cond, seconds: float = 10.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
-
-
 def test_unauthenticated_connections_are_capped(rpc) -> None:
     idle = [socket.create_connection(("127.0.0.1", rpc.port)) for _ in range(8)]
     try:
-        assert _wait(lambda: rpc.gate.pending == 8)
+        assert wait_until(lambda: rpc.gate.pending == 8)
         for _ in range(20):
             s = socket.create_connection(("127.0.0.1", rpc.port), timeout=5)
             with pytest.raises(RemoteError) as ei:
@@ -97,36 +83,17 @@ def test_unauthenticated_connections_are_capped(rpc) -> None:
     finally:
         for s in idle:
             s.close()
-    assert _wait(lambda: rpc.gate.pending == 0)
+    assert wait_until(lambda: rpc.gate.pending == 0)
     assert _call(rpc.port, x=1)["a"] == {"x": 1}
 
 
 def test_whole_handshake_has_one_deadline() -> None:
-    srv = RpcServer(f"127.0.0.1:{_free_port()}", SECRET, _echo, handshake_timeout=1.0)
+    srv = RpcServer(f"127.0.0.1:{free_port()}", SECRET, _echo, handshake_timeout=1.0)
     srv.start()
     try:
-        s = socket.create_connection(("127.0.0.1", srv.port))
         hello = frames.encode(FrameType.HELLO, {"nonce": b"n" * 32, "role": "client"})
-        t0 = time.monotonic()
-        closed = False
-        for b in hello:             # one byte every 0.3 s: each read is quick, the whole is not
-            try:
-                s.send(bytes([b]))
-            except OSError:
-                closed = True
-                break
-            s.settimeout(0.3)
-            try:
-                if s.recv(100) == b"":
-                    closed = True
-                    break
-            except socket.timeout:
-                pass
-            except OSError:
-                closed = True
-                break
-        assert closed and time.monotonic() - t0 < 2.5
-        s.close()
+        closed, took = drip(("127.0.0.1", srv.port), hello, 0.3)   # one byte every 0.3 s
+        assert closed and took < 2.5
         assert _call(srv.port, y=2)["a"] == {"y": 2}
     finally:
         srv.stop()
@@ -171,29 +138,6 @@ while True:
 """
 
 
-def _pump(stream) -> queue.Queue:
-    q: queue.Queue = queue.Queue()
-
-    def run() -> None:
-        for line in stream:
-            q.put(line)
-    threading.Thread(target=run, daemon=True).start()
-    return q
-
-
-def _until(q: queue.Queue, text: str, seconds: float, seen: list[str]) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            line = q.get(timeout=max(0.01, deadline - time.monotonic()))
-        except queue.Empty:
-            break
-        seen.append(line)
-        if text in line:
-            return
-    raise AssertionError(f"no {text!r} within {seconds} s:\n{''.join(seen)}")
-
-
 def test_rpc_survives_running_out_of_file_descriptors(tmp_path) -> None:
     env = dict(os.environ, PYTHONPATH=ROOT)
     proc = subprocess.Popen([sys.executable, "-c", SERVER, ROOT, SECRET.decode()], env=env,
@@ -202,7 +146,7 @@ def test_rpc_survives_running_out_of_file_descriptors(tmp_path) -> None:
     seen: list[str] = []
     try:
         port = int(proc.stdout.readline())
-        q = _pump(proc.stderr)
+        q = log_lines(proc.stderr)
         idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(20)]
         time.sleep(2)                 # accept() fails with EMFILE meanwhile, again and again
         assert proc.poll() is None
@@ -212,7 +156,7 @@ def test_rpc_survives_running_out_of_file_descriptors(tmp_path) -> None:
         ch = Channel(f"127.0.0.1:{port}", SECRET, role="client", timeout=10)
         assert ch.call("ping") == {"m": "ping"}        # it serves RPC again
         ch.close()
-        _until(q, "accepting connections again", 10, seen)
+        expect_line(q, "accepting connections again", 10, seen)
         assert sum("accept() failed" in ln for ln in seen) == 1, "".join(seen)   # logged once
     finally:
         for s in idle:
@@ -241,7 +185,7 @@ def _check(back, rid_ok: bool = True) -> None:
 
 
 def _serving_after(rpc, caplog) -> None:
-    assert _wait(lambda: rpc.gate.pending == 0)
+    assert wait_until(lambda: rpc.gate.pending == 0)
     assert _call(rpc.port, z=3)["a"] == {"z": 3}
     unexpected = [r.getMessage() for r in caplog.records
                   if r.exc_info and "handler 'boom' failed" not in r.getMessage()]

@@ -11,9 +11,7 @@
 from __future__ import annotations
 
 import os
-import queue
 import resource
-import select
 import socket
 import subprocess
 import sys
@@ -29,35 +27,10 @@ from transfer.frames import ErrorCode, FrameType
 from transfer.messages import Chunk, Demand, End, Manifest, Received
 from transfer.transport import SocketConn, connect_tcp
 
-from transfer_helpers import SECRET, peer_of, read, write_part
+from transfer_helpers import SECRET, drip, expect_line, log_lines, peer_of, read, wait_until, write_part
 
 KB = 1 << 10
 pytestmark = pytest.mark.timeout(120)
-
-
-def _wait(cond, seconds: float = 10.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
-
-
-def _closed_by_peer(s: socket.socket, wait: float) -> bool:
-    """True when the server closes ``s`` within ``wait`` seconds (EOF or reset)."""
-    ready, _, _ = select.select([s], [], [], wait)
-    if not ready:
-        return False
-    try:
-        while True:
-            data = s.recv(65536)
-            if not data:
-                return True
-            if not select.select([s], [], [], wait)[0]:
-                return False
-    except OSError:
-        return True
 
 
 # -- connections that never authenticate -------------------------------------------
@@ -67,7 +40,7 @@ def test_unauthenticated_connections_are_capped(src, dst) -> None:
     idle: list[socket.socket] = []
     try:
         idle = [socket.create_connection(srv.address) for _ in range(4)]
-        assert _wait(lambda: srv.gate.pending == 4)
+        assert wait_until(lambda: srv.gate.pending == 4)
         # 50 more idle clients: each refused at once with BUSY, no thread started for it
         extra = [socket.create_connection(srv.address) for _ in range(50)]
         for s in extra:
@@ -81,7 +54,7 @@ def test_unauthenticated_connections_are_capped(src, dst) -> None:
         assert srv.gate.refused == 50
         for s in idle:
             s.close()
-        assert _wait(lambda: srv.gate.pending == 0)
+        assert wait_until(lambda: srv.gate.pending == 0)
         Demander(DirectoryStorage(dst), peer_of(srv), SECRET, timeout=10).fetch(1)
         assert read(os.path.join(dst, "part-1.bin")) == data
     finally:
@@ -96,23 +69,10 @@ def test_whole_handshake_has_one_deadline(src, dst) -> None:
     data = write_part(src, 1, 5000)
     srv = SupplierServer(DirectoryStorage(src), SECRET, handshake_timeout=1.0, timeout=10).start()
     try:
-        s = socket.create_connection(srv.address)
         hello = frames.encode(FrameType.HELLO, {"nonce": b"n" * 32, "role": "transfer"})
-        t0 = time.monotonic()
-        closed = False
-        for b in hello:
-            try:
-                s.send(bytes([b]))
-            except OSError:
-                closed = True
-                break
-            if _closed_by_peer(s, 0.3):
-                closed = True
-                break
-        took = time.monotonic() - t0
+        closed, took = drip(srv.address, hello, 0.3)
         assert closed and took < 2.5, (closed, took)
-        s.close()
-        assert _wait(lambda: srv.gate.pending == 0)
+        assert wait_until(lambda: srv.gate.pending == 0)
         Demander(DirectoryStorage(dst), peer_of(srv), SECRET, timeout=10).fetch(1)
         assert read(os.path.join(dst, "part-1.bin")) == data
     finally:
@@ -184,32 +144,6 @@ def test_resend_rounds_are_limited(server, src) -> None:
 NOFILE = 24       # a few descriptors above what the server needs before any connection
 
 
-def _lines(stream) -> queue.Queue:
-    q: queue.Queue = queue.Queue()
-
-    def pump() -> None:
-        for line in stream:
-            q.put(line)
-        q.put(None)
-    threading.Thread(target=pump, daemon=True).start()
-    return q
-
-
-def _expect_line(q: queue.Queue, text: str, seconds: float, seen: list[str]) -> str:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            line = q.get(timeout=max(0.01, deadline - time.monotonic()))
-        except queue.Empty:
-            break
-        if line is None:
-            break
-        seen.append(line)
-        if text in line:
-            return line
-    raise AssertionError(f"no line with {text!r} in {seconds} s; stderr so far:\n{''.join(seen)}")
-
-
 def test_serve_survives_running_out_of_file_descriptors(src, dst, secret_file, py_env) -> None:
     data = write_part(src, 0, 100 * KB)
     proc = subprocess.Popen(
@@ -220,13 +154,13 @@ def test_serve_survives_running_out_of_file_descriptors(src, dst, secret_file, p
     idle: list[socket.socket] = []
     seen: list[str] = []
     try:
-        q = _lines(proc.stderr)
-        line = _expect_line(q, "serving ", 30, seen)
+        q = log_lines(proc.stderr)
+        line = expect_line(q, "serving ", 30, seen)
         host, port = line.rsplit(" ", 1)[1].strip().rsplit(":", 1)
         # More idle connections than the process has descriptors: they wait in the
         # backlog once accept() fails with EMFILE.
         idle = [socket.create_connection((host, int(port))) for _ in range(NOFILE + 8)]
-        _expect_line(q, "accept() failed", 15, seen)
+        expect_line(q, "accept() failed", 15, seen)
         time.sleep(1.5)                      # it keeps failing meanwhile: still one line
         assert proc.poll() is None, "".join(seen)
         for s in idle:
@@ -234,7 +168,7 @@ def test_serve_survives_running_out_of_file_descriptors(src, dst, secret_file, p
         idle = []
         Demander(DirectoryStorage(dst), f"{host}:{port}", SECRET, timeout=15).fetch(0)
         assert read(os.path.join(dst, "part-0.bin")) == data
-        _expect_line(q, "accepting connections again", 10, seen)
+        expect_line(q, "accepting connections again", 10, seen)
         assert sum("accept() failed" in ln for ln in seen) == 1, "".join(seen)
         assert not any("Traceback" in ln for ln in seen), "".join(seen)
     finally:

@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import os
+import queue
 import random
+import select
 import socket
 import threading
-from typing import Callable
+import time
+from typing import IO, Callable
 
 from transfer import SupplierServer
 
@@ -134,3 +137,75 @@ def disk_filler(directory: str, after: int, size: int) -> Callable:
             except OSError:
                 pass
     return fill
+
+
+# -- servers against hostile peers (test_hostile_peers.py, tests/node/test_rpc_hostile.py)
+def wait_until(cond: Callable[[], bool], seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def _closed_by_peer(s: socket.socket, wait: float) -> bool:
+    """True when the server closes ``s`` within ``wait`` seconds (EOF or reset)."""
+    ready, _, _ = select.select([s], [], [], wait)
+    if not ready:
+        return False
+    try:
+        while True:
+            data = s.recv(65536)
+            if not data:
+                return True
+            if not select.select([s], [], [], wait)[0]:
+                return False
+    except OSError:
+        return True
+
+
+def drip(address: tuple[str, int], data: bytes, every: float = 0.3) -> tuple[bool, float]:
+    """Send ``data`` to a new connection one byte every ``every`` seconds (each read on
+    the server is quick, the whole is not) until the server closes it: (closed, seconds)."""
+    s = socket.create_connection(address)
+    try:
+        t0 = time.monotonic()
+        for b in data:
+            try:
+                s.send(bytes([b]))
+            except OSError:
+                return True, time.monotonic() - t0
+            if _closed_by_peer(s, every):
+                return True, time.monotonic() - t0
+        return False, time.monotonic() - t0
+    finally:
+        s.close()
+
+
+def log_lines(stream: IO[str]) -> queue.Queue:
+    """A child's output, line by line, as it comes (None at its end)."""
+    q: queue.Queue = queue.Queue()
+
+    def pump() -> None:
+        for line in stream:
+            q.put(line)
+        q.put(None)
+    threading.Thread(target=pump, daemon=True).start()
+    return q
+
+
+def expect_line(q: queue.Queue, text: str, seconds: float, seen: list[str]) -> str:
+    """The next line of ``q`` with ``text`` in it (those before it are added to ``seen``)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            line = q.get(timeout=max(0.01, deadline - time.monotonic()))
+        except queue.Empty:
+            break
+        if line is None:
+            break
+        seen.append(line)
+        if text in line:
+            return line
+    raise AssertionError(f"no line with {text!r} in {seconds} s; stderr so far:\n{''.join(seen)}")
