@@ -31,6 +31,14 @@ class IllegalTransition(NodeError):
     code = "illegal_transition"
 
 
+class DataDirError(NodeError):
+    """The data dir holds something the node cannot use (a damaged or missing file, a
+    directory where a file belongs, no permission); found at start-up. The message says
+    what, where and what to do; ``ferry node start`` exits 2 with it."""
+
+    code = "data_dir"
+
+
 class DataDirLocked(NodeError):
     """Another node process holds the data directory."""
 

@@ -30,7 +30,7 @@ from typing import Callable, Iterator
 
 from faults import fileio
 
-from .errors import IllegalTransition, NodeError
+from .errors import DataDirError, IllegalTransition
 
 
 class State(str, enum.Enum):
@@ -73,8 +73,7 @@ class StateTable:
         self._load()
 
     def _load(self) -> None:
-        def damaged(why: str) -> NodeError:
-            from .storage import DataDirError     # node.storage imports the stores: not at load
+        def damaged(why: str) -> DataDirError:
             return DataDirError(f"cannot read partition states {self.path}: {why}; the file is "
                                 "written atomically, so this is damage: restore it or wipe the data dir")
         try:

@@ -7,7 +7,7 @@ This is the node's only seam to storage. Every data change also updates the inde
 Start-up errors enter here: what the data dir holds that the node cannot use (a
 corrupt or missing partition file, a renamed WAL segment, a directory where a file
 belongs, a garbage index, no permission, a pseudo file system) becomes a
-:class:`DataDirError` with one line saying what, where and what to do, and
+:class:`~node.errors.DataDirError` with one line saying what, where and what to do, and
 ``ferry node start`` exits 2 with it instead of a traceback.
 """
 from __future__ import annotations
@@ -24,19 +24,13 @@ from checkpoint.pagefile import iter_entries
 from indexes import IndexDefinition, IndexStore
 
 from .config import CacheConfig, NodeConfig
-from .errors import NodeError
+from .errors import DataDirError
 
 log = logging.getLogger("ferry.node.storage")
 
 # what a node with unusable data can do; its copies are in the rest of the cluster
 REFILL = ("restore it from a backup, or start this node on an empty data dir so that it "
           "pulls its partitions from the other owners")
-
-
-class DataDirError(NodeError):
-    """The data dir holds something the node cannot use; found at start-up."""
-
-    code = "data_dir"
 
 
 def os_problem(e: OSError) -> str:
