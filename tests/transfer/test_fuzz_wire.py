@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -17,7 +16,7 @@ from transfer import Demander, DirectoryStorage, Limits, SupplierServer
 from transfer import frames
 from transfer.frames import ErrorCode, FrameType
 
-from transfer_helpers import SECRET, peer_of, read, write_part
+from transfer_helpers import SECRET, peer_of, read, wait_until, write_part
 from wire_fuzz import HANDSHAKE_BODIES, TRANSFER_BODIES, exchange, mutated, streams
 
 FUZZ = settings(max_examples=80, deadline=None, database=None,
@@ -81,9 +80,7 @@ def _check(frames_back) -> None:
 
 
 def _still_serving(srv: SupplierServer, src: str, dst: str, caplog) -> None:
-    deadline = time.monotonic() + 10
-    while (srv._sessions or srv.gate.pending) and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_until(lambda: not (srv._sessions or srv.gate.pending))
     assert not srv._sessions and srv.gate.pending == 0, (srv._sessions, srv.gate.pending)
     Demander(DirectoryStorage(dst), peer_of(srv), SECRET, timeout=10).fetch(0)
     assert read(os.path.join(dst, "part-0.bin")) == read(os.path.join(src, "part-0.bin"))
