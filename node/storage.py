@@ -25,6 +25,7 @@ from indexes import IndexDefinition, IndexStore
 
 from .config import CacheConfig, NodeConfig
 from .errors import DataDirError
+from .states import State, StateTable
 
 log = logging.getLogger("ferry.node.storage")
 
@@ -133,13 +134,16 @@ def _start_error(e: BaseException, cache: str, what: str) -> DataDirError:
     return DataDirError(f"cache {cache}: cannot open {what}: {e}")    # the WAL's own advice
 
 
-def check_held(data: dict[str, "CacheData"], states: Any) -> None:
-    """Every partition the state table (``node.states.StateTable``) says this node
-    OWNS has its file. A partition is created before it is marked OWNING and deleted
-    only after it left OWNING, so one without its file is damage; left alone, it
-    failed the node's first report to the control plane with a traceback."""
+def check_held(data: dict[str, "CacheData"], states: StateTable) -> None:
+    """Every partition the state table says this node OWNS has its file. A partition
+    is created before it is marked OWNING and deleted only after it left OWNING, so one
+    without its file is damage; left alone, it failed the node's first report to the
+    control plane with a traceback."""
+    # one set per cache: a lookup per OWNING partition in the sorted list
+    # partitions() copies would be quadratic in the partitions a node holds
+    held = {cache: set(d.partitions()) for cache, d in data.items()}
     for (cache, p), s in states.items():
-        if s.value == "OWNING" and cache in data and p not in data[cache].partitions():
+        if s is State.OWNING and cache in held and p not in held[cache]:
             path = data[cache].store.partition_path(p)
             raise DataDirError(f"cache {cache} partition {p} is OWNING in states.json but its "
                                f"file {path} is missing: {REFILL}")
