@@ -250,12 +250,12 @@ def settings_get(control_plane: tuple[str, ...], prefix: str, as_json: bool, key
 @click.argument("value")
 def settings_set(control_plane: tuple[str, ...], prefix: str, key: str, value: str) -> None:
     """Set KEY to VALUE for the whole cluster (checked like the node's config file)."""
-    from .errors import NodeError
+    from .errors import ConfigError, NodeError
     from .settings import put
     try:
         v = put(_etcd(control_plane), prefix, key, value)
+    except ConfigError as e:
+        raise click.UsageError(str(e))
     except NodeError as e:
-        if type(e).__name__ == "ConfigError":
-            raise click.UsageError(str(e))
         _fail(e)
     click.echo(f"{key} = {json.dumps(v)}")
