@@ -286,24 +286,17 @@ def _write(rel: str, content: bytes):
     return damage
 
 
-def _replace_with_dir(rel: str):
+def _replace(rel: str, make):
+    """The file ``rel`` replaced by what ``make`` creates (os.mkdir, os.mkfifo)."""
     def damage(d: str) -> None:
         p = os.path.join(d, rel)
         os.unlink(p)
-        os.mkdir(p)
+        make(p)
     return damage
 
 
 def _remove(rel: str):
     return lambda d: os.unlink(os.path.join(d, rel))
-
-
-def _fifo(rel: str):
-    def damage(d: str) -> None:
-        p = os.path.join(d, rel)
-        os.unlink(p)
-        os.mkfifo(p)
-    return damage
 
 
 def _flip(rel: str, offset: int):
@@ -352,13 +345,13 @@ DAMAGE = [
      "is not PARTITION: STATE"),
     ("states-bad-state", _write("states.json", b'{"caches": {"default": {"0": "BOGUS"}}}'),
      "'BOGUS'"),
-    ("states-fifo", _fifo("states.json"), "not a regular file"),
+    ("states-fifo", _replace("states.json", os.mkfifo), "not a regular file"),
     ("node-id-not-utf8", _write("node.id", b"n\xff1\n"), "node.id is not UTF-8 text"),
-    ("node-id-dir", _replace_with_dir("node.id"), "node.id is a directory"),
+    ("node-id-dir", _replace("node.id", os.mkdir), "node.id is a directory"),
     ("partition-crc", _flip(PART, 100), "part-1.bin is corrupt at page 0"),
     ("partition-empty", _write(PART, b""), "part-1.bin is corrupt"),
     ("partition-truncated", _write(PART, b"FERRY"), "part-1.bin is corrupt"),
-    ("partition-dir", _replace_with_dir(PART), "part-1.bin: a directory where a file belongs"),
+    ("partition-dir", _replace(PART, os.mkdir), "part-1.bin: a directory where a file belongs"),
     ("partition-missing", _remove(PART), "part-1.bin is missing"),
     ("segment-renamed", _rename_segment("garbage.wal"), "garbage.wal"),
     ("segment-renumbered", _rename_segment("0000000000000005-0000000000000001.wal"),
@@ -368,7 +361,7 @@ DAMAGE = [
     ("cache-dir-is-a-file", _cache_dir_is_file, "not a directory"),
     ("index-garbage", _write("indexes/default/data.mdb", os.urandom(20000)),
      "data.mdb is corrupt; the indexes hold no data of their own: delete"),
-    ("index-dir", _replace_with_dir("indexes/default/data.mdb"), "data.mdb is corrupt"),
+    ("index-dir", _replace("indexes/default/data.mdb", os.mkdir), "data.mdb is corrupt"),
 ]
 
 
