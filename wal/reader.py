@@ -8,7 +8,7 @@ One cursor serves two kinds of source:
 * :class:`DirSource`, readers in another process (``Wal.reader(path)``): the end is the
   file size, which may cut a frame that the writer is still copying in, or a torn tail a
   crashed writer left. A frame that does not check out at the live end is treated as
-  "not there yet" when it looks torn (see :func:`decoder.classify_tail`) and re-read on
+  "not there yet" when it looks torn (see :func:`tail.classify_tail`) and re-read on
   the next poll, and as corruption when it does not; a segment is complete (its end
   final) once a segment with the next sequence exists.
 
