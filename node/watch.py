@@ -33,11 +33,12 @@ from typing import Any
 from faults import fileio
 
 from .errors import ConfigError, NodeError
+from .membership import SETTINGS
 
 log = logging.getLogger("ferry.node.watch")
 PLAN_TIMEOUT_S = 600.0
-LIVE = {"transfer_rate_limit", "transfer_concurrency", "checkpoint_interval_s", "log_level",
-        "replay_rate_limit"}
+# the fields a running node changes without a restart: the live settings
+LIVE = frozenset(SETTINGS.values())
 # A plan names partitions and owners: a few KiB even for thousands of moves. Larger
 # files are refused unread; a 47 MB plan once took 736 MB of memory to parse.
 MAX_PLAN_BYTES = 1 << 20
