@@ -20,6 +20,7 @@ from checkpoint import pagefile
 from indexes import IndexDefinition, IndexStore, PartitionFileSource
 from node.assignment import partition_of
 from node.localcluster import LocalCluster, key_of, value_of
+from node.move import FILE_STAGES
 
 from .demo_ui import DemoUI, MoveRow, move_row
 from .demo_validate import validate as validate_with_progress
@@ -153,7 +154,7 @@ def run_cluster_demo(root: str, *, entries: int, partitions: int, nodes: int,
 
 
 # the demander's stages of a files move, in order (node/filemove.py)
-STAGES = ("prepare", "demand", "transfer", "install", "index rebuild", "replay", "checkpoint wait")
+STAGES = FILE_STAGES
 
 
 def stage_order(moves: list[dict[str, Any]]) -> list[str]:

@@ -14,6 +14,10 @@ from .tempwal import TempWalSink
 
 log = logging.getLogger("ferry.node.rebalance")
 
+# the stages of a move, in order: files mode, then the messages mode's own
+FILE_STAGES = ("prepare", "demand", "transfer", "install", "index rebuild", "replay", "checkpoint wait")
+STAGES = FILE_STAGES + ("fetch", "catchup")
+
 
 class MemorySink:
     """Updates replicated to a MOVING copy, kept until catch-up (messages mode)."""

@@ -25,6 +25,7 @@ from .cluster_map import ClusterMap
 from .config import NodeConfig
 from .errors import BadRequest, DataDirLocked, NodeError
 from .membership import SETTINGS, Membership, require_control_plane
+from .move import STAGES
 from .rebalance import Rebalancer
 from .rpc import RpcServer
 from .states import State, StateTable
@@ -267,8 +268,7 @@ class Node(Membership, UpdatePath, Rebalancer):
                     m.set("ferry_node_replay_lag_seconds", b / mv.replay_rate, cache=mv.cache,
                           partition=str(mv.p))
                 m.set("ferry_node_tempwal_ingest", mv.ingest_now(), cache=mv.cache, partition=str(mv.p))
-        for stage in ("prepare", "demand", "transfer", "install", "index rebuild", "replay",
-                      "checkpoint wait", "fetch", "catchup"):
+        for stage in STAGES:
             m.set("ferry_node_moves_by_stage", by_stage.get(stage, 0), stage=stage)
         m.set("ferry_node_topology_version", self.map.version)
         sess = getattr(self, "session", None)
