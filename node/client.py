@@ -6,9 +6,8 @@ the primary of the key's partition, and follows map changes: a ``not_primary`` o
 ``timeout`` seconds have passed. A put or remove returns (the partition update
 counter) only when the cluster acknowledged it; an error raises.
 
-A request that cannot fit in one frame is refused here with ``TooLarge`` before
-anything is sent: the channel refuses to write such a frame and that surfaced as a
-retryable ``Unavailable``, so a 2 MB value was retried for the whole timeout.
+A request that cannot fit in one frame is refused with ``TooLarge`` before anything
+is sent (:meth:`node.wire.Channel.call`), not retried.
 """
 from __future__ import annotations
 
@@ -18,32 +17,9 @@ from typing import Any, Iterable
 
 from .assignment import partition_of
 from .cluster_map import ClusterMap
-from .errors import AuthFailed, NodeError, TooLarge, Unavailable
+from .errors import AuthFailed, NodeError, Unavailable
 from .updates import as_bytes
-from .wire import MAX_FRAME, Pool, load_secret
-
-# msgpack bytes of a request besides its keys and values (frame fields, method and
-# argument names, the cache name's header), and per key or value (its bin header, a
-# pair's array header): counted high, so a request under the estimate always fits.
-REQUEST_OVERHEAD = 256
-ITEM_OVERHEAD = 16
-
-
-def _encoded(v: Any) -> int:
-    """At least the msgpack size of ``v`` (bytes, text, lists of them, small scalars)."""
-    if isinstance(v, (bytes, bytearray)):
-        return len(v) + ITEM_OVERHEAD
-    if isinstance(v, str):
-        return len(v.encode("utf-8", "surrogatepass")) + ITEM_OVERHEAD
-    if isinstance(v, (list, tuple)):        # put_batch items: [[key, value], ...]
-        return sum(_encoded(x) for x in v) + ITEM_OVERHEAD
-    return ITEM_OVERHEAD
-
-
-def request_bytes(cache: str, key: bytes, args: dict[str, Any]) -> int:
-    """An upper bound of the encoded size of a put/put_batch/get/remove request."""
-    return REQUEST_OVERHEAD + _encoded(cache) + _encoded(key) + sum(map(_encoded, args.values()))
-
+from .wire import Pool, load_secret
 
 class Client:
     def __init__(self, addresses: str | Iterable[str], secret_file: str | None = None, *,
@@ -78,11 +54,6 @@ class Client:
         raise Unavailable(f"no node of the cluster answers ({', '.join(self._addresses())}): {last}")
 
     def _call_primary(self, cache: str, key: bytes, method: str, **args: Any) -> Any:
-        size = request_bytes(cache, key, args)
-        if size > MAX_FRAME:
-            raise TooLarge(f"{method} request of about {size} bytes does not fit in one "
-                           f"{MAX_FRAME}-byte frame; nothing was sent. A value may be at most "
-                           "the cluster's limits.max_value_bytes (512 KiB by default)")
         deadline = time.monotonic() + self.timeout
         hint: str | None = None
         delay = 0.05

@@ -21,11 +21,11 @@ from typing import Any
 
 from transfer import auth as _auth
 from transfer import frames
-from transfer.errors import TransferError
+from transfer.errors import FrameError, TransferError
 from transfer.transport import Conn, connect_tcp
 
 from .config import parse_address
-from .errors import BY_CODE, AuthFailed, NodeError, RemoteFailure, Unavailable
+from .errors import BY_CODE, AuthFailed, NodeError, RemoteFailure, TooLarge, Unavailable
 
 
 class NodeFrame(IntEnum):
@@ -102,9 +102,17 @@ class Channel:
         with self._lock:
             rid, self._next = self._next, self._next + 1
             try:
+                data = frames.encode(NodeFrame.REQUEST, {"id": rid, "m": method, "a": args})
+            except FrameError as e:
+                # refused before anything was sent: the channel is fine, and retrying
+                # (as for Unavailable) could never help
+                raise TooLarge(f"{method} request does not fit in one frame ({e.reason}); nothing "
+                               "was sent. A value may be at most the cluster's "
+                               "limits.max_value_bytes (512 KiB by default)") from None
+            try:
                 if timeout is not None:
                     self.conn.set_timeout(timeout)
-                frames.write_frame(self.conn, NodeFrame.REQUEST, {"id": rid, "m": method, "a": args})
+                self.conn.send(data)
                 fr = frames.read_frame(self.conn, expect=[NodeFrame.REPLY])
             except TransferError as e:
                 self.broken = True
