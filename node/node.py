@@ -31,7 +31,7 @@ from .rpc import RpcServer
 from .states import State, StateTable
 from . import tempwal
 from .filemove import start_supplier
-from .storage import CacheData
+from .storage import CacheData, check_data_dir, open_lock_file, read_node_id
 from .updates import UpdatePath
 from .wire import Pool, load_secret
 
@@ -40,14 +40,13 @@ CLEAN = "clean-shutdown"   # present only after a graceful stop: indexes need no
 
 
 def lock_data_dir(data: str) -> int:
-    os.makedirs(data, exist_ok=True)
-    path = os.path.join(data, "LOCK")
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    check_data_dir(data)
+    fd = open_lock_file(data)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
+        holder = os.read(fd, 256).decode(errors="replace").strip() or "another process"
         os.close(fd)
-        holder = open(path).read().strip() or "another process"
         raise DataDirLocked(f"data dir {data} is in use by {holder}; stop that node first "
                             "(two nodes on one data dir would corrupt it)") from None
     os.ftruncate(fd, 0)
@@ -56,11 +55,9 @@ def lock_data_dir(data: str) -> int:
 
 
 def claim_node_id(data: str, node_id: str) -> None:
-    path = os.path.join(data, "node.id")
-    try:
-        have = open(path).read().strip()
-    except FileNotFoundError:
-        fileio.atomic_write(path, (node_id + "\n").encode())
+    have = read_node_id(data)
+    if have is None:
+        fileio.atomic_write(os.path.join(data, "node.id"), (node_id + "\n").encode())
         return
     if have != node_id:
         raise NodeError(f"data dir {data} belongs to node {have!r}, not {node_id!r}; "
@@ -72,9 +69,14 @@ class Node(Membership, UpdatePath, Rebalancer):
         self.cfg = cfg
         self.id = cfg.id
         self.boot = uuid.uuid4().hex[:12]
-        self.secret = load_secret(cfg.secret_file)
+        # the data dir first: a problem there is named before one with the secret
         self._lock_fd = lock_data_dir(cfg.data)
-        claim_node_id(cfg.data, cfg.id)
+        try:
+            claim_node_id(cfg.data, cfg.id)
+            self.secret = load_secret(cfg.secret_file)
+        except BaseException:
+            os.close(self._lock_fd)
+            raise
         self.metrics = metrics_mod.Metrics()
         self.stopping, self.joined, self.leaving, self.left = (threading.Event() for _ in range(4))
         self._reconcile_event, self._controller_wake, self._report_dirty = (threading.Event() for _ in range(3))

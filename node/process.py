@@ -34,9 +34,8 @@ def run(cfg: NodeConfig) -> int:
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     log = logging.getLogger("ferry.node")
     from .node import Node
-    from .storage import check_data_dir, check_held, os_problem
+    from .storage import check_held, os_problem
     try:
-        check_data_dir(cfg.data)
         node = Node(cfg)
     except NodeError as e:
         return cannot_start(cfg, e)

@@ -65,9 +65,9 @@ def _kind(mode: int) -> str:
 
 
 def check_data_dir(data: str) -> None:
-    """Before the node touches its data dir: ``data`` is (or is made) a directory the
-    node can create files in, and ``data/node.id``, if there, is UTF-8 text in a
-    regular file. Raises DataDirError."""
+    """``data`` is (or is made) a directory. Raises DataDirError. The node's first
+    files in it are checked where they are opened: :func:`open_lock_file`,
+    :func:`read_node_id`."""
     try:
         try:
             os.makedirs(data, exist_ok=True)
@@ -79,8 +79,12 @@ def check_data_dir(data: str) -> None:
     if not stat.S_ISDIR(st.st_mode):
         raise DataDirError(f"--data {data} is {_kind(st.st_mode)}, not a directory: point --data "
                            "at a directory (it is created if missing)")
-    # The lock file is the first file a node creates; /proc and /sys refuse it with
-    # ENOENT, a read-only mount with EROFS, a directory without write access with EACCES.
+
+
+def open_lock_file(data: str) -> int:
+    """Open (create) ``data/LOCK``, the first file a node creates. /proc and /sys refuse
+    it with ENOENT, a read-only mount with EROFS, a directory without write access
+    with EACCES; each is one DataDirError that says what to do."""
     lock = os.path.join(data, "LOCK")
     try:
         fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
@@ -89,13 +93,16 @@ def check_data_dir(data: str) -> None:
             raise DataDirError(f"cannot create files in --data {data} (is it on a pseudo file "
                                "system such as /proc or /sys?): use a directory on a disk") from None
         raise DataDirError(f"cannot create files in --data {os_problem(e)}") from None
-    try:
-        mode = os.fstat(fd).st_mode
-    finally:
-        os.close(fd)
+    mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
+        os.close(fd)
         raise DataDirError(f"{lock} is {_kind(mode)}, not the node's lock file: remove it and "
                            "start again")
+    return fd
+
+
+def read_node_id(data: str) -> str | None:
+    """The id in ``data/node.id`` (None for a new data dir): UTF-8 text in a regular file."""
     node_id = os.path.join(data, "node.id")
     try:
         st = os.stat(node_id)
@@ -103,9 +110,9 @@ def check_data_dir(data: str) -> None:
             raise DataDirError(f"{node_id} is {_kind(st.st_mode)}, not the file of this data "
                                "dir's node id: move it aside")
         with open(node_id, "rb") as f:
-            f.read(4096).decode("utf-8")
+            return f.read(4096).decode("utf-8").strip()
     except FileNotFoundError:
-        pass                        # a new data dir: the node writes it
+        return None                 # a new data dir: the node writes it
     except OSError as e:
         raise DataDirError(f"cannot read the node id: {os_problem(e)}") from None
     except UnicodeDecodeError:
