@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 from typing import Iterator
 
 from .errors import OutOfDiskError, translate_os_error
@@ -112,3 +113,33 @@ def atomic_write(path: str, data: bytes, *, error: type[OutOfDiskError] = OutOfD
     io.close(fd)
     io.replace(tmp, path)
     io.fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
+class NotRegularFile(Exception):
+    """:func:`read_regular` found something other than a regular file."""
+
+
+class FileTooLarge(Exception):
+    """:func:`read_regular` found a file over its limit; ``size`` is its size."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        super().__init__(f"{size} bytes")
+
+
+def read_regular(path: str, limit: int | None = None) -> bytes:
+    """The bytes of ``path``, a small file Ferry reads whole (config, plan, states).
+    Opened non-blocking, so a FIFO in its place cannot hang the reader; anything but a
+    regular file raises :class:`NotRegularFile`, one over ``limit`` bytes
+    :class:`FileTooLarge` unread (at most ``limit + 1`` bytes are read if it grows
+    meanwhile, so the caller's own check still sees it). OSError as it comes."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFile(path)
+        if limit is None:
+            return f.read()
+        if st.st_size > limit:
+            raise FileTooLarge(st.st_size)
+        return f.read(limit + 1)

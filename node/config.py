@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 import tomllib
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
+
+from faults import fileio
 
 from .errors import ConfigError
 
@@ -208,16 +209,13 @@ def read_toml(path: str) -> dict[str, Any]:
     Opened non-blocking and only if it is a regular file: ``--config`` naming a FIFO
     hung the start, ``/dev/zero`` read until memory ran out."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        with os.fdopen(fd, "rb") as f:
-            st = os.fstat(f.fileno())
-            if not stat.S_ISREG(st.st_mode):
-                raise ConfigError(f"config {path} is not a regular file; point --config at a "
-                                  "TOML file")
-            if st.st_size > MAX_CONFIG_BYTES:
-                raise ConfigError(f"config {path} is {st.st_size} bytes; a node's config is "
-                                  f"a few KiB (at most {MAX_CONFIG_BYTES} bytes are read)")
-            raw = f.read(MAX_CONFIG_BYTES + 1)
+        raw = fileio.read_regular(path, MAX_CONFIG_BYTES)
+    except fileio.NotRegularFile:
+        raise ConfigError(f"config {path} is not a regular file; point --config at a "
+                          "TOML file") from None
+    except fileio.FileTooLarge as e:
+        raise ConfigError(f"config {path} is {e.size} bytes; a node's config is "
+                          f"a few KiB (at most {MAX_CONFIG_BYTES} bytes are read)") from None
     except OSError as e:
         raise ConfigError(f"cannot read config {path}: {e.strerror}") from None
     try:

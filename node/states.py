@@ -24,7 +24,6 @@ from __future__ import annotations
 import enum
 import json
 import os
-import stat
 import threading
 from typing import Callable, Iterator
 
@@ -77,17 +76,11 @@ class StateTable:
             return DataDirError(f"cannot read partition states {self.path}: {why}; the file is "
                                 "written atomically, so this is damage: restore it or wipe the data dir")
         try:
-            # non-blocking: a FIFO in its place must not hang the start
-            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            doc = json.loads(fileio.read_regular(self.path))   # a FIFO must not hang the start
         except FileNotFoundError:
             return
-        except OSError as e:
-            raise damaged(e.strerror or str(e)) from None
-        try:
-            with os.fdopen(fd, "rb") as f:
-                if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                    raise damaged("not a regular file")
-                doc = json.loads(f.read())
+        except fileio.NotRegularFile:
+            raise damaged("not a regular file") from None
         except OSError as e:
             raise damaged(e.strerror or str(e)) from None
         except (ValueError, RecursionError) as e:       # UnicodeDecodeError is a ValueError

@@ -25,7 +25,6 @@ import hashlib
 import json
 import logging
 import os
-import stat
 import threading
 import time
 from typing import Any
@@ -256,18 +255,13 @@ def read_plan(path: str) -> bytes:
     """The bytes of a plan file: a regular file of at most MAX_PLAN_BYTES (larger ones
     are refused unread). Opened non-blocking, so a FIFO dropped in plans/ cannot hang
     the plan thread."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise PlanError("not a regular file")
-        if st.st_size > MAX_PLAN_BYTES:
-            raise PlanError(f"plan is {st.st_size} bytes, more than the limit of "
-                            f"{MAX_PLAN_BYTES}; split it into smaller plans")
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            return f.read(MAX_PLAN_BYTES + 1)     # parse_plan refuses what grew meanwhile
-    finally:
-        os.close(fd)
+        return fileio.read_regular(path, MAX_PLAN_BYTES)  # parse_plan refuses what grew meanwhile
+    except fileio.NotRegularFile:
+        raise PlanError("not a regular file") from None
+    except fileio.FileTooLarge as e:
+        raise PlanError(f"plan is {e.size} bytes, more than the limit of "
+                        f"{MAX_PLAN_BYTES}; split it into smaller plans") from None
 
 
 def status_path(plan_path: str) -> str:
