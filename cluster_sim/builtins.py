@@ -6,9 +6,10 @@ copies, serves writes and checkpoints).
 """
 from __future__ import annotations
 
+from .drivers.cluster import LEASE_TTL_S
 from .scenario import CONTROLLER, LEADER, CacheSpec, DiskSpec, Event, Scenario, WorkloadSpec
 
-TTL = 2.0           # the cluster driver's lease TTL (drivers/cluster.py LEASE_TTL_S)
+TTL = float(LEASE_TTL_S)    # the nodes' lease: the faults below last whole TTLs
 
 # The partition and control-plane scenarios (no crash plan needed: the faults are the
 # events); the matrix runs each once per seed (matrix.FAULTS)
