@@ -62,6 +62,11 @@ class ClusterDriver(ClusterFaults, Driver):
             self.net.attach(self)       # container mode (drivers/container.py): slow disks, checks
         self.last_problems: list[str] = []
         self.write_stats = WriteStats()
+        from node.wire import Pool, load_secret
+        # the harness's own calls (status, maps): settling, the convergence clock and the
+        # lease watchers poll every 0.2 s; one pool reuses their connections instead of
+        # dialling and authenticating (and reading the secret) for every call
+        self.pool = Pool(load_secret(self.secret_file), role="client")
 
     def address(self, node: str) -> str:
         """Where the node listens (the harness's clients and status use it)."""
@@ -172,6 +177,7 @@ class ClusterDriver(ClusterFaults, Driver):
         try:
             super().cleanup()
         finally:
+            self.pool.close()
             if hasattr(self.net, "release"):
                 self.net.release()      # container mode: containers, slow disks
 
@@ -197,14 +203,10 @@ class ClusterDriver(ClusterFaults, Driver):
     def status_of(self, node: str) -> dict[str, Any] | None:
         """``cluster status`` as seen from ``node`` (None when it does not answer)."""
         from node.status import collect
-        from node.wire import Pool, load_secret
-        pool = Pool(load_secret(self.secret_file), role="client")
         try:
-            return collect(pool, self.address(node))
+            return collect(self.pool, self.address(node))
         except Exception:  # noqa: BLE001 - down or restarting: the caller tries another
             return None
-        finally:
-            pool.close()
 
     def sample(self) -> None:
         doc = self.status()
@@ -222,14 +224,10 @@ class ClusterDriver(ClusterFaults, Driver):
     def map_of(self, node: str) -> Any:
         """``node``'s own map (a ``ClusterMap``), None when it does not answer."""
         from node.cluster_map import ClusterMap
-        from node.wire import Pool, load_secret
-        pool = Pool(load_secret(self.secret_file), role="client")
         try:
-            return ClusterMap.from_wire(pool.call(self.address(node), "get_map", timeout=5.0))
+            return ClusterMap.from_wire(self.pool.call(self.address(node), "get_map", timeout=5.0))
         except Exception:  # noqa: BLE001 - down or restarting
             return None
-        finally:
-            pool.close()
 
     def expected(self) -> set[str]:
         """The nodes that should be live members: started, not left."""
