@@ -151,17 +151,25 @@ class ClusterFaults:
         return self.partitions.flapping()
 
     # -- control-plane cuts --------------------------------------------------------------
+    def dropped_by(self: Any, node: str) -> str | None:
+        """A running node whose map no longer has ``node`` as a member (its lease ended
+        in etcd), or None."""
+        for peer, p in self.procs.items():
+            if peer != node and p.alive():
+                m = self.map_of(peer)
+                if m is not None and m.members and node not in m.members:
+                    return peer
+        return None
+
     def _await_gone(self: Any, node: str, since: float) -> None:
         """Until another node's map drops ``node`` (its lease expired in etcd): marked
         on the timeline; ``_check_control_cuts`` holds a long cut to it."""
         while not self._gone_watch.wait(0.2):
-            for peer in (n for n in self.live_pids() if n != node):
-                m = self.map_of(peer)
-                if m is not None and m.members and node not in m.members:
-                    self.gone[node] = round(time.monotonic() - since, 2)
-                    self.timeline.mark(node, "lease expired", f"{self.gone[node]:.1f}s after the cut "
-                                       f"(seen by {peer})")
-                    return
+            if (peer := self.dropped_by(node)) is not None:
+                self.gone[node] = round(time.monotonic() - since, 2)
+                self.timeline.mark(node, "lease expired", f"{self.gone[node]:.1f}s after the cut "
+                                   f"(seen by {peer})")
+                return
 
     def _check_control_cuts(self: Any) -> None:
         self._gone_watch.set()          # the watchers of this cut stop

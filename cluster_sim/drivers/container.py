@@ -207,15 +207,11 @@ class ContainerMode:
         """While ``node`` is frozen: until another node's map drops it (timeline mark)."""
         since = self.paused.get(node, time.monotonic())
         while node in self.paused and not self._stop.is_set():
-            for peer, p in self.procs.items():
-                if peer == node or not p.alive():
-                    continue
-                m = self.driver.map_of(peer)
-                if m is not None and m.members and node not in m.members:
-                    self.gone[node] = round(time.monotonic() - since, 2)
-                    self.driver.timeline.mark(node, "lease expired",
-                                              f"{self.gone[node]:.1f}s into the pause (seen by {peer})")
-                    return
+            if (peer := self.driver.dropped_by(node)) is not None:
+                self.gone[node] = round(time.monotonic() - since, 2)
+                self.driver.timeline.mark(node, "lease expired",
+                                          f"{self.gone[node]:.1f}s into the pause (seen by {peer})")
+                return
             self._stop.wait(0.2)
 
     # -- slow disk and memory --------------------------------------------------------------
