@@ -103,16 +103,25 @@ class Tmpfs:
             pass
 
     def unmount(self) -> None:
-        """Keep the contents (a kept run folder must still show the node's files): copy
-        them out, unmount, and put the copy where the mount was."""
+        """Unmount, keeping the node's files (without the filler)."""
         if not self.mounted:
             return
         self.free()
-        copy = self.path.rstrip("/") + ".copy"
-        shutil.copytree(self.path, copy, symlinks=True, dirs_exist_ok=True)
-        r = subprocess.run(["umount", self.path], capture_output=True, text=True, timeout=30)
-        if r.returncode != 0:      # a straggler holds a file: detach now, freed when it exits
-            subprocess.run(["umount", "-l", self.path], capture_output=True, timeout=30)
+        unmount_keeping(self.path)
         self.mounted = False
-        shutil.rmtree(self.path, ignore_errors=True)
-        os.rename(copy, self.path)
+
+
+def unmount_keeping(path: str, keep: bool = True) -> None:
+    """Unmount ``path``; ``keep``: with its files still there afterwards (a kept run
+    folder must still show the node's data): copied out first, put back where the
+    mount was."""
+    copy = path.rstrip("/") + ".copy"
+    if keep and os.path.isdir(path):
+        shutil.copytree(path, copy, symlinks=True, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("lost+found"))
+    r = subprocess.run(["umount", path], capture_output=True, timeout=60)
+    if r.returncode != 0:      # a straggler holds a file: detach now, freed when it exits
+        subprocess.run(["umount", "-l", path], capture_output=True, timeout=60)
+    if os.path.isdir(copy):
+        shutil.rmtree(path, ignore_errors=True)
+        os.rename(copy, path)

@@ -20,7 +20,7 @@ import shutil
 import subprocess
 import tempfile
 
-from .diskfull import SimSkipped
+from .diskfull import SimSkipped, unmount_keeping
 from .errors import SimError
 
 
@@ -81,17 +81,8 @@ class LoopDisk:
         node's data) by copying them out first; detach the device, delete the image."""
         if not self.device:
             return
-        copy = self.path + ".copy"
-        if keep and os.path.isdir(self.path):
-            shutil.copytree(self.path, copy, symlinks=True, dirs_exist_ok=True,
-                            ignore=shutil.ignore_patterns("lost+found"))
-        r = subprocess.run(["umount", self.path], capture_output=True, timeout=60)
-        if r.returncode != 0:       # a straggler holds a file: detach now, freed when it exits
-            subprocess.run(["umount", "-l", self.path], capture_output=True, timeout=60)
+        unmount_keeping(self.path, keep)
         self._detach()
-        if os.path.isdir(copy):
-            shutil.rmtree(self.path, ignore_errors=True)
-            os.rename(copy, self.path)
 
     def _detach(self) -> None:
         if self.device:
