@@ -84,10 +84,7 @@ class Engine:
     host: str
     dir: str | None = None
     _image: str | None = field(default=None, repr=False)
-    _saved: Any = field(default=None, repr=False)     # DOCKER_HOST before activate()
-
-    def __post_init__(self) -> None:
-        self._saved = _UNSET
+    _saved: Any = field(default=_UNSET, repr=False)   # DOCKER_HOST before activate()
 
     @classmethod
     def find_or_start(cls) -> Engine:
