@@ -23,17 +23,19 @@ def _mark(r: cluster_sim.RunResult, kind: str) -> list[Mark]:
     return [m for m in r.timeline.marks if m.kind == kind]
 
 
-def _refused_by(r: cluster_sim.RunResult, node: str) -> int:
-    """Writes the node itself refused (from the run's write statistics mark)."""
+def _write_stats(r: cluster_sim.RunResult, node: str) -> str:
+    """The node's part of the run's write statistics mark."""
     stats = _mark(r, "writes")[-1].detail
-    mine = next((part for part in stats.split("; ") if part.startswith(f"{node}:")), "")
-    return sum(int(n) for n in re.findall(r"(\d+) (?:unavailable|not_primary)", mine))
+    return next((part for part in stats.split("; ") if part.startswith(f"{node}:")), "")
+
+
+def _refused_by(r: cluster_sim.RunResult, node: str) -> int:
+    """Writes the node itself refused."""
+    return sum(int(n) for n in re.findall(r"(\d+) (?:unavailable|not_primary)", _write_stats(r, node)))
 
 
 def _routed_via(r: cluster_sim.RunResult, node: str) -> int:
-    stats = _mark(r, "writes")[-1].detail
-    mine = next((part for part in stats.split("; ") if part.startswith(f"{node}:")), "")
-    m = re.search(r"(\d+) routed", mine)
+    m = re.search(r"(\d+) routed", _write_stats(r, node))
     return int(m.group(1)) if m else 0
 
 
