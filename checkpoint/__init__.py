@@ -5,6 +5,8 @@ Public face:
 - :mod:`checkpoint.pagefile` - THE decoder of ``part-<p>.bin`` (stdlib + crc32c only):
   ``Meta``, ``Entry``, ``PageProblem``, ``read_meta``, ``iter_entries``, ``verify``,
   ``check_page``, ``CorruptPageError``.
+- :mod:`checkpoint.layout` - the page file's layout, and ``part_name`` /
+  ``parse_part_name`` (``part-<p>.bin``), the one spelling of a partition's file name.
 - :class:`PartitionStore` - a node's partitions with page memory, node WAL and
   checkpointer (``checkpoint.store``).
 - :class:`TransferSnapshot`, :func:`overlay` - copy-on-write transfer snapshots.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .layout import parse_part_name, part_name
 from .pagefile import (CheckpointError, CorruptPageError, Entry, Meta, PageProblem,
                        check_page, iter_entries, read_meta, verify)
 
@@ -41,4 +44,4 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = ["CheckpointError", "CorruptPageError", "Entry", "Meta", "PageProblem", "check_page",
-           "iter_entries", "read_meta", "verify", *_LAZY]
+           "iter_entries", "parse_part_name", "part_name", "read_meta", "verify", *_LAZY]

@@ -17,7 +17,6 @@ The format is written out in ``docs/formats.md`` ("Partition page files"); in sh
 """
 from __future__ import annotations
 
-import enum
 import os
 import struct
 from array import array
@@ -31,38 +30,11 @@ try:  # the error base, when the rest of Ferry is importable (not required)
 except ImportError:  # pragma: no cover - executors that ship this file alone
     _Base = Exception  # type: ignore[misc,assignment]
 
-FORMAT_VERSION = 1
-MAGIC = b"FERRYPG\x00"
-MIN_PAGE_SIZE = 1024
-MAX_PAGE_SIZE = 65536
-MAX_VALUE = 16 * 1024 * 1024      # values up to 16 MiB (overflow chains)
+from .layout import (ENTRY, F_OVERFLOW, F_TOMBSTONE, FORMAT_VERSION, HDR, HEADER,
+                     KNOWN_FLAGS as _KNOWN_FLAGS, MAGIC, MAX_PAGE_SIZE, MAX_VALUE, META,
+                     META_END, MIN_PAGE_SIZE, PTR, SLOT, EntryFlag, Meta, PageType,
+                     encode_meta, entry_size, page_crc, seal, seal_many, valid_page_size)
 
-HEADER = struct.Struct("<IIBBHI")  # crc, index, type, flags, count, aux
-META = struct.Struct("<8sHHIIIQ")  # magic, version, reserved, partition, page_size, page_count, counter
-ENTRY = struct.Struct("<BHIQ")     # flags, key_len, value_len, counter
-SLOT = struct.Struct("<H")
-PTR = struct.Struct("<I")
-HDR = HEADER.size                  # 16
-META_END = HDR + META.size
-
-
-class PageType(enum.IntEnum):
-    META = 1
-    DATA = 2
-    OVERFLOW = 3
-    FREE = 4
-
-
-class EntryFlag(enum.IntFlag):
-    TOMBSTONE = 1
-    OVERFLOW = 2
-
-
-# Plain ints for the per-entry hot paths: ``flags & EntryFlag.X`` runs enum's Python
-# __and__ and costs microseconds per entry; these are the same values.
-F_TOMBSTONE = int(EntryFlag.TOMBSTONE)
-F_OVERFLOW = int(EntryFlag.OVERFLOW)
-_KNOWN_FLAGS = F_TOMBSTONE | F_OVERFLOW
 _DATA = int(PageType.DATA)
 
 
@@ -122,15 +94,6 @@ class CorruptPageError(CheckpointError):
             "the file cannot be trusted - restore it from another owner or re-run the transfer")
 
 
-@dataclass(frozen=True)
-class Meta:
-    version: int
-    partition: int
-    page_size: int
-    page_count: int
-    counter: int
-
-
 class Entry(NamedTuple):
     """One decoded entry. A NamedTuple, not a dataclass: millions are built per scan
     and a tuple is the cheapest immutable record Python can make."""
@@ -145,42 +108,6 @@ class PageProblem:
     page: int
     offset: int
     reason: str
-
-
-def valid_page_size(n: int) -> bool:
-    return MIN_PAGE_SIZE <= n <= MAX_PAGE_SIZE and n & (n - 1) == 0
-
-
-def page_crc(buf: bytes | bytearray | memoryview) -> int:
-    return crc32c.crc32c(memoryview(buf)[4:])
-
-
-def seal(buf: bytearray) -> None:
-    """Store the CRC of ``buf`` in its header (done when a page is written)."""
-    struct.pack_into("<I", buf, 0, page_crc(buf))
-
-
-def seal_many(bufs: list[bytearray]) -> None:
-    """:func:`seal` for each page of a checkpoint write run, with the per-page call
-    overhead hoisted out of the loop (the checkpointer seals every page it writes)."""
-    pack, crc, view = _CRC_FIELD.pack_into, crc32c.crc32c, memoryview
-    for buf in bufs:
-        pack(buf, 0, crc(view(buf)[4:]))
-
-
-_CRC_FIELD = struct.Struct("<I")
-
-
-def encode_meta(partition: int, page_size: int, page_count: int, counter: int) -> bytearray:
-    buf = bytearray(page_size)
-    HEADER.pack_into(buf, 0, 0, 0, PageType.META, 0, 0, 0)
-    META.pack_into(buf, HDR, MAGIC, FORMAT_VERSION, 0, partition, page_size, page_count, counter)
-    seal(buf)
-    return buf
-
-
-def entry_size(key_len: int, stored_value_len: int) -> int:
-    return ENTRY.size + key_len + stored_value_len
 
 
 def check_page(buf: bytes | bytearray | memoryview, page_index: int, page_size: int) -> str | None:
