@@ -15,10 +15,10 @@ from .definitions import IndexDefinition
 from .errors import (BadQueryError, BadValueError, IndexCorruptError, IndexDefinitionError,
                      IndexNotReadyError, IndexStoreError, OutOfDiskError, RebuildCancelled,
                      UniqueViolationError)
-from .rebuild import Progress, RebuildResult
+from .results import Progress, RebuildResult
 from .scanpool import ScanPool
-from .source import EMPTY, MemorySource, PartitionFileSource
-from .store import IndexStore, Source
+from .source import EMPTY, MemorySource, PartitionFileSource, Source
+from .store import IndexStore
 from .verify import EntryRef, VerifyReport, WrongEntry
 
 __all__ = [

@@ -20,13 +20,16 @@ try:  # orjson parses a 100-byte document ~5x faster than json; optional.
 except ImportError:  # pragma: no cover - depends on the environment
     _orjson = None
 
+# orjson accepts a subset of what json accepts and parses it identically, so a
+# document it parses needs no second opinion (see _json_loads); None without orjson.
+fast_json_loads: Callable[[bytes], Any] | None = _orjson.loads if _orjson is not None else None
+
 ON_BAD = ("skip", "refuse")
 TYPES = (None, "int", "number", "str", "bool", "bytes")
 CODECS = ("json", "msgpack")
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
-_MISSING = object()
-_CACHED = (int, float, str)      # bool/None are cheap; bytes are rare
-_CACHE_MAX = 1 << 16
+MISSING = object()
+"""What :func:`field_value` gives for a path the document does not have."""
 
 
 class BadDocument(ValueError):
@@ -148,7 +151,7 @@ class Bad(NamedTuple):
     reason: str
 
 
-def _type_ok(want: str | None, v: object) -> bool:
+def type_ok(want: str | None, v: object) -> bool:
     t = type(v)
     if want is None:
         return True
@@ -164,19 +167,15 @@ def _type_ok(want: str | None, v: object) -> bool:
 
 
 def field_value(doc: Any, path: tuple[str, ...]) -> object:
-    """The value at ``path`` in ``doc``, or the _MISSING sentinel."""
+    """The value at ``path`` in ``doc``, or the :data:`MISSING` sentinel."""
     v = doc
     for seg in path:
         if type(v) is dict:
-            v = v.get(seg, _MISSING)
+            v = v.get(seg, MISSING)
         elif type(v) is list and seg.isdigit() and int(seg) < len(v):
             v = v[int(seg)]
         else:
-            return _MISSING
-        if v is _MISSING:
+            return MISSING
+        if v is MISSING:
             return v
     return v
-
-
-# The indexer lives in its own module (its rebuild hot path is long); re-exported here.
-from .indexer import Indexer  # noqa: E402,F401

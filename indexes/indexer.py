@@ -5,9 +5,14 @@ from __future__ import annotations
 from typing import Callable, Iterable
 
 from . import accel, keycodec
-from .definitions import (_CACHE_MAX, _CACHED, _MISSING, Bad, BadDocument, Entry,
-                          IndexDefinition, _orjson, _type_ok, document_decoder, field_value)
+from .definitions import (MISSING, Bad, BadDocument, Entry, IndexDefinition, document_decoder,
+                          fast_json_loads, field_value, type_ok)
 from .errors import BadValueError
+
+# The per-index encoding cache holds these types (bool/None are cheap; bytes are rare),
+# up to _CACHE_MAX values per index.
+_CACHED = (int, float, str)
+_CACHE_MAX = 1 << 16
 
 
 class Indexer:
@@ -26,9 +31,8 @@ class Indexer:
         self._fast = [(path[0] if len(path) == 1 else None, path, {}, d, iid, want)
                       for d, iid, path, want in self._compiled]
         self._top_level = all(len(path) == 1 for _d, _i, path, _w in self._compiled)
-        # orjson accepts a subset of what json accepts and parses it identically, so
-        # a document it parses needs no second opinion (see definitions._json_loads).
-        self._fast_loads = _orjson.loads if (codec == "json" and _orjson is not None) else None
+        # See definitions.fast_json_loads: a document orjson parses needs no json pass.
+        self._fast_loads = fast_json_loads if codec == "json" else None
         # The C path's specs (field as UTF-8, index id, type code), or None when it
         # cannot take these definitions (msgpack, nested paths, unencodable names).
         self._c_specs = self._accel_specs() if codec == "json" and self._top_level else None
@@ -67,10 +71,10 @@ class Indexer:
         bad: list[Bad] = []
         for d, iid, path, want in self._compiled:
             v = field_value(doc, path)
-            if v is _MISSING:
+            if v is MISSING:
                 bad.append(Bad(d, f"field {'.'.join(path)!r} is missing"))
                 continue
-            if not _type_ok(want, v):
+            if not type_ok(want, v):
                 bad.append(Bad(d, f"field {'.'.join(path)!r} is a {type(v).__name__}, "
                                   f"expected {want}"))
                 continue
@@ -102,7 +106,7 @@ class Indexer:
         for spec in self._fast:
             field, path, cache = spec[0], spec[1], spec[2]
             if field is not None and type(doc) is dict:
-                v = doc.get(field, _MISSING)
+                v = doc.get(field, MISSING)
             else:
                 v = field_value(doc, path)
             try:
@@ -124,9 +128,9 @@ class Indexer:
         """One index's entry of field value ``v``, the uncached way; fills the cache."""
         _field, path, cache, d, iid, want = spec
         t = type(v)
-        if v is _MISSING:
+        if v is MISSING:
             return Bad(d, f"field {'.'.join(path)!r} is missing")
-        if want is not None and not _type_ok(want, v):
+        if want is not None and not type_ok(want, v):
             return Bad(d, f"field {'.'.join(path)!r} is a {t.__name__}, expected {want}")
         try:
             enc = keycodec.encode_value(v)
@@ -177,7 +181,7 @@ class Indexer:
                 n += 1
             return n
         feed, one, specs = self.feed, self._one, self._fast
-        missing = _MISSING
+        missing = MISSING
         n = 0
         for pk, raw in items:
             n += 1

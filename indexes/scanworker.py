@@ -25,9 +25,11 @@ import os
 import select
 import subprocess
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from .errors import IndexStoreError
+from .indexer import Indexer
+from .source import PartitionFileSource, Source
 
 _BATCH = 1024
 MAX_SAMPLES = 20
@@ -114,11 +116,7 @@ class ScanWorker:
                 self.close()
         elif "error" in msg:
             self.proc.wait()
-            e = msg["error"]
-            if e.get("page") is not None:
-                from checkpoint.pagefile import CorruptPageError
-                raise CorruptPageError(e["path"], e["page"], e["offset"], e["reason"])
-            raise IndexStoreError(f"scan worker of {self.task['path']} failed: {e['message']}")
+            raise _error_of(msg["error"], self.task["path"])
 
     def close(self) -> None:
         """End the process after its task: stdin closed, it exits."""
@@ -141,13 +139,12 @@ class ScanWorker:
         self._close_pipes()
 
 
-def plan(source: Any, partition: int, workers: int | None) -> tuple[str, int, int] | None:
+def plan(source: Source, partition: int, workers: int | None) -> tuple[str, int, int] | None:
     """(file, page count, processes) when the scan should be shared, else None.
     ``workers=None``: 2 processes for a file of PARALLEL_MIN_BYTES or more when a
     CPU is idle (see idle_cpu); 1 or 0: never; n: n processes."""
-    from checkpoint.pagefile import CorruptPageError, read_meta
+    from checkpoint import CorruptPageError, read_meta
 
-    from .source import PartitionFileSource
     if (workers is not None and workers <= 1) or not isinstance(source, PartitionFileSource):
         return None
     path = source.file_for(partition)
@@ -178,11 +175,12 @@ def idle_cpu() -> bool:
 
 
 
-def common_task(store: Any, path: str, memory: int) -> dict[str, Any]:
-    """What every worker of one scan is told: the file and how to index it."""
-    ix = store.indexer
-    return {"path": path, "definitions": [d.to_json() for d in ix.definitions],
-            "ids": dict(store.schema.ids), "codec": ix.codec, "max_key": ix.max_key,
+def common_task(indexer: Indexer, ids: Mapping[str, int], path: str,
+                memory: int) -> dict[str, Any]:
+    """What every worker of one scan is told: the file and how to index it (``ids``:
+    the schema's index ids)."""
+    return {"path": path, "definitions": [d.to_json() for d in indexer.definitions],
+            "ids": dict(ids), "codec": indexer.codec, "max_key": indexer.max_key,
             "memory": memory}
 
 
@@ -193,10 +191,10 @@ def task(common: dict[str, Any], scratch: str, i: int) -> dict[str, Any]:
     return dict(common, scratch=os.path.join(scratch, f"w{i}-{os.urandom(4).hex()}"))
 
 
-def start(store: Any, path: str, workers: int, ranges: Ranges, scratch: str,
-          memory: int) -> list[ScanWorker]:
+def start(indexer: Indexer, ids: Mapping[str, int], path: str, workers: int, ranges: Ranges,
+          scratch: str, memory: int) -> list[ScanWorker]:
     """``workers - 1`` workers (the caller is the other process)."""
-    common = common_task(store, path, memory)
+    common = common_task(indexer, ids, path, memory)
     handles: list[ScanWorker] = []
     try:
         for i in range(1, workers):
@@ -213,7 +211,6 @@ def _run(task: dict[str, Any], ask: Callable[[int], tuple[int, int] | None]) -> 
 
     from .definitions import IndexDefinition
     from .extsort import ExternalSorter
-    from .indexer import Indexer
 
     defs = [IndexDefinition.from_json(d) for d in task["definitions"]]
     ix = Indexer(defs, task["ids"], task["codec"], task["max_key"])
@@ -264,11 +261,32 @@ def _serve(task: dict[str, Any]) -> None:
     try:
         _say({"result": _run(task, ask)})
     except Exception as e:  # noqa: BLE001 - every failure goes back to the rebuild
-        err: dict[str, Any] = {"message": f"{type(e).__name__}: {e}"}
-        if type(e).__name__ == "CorruptPageError":
-            err.update(path=e.path, page=e.page, offset=e.offset, reason=e.reason)  # type: ignore[attr-defined]
-        _say({"error": err})
+        _say({"error": _error_message(e)})
         raise SystemExit(1) from None
+
+
+# An error crosses the process boundary as JSON: its ``kind`` names the class the
+# parent raises again (with the fields that class is built from); any other error is
+# an IndexStoreError carrying the worker's message.
+KIND_CORRUPT_PAGE = "corrupt_page"
+
+
+def _error_message(e: Exception) -> dict[str, Any]:
+    """The worker's side: ``e`` as the ``{"error": ...}`` message's body."""
+    from checkpoint import CorruptPageError     # the worker has read pages: loaded
+    err: dict[str, Any] = {"message": f"{type(e).__name__}: {e}"}
+    if isinstance(e, CorruptPageError):
+        err.update(kind=KIND_CORRUPT_PAGE, path=e.path, page=e.page, offset=e.offset,
+                   reason=e.reason)
+    return err
+
+
+def _error_of(err: dict[str, Any], path: str) -> Exception:
+    """The parent's side: the error a worker's ``{"error": ...}`` message stands for."""
+    if err.get("kind") == KIND_CORRUPT_PAGE:
+        from checkpoint import CorruptPageError
+        return CorruptPageError(err["path"], err["page"], err["offset"], err["reason"])
+    return IndexStoreError(f"scan worker of {path} failed: {err['message']}")
 
 
 if __name__ == "__main__":

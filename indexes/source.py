@@ -4,11 +4,19 @@ progress a total."""
 from __future__ import annotations
 
 import os
-from typing import Iterable, Iterator, Mapping
+from typing import Iterable, Iterator, Mapping, Protocol
 
 from .errors import IndexStoreError
 
 PARTITION_FILE = "part-{p}.bin"
+
+
+class Source(Protocol):
+    """Anything that lists a partition's live (key, value) pairs. A source may also
+    have ``scan_batches(partition)`` (the same pairs in lists; rebuild and verify
+    prefer it) and ``count(partition)`` (progress totals)."""
+
+    def scan(self, partition: int) -> Iterable[tuple[bytes, bytes]]: ...
 
 
 class PartitionFileSource:

@@ -12,23 +12,25 @@ neither updated nor served from a partial index.
 from __future__ import annotations
 
 import heapq
-from typing import Any, Callable, Iterable, Iterator, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 import lmdb
 
 from . import keycodec, meta
-from .definitions import Entry, IndexDefinition, Indexer
+from .definitions import Entry, IndexDefinition
 from .errors import (BadQueryError, IndexDefinitionError, IndexNotReadyError,
                      UniqueViolationError)
+from .indexer import Indexer
 from .lmdbenv import INITIAL_MAP, MAX_DBS, LmdbEnv
+from .rebuild import rebuild as _rebuild
+from .results import Progress, RebuildResult
+from .source import Source
+from .verify import VerifyReport, verify as _verify
 
+if TYPE_CHECKING:
+    from .scanpool import ScanPool
 
-class Source(Protocol):
-    """Anything that lists a partition's live (key, value) pairs. A source may also
-    have ``scan_batches(partition)`` (the same pairs in lists; rebuild and verify
-    prefer it) and ``count(partition)`` (progress totals)."""
-
-    def scan(self, partition: int) -> Iterable[tuple[bytes, bytes]]: ...
+__all__ = ["IndexStore", "Source"]
 
 
 class IndexStore:
@@ -95,7 +97,15 @@ class IndexStore:
         """The partition's ready marker as stored (None when absent)."""
         return self._markers.get(partition)
 
-    def _set_ready(self, partition: int, entries: int, bad: int) -> None:
+    @property
+    def env(self) -> LmdbEnv:
+        """The store's LMDB environment: rebuild and verify read and write a
+        partition's database through it."""
+        return self._env
+
+    def mark_ready(self, partition: int, entries: int, bad: int) -> None:
+        """Write the partition's ready marker (a rebuild's last step: every entry is
+        committed before it)."""
         fp = self.schema.fingerprint
         env = self._env
         env.write(lambda txn: meta.put_ready(txn, env.meta, partition, fp, entries, bad))
@@ -117,6 +127,10 @@ class IndexStore:
         if delete_db:
             env.forget_db(partition)
         self._markers.pop(partition, None)
+
+    def clear(self, partition: int) -> None:
+        """Make the partition not ready and empty its database (a rebuild's first step)."""
+        self._clear(partition, delete_db=False)
 
     def drop(self, partition: int) -> None:
         """Forget the partition's index entries (it was evicted or is about to move)."""
@@ -243,23 +257,21 @@ class IndexStore:
 
     # -- rebuild and verify ------------------------------------------------------------
     def rebuild(self, partition: int, source: Source, *,
-                progress: Callable[[Any], None] | None = None,
+                progress: Callable[[Progress], None] | None = None,
                 cancel: Any = None, memory_limit: int | None = None,
                 batch: int | None = None, workers: int | None = None,
-                pool: Any = None) -> Any:
+                pool: ScanPool | None = None) -> RebuildResult:
         """Rebuild the partition's entries from ``source.scan(partition)``; see
         :func:`indexes.rebuild.rebuild` (``workers``: processes sharing the scan of a
         partition file, see :mod:`indexes.scanworker`; ``pool``: a
         :class:`~indexes.scanpool.ScanPool` that takes the whole scan of a file)."""
-        from .rebuild import rebuild
-        return rebuild(self, partition, source, progress=progress, cancel=cancel,
+        return _rebuild(self, partition, source, progress=progress, cancel=cancel,
                        memory_limit=memory_limit, batch=batch, workers=workers, pool=pool)
 
     def verify(self, partition: int, source: Source, *, memory_limit: int | None = None,
-               max_details: int = 10_000) -> Any:
+               max_details: int = 10_000) -> VerifyReport:
         """Compare the partition's entries with the data: a VerifyReport."""
-        from .verify import verify
-        return verify(self, partition, source, memory_limit=memory_limit,
+        return _verify(self, partition, source, memory_limit=memory_limit,
                       max_details=max_details)
 
 

@@ -10,12 +10,8 @@ scanned by ``_ixaccel.unique_conflicts`` when the accelerator has it, else by
 from __future__ import annotations
 
 import bisect
-from typing import TYPE_CHECKING
-
 from . import accel, keycodec
-
-if TYPE_CHECKING:
-    from .rebuild import RebuildResult
+from .results import RebuildResult
 
 
 def unique_conflicts(keys: list[bytes], extra: dict[bytes, bytes], uniq: list[bytes],

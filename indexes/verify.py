@@ -12,16 +12,28 @@ from __future__ import annotations
 import os
 import shutil
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Iterator, Protocol
+
+import lmdb
 
 from . import keycodec
 from .extsort import DEFAULT_MEMORY, ExternalSorter
-from .rebuild import SCRATCH, RebuildResult, _Reporter, _scan
+from .lmdbenv import LmdbEnv
+from .results import RebuildResult, Reporter
+from .scan import SCRATCH, Indexed, scan_partition
+from .source import Source
 
-if TYPE_CHECKING:
-    from .store import IndexStore, Source
-
+# Entries read per LMDB read transaction (the store's lock is held for one chunk).
 _CHUNK = 10_000
+
+
+class Verifiable(Indexed, Protocol):
+    """What verify needs of an index store (:class:`~indexes.IndexStore` is one)."""
+
+    @property
+    def env(self) -> LmdbEnv: ...
+
+    def ready(self, partition: int) -> bool: ...
 
 
 def show(b: bytes) -> str:
@@ -90,14 +102,15 @@ class VerifyReport:
                 "wrong": [w.to_dict() for w in self.wrong]}
 
 
-def _stored(store: IndexStore, partition: int) -> Iterator[tuple[bytes, bytes]]:
-    env = store._env
+def stored(store: Verifiable, partition: int) -> Iterator[tuple[bytes, bytes]]:
+    """Every stored (LMDB key, data) of the partition, in key order, read in chunks."""
+    env = store.env
     db = env.partition_db(partition, create=False)
     if db is None:
         return
     after: bytes | None = None
     while True:
-        def chunk(txn: Any) -> list[tuple[bytes, bytes]]:
+        def chunk(txn: lmdb.Transaction) -> list[tuple[bytes, bytes]]:
             cur = txn.cursor(db=db)
             ok = cur.first() if after is None else cur.set_range(after)
             out: list[tuple[bytes, bytes]] = []
@@ -117,11 +130,11 @@ def _stored(store: IndexStore, partition: int) -> Iterator[tuple[bytes, bytes]]:
         after = got[-1][0]
 
 
-def verify(store: IndexStore, partition: int, source: Source, *,
+def verify(store: Verifiable, partition: int, source: Source, *,
            memory_limit: int | None = None, max_details: int = 10_000) -> VerifyReport:
     rep = VerifyReport(partition, store.ready(partition))
     names = {i: n for n, i in store.schema.ids.items()}
-    scratch = os.path.join(store._env.path, SCRATCH, f"verify-{partition}")
+    scratch = os.path.join(store.env.path, SCRATCH, f"verify-{partition}")
     shutil.rmtree(scratch, ignore_errors=True)
     sorter = ExternalSorter(scratch, memory_limit or DEFAULT_MEMORY)
     scan_res = RebuildResult(partition)
@@ -129,10 +142,10 @@ def verify(store: IndexStore, partition: int, source: Source, *,
     extra: list[tuple[bytes, bytes]] = []
     changed: list[tuple[tuple[bytes, bytes], tuple[bytes, bytes]]] = []
     try:
-        _scan(store, partition, source, sorter, scan_res, _Reporter(partition, None),
-              lambda: False)
+        scan_partition(store, partition, source, sorter, scan_res, Reporter(partition, None),
+                       lambda: False)
         rep.bad = scan_res.bad
-        exp, act = sorter.sorted(), _stored(store, partition)
+        exp, act = sorter.sorted(), stored(store, partition)
         e, a = next(exp, None), next(act, None)
         last_e = None
         while e is not None or a is not None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 
 from indexes import IndexStore, keycodec
-from indexes.verify import _stored
+from indexes.verify import stored
 
 
 def doc(**fields: object) -> bytes:
@@ -13,7 +13,7 @@ def doc(**fields: object) -> bytes:
 
 def dump(store: IndexStore, partition: int) -> list[tuple[bytes, bytes]]:
     """Every stored (LMDB key, data) of a partition, in key order."""
-    return list(_stored(store, partition))
+    return list(stored(store, partition))
 
 
 def decoded(store: IndexStore, partition: int) -> list[tuple[int, object, bytes]]:

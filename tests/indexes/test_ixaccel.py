@@ -14,7 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from indexes import accel
-from indexes.definitions import IndexDefinition, Indexer
+from indexes.definitions import IndexDefinition
+from indexes.indexer import Indexer
 
 try:
     import importlib

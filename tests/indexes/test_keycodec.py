@@ -109,7 +109,8 @@ def test_long_values_and_long_primary_keys_fit_lmdb() -> None:
 
 def test_feed_gives_the_same_entries_as_entries() -> None:
     """The rebuild's hot path (with its encoding cache) and the write path agree."""
-    from indexes.definitions import IndexDefinition, Indexer
+    from indexes.definitions import IndexDefinition
+    from indexes.indexer import Indexer
     defs = [IndexDefinition("a", "a"), IndexDefinition("b", "b.c", type="int"),
             IndexDefinition("n", "a", type="number")]
     ix = Indexer(defs, {"a": 1, "b": 2, "n": 3}, "json", 511)
@@ -131,7 +132,8 @@ def test_feed_many_gives_the_same_entries_and_bad_values_as_feed() -> None:
     type) against feed, on values that collide in a dict (1, 1.0, True), values
     orjson refuses but json takes (ints beyond 64 bits), unhashable fields, long
     primary keys and long values."""
-    from indexes.definitions import IndexDefinition, Indexer
+    from indexes.definitions import IndexDefinition
+    from indexes.indexer import Indexer
     defs = [IndexDefinition("a", "a"), IndexDefinition("i", "a", type="int"),
             IndexDefinition("s", "s", type="str", on_bad="refuse")]
     docs = [b'{"a": 1, "s": "x"}', b'{"a": 1.0, "s": "x"}', b'{"a": true, "s": "y"}',

@@ -147,7 +147,7 @@ def test_a_worker_that_fails_is_an_error_not_a_hang(tmp_path, part_dir, monkeypa
 
 def test_workers_alone_give_the_same_index(tmp_path, part_dir, monkeypatch) -> None:
     """The rebuild takes no range itself: every entry comes through the workers."""
-    from indexes import rebuild as rb
+    from indexes import scan as rb
     src = PartitionFileSource(part_dir)
     with IndexStore.open(str(tmp_path / "one"), DEFS) as one:
         a = one.rebuild(4, src, workers=1)
@@ -165,3 +165,16 @@ def test_small_files_and_other_sources_are_scanned_in_one_process(part_dir) -> N
     assert scanworker.plan(src, 4, None) is None            # below PARALLEL_MIN_BYTES
     assert scanworker.plan(src, 4, 1) is None
     assert scanworker.plan(src, 99, 2) is None              # no file: the scan says so
+
+
+def test_a_workers_error_crosses_the_pipe_as_its_kind() -> None:
+    """The worker names the error's kind in its message; the parent raises that class
+    again (a CorruptPageError stays one), anything else is an IndexStoreError."""
+    from checkpoint import CorruptPageError
+    from indexes import IndexStoreError
+    err = CorruptPageError("/d/part-4.bin", 7, 7 * 4096, "bad crc")
+    msg = json.loads(json.dumps(scanworker._error_message(err)))
+    back = scanworker._error_of(msg, "/d/part-4.bin")
+    assert isinstance(back, CorruptPageError) and str(back) == str(err)
+    other = scanworker._error_of(scanworker._error_message(ValueError("boom")), "/d/x")
+    assert type(other) is IndexStoreError and "ValueError: boom" in str(other)

@@ -12,7 +12,7 @@ import pytest
 
 from checkpoint import pagefile
 from indexes import IndexStore, PartitionFileSource, RebuildCancelled, ScanPool, scanworker
-from indexes import rebuild as rb
+from indexes import scan as rb
 from indexes.testing import write_partition_file
 
 from idx_helpers import dump
