@@ -126,6 +126,8 @@ def rebuild_cmd(data: str, index: str, partitions: tuple[int, ...], defs: tuple[
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                                TimeRemainingColumn)
 
+    from checkpoint import CheckpointError  # the partition files' decoder (lower layer)
+
     from .errors import IndexStoreError
     from .source import PartitionFileSource
     index = _index_dir(index)
@@ -161,12 +163,8 @@ def rebuild_cmd(data: str, index: str, partitions: tuple[int, ...], defs: tuple[
                                   f"{res.unique_conflicts} unique conflicts, {res.runs} runs)")
         # which code did the per-value work (indexes/accel.py): "c" or "python"
         value_path = "c" if store.indexer.accelerated else "python"
-    except IndexStoreError as e:
+    except (IndexStoreError, CheckpointError) as e:  # CheckpointError: e.g. a corrupt page
         raise click.ClickException(str(e)) from None
-    except Exception as e:  # a partition file that cannot be read, e.g. a corrupt page
-        if type(e).__name__ in ("CorruptPageError", "CheckpointError"):
-            raise click.ClickException(str(e)) from None
-        raise
     finally:
         store.close()
     if as_json:

@@ -14,7 +14,6 @@ from typing import Any
 import click
 
 # Failures worth another attempt (the next attempt resumes from the verified chunks).
-_RETRYABLE = ("PeerClosed",)
 MAX_PARTITION = 2**31 - 1     # transfer.messages.MAX_PARTITION (not imported: --help stays light)
 
 
@@ -142,7 +141,7 @@ def fetch(peer: str, partitions: tuple[int, ...], dest: str, cache: str, secret_
     import os
 
     from .demander import Demander
-    from .errors import TransferError
+    from .errors import PeerClosed, TransferError
     from .limits import Limits, parse_rate
     from .storage import DirectoryStorage
     from .transport import parse_hostport
@@ -168,7 +167,8 @@ def fetch(peer: str, partitions: tuple[int, ...], dest: str, cache: str, secret_
                         res = demander.fetch(p, cache=cache, progress=bars.update)
                         break
                     except TransferError as e:
-                        if type(e).__name__ not in _RETRYABLE or attempt == retries:
+                        # a lost connection is resumed; any other failure is final
+                        if not isinstance(e, PeerClosed) or attempt == retries:
                             raise
                         bars.note(p, f"connection lost ({e.reason}); resuming")
                 results.append(res.summary())

@@ -167,9 +167,13 @@ class PartitionStoreStorage:
 
     def __init__(self, stores: Mapping[str, Any] | Any) -> None:
         self.stores: Mapping[str, Any] = stores if isinstance(stores, Mapping) else {DEFAULT_CACHE: stores}
-        from checkpoint import pagefile   # imported here: transfer works without checkpoint
-        self._check_page = pagefile.check_page
-        self._store_error: type[BaseException] = pagefile.CheckpointError
+        # imported here: transfer works without checkpoint (DirectoryStorage needs none)
+        from checkpoint import (CheckpointError, PartitionNotFoundError, SnapshotBusyError,
+                                check_page)
+        self._check_page = check_page
+        self._store_error: type[BaseException] = CheckpointError
+        self._not_found: type[BaseException] = PartitionNotFoundError
+        self._busy: type[BaseException] = SnapshotBusyError
 
     def _store(self, cache: str) -> Any:
         check_cache(cache)
@@ -186,10 +190,10 @@ class PartitionStoreStorage:
         try:
             snap = store.open_transfer_snapshot(check_partition(partition))
         except self._store_error as e:
-            if type(e).__name__ == "PartitionNotFoundError":
+            if isinstance(e, self._not_found):
                 raise NotHeld(f"partition {partition} of cache {cache!r} is not held here ({e})",
                               partition=partition) from None
-            if type(e).__name__ == "SnapshotBusyError":
+            if isinstance(e, self._busy):
                 raise Busy(f"partition {partition} is being sent to another demander ({e}); retry later",
                            partition=partition) from None
             raise TransferError(f"cannot snapshot partition {partition}: {e}", partition=partition) from None
@@ -214,7 +218,7 @@ class PartitionStoreStorage:
         partition's key index): one read of the file instead of two. Returns what
         :meth:`install` takes (``close()`` it to give up); a bad page raises
         :class:`BadPage` (page, reason), anything else TransferError."""
-        from checkpoint.pagefile import CorruptPageError
+        from checkpoint import CorruptPageError
         try:
             return self._store(cache).prepare_install(check_partition(partition), src_path)
         except CorruptPageError as e:
