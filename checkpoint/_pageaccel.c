@@ -33,18 +33,22 @@
 
 #define ABI_VERSION 2      /* pagefile.py refuses a module built from another version
                             * (2: scan_keys, the open scan's hashes) */
-#define HDR 16
-#define ENTRY_SIZE 15      /* flags u8 | key_len u16 | value_len u32 | counter u64 */
-#define OVF_ENTRY 19       /* ... | key | first_overflow_page u32 */
-#define T_META 1
-#define T_DATA 2
-#define T_OVF 3
-#define T_FREE 4
-#define F_TOMB 1
-#define F_OVF 2
-#define F_KNOWN 3
-#define MAX_VALUE (16u * 1024 * 1024)
-#define FORMAT_VERSION 1
+/* The page layout comes from csrc/ferry_page_layout.h, generated from
+ * checkpoint/layout.py (the one definition): short names for its numbers. */
+#include "ferry_page_layout.h"
+#define HDR FERRY_PG_HDR
+#define ENTRY_SIZE FERRY_PG_ENTRY
+#define OVF_ENTRY FERRY_PG_OVF_ENTRY
+#define PTR_SIZE FERRY_PG_PTR
+#define T_META FERRY_PG_T_META
+#define T_DATA FERRY_PG_T_DATA
+#define T_OVF FERRY_PG_T_OVERFLOW
+#define T_FREE FERRY_PG_T_FREE
+#define F_TOMB FERRY_PG_F_TOMBSTONE
+#define F_OVF FERRY_PG_F_OVERFLOW
+#define F_KNOWN FERRY_PG_F_KNOWN
+#define MAX_VALUE FERRY_PG_MAX_VALUE
+#define FORMAT_VERSION FERRY_PG_FORMAT_VERSION
 
 static inline uint32_t rd16(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8; }
 static inline uint32_t rd32(const uint8_t *p)
@@ -65,7 +69,7 @@ static inline uint64_t rd64(const uint8_t *p) { return (uint64_t)rd32(p) | (uint
 /* _check_data: slot directory, heap and every entry inside the page. */
 static int data_ok(const uint8_t *pg, uint32_t ps)
 {
-    uint32_t count = rd16(pg + 10), heap = rd32(pg + 12);
+    uint32_t count = rd16(pg + FERRY_PG_OFF_COUNT), heap = rd32(pg + FERRY_PG_OFF_AUX);
     if (!((uint64_t)HDR + 2 * (uint64_t)count <= heap && heap <= ps))
         return 0;
     for (uint32_t s = 0; s < count; s++) {
@@ -74,8 +78,8 @@ static int data_ok(const uint8_t *pg, uint32_t ps)
             continue;
         if (off < heap || (uint64_t)off + ENTRY_SIZE > ps)
             return 0;
-        uint32_t flags = pg[off], klen = rd16(pg + off + 1), vlen = rd32(pg + off + 3);
-        uint64_t stored = flags & F_OVF ? 4 : vlen;
+        uint32_t flags = pg[off + FERRY_PG_E_FLAGS], klen = rd16(pg + off + FERRY_PG_E_KEY_LEN), vlen = rd32(pg + off + FERRY_PG_E_VALUE_LEN);
+        uint64_t stored = flags & F_OVF ? PTR_SIZE : vlen;
         if (flags & ~F_KNOWN)
             return 0;
         if ((uint64_t)off + ENTRY_SIZE + klen + stored > ps)
@@ -88,13 +92,13 @@ static int data_ok(const uint8_t *pg, uint32_t ps)
     return 1;
 }
 
-static int crc_ok(const uint8_t *pg, uint32_t ps) { return rd32(pg) == crc32c(0, pg + 4, ps - 4); }
+static int crc_ok(const uint8_t *pg, uint32_t ps) { return rd32(pg + FERRY_PG_OFF_CRC) == crc32c(0, pg + FERRY_PG_CRC_FROM, ps - FERRY_PG_CRC_FROM); }
 
 /* check_page of a whole page: 1 when it would return None. */
 static int page_ok(const uint8_t *pg, uint64_t index, uint32_t ps)
 {
-    uint32_t type = pg[8];
-    if (!crc_ok(pg, ps) || rd32(pg + 4) != index)
+    uint32_t type = pg[FERRY_PG_OFF_TYPE];
+    if (!crc_ok(pg, ps) || rd32(pg + FERRY_PG_OFF_INDEX) != index)
         return 0;
     if (type < T_META || type > T_FREE)
         return 0;
@@ -103,14 +107,15 @@ static int page_ok(const uint8_t *pg, uint64_t index, uint32_t ps)
     switch (type) {
     case T_META: {
         const uint8_t *m = pg + HDR;
-        if (memcmp(m, "FERRYPG\0", 8) != 0 || rd16(m + 8) != FORMAT_VERSION)
+        if (memcmp(m + FERRY_PG_M_MAGIC, FERRY_PG_MAGIC, FERRY_PG_MAGIC_LEN) != 0
+            || rd16(m + FERRY_PG_M_VERSION) != FORMAT_VERSION)
             return 0;
-        if (rd32(m + 16) != ps || rd32(m + 20) < 1)
+        if (rd32(m + FERRY_PG_M_PAGE_SIZE) != ps || rd32(m + FERRY_PG_M_PAGE_COUNT) < 1)
             return 0;
         return 1;
     }
     case T_OVF:
-        return rd16(pg + 10) <= ps - HDR;
+        return rd16(pg + FERRY_PG_OFF_COUNT) <= ps - HDR;
     case T_DATA:
         return data_ok(pg, ps);
     default:
@@ -266,11 +271,11 @@ static PyObject *walk_chain(chainctx *cx, uint32_t page, uint64_t length, int *e
                 goto fault;
         }
         const uint8_t *pg = cx->cbase + ((uint64_t)page - cx->cfirst) * ps;
-        if (pg[8] != T_OVF)
+        if (pg[FERRY_PG_OFF_TYPE] != T_OVF)
             goto fault;
-        uint32_t used = rd16(pg + 10), nxt = rd32(pg + 12);
+        uint32_t used = rd16(pg + FERRY_PG_OFF_COUNT), nxt = rd32(pg + FERRY_PG_OFF_AUX);
         if (!(page < cx->ncheck && cx->checked[page])) {
-            if (rd32(pg + 4) != page || used > room || !crc_ok(pg, ps))
+            if (rd32(pg + FERRY_PG_OFF_INDEX) != page || used > room || !crc_ok(pg, ps))
                 goto fault;
             if (page < cx->ncheck)
                 cx->checked[page] = 1;
@@ -379,14 +384,14 @@ static PyObject *make_pair(PyObject *key, PyObject *value)   /* steals both */
 static int data_items(PyObject *out, const uint8_t *pg, chainctx *cx, int tombstones,
                       int pairs, PyTypeObject *etype)
 {
-    uint32_t count = rd16(pg + 10);
+    uint32_t count = rd16(pg + FERRY_PG_OFF_COUNT);
     for (uint32_t s = 0; s < count; s++) {
         uint32_t off = rd16(pg + HDR + 2 * s);
         if (!off)
             continue;
         const uint8_t *e = pg + off;
-        uint32_t flags = e[0], klen = rd16(e + 1), vlen = rd32(e + 3);
-        uint64_t counter = rd64(e + 7);
+        uint32_t flags = e[FERRY_PG_E_FLAGS], klen = rd16(e + FERRY_PG_E_KEY_LEN), vlen = rd32(e + FERRY_PG_E_VALUE_LEN);
+        uint64_t counter = rd64(e + FERRY_PG_E_COUNTER);
         PyObject *value;
         if (flags & F_TOMB) {
             if (!tombstones)
@@ -458,12 +463,12 @@ static PyObject *py_decode(PyObject *self, PyObject *args)
     for (; j < n; j++) {
         const uint8_t *pg = chunk + (size_t)j * ps;
         uint64_t index = first + j;
-        uint32_t type = pg[8];
+        uint32_t type = pg[FERRY_PG_OFF_TYPE];
         if (index < (uint64_t)cx.ncheck && cx.checked[index]) {
             if (type != T_DATA)            /* checked already, by a chain that used it */
                 continue;
         }
-        else if (type != T_DATA || rd32(pg + 4) != index || !crc_ok(pg, ps)) {
+        else if (type != T_DATA || rd32(pg + FERRY_PG_OFF_INDEX) != index || !crc_ok(pg, ps)) {
             if (type == T_DATA || !page_ok(pg, index, ps))
                 break;                     /* Python names the problem */
             if (index < (uint64_t)cx.ncheck)
@@ -593,9 +598,9 @@ static PyObject *py_page_keys(PyObject *self, PyObject *args)
     for (; j < n; j++) {
         const uint8_t *pg = chunk + (size_t)j * ps;
         uint64_t index = first + j;
-        uint32_t type = pg[8];
+        uint32_t type = pg[FERRY_PG_OFF_TYPE];
         PyObject *item = NULL, *keys = NULL;
-        if (type != T_DATA || rd32(pg + 4) != index || !crc_ok(pg, ps)) {
+        if (type != T_DATA || rd32(pg + FERRY_PG_OFF_INDEX) != index || !crc_ok(pg, ps)) {
             if (type == T_DATA || !page_ok(pg, index, ps))
                 break;
             if (type != T_FREE)
@@ -605,7 +610,7 @@ static PyObject *py_page_keys(PyObject *self, PyObject *args)
         else {
             if (!data_ok(pg, ps))
                 break;
-            uint32_t count = rd16(pg + 10);
+            uint32_t count = rd16(pg + FERRY_PG_OFF_COUNT);
             uint64_t used = HDR + 2 * (uint64_t)count;
             keys = PyList_New(0);
             if (!keys)
@@ -615,8 +620,8 @@ static PyObject *py_page_keys(PyObject *self, PyObject *args)
                 if (!off)
                     continue;
                 const uint8_t *e = pg + off;
-                uint32_t flags = e[0], klen = rd16(e + 1), vlen = rd32(e + 3);
-                used += ENTRY_SIZE + klen + (flags & F_OVF ? 4 : vlen);
+                uint32_t flags = e[FERRY_PG_E_FLAGS], klen = rd16(e + FERRY_PG_E_KEY_LEN), vlen = rd32(e + FERRY_PG_E_VALUE_LEN);
+                used += ENTRY_SIZE + klen + (flags & F_OVF ? PTR_SIZE : vlen);
                 PyObject *pair = pair_of(PyLong_FromUnsignedLong(s),
                     PyBytes_FromStringAndSize((const char *)e + ENTRY_SIZE, (Py_ssize_t)klen));
                 if (!pair || PyList_Append(keys, pair) < 0) {
@@ -727,8 +732,8 @@ static PyObject *py_scan_keys(PyObject *self, PyObject *args)
     for (; j < n; j++) {
         const uint8_t *pg = chunk + (size_t)j * ps;
         uint64_t index = first + j;
-        uint32_t type = pg[8];
-        if (type != T_DATA || rd32(pg + 4) != index || !crc_ok(pg, ps)) {
+        uint32_t type = pg[FERRY_PG_OFF_TYPE];
+        if (type != T_DATA || rd32(pg + FERRY_PG_OFF_INDEX) != index || !crc_ok(pg, ps)) {
             if (type == T_DATA || !page_ok(pg, index, ps))
                 break;                     /* Python names the problem */
             if (type == T_FREE && add_index(free_pages, index, 0) < 0)
@@ -737,7 +742,7 @@ static PyObject *py_scan_keys(PyObject *self, PyObject *args)
         }
         if (!data_ok(pg, ps) || index >= nspace || index >> 48)
             break;
-        uint32_t count = rd16(pg + 10);
+        uint32_t count = rd16(pg + FERRY_PG_OFF_COUNT);
         uint64_t used = HDR + 2 * (uint64_t)count;
         if (keycols_reserve(&c, count) < 0) {
             PyErr_NoMemory();
@@ -749,8 +754,8 @@ static PyObject *py_scan_keys(PyObject *self, PyObject *args)
             if (!off)
                 continue;
             const uint8_t *e = pg + off;
-            uint32_t flags = e[0], klen = rd16(e + 1), vlen = rd32(e + 3);
-            used += ENTRY_SIZE + klen + (flags & F_OVF ? 4 : vlen);
+            uint32_t flags = e[FERRY_PG_E_FLAGS], klen = rd16(e + FERRY_PG_E_KEY_LEN), vlen = rd32(e + FERRY_PG_E_VALUE_LEN);
+            used += ENTRY_SIZE + klen + (flags & F_OVF ? PTR_SIZE : vlen);
             c.h[c.n] = XXH3_64bits(e + ENTRY_SIZE, klen);
             c.l[c.n++] = index << 16 | s;
         }

@@ -25,15 +25,18 @@
 #include <string.h>
 
 #define ABI_VERSION 1      /* page.py refuses a module built from another version */
-#define HDR 16
-#define ENTRY_SIZE 15      /* flags u8 | key_len u16 | value_len u32 | counter u64 */
-#define SLOT 2
-#define T_DATA 2
-#define T_OVF 3
-#define F_OVF 2
-#define PTR_SIZE 4
+/* The page layout comes from csrc/ferry_page_layout.h, generated from
+ * checkpoint/layout.py (the one definition): short names for its numbers. */
+#include "ferry_page_layout.h"
+#define HDR FERRY_PG_HDR
+#define ENTRY_SIZE FERRY_PG_ENTRY
+#define SLOT FERRY_PG_SLOT
+#define T_DATA FERRY_PG_T_DATA
+#define T_OVF FERRY_PG_T_OVERFLOW
+#define F_OVF FERRY_PG_F_OVERFLOW
+#define PTR_SIZE FERRY_PG_PTR
 #define MIN_PAGE 64        /* smallest buffer taken as a page (the format's is 1 KiB) */
-#define MAX_PAGE 65536     /* slot offsets are u16: the format's largest page */
+#define MAX_PAGE FERRY_PG_MAX_PAGE   /* slot offsets are u16: the format's largest page */
 
 static inline uint32_t rd16(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8; }
 static inline uint32_t rd32(const uint8_t *p)
@@ -110,12 +113,12 @@ range:
 static int data_header(const uint8_t *pg, Py_ssize_t len, uint32_t *count, uint32_t *heap,
                        const char *fn)
 {
-    if (pg[8] != T_DATA) {
-        PyErr_Format(PyExc_ValueError, "%s: page type %u is not DATA (%d)", fn, pg[8], T_DATA);
+    if (pg[FERRY_PG_OFF_TYPE] != T_DATA) {
+        PyErr_Format(PyExc_ValueError, "%s: page type %u is not DATA (%d)", fn, pg[FERRY_PG_OFF_TYPE], T_DATA);
         return -1;
     }
-    *count = rd16(pg + 10);
-    *heap = rd32(pg + 12);
+    *count = rd16(pg + FERRY_PG_OFF_COUNT);
+    *heap = rd32(pg + FERRY_PG_OFF_AUX);
     if (!((uint64_t)HDR + SLOT * (uint64_t)*count <= *heap && *heap <= (uint64_t)len)) {
         PyErr_Format(PyExc_ValueError, "%s: DATA page header (%u slots, heap start %u) does "
                      "not fit a %zd-byte page", fn, *count, *heap, len);
@@ -131,7 +134,7 @@ static uint32_t entry_bytes(const uint8_t *pg, Py_ssize_t len, uint32_t off, uin
     if (off < dir_end || (uint64_t)off + ENTRY_SIZE > (uint64_t)len)
         return 0;
     const uint8_t *e = pg + off;
-    uint64_t size = ENTRY_SIZE + (uint64_t)rd16(e + 1) + (e[0] & F_OVF ? PTR_SIZE : rd32(e + 3));
+    uint64_t size = ENTRY_SIZE + (uint64_t)rd16(e + FERRY_PG_E_KEY_LEN) + (e[FERRY_PG_E_FLAGS] & F_OVF ? PTR_SIZE : rd32(e + FERRY_PG_E_VALUE_LEN));
     if ((uint64_t)off + size > (uint64_t)len)
         return 0;
     return (uint32_t)size;
@@ -175,7 +178,7 @@ static long compact_page(uint8_t *pg, Py_ssize_t len, uint32_t count, const char
         wr16(pg + HDR + SLOT * s, heap);
     }
     memset(pg + dir_end, 0, heap - dir_end);
-    wr32(pg + 12, heap);
+    wr32(pg + FERRY_PG_OFF_AUX, heap);
     return (long)heap;
 }
 
@@ -271,18 +274,18 @@ static PyObject *py_insert(PyObject *self, PyObject *const *args, Py_ssize_t nar
     }
     uint32_t off = heap - (uint32_t)size;
     uint8_t *e = pg + off;
-    e[0] = (uint8_t)flags;
-    wr16(e + 1, (uint32_t)kb.len);
-    wr32(e + 3, (uint32_t)vlen);
-    wr64(e + 7, counter);
+    e[FERRY_PG_E_FLAGS] = (uint8_t)flags;
+    wr16(e + FERRY_PG_E_KEY_LEN, (uint32_t)kb.len);
+    wr32(e + FERRY_PG_E_VALUE_LEN, (uint32_t)vlen);
+    wr64(e + FERRY_PG_E_COUNTER, counter);
     memcpy(e + ENTRY_SIZE, kb.buf, (size_t)kb.len);
     memcpy(e + ENTRY_SIZE + kb.len, sb.buf, (size_t)sb.len);
     if (slot < 0) {
         slot = (long)count;
-        wr16(pg + 10, count + 1);
+        wr16(pg + FERRY_PG_OFF_COUNT, count + 1);
     }
     wr16(pg + HDR + SLOT * slot, off);
-    wr32(pg + 12, off);
+    wr32(pg + FERRY_PG_OFF_AUX, off);
     result = Py_BuildValue("(ln)", slot, need);
 done:
     PyBuffer_Release(&sb);
@@ -335,7 +338,7 @@ static PyObject *py_delete(PyObject *self, PyObject *const *args, Py_ssize_t nar
         PyBuffer_Release(&b);
         return NULL;
     }
-    uint32_t count = rd16(pg + 10);
+    uint32_t count = rd16(pg + FERRY_PG_OFF_COUNT);
     Py_ssize_t freed = size;
     wr16(pg + HDR + SLOT * slot, 0);
     if (slot == count - 1) {            /* trim trailing empty slots: the directory shrinks */
@@ -343,7 +346,7 @@ static PyObject *py_delete(PyObject *self, PyObject *const *args, Py_ssize_t nar
             count--;
             freed += SLOT;
         }
-        wr16(pg + 10, count);
+        wr16(pg + FERRY_PG_OFF_COUNT, count);
     }
     PyBuffer_Release(&b);
     return PyLong_FromSsize_t(freed);
@@ -370,15 +373,15 @@ static PyObject *py_read_entry(PyObject *self, PyObject *const *args, Py_ssize_t
     }
     if (live_slot(pg, b.len, args[1], &slot, &off, "read_entry") < 0)
         goto done;
-    size = entry_bytes(pg, b.len, off, HDR + SLOT * rd16(pg + 10));
+    size = entry_bytes(pg, b.len, off, HDR + SLOT * rd16(pg + FERRY_PG_OFF_COUNT));
     if (!size) {
         PyErr_Format(PyExc_ValueError, "read_entry: slot %u points to an entry outside the "
                      "page (offset %u)", slot, off);
         goto done;
     }
     const uint8_t *e = pg + off;
-    uint32_t flags = e[0], klen = rd16(e + 1), vlen = rd32(e + 3);
-    uint64_t counter = (uint64_t)rd32(e + 7) | (uint64_t)rd32(e + 11) << 32;
+    uint32_t flags = e[FERRY_PG_E_FLAGS], klen = rd16(e + FERRY_PG_E_KEY_LEN), vlen = rd32(e + FERRY_PG_E_VALUE_LEN);
+    uint64_t counter = (uint64_t)rd32(e + FERRY_PG_E_COUNTER) | (uint64_t)rd32(e + FERRY_PG_E_COUNTER + 4) << 32;
     uint32_t at = off + ENTRY_SIZE + klen;
     uint32_t where = flags & F_OVF ? rd32(pg + at) : at;
     result = Py_BuildValue("(IKIII)", flags, (unsigned long long)counter, vlen, where, size);
@@ -403,7 +406,7 @@ static PyObject *py_new_page(PyObject *self, PyObject *const *args, Py_ssize_t n
         uint_arg(args[1], MAX_PAGE, &ps, "new_page", "page_size") < 0 ||
         uint_arg(args[2], 255, &ptype, "new_page", "page type") < 0)
         return NULL;
-    if (ps < MIN_PAGE || ptype < 1 || ptype > 4) {
+    if (ps < MIN_PAGE || ptype < FERRY_PG_T_META || ptype > FERRY_PG_T_FREE) {
         PyErr_Format(PyExc_ValueError, "new_page: page size %llu / type %llu (pages are %d..%d "
                      "bytes, types 1..4)", (unsigned long long)ps, (unsigned long long)ptype,
                      MIN_PAGE, MAX_PAGE);
@@ -424,9 +427,9 @@ static PyObject *py_new_page(PyObject *self, PyObject *const *args, Py_ssize_t n
         Py_INCREF(buf);
     uint8_t *pg = (uint8_t *)PyByteArray_AS_STRING(buf);
     memset(pg, 0, (size_t)ps);
-    wr32(pg + 4, (uint32_t)index);
-    pg[8] = (uint8_t)ptype;
-    wr32(pg + 12, ptype == T_DATA ? (uint32_t)ps : 0);
+    wr32(pg + FERRY_PG_OFF_INDEX, (uint32_t)index);
+    pg[FERRY_PG_OFF_TYPE] = (uint8_t)ptype;
+    wr32(pg + FERRY_PG_OFF_AUX, ptype == T_DATA ? (uint32_t)ps : 0);
     return buf;
 }
 
@@ -511,12 +514,12 @@ static PyObject *py_chain_pages(PyObject *self, PyObject *const *args, Py_ssize_
         if (used > room)
             used = room;
         /* header crc 0 | index | OVERFLOW | flags 0 | payload length | next page */
-        wr32(pg, 0);
-        wr32(pg + 4, idx[i]);
-        pg[8] = T_OVF;
+        wr32(pg + FERRY_PG_OFF_CRC, 0);
+        wr32(pg + FERRY_PG_OFF_INDEX, idx[i]);
+        pg[FERRY_PG_OFF_TYPE] = T_OVF;
         pg[9] = 0;
-        wr16(pg + 10, (uint32_t)used);
-        wr32(pg + 12, i + 1 < n ? idx[i + 1] : 0);
+        wr16(pg + FERRY_PG_OFF_COUNT, (uint32_t)used);
+        wr32(pg + FERRY_PG_OFF_AUX, i + 1 < n ? idx[i + 1] : 0);
         memcpy(pg + HDR, src + i * room, (size_t)used);
         memset(pg + HDR + used, 0, (size_t)(room - used));
     }

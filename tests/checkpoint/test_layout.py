@@ -35,6 +35,22 @@ def _defines(path: str) -> dict[str, str]:
         return dict(re.findall(r"^#define\s+(\w+)[ \t]+([^/\n]+?)\s*(?:/\*.*)?$", f.read(), re.M))
 
 
+@pytest.mark.parametrize("source", ["_pageaccel.c", "_writeaccel.c"])
+def test_accelerators_take_the_layout_from_the_header(source: str) -> None:
+    """No page-layout number is defined in an accelerator itself: every layout name it
+    defines is an alias of the generated header's."""
+    path = os.path.join(ROOT, "checkpoint", source)
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    assert '#include "ferry_page_layout.h"' in text
+    layout_names = {"HDR", "ENTRY_SIZE", "OVF_ENTRY", "SLOT", "PTR_SIZE", "T_META", "T_DATA",
+                    "T_OVF", "T_FREE", "F_TOMB", "F_OVF", "F_KNOWN", "MAX_VALUE",
+                    "FORMAT_VERSION", "MAX_PAGE"}
+    for name, value in _defines(path).items():
+        if name in layout_names:
+            assert value.startswith("FERRY_PG_"), f"{source}: {name} is {value}, not the header's"
+
+
 def test_header_offsets_match_the_structs() -> None:
     fields = ("crc", "index", "type", "flags", "count", "aux")
     offsets = (L.OFF_CRC, L.OFF_INDEX, L.OFF_TYPE, L.OFF_FLAGS, L.OFF_COUNT, L.OFF_AUX)
