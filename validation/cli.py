@@ -11,12 +11,28 @@ import click
 
 
 @click.command("validate")
-@click.argument("dirs", nargs=-1, required=True, type=click.Path())
+@click.argument("dirs", nargs=-1, type=click.Path())
+@click.option("--cluster", default=None, metavar="HOST:PORT[,...]",
+              help="Validate this RUNNING cluster (live mode): node RPC addresses.")
+@click.option("--control-plane", "control_plane", default=None, metavar="URL[,...]",
+              help="Live mode: find the nodes through the cluster's etcd.")
+@click.option("--prefix", default="/ferry/default", show_default=True,
+              help="Live mode: the cluster's key prefix in etcd.")
+@click.option("--secret-file", type=click.Path(), default=None,
+              help="Live mode: the cluster secret (mode 600).")
+@click.option("--cache", "caches", multiple=True, help="Live mode: only this cache (repeatable).")
+@click.option("--parallel", type=click.IntRange(min=1), default=4, show_default=True,
+              help="Live mode: partitions fenced and fetched at once, cluster-wide.")
+@click.option("--rate", default=None, metavar="BYTES/S",
+              help="Live mode: cap on validation transfers, cluster-wide (default 100MB; 0 = none).")
+@click.option("--partitions", type=click.IntRange(min=1, max=65536), default=None,
+              help="Partition count per cache, to place --expected rows without a partition "
+                   "column (default: the cluster's, or the highest partition file + 1).")
 @click.option("--master", default="local[*]", show_default=True,
               help="Spark master URL: local[N], spark://host:7077, yarn, k8s://...")
 @click.option("--expected", type=click.Path(), default=None,
               help="Expected contents: JSON lines or Parquet "
-                   "(key, value|value_hash, partition[, cache]).")
+                   "(key, value|value_hash[, partition][, cache]).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a summary.")
 @click.option("--report", type=click.Path(), default=None, help="Write an HTML report here.")
 @click.option("--export", type=(click.Choice(["parquet"]), click.Path()), default=None,
@@ -26,22 +42,32 @@ import click
               help="Differing keys listed per divergent partition (all are counted).")
 @click.option("--conf", multiple=True, metavar="KEY=VALUE",
               help="Extra Spark setting (repeatable).")
-def validate(dirs: tuple[str, ...], master: str, expected: str | None, as_json: bool,
+def validate(dirs: tuple[str, ...], cluster: str | None, control_plane: str | None, prefix: str,
+             secret_file: str | None, caches: tuple[str, ...], parallel: int, rate: str | None,
+             partitions: int | None, master: str, expected: str | None, as_json: bool,
              report: str | None, export: tuple[str, str] | None, max_keys: int,
              conf: tuple[str, ...]) -> None:
-    """Validate partitions of node data folders DIR... with Spark.
+    """Validate partitions with Spark: of node data folders DIR... (stopped nodes,
+    backups), or of a running cluster (--cluster / --control-plane).
 
     DIR is a node data folder (DIR/caches/<cache>/part-<p>.bin, node id in
-    DIR/node.id) or a folder of part-<p>.bin files. Exit status: 0 passed,
-    1 replicas diverge / corrupt pages / expected-data mismatches, 2 error.
+    DIR/node.id) or a folder of part-<p>.bin files. Live mode fetches every in-sync
+    copy through the nodes' transfer agents, all copies of a partition at one update
+    counter. Exit status: 0 passed, 1 replicas diverge / corrupt pages /
+    expected-data mismatches / copies not checked, 2 error.
     """
     from .errors import ValidationError
-    from .job import execute, parse_conf  # imports pyspark
+    from .job import execute, live_settings, parse_conf  # imports pyspark
 
     try:
         settings = parse_conf(list(conf))
+        live = live_settings(cluster, control_plane, prefix, secret_file, list(caches),
+                             parallel, rate)
     except ValidationError as exc:
         raise click.UsageError(str(exc)) from exc
+    if not dirs and live is None:
+        raise click.UsageError("give node data folders DIR..., or --cluster/--control-plane "
+                               "for a running cluster")
     sys.exit(execute(list(dirs), master=master, expected=expected, as_json=as_json,
                      report=report, export=export[1] if export else None,
-                     max_keys=max_keys, conf=settings))
+                     max_keys=max_keys, conf=settings, partitions=partitions, live=live))

@@ -23,6 +23,8 @@ ENTRY_COLUMNS = ("node", "cache", "partition", "key", "value_hash", "counter", "
 ENTRY_SCHEMA = ("node string, cache string, partition int, key binary, value_hash long, "
                 "counter long, tombstone boolean")
 LOW32 = 0xFFFFFFFF
+# live mode (validation.livesource): per-copy columns, constant within one copy
+LIVE_COLUMNS = ("at", "snapshot", "error")
 
 
 def value_hash(col: "str | Column" = "value", tombstone: str | None = "tombstone") -> "Column":
@@ -46,7 +48,8 @@ def entries(raw: "DataFrame", *, with_value: bool = False) -> "DataFrame":
     if with_value:
         cols.append(F.col("value"))
     cols += [value_hash().alias("value_hash"), F.col("counter"), F.col("tombstone")]
-    return raw.where(F.col("problem").isNull()).select(*cols)
+    # an entry row has a key; page problems and live mode's per-copy marker rows do not
+    return raw.where(F.col("key").isNotNull()).select(*cols)
 
 
 @dataclass
@@ -55,6 +58,11 @@ class Replica:
     entries: int
     digest: str
     corrupt_pages: int
+    # live mode: the counter the partition was fenced at, this copy's snapshot counter,
+    # and why the copy could not be fetched (then it is not compared)
+    at: int | None = None
+    snapshot: int | None = None
+    error: str | None = None
 
 
 @dataclass
@@ -65,7 +73,7 @@ class PartitionState:
 
     @property
     def divergent(self) -> bool:
-        return len({(r.entries, r.digest) for r in self.replicas.values()}) > 1
+        return len({(r.entries, r.digest) for r in self.replicas.values() if r.error is None}) > 1
 
 
 def digests(raw: "DataFrame",
@@ -75,22 +83,24 @@ def digests(raw: "DataFrame",
     with 0 entries: an owner that lost everything must diverge, not vanish."""
     from pyspark.sql import functions as F
 
-    ok = F.col("problem").isNull()
+    ok = F.col("key").isNotNull()
     h = F.xxhash64("key", "value_hash", "counter", "tombstone")
+    live = [F.max(c).alias(c) for c in LIVE_COLUMNS if c in raw.columns]
     rows = (raw.withColumn("value_hash", value_hash())
             .groupBy("node", "cache", "partition")
             .agg(F.count(F.when(ok, 1)).alias("n"),
                  F.bit_xor(F.when(ok, h)).alias("x"),
                  F.sum(F.when(ok, h.bitwiseAND(F.lit(LOW32)))).alias("s"),
-                 F.collect_list("problem").alias("problems"))
+                 F.collect_list("problem").alias("problems"), *live)
             .collect())
     states: dict[tuple[str, int], PartitionState] = {}
     problems: list[dict] = []
     for r in rows:
         key = (r["cache"], r["partition"])
         st = states.setdefault(key, PartitionState(*key))
+        extra = {c: r[c] for c in LIVE_COLUMNS if live and c in r}
         st.replicas[r["node"]] = Replica(r["node"], r["n"], _digest(r["x"] or 0, r["s"] or 0),
-                                         len(r["problems"]))
+                                         len(r["problems"]), **extra)
         for p in r["problems"]:
             problems.append({"node": r["node"], "cache": r["cache"], "partition": r["partition"],
                              "page": p["page"], "offset": p["offset"], "reason": p["reason"]})
@@ -134,8 +144,10 @@ def key_diffs(ents: "DataFrame", states: list[PartitionState],
     if not div:
         return []
     spark = ents.sparkSession
+    compared = {(s.cache, s.partition): {n for n, r in s.replicas.items() if r.error is None}
+                for s in div}
     owners = spark.createDataFrame(
-        [(s.cache, s.partition, len(s.replicas)) for s in div],
+        [(c, p, len(nodes)) for (c, p), nodes in compared.items()],
         "cache string, partition int, owners int")
     versions = F.collect_list(F.struct("node", "value_hash", "counter", "tombstone"))
     grouped = (ents.groupBy("cache", "partition", "key")
@@ -157,7 +169,7 @@ def key_diffs(ents: "DataFrame", states: list[PartitionState],
         by_part[(s.cache, s.partition)] = {
             "cache": s.cache, "partition": s.partition, "keys": [], "keys_total": 0,
             "owners": {n: {"entries": r.entries, "digest": r.digest}
-                       for n, r in sorted(s.replicas.items())}}
+                       for n, r in sorted(s.replicas.items()) if r.error is None}}
     for r in sorted(rows, key=lambda r: (r["cache"], r["partition"], r["rank"])):
         d = by_part[(r["cache"], r["partition"])]
         d["keys_total"] = r["total"]

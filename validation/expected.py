@@ -7,9 +7,12 @@ acknowledged writes: JSON lines or Parquet with columns
 - ``value`` (text or binary), ``value_hex``, or ``value_hash`` (Spark's
   ``xxhash64(value)``, = Python ``xxhash.xxh64_intdigest(value, seed=42)`` as a
   signed 64-bit integer); a NULL value means the key must be absent (removed);
-- ``partition`` (a whole number 0..65535 on every row); optional ``cache`` (without
-  it the data must hold one cache, or the rows are taken to be of the cache
-  ``default``).
+- ``partition`` (optional: a whole number 0..65535 on every row); without it the
+  partition is derived from the key with the cluster's own function
+  (``node.assignment.partition_of(key, P)``), P being the cache's partition count (from
+  the cluster's map in live mode, ``--partitions``, or the highest partition file found
+  + 1 in folder mode); optional ``cache`` (without it the data must hold one cache, or
+  the rows are taken to be of the cache ``default``).
 
 A column of the wrong type (``"partition": "abc"``, a key that is an object, a
 ``value_hash`` that is text) or a row without a partition is an error naming the
@@ -25,14 +28,14 @@ not, in a cache the expected data covers). Counts are of (node, key) pairs.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Mapping
 
 from .compare import PartitionState, render_key, value_hash
 from .errors import ExpectedFileError, short_error
 from .layout import DEFAULT_CACHE
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
 
 KINDS = ("missing", "extra", "wrong")
 INTEGRAL = ("tinyint", "smallint", "int", "bigint")
@@ -111,8 +114,29 @@ def _check_partitions(df: "DataFrame", path: str, key_column: str) -> None:
                                 f"{bad[0]!r}; every row needs a partition 0..{MAX_PARTITION}")
 
 
-def read_expected(spark: "SparkSession", path: str, caches: set[str]) -> "DataFrame":
-    """(cache, partition, key binary, value_hash long) rows of the expected file."""
+def derived_partition(counts: Mapping[str, int]) -> "Column":
+    """A Spark column computing the partition of (``cache``, ``key``) with the
+    cluster's own key -> partition function; NULL for a cache not in ``counts``.
+    A plain Python UDF: ``partition_of`` is xxh64 with seed 0, which Spark's built-in
+    ``xxhash64`` (seed 42) cannot compute, and it needs no pandas on the executors."""
+    from pyspark.sql import functions as F
+
+    table = dict(counts)
+
+    def part(cache: str | None, key: bytes | None) -> int | None:
+        from node.assignment import partition_of   # imported in the executor
+        n = table.get(cache) if cache is not None else None
+        if n is None or key is None:
+            return None
+        return partition_of(bytes(key), n)
+    return F.udf(part, "int", useArrow=False)(F.col("cache"), F.col("key"))
+
+
+def read_expected(spark: "SparkSession", path: str, caches: set[str],
+                  partitions: Mapping[str, int] | None = None) -> "DataFrame":
+    """(cache, partition, key binary, value_hash long) rows of the expected file.
+    ``partitions`` (cache -> partition count) derives the partition of rows that have
+    no ``partition`` column."""
     from pyspark.sql import functions as F
 
     df = _load(spark, path)
@@ -138,9 +162,13 @@ def read_expected(spark: "SparkSession", path: str, caches: set[str]) -> "DataFr
     else:
         raise ExpectedFileError(f"{path} has no value column (value, value_hex or "
                                 f"value_hash); columns: {sorted(types)}")
-    if "partition" not in types:
-        raise ExpectedFileError(f"{path} has no partition column; columns: {sorted(types)}")
-    _check_partitions(df, path, "key" if "key" in types else "key_hex")
+    has_partition = "partition" in types
+    if has_partition:
+        _check_partitions(df, path, "key" if "key" in types else "key_hex")
+    elif not partitions:
+        raise ExpectedFileError(f"{path} has no partition column and the partition count is "
+                                "unknown (give --partitions N, or validate a cluster); "
+                                f"columns: {sorted(types)}")
     if "cache" in types:
         _check_type(df, path, "cache", ("string",), "cache names (text)")
         cache = F.col("cache").cast("string")
@@ -148,8 +176,17 @@ def read_expected(spark: "SparkSession", path: str, caches: set[str]) -> "DataFr
         cache = F.lit(next(iter(caches)))
     else:
         cache = F.lit(DEFAULT_CACHE)
-    return df.select(cache.alias("cache"), F.col("partition").cast("int").alias("partition"),
-                     key.alias("key"), vh.alias("value_hash"))
+    if has_partition:
+        return df.select(cache.alias("cache"), F.col("partition").cast("int").alias("partition"),
+                         key.alias("key"), vh.alias("value_hash"))
+    rows = df.select(cache.alias("cache"), key.alias("key"), vh.alias("value_hash"))
+    rows = rows.withColumn("partition", derived_partition(partitions or {}))
+    unknown = rows.where(F.col("partition").isNull()).select("cache").first()
+    if unknown is not None:
+        raise ExpectedFileError(f"{path}: rows of cache {unknown[0]!r} have no partition column "
+                                f"and the partition count of that cache is unknown (known: "
+                                f"{dict(sorted((partitions or {}).items()))})")
+    return rows.select("cache", "partition", "key", "value_hash")
 
 
 def check(exp: "DataFrame", ents: "DataFrame", states: list[PartitionState],

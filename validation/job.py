@@ -3,6 +3,7 @@ expected data, render the outcome. Runs three ways, all through
 :func:`validate_outcome`:
 
     ferry validate DATA1 DATA2 ...                         (validation/cli.py)
+    ferry validate --cluster HOST:PORT --secret-file F     (live mode: validation.live)
     spark-submit validation/job.py DATA1 DATA2 ...         (this file as a script)
     validation.validate([...]) -> dict                     (harness, ferry demo)
 """
@@ -22,9 +23,9 @@ if __name__ == "__main__" and not __package__:
 import argparse
 import json
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Mapping
 
-from validation import compare, expected as expected_mod, report as report_mod
+from validation import compare, expected as expected_mod, live as live_mod, report as report_mod
 from validation.errors import ExpectedFileError, ValidationError, short_error
 from validation.layout import PartitionFile, list_folders
 from validation.session import DEFAULT_MASTER, is_local, ship_decoder, start
@@ -45,19 +46,38 @@ def read_raw(spark: "SparkSession", files: list[PartitionFile]) -> "DataFrame":
     return spark.read.format(SOURCE_NAME).option("tasks", json.dumps(tasks)).load()
 
 
+def partition_counts(files: list[PartitionFile]) -> dict[str, int]:
+    """Folder mode's partition count per cache: the highest partition file + 1 (a
+    cluster creates every partition, so the owners' folders hold them all)."""
+    out: dict[str, int] = {}
+    for f in files:
+        out[f.cache] = max(out.get(f.cache, 0), f.partition + 1)
+    return out
+
+
 def run(spark: "SparkSession", files: list[PartitionFile], *, expected: str | None = None,
-        max_keys: int = MAX_KEYS, export: str | None = None) -> report_mod.Outcome:
-    """Validate ``files`` (from ``layout.list_folders``) in ``spark``."""
+        max_keys: int = MAX_KEYS, export: str | None = None,
+        partitions: int | Mapping[str, int] | None = None,
+        live: live_mod.LivePlan | None = None) -> report_mod.Outcome:
+    """Validate ``files`` (from ``layout.list_folders``) in ``spark``; or, with ``live``,
+    the running cluster it plans (``files`` is then empty)."""
     t0 = time.monotonic()
+    caches = set(live.partition_counts) if live else {f.cache for f in files}
+    counts = dict(live.partition_counts if live else partition_counts(files))
+    if isinstance(partitions, int):          # --partitions N: every cache has N
+        counts = {c: partitions for c in caches}
+    elif partitions:
+        counts = dict(partitions)
     # The expected file is read first: a bad one fails before any file is decoded.
     exp_rows = None
     if expected is not None:
-        exp_rows = expected_mod.read_expected(spark, expected, {f.cache for f in files})
-    raw = read_raw(spark, files)
+        exp_rows = expected_mod.read_expected(spark, expected, caches, counts)
+    raw = live_mod.read_raw(spark, live) if live else read_raw(spark, files)
     # Each pass over ``raw`` decodes every file again (Python, the dominant cost);
     # when the expected check or the export need a second full pass, keep the decoded
-    # rows in executor memory, spilling to executor disk, not on the driver.
-    reuse = expected is not None or export is not None
+    # rows in executor memory, spilling to executor disk, not on the driver. Live mode
+    # always keeps them: a second pass would fence and fetch every partition again.
+    reuse = expected is not None or export is not None or live is not None
     if reuse:
         from pyspark import StorageLevel
         raw = raw.persist(StorageLevel.MEMORY_AND_DISK)
@@ -84,6 +104,12 @@ def run(spark: "SparkSession", files: list[PartitionFile], *, expected: str | No
     finally:
         if reuse:
             raw.unpersist()
+    if live is not None:
+        copies = sum(1 for s in states for r in s.replicas.values() if r.error is None)
+        return report_mod.Outcome(states, divergent, problems, exp, time.monotonic() - t0,
+                                  files=copies,
+                                  nodes=sorted({n for s in states for n in s.replicas if n}),
+                                  live=live_mod.summary(states, live))
     return report_mod.Outcome(states, divergent, problems, exp, time.monotonic() - t0,
                               files=len(files), nodes=sorted({f.node for f in files}))
 
@@ -102,12 +128,24 @@ def validate_outcome(dirs: list[str], *, master: str | None = DEFAULT_MASTER,
                      expected: str | None = None, spark: "SparkSession | None" = None,
                      max_keys: int = MAX_KEYS, report: str | None = None,
                      export: str | None = None,
-                     conf: dict[str, str] | None = None) -> report_mod.Outcome:
-    """Validate node data folders. Pass ``spark`` to reuse a session (a new one costs
-    ~6 s to start); else one is started on ``master`` (None: the master spark-submit
+                     conf: dict[str, str] | None = None,
+                     partitions: int | Mapping[str, int] | None = None,
+                     live: live_mod.LiveSettings | None = None) -> report_mod.Outcome:
+    """Validate node data folders, or with ``live`` a running cluster (then ``dirs``
+    must be empty). Pass ``spark`` to reuse a session (a new one costs ~6 s to
+    start); else one is started on ``master`` (None: the master spark-submit
     configured, else local) and stopped at the end."""
     t0 = time.monotonic()
-    files = list_folders(list(dirs))     # bad folders fail here, before Spark starts
+    # bad folders, an unreachable cluster or a wrong secret fail here, before Spark starts
+    plan = None
+    if live is not None:
+        if dirs:
+            raise ValidationError("give data folders (folder mode) or --cluster/--control-plane "
+                                  "(live mode), not both")
+        plan = live_mod.plan(live)
+        files: list[PartitionFile] = []
+    else:
+        files = list_folders(list(dirs))
     if expected is not None and not os.path.exists(expected):
         raise ExpectedFileError(f"expected file {expected} does not exist")
     own = spark is None
@@ -117,8 +155,9 @@ def validate_outcome(dirs: list[str], *, master: str | None = DEFAULT_MASTER,
         spark = start(master or "", conf=conf)
     try:
         if not is_local(spark.sparkContext.master):
-            ship_decoder(spark)
-        outcome = run(spark, files, expected=expected, max_keys=max_keys, export=export)
+            ship_decoder(spark, live=plan is not None or expected is not None)
+        outcome = run(spark, files, expected=expected, max_keys=max_keys, export=export,
+                      partitions=partitions, live=plan)
         outcome.seconds = time.monotonic() - t0
         if report:
             report_mod.write_html(report, outcome)
@@ -131,22 +170,27 @@ def validate_outcome(dirs: list[str], *, master: str | None = DEFAULT_MASTER,
 def validate(dirs: list[str], *, master: str = DEFAULT_MASTER, expected: str | None = None,
              spark: "SparkSession | None" = None, max_keys: int = MAX_KEYS,
              report: str | None = None, export: str | None = None,
-             conf: dict[str, str] | None = None) -> dict:
-    """Validate node data folders; returns the ``--json`` object (see
-    ``report.JSON_KEYS``); ``result["passed"]`` is False when anything diverges."""
+             conf: dict[str, str] | None = None,
+             partitions: int | Mapping[str, int] | None = None,
+             live: live_mod.LiveSettings | None = None) -> dict:
+    """Validate node data folders (or, with ``live``, a running cluster); returns the
+    ``--json`` object (see ``report.JSON_KEYS``); ``result["passed"]`` is False when
+    anything diverges."""
     return validate_outcome(dirs, master=master, expected=expected, spark=spark,
                             max_keys=max_keys, report=report, export=export,
-                            conf=conf).to_json()
+                            conf=conf, partitions=partitions, live=live).to_json()
 
 
 def execute(dirs: list[str], *, master: str | None, expected: str | None, as_json: bool,
             report: str | None, export: str | None, max_keys: int,
-            conf: dict[str, str]) -> int:
+            conf: dict[str, str], partitions: int | None = None,
+            live: live_mod.LiveSettings | None = None) -> int:
     """The command-line job: prints the outcome, returns the exit status
     (0 passed, 1 divergent/corrupt/mismatched, 2 could not validate)."""
     try:
         outcome = validate_outcome(dirs, master=master, expected=expected, report=report,
-                                   export=export, max_keys=max_keys, conf=conf)
+                                   export=export, max_keys=max_keys, conf=conf,
+                                   partitions=partitions, live=live)
     except ValidationError as exc:
         print(f"ferry validate: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
@@ -160,6 +204,35 @@ def execute(dirs: list[str], *, master: str | None, expected: str | None, as_jso
     else:
         print(report_mod.summary(outcome))
     return 0 if outcome.passed else 1
+
+
+def add_live_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--cluster", default=None, help="HOST:PORT[,...] of running nodes (live mode)")
+    ap.add_argument("--control-plane", default=None, help="etcd URL[,...] (live mode)")
+    ap.add_argument("--prefix", default=live_mod.DEFAULT_PREFIX)
+    ap.add_argument("--secret-file", default=None)
+    ap.add_argument("--cache", action="append", default=[])
+    ap.add_argument("--parallel", type=int, default=live_mod.DEFAULT_PARALLEL)
+    ap.add_argument("--rate", default=None, help="bytes/s of validation transfers (200MB, 0 = unlimited)")
+    ap.add_argument("--partitions", type=int, default=None)
+
+
+def live_settings(cluster: str | None, control_plane: str | None, prefix: str,
+                  secret_file: str | None, caches: list[str], parallel: int,
+                  rate: str | None) -> live_mod.LiveSettings | None:
+    """The live-mode settings of the command line, or None (folder mode)."""
+    if not cluster and not control_plane:
+        return None
+    from transfer import parse_rate
+    try:
+        bps = live_mod.DEFAULT_RATE if rate is None else parse_rate(rate)
+    except Exception as exc:  # noqa: BLE001 - parse_rate raises ValueError or TransferError
+        raise ValidationError(f"--rate {rate!r}: {exc}") from exc
+    if parallel < 1:
+        raise ValidationError(f"--parallel {parallel}: use 1 or more")
+    split = lambda v: [x for x in (v or "").split(",") if x]  # noqa: E731
+    return live_mod.LiveSettings(split(cluster), split(control_plane), prefix, secret_file,
+                                 list(caches), parallel, bps or None)
 
 
 def _from_spark(exc: BaseException) -> bool:
@@ -180,7 +253,7 @@ def parse_conf(items: list[str]) -> dict[str, str]:
 def main(argv: list[str] | None = None) -> int:
     """Entry point under spark-submit (argparse: the driver may lack click)."""
     ap = argparse.ArgumentParser(prog="validation/job.py", description=__doc__.split("\n")[0])
-    ap.add_argument("dirs", nargs="+", metavar="DIR")
+    ap.add_argument("dirs", nargs="*", metavar="DIR")
     ap.add_argument("--master", default=None,
                     help="Spark master (default: the one spark-submit configured)")
     ap.add_argument("--expected", default=None)
@@ -189,16 +262,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--export", nargs=2, metavar=("FORMAT", "DIR"), default=None)
     ap.add_argument("--max-keys", type=int, default=MAX_KEYS)
     ap.add_argument("--conf", action="append", default=[])
+    add_live_arguments(ap)
     a = ap.parse_args(argv)
     if a.export and a.export[0] != "parquet":
         ap.error("--export supports only: parquet DIR")
     try:
         conf = parse_conf(a.conf)
+        live = live_settings(a.cluster, a.control_plane, a.prefix, a.secret_file, a.cache,
+                             a.parallel, a.rate)
     except ValidationError as exc:
         ap.error(str(exc))
+    if not a.dirs and live is None:
+        ap.error("give node data folders DIR..., or --cluster/--control-plane")
     return execute(a.dirs, master=a.master, expected=a.expected, as_json=a.as_json,
                    report=a.report, export=a.export[1] if a.export else None,
-                   max_keys=a.max_keys, conf=conf)
+                   max_keys=a.max_keys, conf=conf, partitions=a.partitions, live=live)
 
 
 if __name__ == "__main__":

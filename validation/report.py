@@ -24,6 +24,7 @@ class Outcome:
     seconds: float = 0.0
     files: int = 0
     nodes: list[str] = field(default_factory=list)
+    live: dict | None = None       # live mode: validation.live.summary
 
     @property
     def entries(self) -> int:
@@ -36,7 +37,9 @@ class Outcome:
 
     @property
     def passed(self) -> bool:
-        return not (self.divergent or self.corrupt_pages or self.expected_mismatches)
+        live = self.live or {}
+        return not (self.divergent or self.corrupt_pages or self.expected_mismatches
+                    or live.get("unchecked") or live.get("counter_mismatch"))
 
     def to_json(self) -> dict:
         out = {"passed": self.passed, "partitions_checked": len(self.states),
@@ -45,6 +48,9 @@ class Outcome:
                "seconds": round(self.seconds, 3)}
         if self.expected is None:
             del out["expected"]          # only present when --expected was given
+        if self.live is not None:        # only present in live mode (--cluster)
+            out["mode"] = "live"
+            out["live"] = self.live
         return out
 
 
@@ -60,6 +66,15 @@ def summary(o: Outcome, max_lines: int = 10) -> str:
             lines.append(f"    {k['kind']:8} {k['key']!r}")
         if d["keys_total"] > min(max_lines, len(d["keys"])):
             lines.append(f"    ... {d['keys_total'] - min(max_lines, len(d['keys']))} more")
+    if o.live is not None:
+        ats = [p["counter"] for p in o.live["partitions"] if p["counter"] is not None]
+        lines.append(f"  live: {len(o.live['partitions'])} partitions fenced and snapshotted "
+                     f"(counters {min(ats) if ats else '-'}..{max(ats) if ats else '-'})")
+        for u in o.live["unchecked"][:max_lines]:
+            lines.append(f"  NOT CHECKED {u['cache']}/{u['partition']} on {u['node']}: {u['reason']}")
+        for m in o.live["counter_mismatch"][:max_lines]:
+            lines.append(f"  counter mismatch {m['cache']}/{m['partition']}: {m['node']} at "
+                         f"{m['snapshot']}, fenced at {m['counter']}")
     for p in o.corrupt_pages[:max_lines]:
         lines.append(f"  corrupt page {p['page']} (offset {p['offset']}) of {p['node']} "
                      f"{p['cache']}/{p['partition']}: {p['reason']}")

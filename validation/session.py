@@ -56,23 +56,25 @@ def start(master: str = DEFAULT_MASTER, *, app_name: str = "ferry-validate",
     return spark
 
 
-def ship_decoder(spark: "SparkSession") -> str:
+def ship_decoder(spark: "SparkSession", *, live: bool = False) -> str:
     """Send the page decoder and this package to the executors (cluster mode).
 
     Local mode needs nothing: its workers import the installed Ferry. On a cluster
     the executors get a zip (``validation.ship``) through ``addPyFile``; they still
     need pyarrow and crc32c installed, as C extensions cannot travel in a zip.
     """
-    from .ship import build_zip
+    from .ship import LIVE_ROOTS, ROOTS, build_zip
 
     sc = spark.sparkContext
-    shipped = getattr(sc, "_ferry_decoder_zip", None)
-    if shipped:     # Spark refuses a second file of the same name in one context
-        return shipped
-    out = os.path.join(tempfile.mkdtemp(prefix="ferry-validate-"), "ferry_decoder.zip")
-    build_zip(out)
+    name = "ferry_live.zip" if live else "ferry_decoder.zip"
+    shipped: dict[str, str] = getattr(sc, "_ferry_zips", {})
+    if name in shipped:     # Spark refuses a second file of the same name in one context
+        return shipped[name]
+    out = os.path.join(tempfile.mkdtemp(prefix="ferry-validate-"), name)
+    build_zip(out, LIVE_ROOTS if live else ROOTS)
     sc.addPyFile(out)
-    sc._ferry_decoder_zip = out  # type: ignore[attr-defined]
+    shipped[name] = out
+    sc._ferry_zips = shipped  # type: ignore[attr-defined]
     return out
 
 

@@ -21,6 +21,10 @@ import zipfile
 # Roots: the modules a worker imports by name. Everything they import from Ferry's
 # own packages follows.
 ROOTS = ("checkpoint.pagefile", "validation.source")
+# Live mode (validation.livesource) also needs the transfer agents' demander, the
+# node's RPC client, and the cluster's key -> partition function (--expected rows
+# without a partition); shipped as a second zip so the folder-mode zip stays small.
+LIVE_ROOTS = ROOTS + ("validation.livesource", "node.assignment")
 FERRY_PACKAGES = ("faults", "wal", "checkpoint", "transfer", "indexes", "node",
                   "cluster_sim", "validation", "ferry")
 

@@ -1,0 +1,185 @@
+"""Live mode on the driver: read the partition map of a running cluster, plan the
+executors' work, and say what each partition was compared at.
+
+The map comes from any node of ``--cluster HOST:PORT[,...]`` (RPC ``get_map``,
+authenticated with the cluster secret), or from the control plane: ``--control-plane
+URL`` lists the members in etcd (``P/members/*``) and asks one of them. Only
+partitions with a primary and in-sync copies are planned; the executors do the rest
+(validation.livesource). No partition file is ever read on the driver.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .errors import ValidationError
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from node.cluster_map import ClusterMap
+
+DEFAULT_PARALLEL = 4          # partitions fenced and fetched at once, cluster-wide
+DEFAULT_RATE = 100_000_000    # bytes/s of validation transfers, cluster-wide
+DEFAULT_PREFIX = "/ferry/default"
+
+
+class ClusterUnreachable(ValidationError):
+    """No node (or etcd endpoint) of the cluster answered."""
+
+
+class WrongSecret(ValidationError):
+    """The cluster refused the secret the validator holds."""
+
+
+class UnknownCache(ValidationError):
+    """A cache that the cluster does not have."""
+
+
+@dataclass
+class LiveSettings:
+    seeds: list[str] = field(default_factory=list)
+    control_plane: list[str] = field(default_factory=list)
+    prefix: str = DEFAULT_PREFIX
+    secret_file: str | None = None
+    caches: list[str] = field(default_factory=list)      # empty: every cache
+    parallel: int = DEFAULT_PARALLEL
+    rate: float | None = DEFAULT_RATE                    # None: unlimited
+
+
+@dataclass
+class LivePlan:
+    """What the executors check: one dict per partition, grouped into tasks."""
+    settings: LiveSettings
+    seeds: list[str]
+    secret_file: str
+    parts: list[dict]
+    partition_counts: dict[str, int]
+    epoch: int
+
+    def tasks(self) -> list[dict]:
+        n = max(1, min(self.settings.parallel, len(self.parts)))
+        groups: list[list[dict]] = [[] for _ in range(n)]
+        for i, part in enumerate(self.parts):
+            groups[i % n].append(part)
+        rate = self.settings.rate / n if self.settings.rate else None
+        return [{"parts": g, "seeds": self.seeds, "secret_file": self.secret_file, "rate": rate}
+                for g in groups if g]
+
+
+def _secret_file(s: LiveSettings) -> str:
+    path = s.secret_file or os.environ.get("FERRY_SECRET_FILE")
+    if not path:
+        raise ValidationError("live validation needs the cluster secret: give --secret-file FILE")
+    if not os.path.isfile(path):
+        raise ValidationError(f"secret file {path} does not exist")
+    return os.path.abspath(path)
+
+
+def _members_from_etcd(endpoints: list[str], prefix: str) -> list[str]:
+    from node.control import Etcd
+    try:
+        _, kvs = Etcd(endpoints).range_prefix(prefix.rstrip("/") + "/members/")
+    except Exception as exc:  # noqa: BLE001 - the etcd client raises its own and OS errors
+        raise ClusterUnreachable(f"control plane {','.join(endpoints)} unreachable: {exc}") from exc
+    out = [kv.value.get("address") for kv in kvs.values() if isinstance(kv.value, dict)]
+    seeds = [a for a in out if isinstance(a, str) and a]
+    if not seeds:
+        raise ClusterUnreachable(f"control plane {','.join(endpoints)} lists no live member under "
+                                 f"{prefix}/members/ (wrong --prefix, or no node running)")
+    return seeds
+
+
+def read_map(settings: LiveSettings) -> tuple["ClusterMap", list[str], str]:
+    """(map, seeds, secret file) of the cluster, or a ValidationError that says why not."""
+    from node.cluster_map import ClusterMap
+    from node.errors import AuthFailed, NodeError
+    from node.wire import Pool, load_secret
+
+    secret_file = _secret_file(settings)
+    try:
+        secret = load_secret(secret_file)
+    except AuthFailed as exc:
+        raise ValidationError(f"cannot use secret file {secret_file}: {exc}") from exc
+    seeds = list(settings.seeds)
+    if settings.control_plane:
+        seeds += [a for a in _members_from_etcd(settings.control_plane, settings.prefix)
+                  if a not in seeds]
+    if not seeds:
+        raise ValidationError("give --cluster HOST:PORT[,...] or --control-plane URL")
+    pool = Pool(secret, role="node", timeout=5.0)
+    errors = []
+    try:
+        for seed in seeds:
+            try:
+                return ClusterMap.from_wire(pool.call(seed, "get_map")), seeds, secret_file
+            except AuthFailed as exc:
+                raise WrongSecret(f"node {seed} refused the secret in {secret_file}: it is not "
+                                  f"this cluster's secret ({exc})") from exc
+            except NodeError as exc:
+                errors.append(f"{seed}: {exc}")
+    finally:
+        pool.close()
+    raise ClusterUnreachable("no node of the cluster answers: " + "; ".join(errors))
+
+
+def plan(settings: LiveSettings) -> LivePlan:
+    m, seeds, secret_file = read_map(settings)
+    known = sorted(m.caches)
+    for c in settings.caches:
+        if c not in m.caches:
+            raise UnknownCache(f"the cluster has no cache {c!r}; its caches: {', '.join(known)}")
+    parts = []
+    for cache in settings.caches or known:
+        for p, rec in enumerate(m.parts[cache]):
+            if rec.primary is None or not rec.isr:
+                continue            # no primary now: reported by `cluster status` as lost
+            parts.append({"cache": cache, "partition": p, "primary": rec.primary,
+                          "address": m.address(rec.primary) or "", "term": rec.term})
+    live = [a.address for a in m.members.values() if a.alive]
+    return LivePlan(settings, live or seeds, secret_file, parts,
+                    {c: m.caches[c].partitions for c in known}, m.epoch)
+
+
+def read_raw(spark: "SparkSession", live: LivePlan) -> "DataFrame":
+    """Raw rows (``livesource.LIVE_SCHEMA``) of every planned partition."""
+    from .livesource import SOURCE_NAME, LiveDataSource
+    from .session import is_local
+
+    if not is_local(spark.sparkContext.master):
+        _ship_secret(spark, live.secret_file)
+    spark.dataSource.register(LiveDataSource)
+    return (spark.read.format(SOURCE_NAME).option("tasks", json.dumps(live.tasks())).load())
+
+
+def _ship_secret(spark: "SparkSession", path: str) -> None:
+    """Executors on other hosts find the secret through SparkFiles (no shared storage)."""
+    sc = spark.sparkContext
+    shipped: set[str] = getattr(sc, "_ferry_secrets", set())
+    if path not in shipped:
+        sc.addFile(path)
+        shipped.add(path)
+        sc._ferry_secrets = shipped  # type: ignore[attr-defined]
+
+
+def summary(states: list, plan_: LivePlan) -> dict:
+    """The ``live`` object of the report: the counter each partition was compared at,
+    each copy's node and snapshot counter, and the copies that could not be checked."""
+    parts, unchecked, mismatched = [], [], []
+    for s in states:
+        ats = {r.at for r in s.replicas.values() if r.at is not None}
+        copies = {n: {"snapshot": r.snapshot} for n, r in sorted(s.replicas.items())
+                  if r.error is None}
+        at = min(ats) if ats else None
+        parts.append({"cache": s.cache, "partition": s.partition, "counter": at, "copies": copies})
+        for n, r in sorted(s.replicas.items()):
+            if r.error is not None:
+                unchecked.append({"cache": s.cache, "partition": s.partition,
+                                  "node": n or None, "reason": r.error})
+            elif at is not None and r.snapshot != at:
+                mismatched.append({"cache": s.cache, "partition": s.partition, "node": n,
+                                   "counter": at, "snapshot": r.snapshot})
+    return {"epoch": plan_.epoch, "partitions": parts, "unchecked": unchecked,
+            "counter_mismatch": mismatched}
