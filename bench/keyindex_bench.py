@@ -36,6 +36,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from checkpoint import accel as switch  # noqa: E402
 from checkpoint import PartitionStore, keyindex, pagefile  # noqa: E402
 from checkpoint.keyindex import KeyIndex  # noqa: E402
 from checkpoint.partition import SCAN_BATCH  # noqa: E402
@@ -120,7 +121,7 @@ class _NoScanKeys:
 def _crc_read_floor(path: str, chunk_bytes: int, page_accel) -> None:
     """The scan's reads and the C page checks (CRC + structure) of every page."""
     meta = pagefile.read_meta(path)
-    r = pagefile._Reader(path, meta)
+    r = pagefile.PageReader(path, meta)
     r.per = max(1, chunk_bytes // meta.page_size)
     try:
         for first, chunk in r.chunks():
@@ -139,17 +140,17 @@ def partition_open(path: str, entries: int, repeat: int, page_accel, key_accel) 
         del settings["tuples"]                 # a decoder without scan_keys: all = tuples
     times: dict[str, list[float]] = {m: [] for m in (*settings, "decoder_floor",
                                                       "crc_read_floor")}
-    saved = pagefile._accel, keyindex._accel
+    saved = switch.page, keyindex._accel
     try:
         for _ in range(repeat):
             for mode, (pa, ka) in settings.items():
-                pagefile._accel, keyindex._accel = pa, ka
+                switch.page, keyindex._accel = pa, ka
                 t = time.perf_counter()
                 part = s.prepare_install(1, path)
                 times[mode].append(time.perf_counter() - t)
                 assert len(part.index) == entries
                 part.close()
-            pagefile._accel = page_accel
+            switch.page = page_accel
             t = time.perf_counter()
             for _p in pagefile.iter_page_keys(path, s.mem.io_bytes):
                 pass
@@ -158,7 +159,7 @@ def partition_open(path: str, entries: int, repeat: int, page_accel, key_accel) 
             _crc_read_floor(path, s.mem.io_bytes, page_accel)
             times["crc_read_floor"].append(time.perf_counter() - t)
     finally:
-        pagefile._accel, keyindex._accel = saved
+        switch.page, keyindex._accel = saved
         s.close()
         shutil.rmtree(work, ignore_errors=True)
     row: dict = {"entries": entries, "file_mb": round(os.path.getsize(path) / 1e6, 1)}
@@ -186,7 +187,7 @@ def main() -> None:
     ap.add_argument("--dir", default=None, help="where the partition file goes (default: tmp)")
     args = ap.parse_args()
     keys, mb, repeat = (200_000, 32, 3) if args.quick else (args.keys, args.mb, args.repeat)
-    key_accel, page_accel = keyindex._accel, pagefile._accel
+    key_accel, page_accel = keyindex._accel, switch.page
     if key_accel is None or page_accel is None:
         print(json.dumps({"error": "checkpoint._keyaccel/_pageaccel not built or FERRY_PAGE_ACCEL=0"}))
         sys.exit(2)

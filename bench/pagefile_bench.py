@@ -29,6 +29,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from checkpoint import accel as switch  # noqa: E402
 from checkpoint import PartitionStore, pagefile  # noqa: E402
 
 
@@ -66,14 +67,14 @@ def check(data: bytes, ps: int) -> int:
 
 
 def timed(fn, accel) -> tuple[float, int]:
-    saved = pagefile._accel
-    pagefile._accel = accel
+    saved = switch.page
+    switch.page = accel
     try:
         t = time.perf_counter()
         got = fn()
         return time.perf_counter() - t, got
     finally:
-        pagefile._accel = saved
+        switch.page = saved
 
 
 def measure(path: str, repeat: int, accel) -> dict:
@@ -115,7 +116,7 @@ def main() -> None:
     ap.add_argument("--dir", default=None, help="where the partition files go (default: tmp)")
     args = ap.parse_args()
     mb, repeat = (16, 3) if args.quick else (args.mb, args.repeat)
-    accel = pagefile._accel
+    accel = switch.page
     if accel is None:
         print(json.dumps({"error": "checkpoint._pageaccel is not built or FERRY_PAGE_ACCEL=0"}))
         sys.exit(2)

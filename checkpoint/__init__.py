@@ -19,9 +19,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from .layout import parse_part_name, part_name
-from .pagefile import (CheckpointError, CorruptPageError, Entry, Meta, PageProblem,
-                       check_page, iter_entries, read_meta, verify)
+from .check import PageProblem, check_page
+from .decode import Entry, iter_entries, verify
+from .errors import CheckpointError, CorruptPageError
+from .layout import Meta, parse_part_name, part_name
+from .reader import read_meta
 
 _LAZY = {
     "PartitionStore": ("checkpoint.store", "PartitionStore"),

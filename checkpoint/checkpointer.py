@@ -71,7 +71,7 @@ from typing import TYPE_CHECKING
 from faults import crashpoint, fileio, translate_os_error
 
 from .errors import OutOfDiskError
-from .pagefile import encode_meta, seal_many
+from .layout import encode_meta, seal_many
 from .records import RecordType, encode_images, encode_marker
 from .writeback import WriteBehind
 

@@ -11,7 +11,10 @@ import sys
 
 import click
 
-from .pagefile import CorruptPageError, iter_entries, read_meta, verify as verify_file
+from .decode import iter_entries
+from .decode import verify as verify_file
+from .errors import CorruptPageError
+from .reader import read_meta
 
 
 @click.group("partition")

@@ -31,7 +31,7 @@ import crc32c
 
 from faults import fileio
 
-from .pagefile import CheckpointError
+from .errors import CheckpointError
 
 MAGIC = b"FERRYDW\x00"
 VERSION = 1

@@ -1,16 +1,33 @@
-"""Errors of the checkpoint package (the base lives in pagefile so the decoder stands alone)."""
+"""Errors of the checkpoint package: every one a :class:`CheckpointError`.
+
+Standard library and ``faults.errors`` only: the page decoder (shipped alone to Spark
+executors, validation/ship.py) raises :class:`CorruptPageError` from here.
+"""
 from __future__ import annotations
 
-import faults
+from faults.errors import FerryError
+from faults.errors import OutOfDiskError as _FerryOutOfDisk
 
-from .pagefile import CheckpointError, CorruptPageError
+
+class CheckpointError(FerryError):
+    """Errors of partition files, page memory and the checkpointer."""
 
 
-class OutOfDiskError(CheckpointError, faults.OutOfDiskError):
+class CorruptPageError(CheckpointError):
+    """A page of a partition file failed its CRC or structure check."""
+
+    def __init__(self, path: str, page: int, offset: int, reason: str) -> None:
+        self.path, self.page, self.offset, self.reason = str(path), page, offset, reason
+        super().__init__(
+            f"corrupt partition file {self.path}: page {page} (byte offset {offset}): {reason}; "
+            "the file cannot be trusted - restore it from another owner or re-run the transfer")
+
+
+class OutOfDiskError(CheckpointError, _FerryOutOfDisk):
     """A checkpoint, partition creation or snapshot found the file system full."""
 
     def __init__(self, path: str, needed: int | None = None, detail: str = "") -> None:
-        faults.OutOfDiskError.__init__(self, path, needed, detail)
+        _FerryOutOfDisk.__init__(self, path, needed, detail)
 
 
 class PartitionNotFoundError(CheckpointError):

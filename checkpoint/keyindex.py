@@ -36,7 +36,7 @@ from typing import Callable, Iterator, Sequence
 
 import xxhash
 
-from .pagefile import load_accel
+from .accel import ACCEL_ENV, load_accel
 
 SEGMENT_BITS = 6            # 64 independently growing tables, chosen by the hash's top bits
 SEGMENTS = 1 << SEGMENT_BITS
@@ -52,7 +52,6 @@ def key_hash(key: bytes) -> int:
 
 
 _XXH3 = key_hash            # the real hash: what the C path computes
-ACCEL_ENV = "FERRY_PAGE_ACCEL"   # one switch for all checkpoint C paths (pagefile.py)
 _ACCEL_ABI = 1
 
 

@@ -25,7 +25,7 @@ import enum
 import re
 import struct
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import crc32c
 
@@ -115,6 +115,18 @@ def set_aux(buf: bytearray, aux: int) -> None:
 def pack_header(buf: bytearray, index: int, ptype: int, count: int = 0, aux: int = 0) -> None:
     """A header with CRC 0 (set by :func:`seal` when the page is written) and no flags."""
     HEADER.pack_into(buf, 0, 0, index, ptype, 0, count, aux)
+
+
+_SLOT_STRUCTS: dict[int, Callable] = {}
+
+
+def slot_reader(count: int) -> Callable:
+    """``unpack_from`` of a directory of ``count`` u16 slots at once (counts are few:
+    cached)."""
+    f = _SLOT_STRUCTS.get(count)
+    if f is None:
+        f = _SLOT_STRUCTS[count] = struct.Struct(f"<{count}H").unpack_from
+    return f
 
 
 def valid_page_size(n: int) -> bool:
@@ -208,5 +220,5 @@ __all__ = [
     "T_OVERFLOW", "crc_ok", "decode_meta", "encode_meta", "entry_size", "header_aux",
     "header_count", "header_index", "pack_header", "page_crc", "parse_part_name",
     "part_name", "read_header", "seal", "seal_many", "set_aux", "set_count",
-    "valid_page_size",
+    "slot_reader", "valid_page_size",
 ]

@@ -1,23 +1,24 @@
-"""Changes to pages held in page memory (bytearrays in the layout of :mod:`.pagefile`).
+"""Changes to pages held in page memory (bytearrays in the layout of :mod:`.layout`).
 
-Only this module writes page bytes (besides the meta page, encoded in pagefile): new
+Only this module writes page bytes (besides the meta page, encoded in layout): new
 pages, slotted insert/delete/compact of DATA pages, overflow pages.  CRCs are not kept
 up to date here; the checkpointer seals each page when it writes it.
 
 The byte work of the write path (:func:`chain_pages`, :func:`new_page`, :func:`insert`,
 :func:`delete`, :func:`read_entry`, :func:`compact`) has a C twin, ``checkpoint/_writeaccel.c``, used
 when it is built and ``FERRY_PAGE_ACCEL`` (the switch of every checkpoint C path, see
-pagefile.py) does not turn it off. The names of this module are bound to one or the
+accel.py) does not turn it off. The names of this module are bound to one or the
 other (:func:`use_accelerator`); the ``*_py`` functions are the reference, and the C
 ones make the same bytes (tests/checkpoint/test_writeaccel.py).
 """
 from __future__ import annotations
 
 
-from .pagefile import (ACCEL_ENV, ENTRY, F_OVERFLOW, HDR, HEADER, PTR, SLOT, PageType,
-                       entry_size, page_entries, load_accel)
+from .accel import ACCEL_ENV, load_accel
+from .decode import page_entries
+from .layout import (ENTRY, F_OVERFLOW, HDR, PTR, SLOT, PageType, entry_size, header_aux,
+                     header_count, pack_header, set_aux, set_count)
 
-# Header byte ranges changed in place: count [10:12], aux [12:16] (see pagefile.HEADER).
 _PACK_SLOT = SLOT.pack_into
 _UNPACK_SLOT = SLOT.unpack_from
 
@@ -31,7 +32,7 @@ def new_page_py(index: int, page_size: int, ptype: PageType, buf: bytearray | No
     else:
         buf[:] = _zeros(page_size)                      # in place: same length
     aux = page_size if ptype == PageType.DATA else 0     # DATA: empty heap starts at the end
-    HEADER.pack_into(buf, 0, 0, index, ptype, 0, 0, aux)
+    pack_header(buf, index, ptype, 0, aux)
     return buf
 
 
@@ -41,7 +42,7 @@ def overflow_page(index: int, page_size: int, payload: bytes | memoryview, nxt: 
     if buf is None:
         buf = bytearray(page_size)
     end = HDR + len(payload)
-    HEADER.pack_into(buf, 0, 0, index, PageType.OVERFLOW, 0, len(payload), nxt)
+    pack_header(buf, index, PageType.OVERFLOW, len(payload), nxt)
     buf[HDR:end] = payload
     if end < page_size:
         buf[end:] = _zeros(page_size - end)
@@ -78,7 +79,7 @@ def chain_pages_py(value: bytes | memoryview, page_size: int, indexes: list[int]
 
 
 def overflow_next(buf: bytearray) -> int:
-    return HEADER.unpack_from(buf, 0)[5]
+    return header_aux(buf)
 
 
 def inline_limit(page_size: int) -> int:
@@ -95,7 +96,7 @@ def max_key(page_size: int) -> int:
 def free_bytes(buf: bytearray) -> int:
     """Bytes an insert may use after compaction (empty slots count as reusable)."""
     page_size = len(buf)
-    count = HEADER.unpack_from(buf, 0)[4]
+    count = header_count(buf)
     used = HDR + SLOT.size * count
     for _s, flags, key, _c, vlen, _w in page_entries(buf):
         used += entry_size(len(key), PTR.size if flags & F_OVERFLOW else vlen)
@@ -116,13 +117,13 @@ def delete_py(buf: bytearray, slot: int, size: int) -> int:
     """Empty ``slot`` (its entry of ``size`` bytes becomes garbage until compaction);
     returns the bytes that became reusable."""
     _PACK_SLOT(buf, HDR + 2 * slot, 0)
-    count = HEADER.unpack_from(buf, 0)[4]
+    count = header_count(buf)
     freed = size
     if slot == count - 1:               # trim trailing empty slots so the directory shrinks
         while count and _UNPACK_SLOT(buf, HDR + 2 * (count - 1))[0] == 0:
             count -= 1
             freed += SLOT.size
-        buf[10:12] = count.to_bytes(2, "little")
+        set_count(buf, count)
     return freed
 
 
@@ -131,12 +132,12 @@ def insert_py(buf: bytearray, free: int, flags: int, key: bytes, counter: int, v
     """Add an entry; returns (slot, bytes used), or None when the page lacks room.
     ``free`` is the page's :func:`free_bytes` (kept by the caller so no scan is needed)."""
     size = ENTRY.size + len(key) + len(stored)
-    count = HEADER.unpack_from(buf, 0)[4]
+    count = header_count(buf)
     slot = _empty_slot(buf, count)
     need = size + (SLOT.size if slot is None else 0)
     if need > free:
         return None
-    heap = int.from_bytes(buf[12:16], "little")
+    heap = header_aux(buf)
     dir_end = HDR + SLOT.size * (count + (slot is None))
     if heap - dir_end < size:
         heap = compact_py(buf)
@@ -147,9 +148,9 @@ def insert_py(buf: bytearray, free: int, flags: int, key: bytes, counter: int, v
     buf[k0 + len(key):off + size] = stored
     if slot is None:
         slot = count
-        buf[10:12] = (count + 1).to_bytes(2, "little")
+        set_count(buf, count + 1)
     _PACK_SLOT(buf, HDR + 2 * slot, off)
-    buf[12:16] = off.to_bytes(4, "little")              # aux = heap start
+    set_aux(buf, off)                                   # aux = heap start
     return slot, need
 
 
@@ -171,7 +172,7 @@ def compact_py(buf: bytearray) -> int:
     """Pack live entries at the end of the page (slots keep their numbers, so the key
     index stays valid); zero the gap; return the new heap start."""
     page_size = len(buf)
-    count = HEADER.unpack_from(buf, 0)[4]
+    count = header_count(buf)
     live: list[tuple[int, bytes]] = []
     for s in range(count):
         (off,) = _UNPACK_SLOT(buf, HDR + 2 * s)
@@ -185,14 +186,14 @@ def compact_py(buf: bytearray) -> int:
         _PACK_SLOT(buf, HDR + 2 * s, heap)
     dir_end = HDR + SLOT.size * count
     buf[dir_end:heap] = bytes(heap - dir_end)
-    buf[12:16] = heap.to_bytes(4, "little")
+    set_aux(buf, heap)
     return heap
 
 
 # -- the C twin ----------------------------------------------------------------------
 _ACCEL_ABI = 1
 # checkpoint._writeaccel when built, of this version and not turned off by
-# FERRY_PAGE_ACCEL=0 (read at import, like pagefile's); else None
+# FERRY_PAGE_ACCEL=0 (read at import, like accel.page); else None
 _accel = load_accel("checkpoint._writeaccel", _ACCEL_ABI, ACCEL_ENV)
 _NAMES = ("chain_pages", "insert", "delete", "read_entry", "compact", "new_page")
 

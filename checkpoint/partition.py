@@ -25,12 +25,17 @@ from typing import TYPE_CHECKING, Iterator
 from faults import fileio
 
 from . import page as pg
-from . import pagefile
+from .accel import key_scan_accel
+from .chain import chain_limit, chain_link_problem
+from .check import check_page
+from .decode import page_entries
+from .errors import CorruptPageError
 from .keyindex import KeyIndex
+from .keyscan import iter_page_keys, scan_key_hashes
+from .layout import (ENTRY, F_OVERFLOW, F_TOMBSTONE, HDR, OFF_TYPE, PTR, SLOT, EntryFlag,
+                     PageType, header_count, header_index, read_header)
 from .memory import PageMemory, page_key
-from .pagefile import (ENTRY, F_OVERFLOW, F_TOMBSTONE, HDR, HEADER, PTR, SLOT, CorruptPageError,
-                       EntryFlag, PageType, chain_limit, chain_link_problem, check_page,
-                       iter_page_keys, read_meta, page_entries)
+from .reader import read_meta
 
 if TYPE_CHECKING:
     from .undo import ImageLog
@@ -90,7 +95,7 @@ class Partition:
     # -- open-time scan ----------------------------------------------------------
     def _scan(self) -> None:
         """The key index and space maps from one sequential pass of the file, keys
-        only (pagefile.scan_key_hashes / iter_page_keys: each page checked once,
+        only (keyscan.scan_key_hashes / iter_page_keys: each page checked once,
         overflow values never read); a bad page or a truncated file raises
         CorruptPageError."""
         # Keys go to the index SCAN_BATCH at a time (at a page's end): batches bound the
@@ -99,12 +104,12 @@ class Partition:
         ps, quarter, free_type = self.page_size, self.quarter, int(PageType.FREE)
         space, roomy, free_pages = self.space, self.roomy, self.free_pages
         acc = self.index.scan_accel()
-        if acc is not None and pagefile.key_scan_accel() is not None:
+        if acc is not None and key_scan_accel() is not None:
             # C decoder straight to hashed columns (_pageaccel.scan_keys): no Python
             # object per key or page; same checks, errors and batches as below.
-            for hashes, locs in pagefile.scan_key_hashes(self.path, self.mem.io_bytes,
-                                                         SCAN_BATCH, space, quarter, roomy,
-                                                         free_pages, self.index.hash_fn):
+            for hashes, locs in scan_key_hashes(self.path, self.mem.io_bytes, SCAN_BATCH,
+                                                space, quarter, roomy, free_pages,
+                                                self.index.hash_fn):
                 self.index.add_hashed(hashes, locs)
             heapq.heapify(free_pages)
             return
@@ -245,7 +250,7 @@ class Partition:
 
     def _chain_pages(self, first: int, length: int, origin: int) -> Iterator[bytearray]:
         """The pages of the overflow chain of a ``length``-byte value whose entry is on
-        page ``origin``, checked link by link (pagefile.chain_link_problem): a corrupt
+        page ``origin``, checked link by link (chain.chain_link_problem): a corrupt
         chain (a cycle, a link to page 0 or past the end, more pages than the length
         allows, a page that is not OVERFLOW) raises CorruptPageError, never loops."""
         visited: set[int] = set()
@@ -259,7 +264,8 @@ class Partition:
                 if bad:
                     raise CorruptPageError(self.path, at, at * ps, bad)
             buf = self.page(index)
-            _crc, _i, ptype, _f, used, nxt = HEADER.unpack_from(buf, 0)
+            head = read_header(buf)
+            ptype, used, nxt = head.type, head.count, head.aux
             if ptype != _OVERFLOW:
                 raise CorruptPageError(self.path, index, index * ps,
                                        f"page of an overflow chain has type {PageType(ptype).name}")
@@ -272,7 +278,7 @@ class Partition:
                                    f"overflow chain holds {got} bytes, entry says {length}")
 
     def _read_chain(self, first: int, length: int, origin: int) -> bytes:
-        parts = [bytes(buf[pg.HDR:pg.HDR + HEADER.unpack_from(buf, 0)[4]])
+        parts = [bytes(buf[HDR:HDR + header_count(buf)])
                  for buf in self._chain_pages(first, length, origin)]
         return b"".join(parts)
 
@@ -333,7 +339,7 @@ class Partition:
                     return
             candidate = next(iter(self.roomy), 0)
         index, buf = self._alloc(PageType.DATA)
-        free = self.page_size - pg.HDR
+        free = self.page_size - HDR
         done = pg.insert(buf, free, flags, key, counter, vlen, stored)
         assert done is not None, "an inline entry always fits an empty page"
         self.fill = index
@@ -341,7 +347,7 @@ class Partition:
         self._set_space(index, free - done[1])
 
     def _maybe_free_data_page(self, index: int, buf: bytearray) -> None:
-        if HEADER.unpack_from(buf, 0)[4] == 0:    # no slots left: the page is empty
+        if header_count(buf) == 0:    # no slots left: the page is empty
             self._free(index)
 
     def _write_chain(self, value: bytes) -> int:
@@ -349,7 +355,7 @@ class Partition:
         # are taken first (each page links to the next), then one call builds every page
         # image (page.chain_pages: C when built) in page memory's spare buffers, and one
         # call puts them into page memory.
-        count = max(1, -(-len(value) // (self.page_size - pg.HDR)))
+        count = max(1, -(-len(value) // (self.page_size - HDR)))
         indexes = self._alloc_indexes(count)
         bufs = pg.chain_pages(value, self.page_size, indexes, self.mem.spare)
         base = self.pid << 32                   # memory.page_key of each
@@ -369,7 +375,7 @@ class Partition:
     def _free_chain(self, first: int, length: int, origin: int) -> None:
         # Walk (and so validate) the whole chain before freeing any page of it: a
         # corrupt chain raises before the partition is changed.
-        indexes = [HEADER.unpack_from(buf, 0)[1] for buf in self._chain_pages(first, length, origin)]
+        indexes = [header_index(buf) for buf in self._chain_pages(first, length, origin)]
         # _free for each page, with one page-memory insertion (one eviction pass) at the
         # end: the walk left the pages resident, so their undo images need no reload.
         for index in indexes:
@@ -406,7 +412,7 @@ class Partition:
                 reason = check_page(buf, index, ps)
                 if reason:
                     raise CorruptPageError(self.path, index, index * ps, reason)
-            if buf[8] != PageType.DATA:
+            if buf[OFF_TYPE] != PageType.DATA:
                 continue
             for _s, flags, key, _c, vlen, where in page_entries(buf):
                 if flags & F_TOMBSTONE:

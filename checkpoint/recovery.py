@@ -25,12 +25,12 @@
 from __future__ import annotations
 
 import os
-import re
 from typing import TYPE_CHECKING, Iterable, Iterator
 
 from faults import fileio
 
 from . import dwb
+from .layout import parse_part_name, part_name
 from .partition import Partition
 from .records import (RecordType, decode_images, decode_marker, decode_update,
                       record_partition)
@@ -42,7 +42,6 @@ if TYPE_CHECKING:
     from .store import PartitionStore
 
 REPLAY_CHECKPOINT_FRACTION = 0.5
-_PART = re.compile(r"^part-(\d+)\.bin$")
 
 
 def recover(store: PartitionStore, wal_sync: str, segment_size: int) -> Wal:
@@ -57,9 +56,8 @@ def recover(store: PartitionStore, wal_sync: str, segment_size: int) -> Wal:
             delete_partition_file(store.partition_path(pid))
         rolled_back = rollback(store.dir, _images_after(wal, images_from), barrier)
         for name in sorted(os.listdir(store.dir)):
-            m = _PART.match(name)
-            if m:
-                pid = int(m.group(1))
+            pid = parse_part_name(name)
+            if pid is not None:
                 store.parts[pid] = Partition(pid, os.path.join(store.dir, name), store.mem,
                                              store.undo)
         store.wal = wal
@@ -156,7 +154,7 @@ def rollback(directory: str, undo: Iterable[tuple[int, bytes]], barrier: dict[in
                 continue
             fd = fds.get(im.partition)
             if fd is None:
-                path = os.path.join(directory, f"part-{im.partition}.bin")
+                path = os.path.join(directory, part_name(im.partition))
                 if not os.path.exists(path):
                     continue
                 fd = fds[im.partition] = io.open(path, os.O_RDWR)

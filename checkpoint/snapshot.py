@@ -38,7 +38,7 @@ import crc32c
 
 from faults import fileio
 
-from .pagefile import CheckpointError
+from .errors import CheckpointError
 
 MAGIC = b"FERRYDL\x00"
 VERSION = 1

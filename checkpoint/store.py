@@ -19,7 +19,6 @@ wait before changing anything while dirty + in-checkpoint pages exceed
 from __future__ import annotations
 
 import os
-import re
 import threading
 from contextlib import contextmanager
 from typing import Callable, Iterable, Iterator
@@ -31,13 +30,14 @@ from .errors import (CheckpointError, OutOfDiskError, PartitionNotFoundError,
                      SnapshotBusyError, StoreClosedError)
 from .memory import PageMemory
 from .page import max_key
-from .pagefile import MAX_VALUE, check_page, encode_meta, read_meta, valid_page_size
+from .check import check_page
+from .layout import MAX_VALUE, encode_meta, part_name, valid_page_size
+from .reader import read_meta
 from .partition import Partition
 from .records import RecordType, encode_drop, encode_install, encode_update
 from .snapshot import TransferSnapshot
 from .undo import ImageLog
 
-PART_FILE = re.compile(r"^part-(\d+)\.bin$")
 CHECKPOINT_FRACTION = 0.25
 WAIT_FRACTION = 0.75
 
@@ -258,7 +258,7 @@ class PartitionStore:
             return sorted(self.parts)
 
     def partition_path(self, partition: int) -> str:
-        return os.path.join(self.dir, f"part-{partition}.bin")
+        return os.path.join(self.dir, part_name(partition))
 
     def stats(self) -> dict[str, int]:
         with self._cond:

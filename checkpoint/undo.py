@@ -41,7 +41,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from . import page as pg
-from .pagefile import PageType, seal
+from .layout import OFF_TYPE, PageType, seal
 from .records import RecordType, encode_images
 
 if TYPE_CHECKING:
@@ -75,7 +75,7 @@ class ImageLog:
         if snap is not None:
             self.preimages += snap.save_preimages([(index, img)])
         images, free = self.pending.setdefault(part.pid, ([], []))
-        if img[8] == PageType.FREE and img == free_page(index, part.page_size):
+        if img[OFF_TYPE] == PageType.FREE and img == free_page(index, part.page_size):
             free.append(index)
             self.pending_bytes += 4
         else:

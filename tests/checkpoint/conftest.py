@@ -39,11 +39,11 @@ DECODER_TESTS = {"test_pagefile.py", "test_pagefile_fast.py", "test_chains.py"}
 
 @pytest.fixture(autouse=True)
 def page_accel(request, monkeypatch):
-    """"accel"/"pure" in the decoder tests (pure: pagefile._accel set to None)."""
+    """"accel"/"pure" in the decoder tests (pure: switch.page set to None)."""
     mode = getattr(request, "param", None)
     if mode == "pure":
-        from checkpoint import pagefile
-        monkeypatch.setattr(pagefile, "_accel", None)
+        from checkpoint import accel as switch
+        monkeypatch.setattr(switch, "page", None)
     return mode
 
 
@@ -52,6 +52,6 @@ def pytest_generate_tests(metafunc) -> None:
         return
     if os.path.basename(str(metafunc.module.__file__)) not in DECODER_TESTS:
         return
-    from checkpoint import pagefile
-    modes = ["pure"] + (["accel"] if pagefile._accel is not None else [])
+    from checkpoint import accel as switch
+    modes = ["pure"] + (["accel"] if switch.page is not None else [])
     metafunc.parametrize("page_accel", modes, indirect=True)

@@ -26,7 +26,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from checkpoint import PartitionStore, pagefile
+from checkpoint import accel as switch
+from checkpoint import PartitionStore
 from checkpoint.pagefile import (CorruptPageError, check_page, check_pages, iter_entries,
                                  iter_live_batches, read_meta, verify)
 
@@ -61,7 +62,7 @@ def good_file():
 
 
 def _modes() -> list[object]:
-    return [None] + ([pagefile._accel] if pagefile._accel is not None else [])
+    return [None] + ([switch.page] if switch.page is not None else [])
 
 
 flips = st.lists(st.tuples(st.integers(0, 2**31), st.integers(0, PAGE - 1), st.integers(1, 255)),
@@ -88,10 +89,10 @@ def test_a_flipped_byte_is_an_error_never_a_different_page(good_file, tmp_path, 
     for page, at in damaged.items():
         assert check_page(data[page * PAGE:(page + 1) * PAGE], page, PAGE) is not None, \
             (page, at)
-    saved = pagefile._accel
+    saved = switch.page
     try:
         for accel in _modes():
-            pagefile._accel = accel
+            switch.page = accel
             first, reason = check_pages(data, 0, PAGE)
             assert first == min(damaged) and reason, (first, damaged, accel)
 
@@ -110,4 +111,4 @@ def test_a_flipped_byte_is_an_error_never_a_different_page(good_file, tmp_path, 
             if 0 not in damaged:
                 assert {p.page for p in verify(path)} >= set(damaged)
     finally:
-        pagefile._accel = saved
+        switch.page = saved

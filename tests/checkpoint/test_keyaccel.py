@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import checkpoint
+from checkpoint import accel as switch
 from checkpoint import PartitionStore, keyindex, pagefile
 from checkpoint.keyindex import KeyIndex
 from checkpoint.pagefile import CorruptPageError
@@ -277,29 +278,29 @@ def test_reopen_with_and_without_the_accelerator(tmp_path, route) -> None:
     model = _fill(d)
     calls: list = []
     page_calls: list = []
-    saved, saved_page = keyindex._accel, pagefile._accel
+    saved, saved_page = keyindex._accel, switch.page
     keyindex._accel = _counting(BUILT, calls)
     if route == "scan_keys":
         if getattr(PAGE_BUILT, "scan_keys", None) is None:
             pytest.skip("checkpoint._pageaccel is not built (or built without xxhash.h)")
-        pagefile._accel = _counting(PAGE_BUILT, page_calls)
+        switch.page = _counting(PAGE_BUILT, page_calls)
     else:
-        pagefile._accel = None
+        switch.page = None
     try:
         c_parts, c_got = _open_state(d)
     finally:
-        keyindex._accel, pagefile._accel = saved, saved_page
+        keyindex._accel, switch.page = saved, saved_page
     assert "hash_items" not in calls and "page_hashes" not in calls
     if route == "scan_keys":
         assert page_calls.count("scan_keys") >= 2 and "scan_pages" not in calls
         assert "page_keys" not in page_calls          # no per-key objects on the way
     else:
         assert calls.count("scan_pages") >= 2         # one per partition
-    keyindex._accel, pagefile._accel = None, None
+    keyindex._accel, switch.page = None, None
     try:
         py_parts, py_got = _open_state(d)
     finally:
-        keyindex._accel, pagefile._accel = saved, saved_page
+        keyindex._accel, switch.page = saved, saved_page
     assert c_parts == py_parts
     assert c_got == py_got == model
     assert any(fp for _s, _sp, _r, fp in c_parts), "no FREE page: the test lost its point"
@@ -362,9 +363,9 @@ needs_scan_keys = pytest.mark.skipif(getattr(PAGE_BUILT, "scan_keys", None) is N
 
 
 def _scan_outcome(path: str, accel, space_pages: int, batch: int = 16384):
-    """scan_key_hashes with pagefile._accel = accel: batches and facts, or the error."""
-    saved = pagefile._accel
-    pagefile._accel = accel
+    """scan_key_hashes with switch.page = accel: batches and facts, or the error."""
+    saved = switch.page
+    switch.page = accel
     space, roomy, free, out = array("I", bytes(4 * space_pages)), set(), [], []
     try:
         for h, loc in pagefile.scan_key_hashes(path, 4096, batch, space, 256, roomy, free,
@@ -374,7 +375,7 @@ def _scan_outcome(path: str, accel, space_pages: int, batch: int = 16384):
     except Exception as e:  # noqa: BLE001 - the comparison is of the error itself
         return type(e).__name__, str(e)
     finally:
-        pagefile._accel = saved
+        switch.page = saved
 
 
 def _small_store(d: str) -> str:

@@ -5,7 +5,7 @@ chunk, tombstones, overwrites across checkpoints), on corrupted and truncated co
 and its CRC32C (hardware and table) against the ``crc32c`` package.
 
 Every comparison runs the public decoder twice in the same process, with
-``pagefile._accel`` set to the module and to None (the conftest also runs the older
+``switch.page`` set to the module and to None (the conftest also runs the older
 decoder test modules both ways)."""
 from __future__ import annotations
 
@@ -24,10 +24,11 @@ import xxhash
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from checkpoint import accel as switch
 from checkpoint import PartitionStore, pagefile
 from checkpoint.pagefile import CorruptPageError, check_page, read_meta
 
-ACCEL = pagefile._load_accel() if os.environ.get(pagefile.ACCEL_ENV, "1") != "0" else None
+ACCEL = switch.load_page_accel() if os.environ.get(pagefile.ACCEL_ENV, "1") != "0" else None
 try:
     import importlib
     BUILT = importlib.import_module("checkpoint._pageaccel")
@@ -39,21 +40,21 @@ needs_accel = pytest.mark.skipif(BUILT is None, reason="checkpoint._pageaccel is
 
 # -- running the decoder both ways ------------------------------------------------------
 def _run(fn, mode):
-    saved = pagefile._accel
-    pagefile._accel = BUILT if mode == "accel" else None
+    saved = switch.page
+    switch.page = BUILT if mode == "accel" else None
     readers: list = []
-    real_init = pagefile._Reader.__init__
+    real_init = pagefile.PageReader.__init__
 
     def init(self, *a, **k):
         real_init(self, *a, **k)
         readers.append(self)
 
-    pagefile._Reader.__init__ = init
+    pagefile.PageReader.__init__ = init
     try:
         return fn(), [bytes(r.checked) for r in readers]
     finally:
-        pagefile._Reader.__init__ = real_init
-        pagefile._accel = saved
+        pagefile.PageReader.__init__ = real_init
+        switch.page = saved
 
 
 def events(path, decode: str, strict: bool, **kw):
@@ -110,8 +111,8 @@ def key_hashes(path, batch: int, chunk_bytes: int | None = None, space_pages: in
 def key_hashes_reference(path, batch: int, space_pages: int | None = None):
     """key_hashes from iter_page_keys in pure Python: Partition._scan's per-page loop
     (the batches, the facts) with the reference hash."""
-    saved = pagefile._accel
-    pagefile._accel = None
+    saved = switch.page
+    switch.page = None
     out: list = []
     try:
         space = _space_for(path) if space_pages is None else array("I", bytes(4 * space_pages))
@@ -139,7 +140,7 @@ def key_hashes_reference(path, batch: int, space_pages: int | None = None):
     except (CorruptPageError, OverflowError, IndexError) as e:
         out.append(("raised", type(e).__name__, str(e)))
     finally:
-        pagefile._accel = saved
+        switch.page = saved
     return out
 
 
@@ -234,11 +235,11 @@ READER = st.sampled_from([(1 << 21, 16 << 20), (3, 8), (4, 0), (16, 64)])
 def test_random_partitions_decode_identically(ops, fill, page_size, seed, reader,
                                               corruptions) -> None:
     chunk, ahead = reader
-    saved = pagefile._Reader.CHUNK, pagefile._Reader.LOOKAHEAD
+    saved = pagefile.PageReader.CHUNK, pagefile.PageReader.LOOKAHEAD
     if chunk < 1024:                      # in pages: chains leave the chunk / the window
-        pagefile._Reader.CHUNK, pagefile._Reader.LOOKAHEAD = chunk * page_size, ahead * page_size
+        pagefile.PageReader.CHUNK, pagefile.PageReader.LOOKAHEAD = chunk * page_size, ahead * page_size
     else:
-        pagefile._Reader.CHUNK, pagefile._Reader.LOOKAHEAD = chunk, ahead
+        pagefile.PageReader.CHUNK, pagefile.PageReader.LOOKAHEAD = chunk, ahead
     try:
         with tempfile.TemporaryDirectory() as tmp:
             # a base of small entries (many slots per page), then the drawn operations
@@ -258,7 +259,7 @@ def test_random_partitions_decode_identically(ops, fill, page_size, seed, reader
                 os.truncate(bad, rnd.randrange(page_size, os.path.getsize(path) + 1))
                 assert_same(bad)
     finally:
-        pagefile._Reader.CHUNK, pagefile._Reader.LOOKAHEAD = saved
+        pagefile.PageReader.CHUNK, pagefile.PageReader.LOOKAHEAD = saved
 
 
 def build_chains(tmp_path, page_size: int = 1024) -> str:
@@ -273,14 +274,14 @@ def build_chains(tmp_path, page_size: int = 1024) -> str:
 @needs_accel
 @pytest.mark.parametrize("chunk_pages,ahead_pages", [(2048, 16384), (5, 10), (7, 0)])
 def test_many_corruptions_decode_identically(tmp_path, monkeypatch, chunk_pages, ahead_pages) -> None:
-    monkeypatch.setattr(pagefile._Reader, "CHUNK", chunk_pages * 1024)
-    monkeypatch.setattr(pagefile._Reader, "LOOKAHEAD", ahead_pages * 1024)
+    monkeypatch.setattr(pagefile.PageReader, "CHUNK", chunk_pages * 1024)
+    monkeypatch.setattr(pagefile.PageReader, "LOOKAHEAD", ahead_pages * 1024)
     clean = build_chains(tmp_path)
     assert_same(clean)
     rnd = random.Random(chunk_pages)
     path = str(tmp_path / "bad.bin")
     reasons = set()
-    data_pages = [i for i, t, _u, _k in pagefile.iter_page_keys(clean) if t == pagefile._DATA]
+    data_pages = [i for i, t, _u, _k in pagefile.iter_page_keys(clean) if t == pagefile.PageType.DATA]
     for n in range(30):
         shutil.copyfile(clean, path)
         mutate(path, rnd, 1024, rnd.choice(data_pages) if n % 2 else None)
@@ -299,8 +300,8 @@ def test_many_corruptions_decode_identically(tmp_path, monkeypatch, chunk_pages,
 def test_read_error_in_a_chain_surfaces_after_the_same_items(tmp_path, monkeypatch) -> None:
     """A chain page read by pread (outside the window) that fails to read: both paths
     hand out the same items, then raise the same OSError."""
-    monkeypatch.setattr(pagefile._Reader, "CHUNK", 4 * 1024)
-    monkeypatch.setattr(pagefile._Reader, "LOOKAHEAD", 0)
+    monkeypatch.setattr(pagefile.PageReader, "CHUNK", 4 * 1024)
+    monkeypatch.setattr(pagefile.PageReader, "LOOKAHEAD", 0)
     path = build_chains(tmp_path)
     real = os.pread
     singles = [0]
@@ -313,7 +314,7 @@ def test_read_error_in_a_chain_surfaces_after_the_same_items(tmp_path, monkeypat
                 raise OSError(5, "Input/output error")
         return real(fd, n, off)
 
-    monkeypatch.setattr(pagefile.os, "pread", failing)
+    monkeypatch.setattr(os, "pread", failing)
     batches = iter(pagefile.iter_live_batches(path))  # probe: the reads of the first batch
     next(batches)
     fail_at[0] = singles[0] + 1                      # fail in the batch after it
@@ -351,8 +352,8 @@ def test_check_pages_is_check_page_of_each_page(tmp_path, mode) -> None:
     clean = build_chains(tmp_path)
     data = open(clean, "rb").read()
     rnd = random.Random(9)
-    saved = pagefile._accel
-    pagefile._accel = BUILT if mode == "accel" else None
+    saved = switch.page
+    switch.page = BUILT if mode == "accel" else None
     try:
         assert pagefile.check_pages(data, 0, 1024) == (None, None)
         assert pagefile.check_pages(memoryview(data)[5 * 1024:], 5, 1024) == (None, None)
@@ -371,7 +372,7 @@ def test_check_pages_is_check_page_of_each_page(tmp_path, mode) -> None:
         short = data[1024:2048 + 100]
         assert pagefile.check_pages(short, 1, 1024) == (2, "short page: 100 of 1024 bytes")
     finally:
-        pagefile._accel = saved
+        switch.page = saved
 
 
 # -- CRC32C -----------------------------------------------------------------------------
@@ -434,7 +435,7 @@ def test_a_module_of_another_version_is_not_used(monkeypatch) -> None:
     fake.ABI_VERSION = 999
     monkeypatch.setattr(importlib, "import_module", lambda name: fake)
     monkeypatch.delenv(pagefile.ACCEL_ENV, raising=False)
-    assert pagefile._load_accel() is None
+    assert switch.load_page_accel() is None
 
 
 def test_checks_give_the_reasons_of_check_page_on_a_bad_page(tmp_path) -> None:

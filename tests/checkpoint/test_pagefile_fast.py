@@ -164,7 +164,7 @@ def test_corrupted_files_decode_like_the_reference(open_store, tmp_path, page_si
 
 def test_chunk_boundaries_and_truncation(open_store, tmp_path, monkeypatch) -> None:
     clean = build(open_store, 1024)
-    monkeypatch.setattr(pagefile._Reader, "CHUNK", 3 * 1024)   # many small chunks
+    monkeypatch.setattr(pagefile.PageReader, "CHUNK", 3 * 1024)   # many small chunks
     same_everywhere(clean)
     size = os.path.getsize(clean)
     for cut in (size - 1024, size - 1500, 5 * 1024 + 10, 2048, 1100):
@@ -257,8 +257,8 @@ def test_overflow_heavy_files_decode_like_the_reference(open_store, tmp_path, mo
                                                         chunk, lookahead) -> None:
     """Chunk/look-ahead sizes: everything in one chunk; small chunks pulled ahead by
     chains; no look-ahead at all (chains ahead of the chunk read by pread)."""
-    monkeypatch.setattr(pagefile._Reader, "CHUNK", chunk)
-    monkeypatch.setattr(pagefile._Reader, "LOOKAHEAD", lookahead)
+    monkeypatch.setattr(pagefile.PageReader, "CHUNK", chunk)
+    monkeypatch.setattr(pagefile.PageReader, "LOOKAHEAD", lookahead)
     clean = build_overflow(open_store)
     count = read_meta(clean).page_count
     seen = same_everywhere(clean)
@@ -287,7 +287,7 @@ def test_each_page_checked_once(open_store, monkeypatch) -> None:
     monkeypatch.setattr(pagefile, "check_page", counting)
     reads: list[int] = []
     real_pread = os.pread
-    monkeypatch.setattr(pagefile.os, "pread", lambda fd, n, off: reads.append(n) or
+    monkeypatch.setattr(os, "pread", lambda fd, n, off: reads.append(n) or
                         real_pread(fd, n, off))
     n = sum(len(b) for b in iter_live_batches(path))
     assert n > 30

@@ -1,0 +1,59 @@
+"""Loading the optional C accelerators of the checkpoint package, and the switch of
+the page decoder's one.
+
+``FERRY_PAGE_ACCEL`` (0/off/no/false, any case) turns every checkpoint C path off;
+each accelerator has an ABI version and a module built from another one is not used.
+The accelerators are imported by name through importlib so that the shipped decoder
+(validation/ship.py follows ``import`` statements) does not list them as modules to
+pack.
+
+``page`` is ``checkpoint._pageaccel`` (the decoder's bulk path, the checks and the key
+scan) or None. It does the common case of a whole read chunk in one call and stops at
+anything unusual (a page failing a check, a chain it cannot follow); the Python code
+then handles that page as it always has, so items, order, errors and the pages marked
+checked are the same with and without it. Its users read ``accel.page`` at each call:
+tests and benches swap it here, in one place.
+"""
+from __future__ import annotations
+
+import os
+from types import ModuleType
+
+OFF_WORDS = ("0", "off", "no", "false")     # values of an accelerator switch that mean off
+ACCEL_ENV = "FERRY_PAGE_ACCEL"
+PAGE_ABI = 2                 # 2: scan_keys (the open scan's hashes)
+
+
+def load_accel(module: str, abi: int, env: str = ACCEL_ENV) -> ModuleType | None:
+    """An optional C accelerator ``module`` when it is built, of ABI version ``abi`` and
+    not turned off by ``env``; else None (the pure-Python path). The one loader of the
+    checkpoint accelerators."""
+    if os.environ.get(env, "1").strip().lower() in OFF_WORDS:
+        return None
+    try:
+        import importlib
+        mod = importlib.import_module(module)
+    except ImportError:
+        return None
+    return mod if getattr(mod, "ABI_VERSION", None) == abi else None
+
+
+def load_page_accel() -> ModuleType | None:
+    """``checkpoint._pageaccel`` or None, as at import (the environment read now)."""
+    return load_accel("checkpoint._pageaccel", PAGE_ABI, ACCEL_ENV)
+
+
+page: ModuleType | None = load_page_accel()
+
+
+def accelerator() -> str | None:
+    """What decodes the bulk path: ``"c+sse4.2"``/``"c"`` or None (pure Python)."""
+    if page is None:
+        return None
+    return "c+sse4.2" if page.HW_CRC else "c"
+
+
+def key_scan_accel():
+    """The C entry point of the open scan (``_pageaccel.scan_keys``), or None: no C
+    decoder, or one built without xxhash.h."""
+    return getattr(page, "scan_keys", None)
