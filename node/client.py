@@ -18,8 +18,7 @@ from typing import Any, Iterable
 from .assignment import partition_of
 from .cluster_map import ClusterMap
 from .errors import AuthFailed, NodeError, Unavailable
-from .updates import as_bytes
-from .wire import Pool, load_secret
+from .wire import Pool, as_bytes, load_secret
 
 class Client:
     def __init__(self, addresses: str | Iterable[str], secret_file: str | None = None, *,

@@ -12,15 +12,15 @@ import logging
 import os
 import threading
 import time
-from typing import Any
-
-from faults import crashpoint
+from typing import Callable
 
 from .cluster_map import ClusterMap, Member, PartRecord
-from .config import with_overrides
+from .config import NodeConfig, with_overrides
+from .context import NodeContext
 from .control import Etcd, Session, View
 from .controller import Controller
 from .errors import ConfigError, ControlPlaneDown, NodeError, Unavailable
+from .ports import Handlers
 from .states import State
 
 log = logging.getLogger("ferry.node.membership")
@@ -48,24 +48,42 @@ def _secret_check(secret: bytes, salt: str) -> str:
     return hmac.new(secret, b"ferry-cluster-secret-check:" + salt.encode(), hashlib.sha256).hexdigest()
 
 
-def require_control_plane(cfg: Any) -> None:
+def require_control_plane(cfg: NodeConfig) -> None:
     if not cfg.control_plane:
         raise ConfigError("no control plane: pass --control-plane http://HOST:PORT (the client "
                           "URL of an etcd 3.4+ cluster; `ferry demo` and LocalCluster start a "
                           "local one) or set [control_plane] endpoints")
 
 
-class Membership:
+class ControlPlane:
+    """This node's side of the control plane. ``on_settings(old, new)`` applies a
+    changed cluster setting to the rest of the node."""
+
+    def __init__(self, ctx: NodeContext, on_settings: Callable[[NodeConfig, NodeConfig], None]) -> None:
+        self.ctx = ctx
+        self.on_settings = on_settings
+        self.prefix = ctx.cfg.control_prefix
+        self.etcd: Etcd | None = None          # set by connect (etcd may not be up yet)
+        self.session: Session | None = None
+        self.view: View | None = None
+        self.controller: Controller | None = None   # while this node is elected
+        self._report_lock = threading.Lock()
+        self._last_settings: dict[str, object] | None = None
+
+    def handlers(self) -> Handlers:
+        return {"pin": self.op_pin}
+
     # -- start --------------------------------------------------------------------
-    def connect_control_plane(self) -> None:
+    def connect(self) -> None:
         """Make sure the cluster exists (create it when this is the first node), register
         under a lease, load the map and start watching. Waits for etcd up to
         START_TIMEOUT_S (a node started before its control plane comes up)."""
-        cfg = self.cfg
+        cfg = self.ctx.cfg
         require_control_plane(cfg)
         self.prefix = cfg.control_prefix
         self.etcd = Etcd(cfg.control_plane)
         self.session = Session(self.etcd, cfg.lease_ttl_s, cfg.lease_margin_s, on_expired=self._reregister)
+        self.ctx.session = self.session
         self.view = View(self.etcd, self.prefix, self._on_view_change)
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
@@ -75,25 +93,25 @@ class Membership:
                 self.view.load()
                 break
             except ControlPlaneDown as e:
-                if time.monotonic() > deadline or self.stopping.is_set():
+                if time.monotonic() > deadline or self.ctx.events.stopping.is_set():
                     raise Unavailable(f"cannot reach the control plane: {e}") from None
                 log.warning("stage=control waiting for the control plane: %s", str(e)[:160])
-                self.stopping.wait(1.0)
+                self.ctx.events.stopping.wait(1.0)
         self.session.start()
         self.view.start()
         threading.Thread(target=self._reporter, name="reporter", daemon=True).start()
         threading.Thread(target=self._control_loop, name="controller", daemon=True).start()
-        log.info("stage=join node=%s registered (lease TTL %ds, control plane %s)", self.id,
+        log.info("stage=join node=%s registered (lease TTL %ds, control plane %s)", self.ctx.id,
                  cfg.lease_ttl_s, ", ".join(cfg.control_plane))
 
     def _ensure_cluster(self) -> None:
         meta_key = f"{self.prefix}/meta"
-        caches = sorted((c.to_wire() for c in self.cfg.caches), key=lambda c: c["name"])
-        fresh = not any(True for _ in self.states.items())
+        caches = sorted((c.to_wire() for c in self.ctx.cfg.caches), key=lambda c: c["name"])
+        fresh = not any(True for _ in self.ctx.states.items())
         salt = os.urandom(16).hex()
         ok, _ = self.etcd.txn([Etcd.mod_is(meta_key, 0)],
-                              [(meta_key, {"caches": caches, "created_by": self.id, "secret_salt": salt,
-                                           "secret_check": _secret_check(self.secret, salt)}, 0)])
+                              [(meta_key, {"caches": caches, "created_by": self.ctx.id, "secret_salt": salt,
+                                           "secret_check": _secret_check(self.ctx.secret, salt)}, 0)])
         meta = self.etcd.get(meta_key)
         if meta is None or not isinstance(meta.value, dict):
             raise ConfigError(f"the control plane's {meta_key} is not a Ferry cluster record; "
@@ -101,94 +119,94 @@ class Membership:
         # the cluster secret is checked before this node registers: a node with another
         # secret could not talk to any peer, and would only take partitions it cannot fetch
         want = meta.value.get("secret_check")
-        if want and _secret_check(self.secret, str(meta.value.get("secret_salt", ""))) != want:
-            raise ConfigError(f"node {self.id}'s secret file does not hold this cluster's secret "
+        if want and _secret_check(self.ctx.secret, str(meta.value.get("secret_salt", ""))) != want:
+            raise ConfigError(f"node {self.ctx.id}'s secret file does not hold this cluster's secret "
                               f"(checked against {meta_key}); use the cluster's secret file")
         have = sorted(meta.value.get("caches", []), key=lambda c: c["name"])
         if have != caches:
-            raise ConfigError(f"node {self.id} has a different cache layout than the cluster "
+            raise ConfigError(f"node {self.ctx.id} has a different cache layout than the cluster "
                               f"({caches} != {have}); caches must match on every node")
         creator = meta.value.get("created_by") if meta else None
-        if fresh and creator == self.id:
+        if fresh and creator == self.ctx.id:
             # this node created the cluster (now, or before a crash that came before any
             # partition record): it makes every partition
             rev, parts = self.etcd.range_prefix(f"{self.prefix}/parts/")
             if not parts:
-                for cache, data in self.data.items():
+                for cache, data in self.ctx.data.items():
                     for p in range(data.cache.partitions):
                         data.create(p)
-                    self.states.set_many([(cache, p, State.OWNING) for p in range(data.cache.partitions)],
+                    self.ctx.states.set_many([(cache, p, State.OWNING) for p in range(data.cache.partitions)],
                                          reason="new cluster")
-                log.info("stage=join node=%s created the cluster", self.id)
+                log.info("stage=join node=%s created the cluster", self.ctx.id)
 
-    def _member_doc(self) -> dict[str, Any]:
-        return {"address": self.cfg.address, "transfer": self.transfer_address, "boot": self.boot,
-                "leaving": self.leaving.is_set()}
+    def _member_doc(self) -> dict[str, object]:
+        return {"address": self.ctx.cfg.address, "transfer": self.ctx.transfer_address, "boot": self.ctx.boot,
+                "leaving": self.ctx.events.leaving.is_set()}
 
     def _register(self) -> None:
         lease = self.session.grant()
-        ok, _ = self.etcd.txn([], [(f"{self.prefix}/members/{self.id}", self._member_doc(), lease),
-                                   (f"{self.prefix}/reports/{self.id}", self._report_doc(), lease)])
+        ok, _ = self.etcd.txn([], [(f"{self.prefix}/members/{self.ctx.id}", self._member_doc(), lease),
+                                   (f"{self.prefix}/reports/{self.ctx.id}", self._report_doc(), lease)])
         self._registered_lease = lease
 
     def _reregister(self) -> None:
         """The lease expired in etcd (cut off, paused, control plane down too long):
         register again. The controller removed this node from every in-sync set
         meanwhile, so its OWNING copies are resynced or evicted by reconcile."""
-        while not self.stopping.is_set():
+        while not self.ctx.events.stopping.is_set():
             try:
                 self._register()
-                log.warning("stage=control node=%s registered again under a new lease", self.id)
-                self.wake()
+                log.warning("stage=control node=%s registered again under a new lease", self.ctx.id)
+                self.ctx.wake()
                 return
             except ControlPlaneDown as e:
                 log.info("stage=control cannot register again yet: %s", str(e)[:120])
-                self.stopping.wait(0.5)
+                self.ctx.events.stopping.wait(0.5)
 
-    def stop_control_plane(self, leave: bool = False) -> None:
-        view = getattr(self, "view", None)
+    def stop(self, leave: bool = False) -> None:
+        view = self.view
         if view is not None:
             view.stop()
-        sess = getattr(self, "session", None)
+        sess = self.session
         if sess is not None:
             # a graceful stop keeps the lease: a restart within the TTL keeps this node
             # in the in-sync sets (its copies are whole). A completed leave revokes it.
             sess.stop(revoke=leave)
 
     # -- reports ------------------------------------------------------------------
-    def report(self) -> dict[str, Any]:
+    def report(self) -> dict[str, dict[str, list[object]]]:
         # every cache present, even with nothing held
-        out: dict[str, Any] = {cache: {} for cache in self.data}
-        for (cache, p), s in self.states.items():
+        out: dict[str, dict[str, list[object]]] = {cache: {} for cache in self.ctx.data}
+        for (cache, p), s in self.ctx.states.items():
             if s in (State.OWNING, State.MOVING, State.RENTING, State.LOST):
-                cnt = self.data[cache].counter(p) if s == State.OWNING else 0
+                cnt = self.ctx.data[cache].counter(p) if s == State.OWNING else 0
                 out.setdefault(cache, {})[str(p)] = [s.value, cnt]
         return out
 
-    def _report_doc(self) -> dict[str, Any]:
-        return {"boot": self.boot, "caches": self.report()}
+    def _report_doc(self) -> dict[str, object]:
+        return {"boot": self.ctx.boot, "caches": self.report()}
 
     def put_report(self) -> None:
         """Write this node's report now. The lock orders build and put: a report built
         earlier never lands after one built later (the controller removes an in-sync
         copy whose report does not say OWNING)."""
         with self._report_lock:
-            self.etcd.put(f"{self.prefix}/reports/{self.id}", self._report_doc(), lease=self.session.lease)
+            self.etcd.put(f"{self.prefix}/reports/{self.ctx.id}", self._report_doc(), lease=self.session.lease)
 
     def _reporter(self) -> None:
-        while not self.stopping.is_set():
-            self._report_dirty.wait(1.0)
-            if self.stopping.wait(REPORT_COALESCE_S):
+        while not self.ctx.events.stopping.is_set():
+            self.ctx.events.report_dirty.wait(1.0)
+            if self.ctx.events.stopping.wait(REPORT_COALESCE_S):
                 return
-            if not self._report_dirty.is_set():
+            if not self.ctx.events.report_dirty.is_set():
                 continue
-            self._report_dirty.clear()
+            self.ctx.events.report_dirty.clear()
             try:
                 self.put_report()
             except NodeError as e:
-                self._report_dirty.set()
+                self.ctx.events.report_dirty.set()
                 log.info("stage=control report not sent (%s); retrying", str(e)[:120])
-                self.stopping.wait(0.5)
+                self.ctx.events.stopping.wait(0.5)
 
     # -- the local map -------------------------------------------------------------
     def _on_view_change(self, changed: set[str] | None) -> None:
@@ -200,9 +218,9 @@ class Membership:
             kvs = dict(v.kvs)
             rev = v.revision
         head = self.prefix + "/"
-        m = ClusterMap({c.name: c for c in self.cfg.caches})
+        m = ClusterMap({c.name: c for c in self.ctx.cfg.caches})
         m.epoch = rev
-        settings: dict[str, Any] = {}
+        settings: dict[str, object] = {}
         requests: set[str] = set()
         version = 0
         for key, kv in kvs.items():
@@ -241,48 +259,48 @@ class Membership:
             except (ValueError, TypeError) as e:
                 log.warning("stage=control ignoring malformed key %s: %s", key, e)
         m.version = version
-        with self.map_lock:
-            old = self.map
+        with self.ctx.map.lock:
+            old = self.ctx.map.map
             for cache, lst in m.parts.items():
                 for p, rec in enumerate(lst):
-                    if rec.primary != self.id and old.parts[cache][p].primary == self.id:
+                    if rec.primary != self.ctx.id and old.parts[cache][p].primary == self.ctx.id:
                         # no longer primary: registrations of moving copies belong to the new
                         # one, and a hand-off fence has done its job (left in place, it would
                         # refuse writes if the role came back here within FENCE_SECONDS)
-                        self.copies.pop((cache, p), None)
-                        self.fenced.pop((cache, p), None)
-            self.map = m
-            self._pending_requests = requests
-        with self._map_changed:
-            self._map_changed.notify_all()
+                        self.ctx.repl.copies.pop((cache, p), None)
+                        self.ctx.repl.fenced.pop((cache, p), None)
+            self.ctx.map.map = m
+            self.ctx.map.pending_requests = requests
+        with self.ctx.map.changed:
+            self.ctx.map.changed.notify_all()
         self._apply_settings(settings)
         # the controller decides on every change; an election (none, or just won) is
         # looked at at once
-        if self.controller is not None or m.controller in (None, self.id):
-            self._controller_wake.set()
-        self.wake()
+        if self.controller is not None or m.controller in (None, self.ctx.id):
+            self.ctx.events.controller_wake.set()
+        self.ctx.wake()
 
 
 
-    def _apply_settings(self, settings: dict[str, Any]) -> None:
-        changes: dict[str, Any] = {}
+    def _apply_settings(self, settings: dict[str, object]) -> None:
+        changes: dict[str, object] = {}
         for name, val in settings.items():
             fld = SETTINGS.get(name)
             if fld is None:
                 continue
-            if getattr(self.cfg, fld) != val:
+            if getattr(self.ctx.cfg, fld) != val:
                 changes[fld] = val
-        if not changes or changes == getattr(self, "_last_settings", None):
+        if not changes or changes == self._last_settings:
             return
         try:
-            new = with_overrides(self.cfg, **changes)
+            new = with_overrides(self.ctx.cfg, **changes)
         except (ConfigError, TypeError) as e:
             log.error("stage=settings refused cluster setting(s) %s: %s", changes, e)
             self._last_settings = changes
             return
-        old, self.cfg = self.cfg, new
+        old, self.ctx.cfg = self.ctx.cfg, new
         self._last_settings = changes
-        self.apply_live_config(old, new)
+        self.on_settings(old, new)
         log.info("stage=settings applied cluster settings %s", changes)
 
     # -- the controller ----------------------------------------------------------------
@@ -290,73 +308,73 @@ class Membership:
         """Campaign for the election key; while holding it, decide partition records
         on every change of the view and at least every CONTROLLER_PERIOD_S."""
         key = f"{self.prefix}/controller"
-        while not self.stopping.is_set():
-            self._controller_wake.wait(CONTROLLER_PERIOD_S)
-            self._controller_wake.clear()
-            if self.stopping.is_set():
+        while not self.ctx.events.stopping.is_set():
+            self.ctx.events.controller_wake.wait(CONTROLLER_PERIOD_S)
+            self.ctx.events.controller_wake.clear()
+            if self.ctx.events.stopping.is_set():
                 return
             try:
                 # the election key as the watch shows it: no etcd read per round; a won
                 # campaign shows up (and wakes this loop) with the next watch event
                 kv = self.view.get(key)
                 lease = self.session.lease
-                if kv is None and self.session.valid():
-                    self.etcd.txn([Etcd.create_is(key, 0)], [(key, {"id": self.id, "boot": self.boot}, lease)])
+                if kv is None and self.ctx.lease_valid():
+                    self.etcd.txn([Etcd.create_is(key, 0)], [(key, {"id": self.ctx.id, "boot": self.ctx.boot}, lease)])
                     continue
-                mine = (kv is not None and isinstance(kv.value, dict) and kv.value.get("id") == self.id
-                        and kv.value.get("boot") == self.boot and kv.lease == lease)
+                mine = (kv is not None and isinstance(kv.value, dict) and kv.value.get("id") == self.ctx.id
+                        and kv.value.get("boot") == self.ctx.boot and kv.lease == lease)
                 if mine and (self.controller is None or self.controller.election_rev != kv.create):
-                    self.controller = Controller(self.id, self.prefix, self.etcd, self.view,
-                                                 {c.name: c for c in self.cfg.caches}, kv.create)
+                    self.controller = Controller(self.ctx.id, self.prefix, self.etcd, self.view,
+                                                 {c.name: c for c in self.ctx.cfg.caches}, kv.create)
                     log.info("stage=controller node=%s is controller (election revision %d)",
-                             self.id, kv.create)
+                             self.ctx.id, kv.create)
                 elif not mine and self.controller is not None:
-                    log.warning("stage=controller node=%s is no longer controller", self.id)
+                    log.warning("stage=controller node=%s is no longer controller", self.ctx.id)
                     self.controller = None
-                if self.controller is not None and self.session.valid():
+                if self.controller is not None and self.ctx.lease_valid():
                     self.controller.handle_requests()
                     self.controller.decide()
             except NodeError as e:
                 log.info("stage=controller round failed: %s", str(e)[:160])
-                self.stopping.wait(0.2)
+                self.ctx.events.stopping.wait(0.2)
             except Exception:
                 log.exception("stage=controller round crashed")
-                self.stopping.wait(0.5)
+                self.ctx.events.stopping.wait(0.5)
 
-    def call_controller(self, method: str, **args: Any) -> Any:
+    def call_controller(self, method: str, **args: object) -> object:
         if self.controller is not None:
-            return getattr(self, "op_" + method)(**args)
-        with self.map_lock:
-            ctl = self.map.controller
-            addr = self.map.address(ctl)
+            return self.handlers()[method](**args)
+        with self.ctx.map.lock:
+            ctl = self.ctx.map.map.controller
+            addr = self.ctx.map.map.address(ctl)
         if addr is None:
             raise Unavailable("no controller now (election in progress or control plane down)")
-        return self.pool.call(addr, method, timeout=5.0, **args)
+        return self.ctx.pool.call(addr, method, timeout=5.0, **args)
 
     def _controller_or_fail(self) -> Controller:
         ctl = self.controller
-        if ctl is None or not self.session.valid():
-            raise Unavailable(f"{self.id} is not the controller (controller: {self.map.controller})")
+        if ctl is None or not self.ctx.lease_valid():
+            raise Unavailable(f"{self.ctx.id} is not the controller (controller: {self.ctx.map.map.controller})")
         return ctl
 
-    def op_pin(self, plan: str, moves: list[dict[str, Any]]) -> int:
+    def op_pin(self, plan: str, moves: list[dict[str, object]]) -> int:
         return self._controller_or_fail().pin(plan, moves)
 
     # -- requests to the controller, through etcd ---------------------------------------------
-    def request(self, cache: str, p: int, doc: dict[str, Any], done: Any,
+    def request(self, cache: str, p: int, doc: dict[str, object], done: Callable[[PartRecord], bool],
                 timeout: float = REQUEST_TIMEOUT_S) -> PartRecord:
         """Leave a request for the controller at ``P/requests/<cache>/<p>/<me>`` and wait
         until the map shows a record for which ``done(record)`` holds. Refused (the
         controller deleted the request without such a record), not answered in
         ``timeout``, or the control plane unreachable: Unavailable."""
-        key = f"{self.prefix}/requests/{cache}/{p}/{self.id}"
+        key = f"{self.prefix}/requests/{cache}/{p}/{self.ctx.id}"
         rev = self.etcd.put(key, doc, lease=self.session.lease)
         deadline = time.monotonic() + timeout
-        with self._map_changed:
+        with self.ctx.map.changed:
             while True:
-                with self.map_lock:
-                    rec = self.map.parts[cache][p]
-                    answered = self.map.epoch >= rev and key not in self._pending_requests
+                with self.ctx.map.lock:
+                    rec = self.ctx.map.map.parts[cache][p]
+                    answered = self.ctx.map.map.epoch >= rev and key not in self.ctx.map.pending_requests
                 if done(rec):
                     return rec
                 if answered:
@@ -369,182 +387,36 @@ class Membership:
                 if left <= 0:
                     raise Unavailable(f"no answer from the controller to {doc.get('op')} of "
                                       f"{cache}/{p} in {timeout:.1f}s (no controller, or etcd unreachable)")
-                self._map_changed.wait(min(left, 0.1))
+                self.ctx.map.changed.wait(min(left, 0.1))
 
     # -- the in-sync set, primary side ----------------------------------------------------
-    def alter_isr(self, cache: str, p: int, remove: list[str] = (), add: list[str] = ()) -> PartRecord:  # type: ignore[assignment]
+    def alter_isr(self, cache: str, p: int, remove: list[str] = [], add: list[str] = []) -> PartRecord:  # noqa: B006 (read only)
         """Primary (partition lock held): have the controller change p's in-sync set;
         the new record is in this node's map before this returns."""
-        with self.map_lock:
-            epoch, term = self.map.parts[cache][p].epoch, self.map.parts[cache][p].term
+        with self.ctx.map.lock:
+            epoch, term = self.ctx.map.map.parts[cache][p].epoch, self.ctx.map.map.parts[cache][p].term
         rm, ad = set(remove), set(add)
         return self.request(cache, p, {"op": "alter_isr", "term": term, "remove": sorted(rm),
                                        "add": sorted(ad)},
                             lambda r: r.epoch > epoch and not (rm & set(r.isr)) and ad <= set(r.isr)
-                            and r.primary == self.id)
-
-    def op_join_isr(self, cache: str, p: int, node: str) -> str:
-        """A copy that finished its move asks to count: admitted when it has been a
-        registered copy of this primary since its DEMAND (every update since then was
-        replicated to it, or it would have been dropped); otherwise "resync"."""
-        self._serving()
-        with self.plock(cache, p):
-            if not self.leads(cache, p):
-                raise self._not_primary(cache, p)
-            with self.map_lock:
-                rec = self.map.parts[cache][p]
-            if node in rec.isr:
-                return "ok"
-            if node not in self.copies.get((cache, p), {}):
-                return "resync"
-            self.alter_isr(cache, p, add=[node])
-            self.copies.get((cache, p), {}).pop(node, None)
-        return "ok"
-
-    def _join_isr(self, cache: str, p: int) -> None:
-        key = (cache, p)
-        try:
-            with self.map_lock:
-                prim = self.map.parts[cache][p].primary
-                addr = self.map.address(prim)
-            if addr is None or prim == self.id:
-                return
-            # the controller keeps in the set only copies that report OWNING: the report
-            # must be in etcd before the primary admits this copy
-            self.put_report()
-            r = self.pool.call(addr, "join_isr", timeout=10.0, cache=cache, p=p, node=self.id)
-            if r == "resync":
-                with self.map_lock:
-                    ideal = self.map.ideal(cache, p)
-                if self.id in ideal:
-                    log.info("stage=isr cache=%s partition=%d not admitted by %s: resyncing", cache, p, prim)
-                    self.request_resync(cache, p, "not in sync with the primary")
-                else:
-                    self.states.set(cache, p, State.RENTING, reason="copy not in sync, not an owner")
-                    self._evict(cache, p, "out-of-sync copy of a partition owned elsewhere")
-            else:
-                log.info("stage=isr cache=%s partition=%d admitted to the in-sync set by %s", cache, p, prim)
-        except NodeError as e:
-            log.info("stage=isr cache=%s partition=%d join failed: %s", cache, p, str(e)[:160])
-        finally:
-            self._isr_joins.discard(key)
-            self.wake()
+                            and r.primary == self.ctx.id)
 
     # -- leave --------------------------------------------------------------------------
     def start_leave(self) -> None:
-        self.leaving.set()
+        self.ctx.events.leaving.set()
         try:
-            self.etcd.put(f"{self.prefix}/members/{self.id}", self._member_doc(), lease=self.session.lease)
+            self.etcd.put(f"{self.prefix}/members/{self.ctx.id}", self._member_doc(), lease=self.session.lease)
         except NodeError as e:
             log.warning("stage=leave cannot mark this node leaving yet: %s", e)
 
     def finish_leave(self) -> None:
         try:
-            self.etcd.txn([], [], [f"{self.prefix}/members/{self.id}", f"{self.prefix}/reports/{self.id}"])
+            self.etcd.txn([], [], [f"{self.prefix}/members/{self.ctx.id}", f"{self.prefix}/reports/{self.ctx.id}"])
         except NodeError as e:
             log.info("stage=leave waiting for the control plane: %s", e)
             return
-        log.info("stage=leave node=%s holds nothing; left the cluster", self.id)
-        self.left.set()
-
-    # -- reconcile ----------------------------------------------------------------
-    def wake(self) -> None:
-        self._reconcile_event.set()
-
-    def _reconcile_loop(self) -> None:
-        while not self.stopping.is_set():
-            self._reconcile_event.wait(1.0)
-            self._reconcile_event.clear()
-            if self.stopping.is_set() or not self.joined.is_set():
-                continue
-            if self.leaving.is_set() and self.map.members.get(self.id) is not None \
-                    and not self.map.members[self.id].leaving:
-                self.start_leave()
-            try:
-                self.reconcile()
-            except Exception:
-                log.exception("stage=reconcile failed")
-
-    def reconcile(self) -> None:
-        with self.map_lock:
-            m = self.map.clone()
-        me = self.id
-        if me not in m.members:
-            return          # not registered (lease lost): act on nothing until registered again
-        for cache, data in self.data.items():
-            for p in range(data.cache.partitions):
-                key = (cache, p)
-                st = self.states.get(cache, p)
-                rec = m.parts[cache][p]
-                prim = rec.primary
-                ideal = m.ideal(cache, p)
-                # registered MOVING copies that died or left need no registration
-                regs = self.copies.get(key)
-                if regs:
-                    for n in list(regs):
-                        if n not in m.members:
-                            regs.pop(n, None)
-                if key in self.moves:
-                    if me not in ideal and m.state(cache, p, me) == State.MOVING and prim != me:
-                        self.moves[key].cancelled = True
-                    continue
-                if st == State.OWNING and me not in rec.isr:
-                    if rec.lost or (prim is None and not rec.isr):
-                        continue
-                    if prim is None:
-                        continue        # waiting for an in-sync copy or the controller
-                    if key not in self._isr_joins:
-                        self._isr_joins.add(key)
-                        threading.Thread(target=self._join_isr, args=(cache, p), daemon=True).start()
-                    continue
-                if me in ideal:
-                    if st in (None, State.EVICTED, State.LOST):
-                        # (a LOST partition is reported by the controller's record; no
-                        # local state is needed for a copy this node never had)
-                        if prim is not None and prim != me:
-                            self.start_move(cache, p, "assigned by the map")
-                    elif st == State.MOVING:
-                        self.start_move(cache, p, "resuming after restart or resync")
-                    elif st == State.RENTING:
-                        self._evict(cache, p, "assigned again while renting: re-pull")
-                    elif (st == State.OWNING and ideal[0] == me and prim not in (me, None)
-                          and prim in m.members and key not in self.handoffs
-                          and m.state(cache, p, prim) == State.OWNING):
-                        self.handoffs.add(key)
-                        threading.Thread(target=self._take_primary, args=(cache, p, prim),
-                                         daemon=True).start()
-                else:
-                    if st == State.MOVING:
-                        self.states.set(cache, p, State.EVICTED, reason="move cancelled: not assigned")
-                        with self.plock(cache, p):
-                            data.drop(p)
-                    elif st == State.OWNING and prim != me and ideal and all(
-                            n in rec.isr and m.state(cache, p, n) == State.OWNING for n in ideal):
-                        self.states.set(cache, p, State.RENTING, reason="new owners are in sync")
-                        self._evict(cache, p, "no longer an owner")
-                    elif st == State.RENTING:
-                        self._evict(cache, p, "finishing eviction")
-        if self.leaving.is_set() and not any(
-                s in (State.OWNING, State.MOVING, State.RENTING) for _, s in self.states.items()):
-            self.finish_leave()
-
-    def _evict(self, cache: str, p: int, why: str) -> None:
-        """RENTING -> EVICTED: the file is deleted once no transfer reads it (else the
-        partition stays RENTING and the next reconcile tries again)."""
-        if self.in_use.get((cache, p)):
-            log.info("stage=evict cache=%s partition=%d still being sent; eviction waits", cache, p)
-            return
-        with self.plock(cache, p):
-            crashpoint("owner.mid_eviction")
-            try:
-                self.data[cache].drop(p)
-            except Exception as e:
-                if type(e).__name__ != "SnapshotBusyError":
-                    raise
-                log.info("stage=evict cache=%s partition=%d still being sent; eviction waits", cache, p)
-                return
-            self.states.set(cache, p, State.EVICTED, reason=why)
-        log.info("stage=evict cache=%s partition=%d evicted: %s", cache, p, why)
+        log.info("stage=leave node=%s holds nothing; left the cluster", self.ctx.id)
+        self.ctx.events.left.set()
 
 
-__all__ = ["Membership", "SETTINGS", "require_control_plane"]
+__all__ = ["ControlPlane", "SETTINGS", "require_control_plane"]

@@ -9,31 +9,40 @@ SIGTERM: stop serving, checkpoint every cache, close, exit 0.
 """
 from __future__ import annotations
 
-import collections
 import fcntl
 import logging
 import os
 import threading
 import time
 import uuid
-from typing import Any, Callable
+from http.server import HTTPServer
+from typing import TYPE_CHECKING, Callable
 
 from faults import fileio
+from transfer import Limits
 
 from . import metrics as metrics_mod
-from .cluster_map import ClusterMap
-from .config import NodeConfig
-from .errors import BadRequest, DataDirLocked, NodeError
-from .membership import SETTINGS, Membership, require_control_plane
-from .move import STAGES
-from .rebalance import Rebalancer
-from .rpc import RpcServer
-from .states import State, StateTable
 from . import tempwal
+from .cluster_map import ClusterMap, PartRecord
+from .config import NodeConfig
+from .context import Events, MapHolder, MoveTable, NodeContext, PartitionLocks, Replication
+from .errors import BadRequest, DataDirLocked, NodeError
 from .filemove import start_supplier
+from .membership import REQUEST_TIMEOUT_S, SETTINGS, ControlPlane, require_control_plane
+from .move import STAGES
+from .ports import Handler
+from .rebalance import Rebalancer
+from .reconcile import Reconciler
+from .rpc import RpcServer
+from .livevalidate import LiveValidation
+from .states import State, StateTable
 from .storage import CacheData, check_data_dir, open_lock_file, read_node_id
 from .updates import UpdatePath
+from .watch import Watcher
 from .wire import Pool, load_secret
+
+if TYPE_CHECKING:
+    from transfer import Supplier
 
 log = logging.getLogger("ferry.node")
 CLEAN = "clean-shutdown"   # present only after a graceful stop: indexes need no rebuild
@@ -64,116 +73,164 @@ def claim_node_id(data: str, node_id: str) -> None:
                         "use that id or another data dir")
 
 
-class Node(Membership, UpdatePath, Rebalancer):
+class Node(Rebalancer):
+    """One node process: builds the shared :class:`NodeContext` and the parts that use
+    it (control plane, update path, reconcile loop, rebalancer), and owns only the
+    lifecycle (recovery, start, stop) and the one table of RPC handlers.
+
+    The rebalancer is still a base class (being composed next): the properties in the
+    block marked "rebalancer's view" are what it reads of the node, all from the
+    context or the other parts."""
+
     def __init__(self, cfg: NodeConfig) -> None:
-        self.cfg = cfg
-        self.id = cfg.id
-        self.boot = uuid.uuid4().hex[:12]
         # the data dir first: a problem there is named before one with the secret
-        self._lock_fd = lock_data_dir(cfg.data)
+        lock_fd = lock_data_dir(cfg.data)
         try:
             claim_node_id(cfg.data, cfg.id)
-            self.secret = load_secret(cfg.secret_file)
+            secret = load_secret(cfg.secret_file)
         except BaseException:
-            os.close(self._lock_fd)
+            os.close(lock_fd)
             raise
-        self.metrics = metrics_mod.Metrics()
-        self.stopping, self.joined, self.leaving, self.left = (threading.Event() for _ in range(4))
-        self._reconcile_event, self._controller_wake, self._report_dirty = (threading.Event() for _ in range(3))
-        self.map_lock = threading.RLock()
-        self.map = ClusterMap({c.name: c for c in cfg.caches})
-        self.controller = None                 # node.controller.Controller while elected
-        self._isr_joins: set[tuple[str, int]] = set()
-        self._map_changed = threading.Condition()
-        self._pending_requests: set[str] = set()
-        self._report_lock = threading.Lock()
-        self._plocks: dict[tuple[str, int], threading.RLock] = {}
-        self._plocks_lock = threading.Lock()
-        self.fenced: dict[tuple[str, int], float] = {}
-        self.copies: dict[tuple[str, int], dict[str, str]] = {}
-        self.sessions: dict[str, Any] = {}
-        self.moves: dict[tuple[str, int], Any] = {}
-        self.moves_lock = threading.Lock()
-        self.moves_done: collections.deque[dict[str, Any]] = collections.deque(maxlen=4096)
-        self.handoffs: set[tuple[str, int]] = set()
-        self.last_applied: dict[tuple[str, int], float] = {}
-        self.supplier_load: dict[str, int] = {}           # fetches of this node per supplier
-        self.page_sizes: dict[tuple, int] = {}            # supplier (node, boot, addr) -> page size
-        self.in_use: dict[tuple[str, int], int] = {}      # open transfer snapshots per partition
-        # index rebuilds of files moves scan in these processes (started on the first move)
-        from indexes import ScanPool
-        self.scan_pool = (ScanPool(cfg.index_workers, min_bytes=cfg.index_offload_min_bytes,
-                                   when=cfg.index_offload) if cfg.index_workers > 0 else None)
-        self.supplier = None
-        self.transfer_address = ""
-        from transfer import Limits
-        self.recv_limits = Limits(cfg.transfer_concurrency, cfg.transfer_rate_limit or None)
-        self.send_limits = None
+        self._lock_fd = lock_fd
         t0 = time.monotonic()
         clean_marker = os.path.join(cfg.data, CLEAN)
         clean = os.path.exists(clean_marker)
         if clean:
             fileio.layer().unlink(clean_marker)
             fileio.layer().fsync_dir(cfg.data)
-        self.data = {c.name: CacheData(cfg, c, clean=clean) for c in cfg.caches}   # recovery here
-        self.states = StateTable(cfg.data, on_change=self._state_changed)
+        data = {c.name: CacheData(cfg, c, clean=clean) for c in cfg.caches}   # recovery here
+        events = Events()
+        self.ctx = ctx = NodeContext(
+            cfg=cfg, id=cfg.id, boot=uuid.uuid4().hex[:12], secret=secret,
+            metrics=metrics_mod.Metrics(), data=data,
+            states=StateTable(cfg.data, on_change=self._state_changed),
+            pool=Pool(secret, role="node"), map=MapHolder(ClusterMap({c.name: c for c in cfg.caches})),
+            plock=PartitionLocks(), events=events, repl=Replication(), moves=MoveTable())
+        self.control = ControlPlane(ctx, on_settings=self.apply_live_config)
+        self.updates = UpdatePath(ctx, self.control)
+        self.reconciler = Reconciler(ctx, self.control, self)
+        self.updates.bind(self)
+        self.sessions: dict[str, tuple[list[tuple[bytes, bytes | None, int]], int]] = {}
+        self.supplier_load: dict[str, int] = {}           # fetches of this node per supplier
+        self.page_sizes: dict[tuple[str, str, str], int] = {}   # supplier (node, boot, addr) -> page size
+        # index rebuilds of files moves scan in these processes (started on the first move)
+        from indexes import ScanPool
+        self.scan_pool = (ScanPool(cfg.index_workers, min_bytes=cfg.index_offload_min_bytes,
+                                   when=cfg.index_offload) if cfg.index_workers > 0 else None)
+        self.supplier: Supplier | None = None
+        self.recv_limits = Limits(cfg.transfer_concurrency, cfg.transfer_rate_limit or None)
+        self.send_limits: Limits | None = None
         self._finish_interrupted()
-        log.info("stage=recovery node=%s recovered %d cache(s) in %.2fs", self.id,
-                 len(self.data), time.monotonic() - t0)
-        self.pool = Pool(self.secret, role="node")
+        log.info("stage=recovery node=%s recovered %d cache(s) in %.2fs", cfg.id,
+                 len(data), time.monotonic() - t0)
         self.server: RpcServer | None = None
-        self.http = None
-        self.metrics.collectors.append(self._collect)
+        self.http: HTTPServer | None = None
+        self.watcher: Watcher | None = None
+        self.live_validation = LiveValidation.of(ctx, self.updates.leads)   # docs/validation.md
+        self.handlers: dict[str, Handler] = {
+            **self.control.handlers(), **self.updates.handlers(), **self._rebalancer_handlers(),
+            **self.live_validation.handlers,
+            "ping": self.op_ping, "get_map": self.op_get_map, "leave": self.op_leave,
+            "moves": self.op_moves, "moves_done": self.op_moves_done, "metrics": self.op_metrics}
+        ctx.metrics.collectors.append(self._collect)
 
-    def plock(self, cache: str, p: int) -> threading.RLock:
-        with self._plocks_lock:
-            return self._plocks.setdefault((cache, p), threading.RLock())
+    def _rebalancer_handlers(self) -> dict[str, Handler]:
+        return {"demand": self.op_demand, "fetch": self.op_fetch, "demand_done": self.op_demand_done,
+                "register": self.op_register, "handoff": self.op_handoff, "unfence": self.op_unfence}
 
+    # -- the rebalancer's view (until it is composed as well) ---------------------
+    cfg = property(lambda self: self.ctx.cfg)
+    id = property(lambda self: self.ctx.id)
+    secret = property(lambda self: self.ctx.secret)
+    metrics = property(lambda self: self.ctx.metrics)
+    data = property(lambda self: self.ctx.data)
+    states = property(lambda self: self.ctx.states)
+    pool = property(lambda self: self.ctx.pool)
+    map = property(lambda self: self.ctx.map.map)
+    map_lock = property(lambda self: self.ctx.map.lock)
+    plock = property(lambda self: self.ctx.plock)
+    stopping = property(lambda self: self.ctx.events.stopping)
+    copies = property(lambda self: self.ctx.repl.copies)
+    fenced = property(lambda self: self.ctx.repl.fenced)
+    handoffs = property(lambda self: self.ctx.repl.handoffs)
+    in_use = property(lambda self: self.ctx.repl.in_use)
+    moves = property(lambda self: self.ctx.moves.running)
+    moves_lock = property(lambda self: self.ctx.moves.lock)
+    moves_done = property(lambda self: self.ctx.moves.done)
+    transfer_address = property(lambda self: self.ctx.transfer_address)
+
+    def leads(self, cache: str, p: int, *, write: bool = True) -> bool:
+        return self.updates.leads(cache, p, write=write)
+
+    def _not_primary(self, cache: str, p: int) -> NodeError:
+        return self.updates.not_primary(cache, p)
+
+    def _serving(self) -> None:
+        self.updates.require_serving()
+
+    def check_epoch(self, cache: str, p: int, epoch: int | None, sender: str, *,
+                    demand: bool = False) -> None:
+        self.updates.check_epoch(cache, p, epoch, sender, demand=demand)
+
+    def request(self, cache: str, p: int, doc: dict[str, object], done: Callable[[PartRecord], bool],
+                timeout: float = REQUEST_TIMEOUT_S) -> PartRecord:
+        return self.control.request(cache, p, doc, done, timeout)
+
+    def wake(self) -> None:
+        self.ctx.wake()
+
+    def take_primary(self, cache: str, p: int, prim: str) -> None:
+        self._take_primary(cache, p, prim)
+
+    # -- recovery -------------------------------------------------------------------
     def _finish_interrupted(self) -> None:
         """A crash may leave RENTING partitions whose data is not yet deleted, and temp
         WALs: of an OWNING partition (crash after OWNING) or of a MOVING one, whose
         move starts over (updates missed while down make the old buffer useless)."""
-        for cache, p in tempwal.leftovers(self.cfg.data):
+        ctx = self.ctx
+        for cache, p in tempwal.leftovers(ctx.cfg.data):
             log.info("stage=recovery cache=%s partition=%d deleting the temp WAL left by a crash "
-                     "(state %s)", cache, p, self.states.get(cache, p))
-            tempwal.remove(self.cfg.data, cache, p)
-        for (cache, p), s in self.states.items():
+                     "(state %s)", cache, p, ctx.states.get(cache, p))
+            tempwal.remove(ctx.cfg.data, cache, p)
+        for (cache, p), s in ctx.states.items():
             if s == State.RENTING:
-                self.data[cache].drop(p)
-                self.states.set(cache, p, State.EVICTED, reason="eviction resumed at restart")
-            elif s in (State.EVICTED, State.LOST) and p in self.data[cache].partitions():
-                self.data[cache].drop(p)
+                ctx.data[cache].drop(p)
+                ctx.states.set(cache, p, State.EVICTED, reason="eviction resumed at restart")
+            elif s in (State.EVICTED, State.LOST) and p in ctx.data[cache].partitions():
+                ctx.data[cache].drop(p)
 
     def _state_changed(self, cache: str, p: int, old: State | None, new: State) -> None:
         log.info("stage=state cache=%s partition=%d %s -> %s", cache, p, old.value if old else "absent", new.value)
-        self._report_dirty.set()
+        # (called while the context is being built, by nothing but later changes)
+        self.ctx.events.report_dirty.set()
 
     # -- lifecycle ----------------------------------------------------------------
     def start(self) -> None:
-        require_control_plane(self.cfg)       # say so before binding anything
-        self.server = RpcServer(self.cfg.listen, self.secret, self.dispatch)
+        ctx = self.ctx
+        require_control_plane(ctx.cfg)       # say so before binding anything
+        self.server = RpcServer(ctx.cfg.listen, ctx.secret, self.dispatch)
         self.server.start()
-        self.transfer_address = start_supplier(self)
-        log.info("stage=serving node=%s file supplier on %s", self.id, self.transfer_address)
-        self.connect_control_plane()
-        self.joined.set()
-        threading.Thread(target=self._reconcile_loop, name="reconcile", daemon=True).start()
-        if self.cfg.metrics_listen:
-            self.http = metrics_mod.serve(self.cfg.metrics_listen, self.metrics)
-        from .watch import Watcher
-        self.watcher = Watcher(self)
+        ctx.transfer_address = start_supplier(self)
+        log.info("stage=serving node=%s file supplier on %s", ctx.id, ctx.transfer_address)
+        self.control.connect()
+        ctx.events.joined.set()
+        threading.Thread(target=self.reconciler.run, name="reconcile", daemon=True).start()
+        if ctx.cfg.metrics_listen:
+            self.http = metrics_mod.serve(ctx.cfg.metrics_listen, ctx.metrics)
+        self.watcher = Watcher(ctx, self.apply_live_config, self.control.call_controller)
         self.watcher.start()
-        self.wake()
-        log.info("stage=serving node=%s listening on %s", self.id, self.cfg.listen)
+        ctx.wake()
+        log.info("stage=serving node=%s listening on %s", ctx.id, ctx.cfg.listen)
 
     def stop(self) -> None:
         """Graceful: stop serving, checkpoint, close. The data dir lock goes last."""
-        self.stopping.set()
-        if getattr(self, "watcher", None) is not None:
+        ctx = self.ctx
+        ctx.events.stopping.set()
+        if self.watcher is not None:
             self.watcher.stop()
-        self._reconcile_event.set()
-        self._controller_wake.set()
-        self.stop_control_plane(leave=self.left.is_set())
+        ctx.events.reconcile.set()
+        ctx.events.controller_wake.set()
+        self.control.stop(leave=ctx.events.left.is_set())
         if self.server:
             self.server.stop()
         if self.supplier:
@@ -182,83 +239,89 @@ class Node(Membership, UpdatePath, Rebalancer):
             self.scan_pool.close()
         if self.http:
             self.http.shutdown()
-        for name, d in self.data.items():
+        for name, d in ctx.data.items():
             t0 = time.monotonic()
             try:
                 d.checkpoint()
             except Exception as e:
                 log.error("stage=shutdown cache=%s checkpoint failed: %s", name, e)
-            self.metrics.observe("ferry_node_checkpoint_seconds", time.monotonic() - t0)
+            ctx.metrics.observe("ferry_node_checkpoint_seconds", time.monotonic() - t0)
             d.close()
-        fileio.atomic_write(os.path.join(self.cfg.data, CLEAN), b"clean\n")
-        self.pool.close()
+        fileio.atomic_write(os.path.join(ctx.cfg.data, CLEAN), b"clean\n")
+        ctx.pool.close()
         os.close(self._lock_fd)
-        log.info("stage=shutdown node=%s stopped", self.id)
+        log.info("stage=shutdown node=%s stopped", ctx.id)
 
     # -- dispatch -----------------------------------------------------------------
-    def dispatch(self, method: str, args: dict[str, Any], role: str) -> Any:
-        fn: Callable[..., Any] | None = getattr(self, "op_" + method, None) if method in METHODS else None
+    def dispatch(self, method: str, args: dict[str, object], role: str) -> object:
+        fn = self.handlers.get(method)
         if fn is None:
             raise BadRequest(f"unknown method {method!r}")
         if role != "node" and method not in CLIENT_METHODS:
             raise BadRequest(f"method {method!r} is for nodes only")
         return fn(**args)
 
-    # membership handlers
-    def op_ping(self) -> dict[str, Any]:
-        return {"id": self.id, "boot": self.boot, "epoch": self.map.epoch,
-                "page_size": self.cfg.page_size, "controller": self.map.controller,
-                "lease_valid": self.session.valid() if hasattr(self, "session") else False,
-                "settings": {name: getattr(self.cfg, fld) for name, fld in SETTINGS.items()}}
+    def call_controller(self, method: str, **args: object) -> object:
+        return self.control.call_controller(method, **args)
 
-    def op_get_map(self) -> dict[str, Any]:
-        with self.map_lock:
-            return self.map.to_wire()
+    # membership handlers
+    def op_ping(self) -> dict[str, object]:
+        ctx = self.ctx
+        return {"id": ctx.id, "boot": ctx.boot, "epoch": ctx.map.map.epoch,
+                "page_size": ctx.cfg.page_size, "controller": ctx.map.map.controller,
+                "lease_valid": ctx.lease_valid(),
+                "settings": {name: getattr(ctx.cfg, fld) for name, fld in SETTINGS.items()}}
+
+    def op_get_map(self) -> dict[str, object]:
+        with self.ctx.map.lock:
+            return self.ctx.map.map.to_wire()
 
     def op_leave(self, node: str | None = None) -> bool:
         """Asked of any node: that node (default this one) leaves gracefully."""
-        if node not in (None, self.id):
-            with self.map_lock:
-                addr = self.map.address(node)
+        if node not in (None, self.ctx.id):
+            addr = self.ctx.map.address(node)
             if addr is None:
                 raise BadRequest(f"no member {node!r}")
-            return self.pool.call(addr, "leave")
-        self.start_leave()
-        self.wake()
+            return bool(self.ctx.pool.call(addr, "leave"))
+        self.control.start_leave()
+        self.ctx.wake()
         return True
 
     def apply_live_config(self, old: NodeConfig, new: NodeConfig) -> None:
-        """Settings that change without a restart (watch.py reloads the file)."""
+        """Settings that change without a restart (watch.py reloads the file, the
+        control plane applies cluster settings); ``ctx.cfg`` is already ``new``."""
         rate = new.transfer_rate_limit or None
         for lim in (self.recv_limits, self.send_limits):
             if lim is not None:
                 lim.set_rate(rate)
                 lim.set_max_transfers(new.transfer_concurrency)
         if new.checkpoint_interval_s != old.checkpoint_interval_s:
-            for d in self.data.values():
+            for d in self.ctx.data.values():
                 d.store.set_checkpoint_interval(new.checkpoint_interval_s)
         logging.getLogger().setLevel(getattr(logging, new.log_level.upper(), logging.INFO))
 
-    def op_moves_done(self) -> list[dict[str, Any]]:
+    def op_moves_done(self) -> list[dict[str, object]]:
         """Moves that ended OWNING on this node since it started (the last 4096)."""
-        return list(self.moves_done)
+        return list(self.ctx.moves.done)
 
-    def op_moves(self) -> list[dict[str, Any]]:
-        return [mv.status(self.id) for mv in list(self.moves.values())]
+    def op_moves(self) -> list[dict[str, object]]:
+        return [mv.status(self.ctx.id) for mv in list(self.ctx.moves.running.values())]
 
     def op_metrics(self) -> str:
-        return self.metrics.render()
+        return self.ctx.metrics.render()
 
     def _collect(self, m: metrics_mod.Metrics) -> None:
+        ctx = self.ctx
         counts: dict[tuple[str, str], int] = {}
-        for (cache, _), s in self.states.items():
+        for (cache, _), s in ctx.states.items():
             counts[(cache, s.value)] = counts.get((cache, s.value), 0) + 1
-        for cache in self.data:
+        for cache in ctx.data:
             for s in State:
                 m.set("ferry_node_partitions", counts.get((cache, s.value), 0), cache=cache, state=s.value)
-        m.set("ferry_node_moves_in_progress", len(self.moves))
+        moves = list(ctx.moves.running.values())
+        m.set("ferry_node_moves_in_progress", len(moves))
         by_stage: dict[str, int] = {}
-        for mv in list(self.moves.values()):
+        for mv in moves:
             by_stage[mv.stage] = by_stage.get(mv.stage, 0) + 1
             m.set("ferry_node_move_bytes_in_progress", mv.wire if mv.mode == "files" else mv.bytes,
                   cache=mv.cache, partition=str(mv.p))
@@ -272,17 +335,15 @@ class Node(Membership, UpdatePath, Rebalancer):
                 m.set("ferry_node_tempwal_ingest", mv.ingest_now(), cache=mv.cache, partition=str(mv.p))
         for stage in STAGES:
             m.set("ferry_node_moves_by_stage", by_stage.get(stage, 0), stage=stage)
-        m.set("ferry_node_topology_version", self.map.version)
-        sess = getattr(self, "session", None)
-        m.set("ferry_node_lease_valid", 1 if sess is not None and sess.valid() else 0)
-        m.set("ferry_node_is_controller", 1 if self.controller is not None else 0)
+        m.set("ferry_node_topology_version", ctx.map.map.version)
+        m.set("ferry_node_lease_valid", 1 if ctx.lease_valid() else 0)
+        m.set("ferry_node_is_controller", 1 if self.control.controller is not None else 0)
         now = time.time()
-        for (cache, p), t in list(self.last_applied.items()):
+        for (cache, p), t in list(ctx.repl.last_applied.items()):
             m.set("ferry_node_replication_lag_seconds", now - t, cache=cache, partition=str(p))
 
 
 CLIENT_METHODS = {"ping", "get_map", "put", "put_batch", "get", "remove", "lookup", "range", "moves",
                   "moves_done",
                   "metrics", "leave"}
-METHODS = CLIENT_METHODS | {"join_isr", "replicate", "replicate_batch", "demand", "fetch", "demand_done", "register", "pin",
-                            "handoff", "unfence"}
+

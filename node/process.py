@@ -42,7 +42,7 @@ def run(cfg: NodeConfig) -> int:
     except OSError as e:       # one the start-up checks did not foresee: still one line
         return cannot_start(cfg, os_problem(e))
     try:
-        check_held(node.data, node.states)
+        check_held(node.ctx.data, node.ctx.states)
     except NodeError as e:
         node.stop()
         return cannot_start(cfg, e)
@@ -63,7 +63,7 @@ def run(cfg: NodeConfig) -> int:
         node.stop()
         return cannot_start(cfg, e)
     print(f"node {cfg.id} serving on {cfg.listen}", flush=True)
-    while not received and not node.left.is_set():
+    while not received and not node.ctx.events.left.is_set():
         time.sleep(0.2)
     if received:
         log.info("stage=shutdown signal %s received", signal.Signals(received[0]).name)

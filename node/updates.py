@@ -27,9 +27,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from .assignment import partition_of
+from .context import NodeContext
+from .ports import Handlers, IsrControl, MoveActions
+from .storage import CacheData
+from .wire import as_bytes
+
+if TYPE_CHECKING:
+    from .move import Move
 from .errors import BadRequest, NodeError, NotPrimary, StaleEpoch, TooLarge, Unavailable
 from .states import State
 from .tempwal import TempWalSink
@@ -39,63 +46,77 @@ REPLICATE_TIMEOUT = 5.0
 MAX_BATCH = 1024          # items of one put_batch request (it must also fit one 1 MiB frame)
 
 
-def as_bytes(x: Any, what: str) -> bytes:
-    if isinstance(x, bytes):
-        return x
-    if isinstance(x, str):
-        return x.encode("utf-8")
-    raise BadRequest(f"{what} must be bytes or str, not {type(x).__name__}")
-
-
 class UpdatePath:
+    """The primary's and the backups' side of every update, and reads. ``control``
+    changes in-sync sets; ``movers`` takes the updates of a partition MOVING here."""
+
+    def __init__(self, ctx: NodeContext, control: IsrControl) -> None:
+        self.ctx = ctx
+        self.control = control
+        self.movers: MoveActions | None = None     # bound once the rebalancer exists
+
+    def bind(self, movers: MoveActions) -> None:
+        self.movers = movers
+
+    def _movers(self) -> MoveActions:
+        if self.movers is None:
+            raise Unavailable(f"node {self.ctx.id} is starting")
+        return self.movers
+
+    def handlers(self) -> Handlers:
+        return {"put": self.op_put, "put_batch": self.op_put_batch, "get": self.op_get,
+                "remove": self.op_remove, "lookup": self.op_lookup, "range": self.op_range,
+                "replicate": self.op_replicate, "replicate_batch": self.op_replicate_batch,
+                "join_isr": self.op_join_isr}
+
     # -- helpers ------------------------------------------------------------------
-    def _locate(self, cache: Any, key: Any) -> tuple[Any, int, bytes]:
-        if not isinstance(cache, str) or cache not in self.data:
-            raise BadRequest(f"unknown cache {cache!r}; caches: {', '.join(self.data)}")
+    def _locate(self, cache: object, key: object) -> tuple[CacheData, int, bytes]:
+        if not isinstance(cache, str) or cache not in self.ctx.data:
+            raise BadRequest(f"unknown cache {cache!r}; caches: {', '.join(self.ctx.data)}")
         key = as_bytes(key, "key")
         if not key:
             raise BadRequest("key must not be empty")
-        if len(key) > self.cfg.max_key_bytes:
-            raise TooLarge(f"key of {len(key)} bytes exceeds the limit of {self.cfg.max_key_bytes} bytes")
-        return self.data[cache], partition_of(key, self.data[cache].cache.partitions), key
+        if len(key) > self.ctx.cfg.max_key_bytes:
+            raise TooLarge(f"key of {len(key)} bytes exceeds the limit of {self.ctx.cfg.max_key_bytes} bytes")
+        return self.ctx.data[cache], partition_of(key, self.ctx.data[cache].cache.partitions), key
 
     def leads(self, cache: str, p: int, *, write: bool = True) -> bool:
         """Primary of p now. For a write also: the lease is valid (the fence) and no
         hand-off is in progress. Reads of an OWNING primary go on without the lease
         (the control plane may be down)."""
-        with self.map_lock:
-            if self.map.parts[cache][p].primary != self.id:
+        with self.ctx.map.lock:
+            if self.ctx.map.map.parts[cache][p].primary != self.ctx.id:
                 return False
         if write:
-            until = self.fenced.get((cache, p))
+            until = self.ctx.repl.fenced.get((cache, p))
             if until is not None and time.monotonic() < until:
                 return False
-            if not self.session.valid():
+            if not self.ctx.lease_valid():
                 return False
-        return self.states.get(cache, p) == State.OWNING
+        return self.ctx.states.get(cache, p) == State.OWNING
 
-    def _not_primary(self, cache: str, p: int) -> NodeError:
-        with self.map_lock:
-            prim = self.map.parts[cache][p].primary
-            hint = self.map.address(prim) if prim != self.id else None
-        if prim == self.id and self.states.get(cache, p) == State.OWNING and not self.session.valid():
-            return Unavailable(f"node {self.id} is the primary of {cache}/{p} but its control-plane "
+    def not_primary(self, cache: str, p: int) -> NodeError:
+        with self.ctx.map.lock:
+            prim = self.ctx.map.map.parts[cache][p].primary
+            hint = self.ctx.map.map.address(prim) if prim != self.ctx.id else None
+        if prim == self.ctx.id and self.ctx.states.get(cache, p) == State.OWNING and not self.ctx.lease_valid():
+            return Unavailable(f"node {self.ctx.id} is the primary of {cache}/{p} but its control-plane "
                                "lease is not valid (etcd unreachable?): not acknowledging writes")
-        return NotPrimary(f"node {self.id} is not the primary of {cache}/{p} (map epoch "
-                          f"{self.map.epoch}); primary: {prim or 'none'}", hint)
+        return NotPrimary(f"node {self.ctx.id} is not the primary of {cache}/{p} (map epoch "
+                          f"{self.ctx.map.map.epoch}); primary: {prim or 'none'}", hint)
 
-    def _serving(self) -> None:
-        if not self.joined.is_set() or self.stopping.is_set():
-            raise Unavailable(f"node {self.id} is {'stopping' if self.stopping.is_set() else 'joining'}")
+    def require_serving(self) -> None:
+        if not self.ctx.events.joined.is_set() or self.ctx.events.stopping.is_set():
+            raise Unavailable(f"node {self.ctx.id} is {'stopping' if self.ctx.events.stopping.is_set() else 'joining'}")
 
     # -- client operations --------------------------------------------------------
-    def op_put(self, cache: str, key: Any, value: Any) -> int:
+    def op_put(self, cache: str, key: object, value: object) -> int:
         value = as_bytes(value, "value")
-        if len(value) > self.cfg.max_value_bytes:
-            raise TooLarge(f"value of {len(value)} bytes exceeds the limit of {self.cfg.max_value_bytes} bytes")
+        if len(value) > self.ctx.cfg.max_value_bytes:
+            raise TooLarge(f"value of {len(value)} bytes exceeds the limit of {self.ctx.cfg.max_value_bytes} bytes")
         return self._write(cache, key, value)
 
-    def op_remove(self, cache: str, key: Any) -> int:
+    def op_remove(self, cache: str, key: object) -> int:
         return self._write(cache, key, None)
 
     @contextlib.contextmanager
@@ -103,36 +124,36 @@ class UpdatePath:
         """Hold p's lock as its primary: refused before waiting for the lock (cheap
         redirect) and again under it (a hand-off may have fenced p meanwhile)."""
         if not self.leads(cache, p):
-            raise self._not_primary(cache, p)
-        with self.plock(cache, p):
+            raise self.not_primary(cache, p)
+        with self.ctx.plock(cache, p):
             if not self.leads(cache, p):
-                raise self._not_primary(cache, p)
-            with self.map_lock:
-                n_isr = len(self.map.parts[cache][p].isr)
-            if n_isr < self.cfg.min_in_sync:
+                raise self.not_primary(cache, p)
+            with self.ctx.map.lock:
+                n_isr = len(self.ctx.map.map.parts[cache][p].isr)
+            if n_isr < self.ctx.cfg.min_in_sync:
                 raise Unavailable(f"{cache}/{p} has {n_isr} in-sync cop{'y' if n_isr == 1 else 'ies'}, "
-                                  f"fewer than cluster.min_in_sync = {self.cfg.min_in_sync}: writes "
+                                  f"fewer than cluster.min_in_sync = {self.ctx.cfg.min_in_sync}: writes "
                                   "refused until a copy catches up")
             yield
 
-    def _write(self, cache: str, key: Any, value: bytes | None) -> int:
-        self._serving()
+    def _write(self, cache: str, key: object, value: bytes | None) -> int:
+        self.require_serving()
         data, p, key = self._locate(cache, key)
         t0 = time.monotonic()
         with self._leading(cache, p):
             prev = data.counter(p)
             counter = data.put(p, key, value)
             self._replicate(cache, p, key, value, counter, prev)
-        self.metrics.inc("ferry_node_updates_total", cache=cache, op="put" if value is not None else "remove")
-        self.metrics.observe("ferry_node_update_seconds", time.monotonic() - t0)
+        self.ctx.metrics.inc("ferry_node_updates_total", cache=cache, op="put" if value is not None else "remove")
+        self.ctx.metrics.observe("ferry_node_update_seconds", time.monotonic() - t0)
         return counter
 
-    def op_put_batch(self, cache: str, key: Any, items: Any) -> list[int]:
+    def op_put_batch(self, cache: str, key: object, items: object) -> list[int]:
         """Bulk load: many puts of ONE partition (``key`` routes; every item must map to
         the same partition) in one request, replicated in one request per copy. Each
         item gets its own counter; acknowledged as a whole (if not, some items may be
         applied: put them again). Returns [first counter, last counter]."""
-        self._serving()
+        self.require_serving()
         data, p, key = self._locate(cache, key)
         if not isinstance(items, list) or not items or len(items) > MAX_BATCH:
             raise BadRequest(f"items must be a list of 1..{MAX_BATCH} [key, value] pairs")
@@ -142,9 +163,9 @@ class UpdatePath:
                 raise BadRequest(f"items[{i}] must be a [key, value] pair")
             _, q, k = self._locate(cache, it[0])
             v = as_bytes(it[1], f"items[{i}] value")
-            if len(v) > self.cfg.max_value_bytes:
+            if len(v) > self.ctx.cfg.max_value_bytes:
                 raise TooLarge(f"items[{i}]: value of {len(v)} bytes exceeds the limit of "
-                               f"{self.cfg.max_value_bytes} bytes")
+                               f"{self.ctx.cfg.max_value_bytes} bytes")
             if q != p:
                 raise BadRequest(f"items[{i}] belongs to partition {q}, not {p}: one partition per batch")
             batch.append((k, v))
@@ -153,54 +174,55 @@ class UpdatePath:
             prev = data.counter(p)
             ups = [(k, v, c) for (k, v), c in zip(batch, data.put_many(p, batch))]
             self._replicate_many(cache, p, ups, prev)
-        self.metrics.inc("ferry_node_updates_total", len(ups), cache=cache, op="put")
-        self.metrics.observe("ferry_node_update_seconds", time.monotonic() - t0)
+        self.ctx.metrics.inc("ferry_node_updates_total", len(ups), cache=cache, op="put")
+        self.ctx.metrics.observe("ferry_node_update_seconds", time.monotonic() - t0)
         return [ups[0][2], ups[-1][2]]
 
-    def op_get(self, cache: str, key: Any) -> bytes | None:
-        self._serving()
+    def op_get(self, cache: str, key: object) -> bytes | None:
+        self.require_serving()
         data, p, key = self._locate(cache, key)
         if not self.leads(cache, p, write=False):
-            raise self._not_primary(cache, p)
+            raise self.not_primary(cache, p)
         return data.get(p, key)
 
     def _led_filter(self, cache: str, keys: list[bytes]) -> list[bytes]:
-        parts = self.data[cache].cache.partitions
+        parts = self.ctx.data[cache].cache.partitions
         return [k for k in keys if self.leads(cache, partition_of(k, parts), write=False)]
 
-    def op_lookup(self, cache: str, index: str, value: Any) -> list[bytes]:
+    def op_lookup(self, cache: str, index: str, value: object) -> list[bytes]:
         """Keys whose document has ``index`` == value, among partitions this node leads
         (the client asks every node and merges)."""
-        self._serving()
+        self.require_serving()
         self._check_index(cache, index)
-        return self._led_filter(cache, self.data[cache].lookup(index, value))
+        return self._led_filter(cache, self.ctx.data[cache].lookup(index, value))
 
-    def op_range(self, cache: str, index: str, lo: Any, hi: Any, limit: int | None = None) -> list[Any]:
-        self._serving()
+    def op_range(self, cache: str, index: str, lo: object, hi: object,
+                 limit: int | None = None) -> list[list[object]]:
+        self.require_serving()
         self._check_index(cache, index)
-        parts = self.data[cache].cache.partitions
-        rows = self.data[cache].range(index, lo, hi, None)
+        parts = self.ctx.data[cache].cache.partitions
+        rows = self.ctx.data[cache].range(index, lo, hi, None)
         out = [list(r) for r in rows if self.leads(cache, partition_of(r[-1], parts), write=False)]
         return out[:limit] if limit else out
 
-    def _check_index(self, cache: str, index: Any) -> None:
-        if cache not in self.data:
+    def _check_index(self, cache: str, index: object) -> None:
+        if cache not in self.ctx.data:
             raise BadRequest(f"unknown cache {cache!r}")
-        if index not in {i.name for i in self.data[cache].cache.indexes}:
+        if index not in {i.name for i in self.ctx.data[cache].cache.indexes}:
             raise BadRequest(f"cache {cache} has no index {index!r}")
 
     # -- replication --------------------------------------------------------------
     def _targets(self, cache: str, p: int) -> tuple[dict[str, str], set[str], int]:
         """Every copy to send to, the in-sync ones among them, and p's epoch."""
-        with self.map_lock:
-            rec = self.map.parts[cache][p]
-            out = {n: self.map.address(n) for n in self.map.holders(cache, p, State.OWNING, State.MOVING)}
+        with self.ctx.map.lock:
+            rec = self.ctx.map.map.parts[cache][p]
+            out = {n: self.ctx.map.map.address(n) for n in self.ctx.map.map.holders(cache, p, State.OWNING, State.MOVING)}
             for n in rec.isr:
-                out[n] = self.map.address(n)
-            isr = set(rec.isr) - {self.id}
+                out[n] = self.ctx.map.map.address(n)
+            isr = set(rec.isr) - {self.ctx.id}
             epoch = rec.term
-        out.update(self.copies.get((cache, p), {}))
-        out.pop(self.id, None)
+        out.update(self.ctx.repl.copies.get((cache, p), {}))
+        out.pop(self.ctx.id, None)
         return {n: a for n, a in out.items() if a or n in isr}, isr, epoch
 
     def _replicate(self, cache: str, p: int, key: bytes, value: bytes | None,
@@ -217,12 +239,12 @@ class UpdatePath:
                     raise Unavailable(f"{node} is not a live member")
                 if len(ups) == 1:
                     key, value, counter = ups[0]
-                    r = self.pool.call(addr, "replicate", timeout=REPLICATE_TIMEOUT, cache=cache, p=p,
-                                       key=key, value=value, counter=counter, prev=prev, primary=self.id,
+                    r = self.ctx.pool.call(addr, "replicate", timeout=REPLICATE_TIMEOUT, cache=cache, p=p,
+                                       key=key, value=value, counter=counter, prev=prev, primary=self.ctx.id,
                                        epoch=epoch)
                 else:
-                    r = self.pool.call(addr, "replicate_batch", timeout=REPLICATE_TIMEOUT * 4, cache=cache,
-                                       p=p, updates=[list(u) for u in ups], prev=prev, primary=self.id,
+                    r = self.ctx.pool.call(addr, "replicate_batch", timeout=REPLICATE_TIMEOUT * 4, cache=cache,
+                                       p=p, updates=[list(u) for u in ups], prev=prev, primary=self.ctx.id,
                                        epoch=epoch)
             except NodeError as e:
                 if node in isr:
@@ -232,27 +254,44 @@ class UpdatePath:
                         raise Unavailable(f"update(s) {cache}/{p}#{ups[0][2]}..{ups[-1][2]} refused by "
                                           f"{node}: {e}; NOT acknowledged") from None
                 else:  # a MOVING copy that missed an update restarts its move (gap check)
-                    self.copies.get((cache, p), {}).pop(node, None)
+                    self.ctx.repl.copies.get((cache, p), {}).pop(node, None)
                 continue
             if r != "applied" and node in isr:
                 failed[node] = f"answered {r!r}"
             if r in ("absent", "resync"):
-                self.copies.get((cache, p), {}).pop(node, None)
+                self.ctx.repl.copies.get((cache, p), {}).pop(node, None)
         if failed:
-            self.metrics.inc("ferry_node_replication_failures_total", cache=cache)
+            self.ctx.metrics.inc("ferry_node_replication_failures_total", cache=cache)
             what = f"update(s) {cache}/{p}#{ups[0][2]}..{ups[-1][2]}"
             try:
-                rec = self.alter_isr(cache, p, remove=sorted(failed))
+                rec = self.control.alter_isr(cache, p, remove=sorted(failed))
             except NodeError as e:
-                raise Unavailable(f"{what} are durable on {self.id} but not on "
+                raise Unavailable(f"{what} are durable on {self.ctx.id} but not on "
                                   f"{', '.join(f'{n} ({w})' for n, w in failed.items())}, and the "
                                   f"in-sync set could not shrink ({e}): NOT acknowledged, retry") from None
             log.warning("stage=replicate cache=%s partition=%d removed %s from the in-sync set "
                         "(epoch %d): %s", cache, p, ", ".join(sorted(failed)), rec.epoch,
                         "; ".join(f"{n}: {w}" for n, w in failed.items()))
-            if len(rec.isr) < self.cfg.min_in_sync:
+            if len(rec.isr) < self.ctx.cfg.min_in_sync:
                 raise Unavailable(f"{what} are durable on {', '.join(rec.isr)} only, fewer than "
-                                  f"cluster.min_in_sync = {self.cfg.min_in_sync}: NOT acknowledged")
+                                  f"cluster.min_in_sync = {self.ctx.cfg.min_in_sync}: NOT acknowledged")
+
+    def op_join_isr(self, cache: str, p: int, node: str) -> str:
+        """A copy that finished its move asks to count: admitted when it has been a
+        registered copy of this primary since its DEMAND (every update since then was
+        replicated to it, or it would have been dropped); otherwise "resync"."""
+        self.require_serving()
+        with self.ctx.plock(cache, p):
+            if not self.leads(cache, p):
+                raise self.not_primary(cache, p)
+            rec = self.ctx.map.record(cache, p)
+            if node in rec.isr:
+                return "ok"
+            if node not in self.ctx.repl.copies.get((cache, p), {}):
+                return "resync"
+            self.control.alter_isr(cache, p, add=[node])
+            self.ctx.repl.copies.get((cache, p), {}).pop(node, None)
+        return "ok"
 
     def check_epoch(self, cache: str, p: int, epoch: int | None, sender: str, *,
                     demand: bool = False) -> None:
@@ -263,30 +302,31 @@ class UpdatePath:
         alone refuses nobody."""
         if epoch is None:
             return
-        with self.map_lock:
-            rec = self.map.parts[cache][p]
+        with self.ctx.map.lock:
+            rec = self.ctx.map.map.parts[cache][p]
         if demand:
             if epoch < rec.term:
                 raise StaleEpoch(f"DEMAND of {cache}/{p} from {sender} in primary epoch {epoch}; "
-                                 f"{self.id} knows primary epoch {rec.term}: refresh and demand again")
+                                 f"{self.ctx.id} knows primary epoch {rec.term}: refresh and demand again")
         elif epoch < rec.term or (epoch == rec.term and rec.primary not in (None, sender)):
-            raise StaleEpoch(f"{self.id} knows {cache}/{p} in primary epoch {rec.term} (primary "
+            raise StaleEpoch(f"{self.ctx.id} knows {cache}/{p} in primary epoch {rec.term} (primary "
                              f"{rec.primary}); {sender} sent primary epoch {epoch}")
 
-    def op_replicate_batch(self, cache: str, p: int, updates: list[Any], prev: int, primary: str,
+    def op_replicate_batch(self, cache: str, p: int, updates: list[tuple[bytes, bytes | None, int]],
+                           prev: int, primary: str,
                            epoch: int | None = None) -> str:
         """Consecutive updates of one partition (a bulk load): applied one by one under one
         hold of the partition lock; the first answer other than applied/buffered ends it."""
         mv = None
         r = "applied"
         try:
-            with self.plock(cache, p):
+            with self.ctx.plock(cache, p):
                 self.check_epoch(cache, p, epoch, primary)
-                data = self.data[cache]
-                if self.states.get(cache, p) == State.OWNING and data.counter(p) == prev \
+                data = self.ctx.data[cache]
+                if self.ctx.states.get(cache, p) == State.OWNING and data.counter(p) == prev \
                         and all(u[2] == prev + 1 + i for i, u in enumerate(updates)):
                     data.apply_many(p, [(k, v, c) for k, v, c in updates])   # the common case
-                    self.last_applied[(cache, p)] = time.time()
+                    self.ctx.repl.last_applied[(cache, p)] = time.time()
                     return "applied"
                 try:
                     for key, value, counter in updates:
@@ -303,7 +343,7 @@ class UpdatePath:
             return r
         finally:
             if mv is not None and mv.mode == "files":
-                self.backpressure(mv, records=len(updates))
+                self._movers().backpressure(mv, records=len(updates))
 
     def op_replicate(self, cache: str, p: int, key: bytes, value: bytes | None, counter: int,
                      prev: int, primary: str, epoch: int | None = None) -> str:
@@ -314,20 +354,20 @@ class UpdatePath:
             return r
         finally:
             if mv is not None and mv.mode == "files":
-                self.backpressure(mv)
+                self._movers().backpressure(mv)
 
     def _replicate_one(self, cache: str, p: int, key: bytes, value: bytes | None, counter: int,
-                       prev: int, primary: str, durable: bool = True) -> tuple[str, Any]:
+                       prev: int, primary: str, durable: bool = True) -> tuple[str, Move | None]:
         """One replicated update (the result, and the move of p if it is MOVING here).
         ``durable=False``: a temp-WAL append is not yet synced; the caller syncs."""
-        data = self.data[cache]
+        data = self.ctx.data[cache]
         mv = None
-        with self.plock(cache, p):
-            st = self.states.get(cache, p)
+        with self.ctx.plock(cache, p):
+            st = self.ctx.states.get(cache, p)
             if st == State.MOVING:
-                mv = self.moves.get((cache, p))
+                mv = self.ctx.moves.running.get((cache, p))
                 if mv is not None and mv.mode == "files" and (mv.sink is not None or mv.direct):
-                    return self.buffer_update(mv, cache, p, key, value, counter, prev,
+                    return self._movers().buffer_update(mv, cache, p, key, value, counter, prev,
                                               durable=durable), mv
                 if mv is not None and mv.sink is not None:
                     mv.sink.append(counter, key, value)
@@ -335,8 +375,8 @@ class UpdatePath:
                 return "absent", mv
             return self._apply_replicated(data, cache, p, key, value, counter, prev, primary, st), mv
 
-    def _apply_replicated(self, data: Any, cache: str, p: int, key: bytes, value: bytes | None,
-                          counter: int, prev: int, primary: str, st: Any) -> str:
+    def _apply_replicated(self, data: CacheData, cache: str, p: int, key: bytes, value: bytes | None,
+                          counter: int, prev: int, primary: str, st: State | None) -> str:
         """The normal backup path (partition lock held): apply in counter order."""
         if st != State.OWNING:
             return "absent"
@@ -344,8 +384,8 @@ class UpdatePath:
         if cur != prev:
             log.warning("stage=replicate cache=%s partition=%d counter gap: have %d, primary %s "
                         "sent %d after %d; re-syncing", cache, p, cur, primary, counter, prev)
-            self.request_resync(cache, p, f"counter gap at {counter}")
+            self._movers().request_resync(cache, p, f"counter gap at {counter}")
             return "resync"
         data.apply(p, key, value, counter)
-        self.last_applied[(cache, p)] = time.time()
+        self.ctx.repl.last_applied[(cache, p)] = time.time()
         return "applied"

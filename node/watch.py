@@ -27,10 +27,12 @@ import logging
 import os
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from faults import fileio
 
+from .config import NodeConfig
+from .context import NodeContext
 from .errors import ConfigError, NodeError
 from .membership import SETTINGS
 
@@ -106,9 +108,12 @@ def parse_plan(raw: bytes) -> list[dict[str, Any]]:
 class Watcher:
     """Starts the observers for one node; ``stop()`` ends them."""
 
-    def __init__(self, node: Any) -> None:
-        self.node = node
-        self.plans_dir = os.path.join(node.cfg.data, "plans")
+    def __init__(self, ctx: NodeContext, apply_live_config: Callable[[NodeConfig, NodeConfig], None],
+                 call_controller: Callable[..., object]) -> None:
+        self.ctx = ctx
+        self.apply_live_config = apply_live_config
+        self.call_controller = call_controller
+        self.plans_dir = os.path.join(ctx.cfg.data, "plans")
         os.makedirs(self.plans_dir, exist_ok=True)
         self._seen: dict[str, bytes] = {}
         self._running: set[str] = set()
@@ -132,7 +137,7 @@ class Watcher:
 
         self.observer = Observer()
         self.observer.schedule(Handler(), self.plans_dir, recursive=False)
-        src = self.node.cfg.source
+        src = self.ctx.cfg.source
         if src:
             self.observer.schedule(Handler(), os.path.dirname(os.path.abspath(src)), recursive=False)
         self.observer.daemon = True
@@ -147,7 +152,7 @@ class Watcher:
             self.observer.stop()
 
     def changed(self, path: str) -> None:
-        src = self.node.cfg.source
+        src = self.ctx.cfg.source
         if src and os.path.abspath(path) == os.path.abspath(src):
             self.reload_config()
         elif os.path.dirname(os.path.abspath(path)) == os.path.abspath(self.plans_dir) \
@@ -191,7 +196,7 @@ class Watcher:
     # -- config -----------------------------------------------------------------------
     def reload_config(self) -> None:
         from . import config as cfgmod
-        node, old = self.node, self.node.cfg
+        old = self.ctx.cfg
         try:
             fresh = cfgmod._flatten(cfgmod.read_toml(old.source), old.source)
             new = cfgmod.with_overrides(old, **{k: v for k, v in fresh.items() if k in LIVE})
@@ -206,8 +211,8 @@ class Watcher:
         changed = sorted(k for k in LIVE if getattr(new, k) != getattr(old, k))
         if not changed:
             return
-        node.cfg = new
-        node.apply_live_config(old, new)
+        self.ctx.cfg = new
+        self.apply_live_config(old, new)
         log.info("stage=config applied live: %s", ", ".join(f"{k}={getattr(new, k)}" for k in changed))
 
     # -- plans ------------------------------------------------------------------------
@@ -221,7 +226,7 @@ class Watcher:
             log.error("stage=plan %s is malformed: %s", name, e)
             return write_status(path, name, "failed", str(e))
         try:
-            self.node.call_controller("pin", plan=name, moves=moves)
+            self.call_controller("pin", plan=name, moves=moves)
         except NodeError as e:
             log.error("stage=plan %s refused: %s", name, e)
             return write_status(path, name, "failed", str(e))
@@ -229,7 +234,7 @@ class Watcher:
         log.info("stage=plan %s accepted: %d partition(s)", name, len(moves))
         write_status(path, name, "running", None)
         deadline = time.monotonic() + PLAN_TIMEOUT_S
-        while time.monotonic() < deadline and not self.node.stopping.is_set():
+        while time.monotonic() < deadline and not self.ctx.events.stopping.is_set():
             if self._plan_done(moves):
                 log.info("stage=plan %s done", name)
                 return write_status(path, name, "done", None)
@@ -237,9 +242,8 @@ class Watcher:
         write_status(path, name, "failed", f"not done after {PLAN_TIMEOUT_S:.0f}s")
 
     def _plan_done(self, moves: list[dict[str, Any]]) -> bool:
-        node = self.node
-        with node.map_lock:
-            m = node.map
+        with self.ctx.map.lock:
+            m = self.ctx.map.map
             live = set(m.alive())
             for mv in moves:
                 cache, p, to = mv["cache"], mv["partition"], mv["to"]

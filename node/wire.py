@@ -25,7 +25,16 @@ from transfer.errors import FrameError, TransferError
 from transfer.transport import Conn, connect_tcp
 
 from .config import parse_address
-from .errors import BY_CODE, AuthFailed, NodeError, RemoteFailure, TooLarge, Unavailable
+from .errors import BY_CODE, AuthFailed, BadRequest, NodeError, RemoteFailure, TooLarge, Unavailable
+
+
+
+def as_bytes(x: object, what: str) -> bytes:
+    if isinstance(x, bytes):
+        return x
+    if isinstance(x, str):
+        return x.encode("utf-8")
+    raise BadRequest(f"{what} must be bytes or str, not {type(x).__name__}")
 
 
 class NodeFrame(IntEnum):

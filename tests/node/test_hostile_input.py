@@ -399,11 +399,10 @@ def test_a_garbage_index_goes_away_as_the_message_says(written, tmp_path):
 def _watcher(tmp_path):
     from node.watch import Watcher
     calls: list[dict] = []
-    node = SimpleNamespace(cfg=SimpleNamespace(data=str(tmp_path), source=None),
-                           call_controller=lambda *a, **kw: calls.append(kw),
-                           stopping=threading.Event())
-    node.stopping.set()                # a plan that gets through would not wait for moves
-    return Watcher(node), calls
+    ctx = SimpleNamespace(cfg=SimpleNamespace(data=str(tmp_path), source=None),
+                          events=SimpleNamespace(stopping=threading.Event()))
+    ctx.events.stopping.set()          # a plan that gets through would not wait for moves
+    return Watcher(ctx, lambda old, new: None, lambda *a, **kw: calls.append(kw)), calls
 
 
 def _status(path: str) -> dict:
@@ -444,7 +443,7 @@ def test_a_fifo_plan_does_not_hang_the_plan_thread(tmp_path):
 
 def test_a_plan_that_breaks_run_plan_still_gets_a_status(tmp_path):
     w, _ = _watcher(tmp_path)
-    w.node.call_controller = lambda *a, **kw: 1 / 0     # not a NodeError: a bug
+    w.call_controller = lambda *a, **kw: 1 / 0          # not a NodeError: a bug
     path = os.path.join(w.plans_dir, "p.json")
     with open(path, "wb") as f:
         f.write(b'{"moves": [{"partition": 1, "to": ["n1"]}]}')

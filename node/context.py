@@ -1,0 +1,134 @@
+"""What the node's parts share, passed to each of them explicitly.
+
+The node is composed, not stacked: :class:`node.membership.ControlPlane`,
+:class:`node.updates.UpdatePath`, :class:`node.reconcile.Reconciler` and the
+rebalancer are separate objects built by :class:`node.node.Node`, each handed this one
+:class:`NodeContext`. Shared state lives here and only here, so no part reads an
+attribute another file set up on ``self``.
+
+The seams between the parts are the small protocols in :mod:`node.ports`.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .cluster_map import ClusterMap, PartRecord
+from .config import NodeConfig
+from .metrics import Metrics
+from .states import StateTable
+from .storage import CacheData
+from .wire import Pool
+
+if TYPE_CHECKING:
+    from .control import Session
+    from .move import Move
+
+PartKey = tuple[str, int]          # (cache, partition)
+
+
+class PartitionLocks:
+    """One re-entrant lock per partition: counters, replication order, state changes
+    and moves of p are serialized under it."""
+
+    def __init__(self) -> None:
+        self._locks: dict[PartKey, threading.RLock] = {}
+        self._guard = threading.Lock()
+
+    def __call__(self, cache: str, p: int) -> threading.RLock:
+        with self._guard:
+            return self._locks.setdefault((cache, p), threading.RLock())
+
+
+class MapHolder:
+    """The node's local copy of the cluster map. ``lock`` guards ``map`` (replaced
+    whole on each watch batch); ``changed`` is notified after each replacement, for
+    waiters on a controller's answer."""
+
+    def __init__(self, m: ClusterMap) -> None:
+        self.lock = threading.RLock()
+        self.map = m
+        self.changed = threading.Condition()
+        self.pending_requests: set[str] = set()   # P/requests/... keys still in etcd
+
+    def record(self, cache: str, p: int) -> PartRecord:
+        with self.lock:
+            return self.map.parts[cache][p]
+
+    def address(self, node: str | None) -> str | None:
+        with self.lock:
+            return self.map.address(node)
+
+
+@dataclass
+class Events:
+    stopping: threading.Event = field(default_factory=threading.Event)
+    joined: threading.Event = field(default_factory=threading.Event)
+    leaving: threading.Event = field(default_factory=threading.Event)
+    left: threading.Event = field(default_factory=threading.Event)
+    reconcile: threading.Event = field(default_factory=threading.Event)   # act on the map now
+    report_dirty: threading.Event = field(default_factory=threading.Event)  # states changed
+    controller_wake: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass
+class Replication:
+    """Per-partition tables the update path, the control plane and the rebalancer
+    all consult (each under the partition lock of its key, unless noted)."""
+    # primary side: MOVING copies registered by a DEMAND (node -> address)
+    copies: dict[PartKey, dict[str, str]] = field(default_factory=dict)
+    # primary side: writes refused until this monotonic time (a hand-off in progress)
+    fenced: dict[PartKey, float] = field(default_factory=dict)
+    # backup side: wall time of the last applied replicated update (lag metric)
+    last_applied: dict[PartKey, float] = field(default_factory=dict)
+    # supplier side: open transfer snapshots per partition (eviction waits for 0)
+    in_use: dict[PartKey, int] = field(default_factory=dict)
+    # hand-offs of the primary role to this node in progress
+    handoffs: set[PartKey] = field(default_factory=set)
+
+
+@dataclass
+class MoveTable:
+    """Moves of partitions to this node in progress (guarded by ``lock``) and the
+    last ones that ended OWNING."""
+    running: dict[PartKey, "Move"] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    done: collections.deque[dict[str, object]] = field(
+        default_factory=lambda: collections.deque(maxlen=4096))
+
+
+@dataclass
+class NodeContext:
+    cfg: NodeConfig                  # replaced whole when a live setting changes
+    id: str
+    boot: str                        # changes at every process start
+    secret: bytes
+    metrics: Metrics
+    data: dict[str, CacheData]       # cache name -> its storage
+    states: StateTable
+    pool: Pool                       # RPC connections to peers
+    map: MapHolder
+    plock: PartitionLocks
+    events: Events
+    repl: Replication
+    moves: MoveTable
+    session: "Session | None" = None   # the control-plane lease, once registered
+    transfer_address: str = ""       # HOST:PORT of this node's file supplier
+
+    def lease_valid(self) -> bool:
+        """A primary acknowledges writes only while its lease is surely alive."""
+        s = self.session
+        return s is not None and s.valid()
+
+    def wake(self) -> None:
+        """Have the reconcile loop act on the map now."""
+        self.events.reconcile.set()
+
+    def serving(self) -> bool:
+        return self.events.joined.is_set() and not self.events.stopping.is_set()
+
+
+__all__ = ["NodeContext", "PartitionLocks", "MapHolder", "Events", "Replication", "MoveTable",
+           "PartKey"]
