@@ -76,7 +76,7 @@ from .records import RecordType, encode_images, encode_marker
 from .writeback import WriteBehind
 
 if TYPE_CHECKING:
-    from .store import PartitionStore
+    from .state import StoreState
 
 BATCH = 1 << 20          # bytes per pwritev run (at most; a store with a budget under
                          # 32 MiB uses mem.io_bytes, 1/32 of it)
@@ -102,29 +102,29 @@ class CheckpointStats:
     counters: dict[int, int] = field(default_factory=dict)
 
 
-def run(store: PartitionStore, checkpoint_id: int) -> CheckpointStats | None:
+def run(state: StoreState, checkpoint_id: int) -> CheckpointStats | None:
     """One checkpoint; the caller holds the checkpoint lock.  None when nothing changed."""
     t0 = time.perf_counter()
-    with store._cond:
-        store.undo.flush()                    # defensive: updates flush before unlocking
-        changed = {k >> 32 for k in store.mem.dirty}
-        changed.update(pid for pid, p in store.parts.items()
+    with state.cond:
+        state.undo.flush()                    # defensive: updates flush before unlocking
+        changed = {k >> 32 for k in state.mem.dirty}
+        changed.update(pid for pid, p in state.parts.items()
                        if p.counter != p.ckpt_counter or p.page_count != p.file_pages)
         if not changed:
             return None
-        old_metas = {pid: store.parts[pid].meta_bytes for pid in changed}
-        _lsn, meta_bytes, meta_saved = _log_meta_images(store, old_metas)
+        old_metas = {pid: state.parts[pid].meta_bytes for pid in changed}
+        _lsn, meta_bytes, meta_saved = _log_meta_images(state, old_metas)
         # after the meta images: they belong to THIS checkpoint (rolled back only if
         # it does not complete), so their lsn must be <= its images_from
-        images_from = store.wal.last_lsn
-        mark = images_from if store._mark_override is None else store._mark_override
-        cut = store.mem.begin_cut()
-        for part in store.parts.values():
+        images_from = state.wal.last_lsn
+        mark = images_from if state.mark_override is None else state.mark_override
+        cut = state.mem.begin_cut()
+        for part in state.parts.values():
             part.cut_pages = part.page_count  # first changes from now log an undo image
-        metas = {pid: (store.parts[pid].page_count, store.parts[pid].counter) for pid in changed}
-        new_metas = {pid: encode_meta(pid, store.page_size, count, counter)
+        metas = {pid: (state.parts[pid].page_count, state.parts[pid].counter) for pid in changed}
+        new_metas = {pid: encode_meta(pid, state.page_size, count, counter)
                      for pid, (count, counter) in metas.items()}
-        images, free, image_bytes, preimages = store.undo.take_counts()
+        images, free, image_bytes, preimages = state.undo.take_counts()
     # Outside the store lock from here: ``cut`` is this checkpoint's (writers only read
     # it, to copy a cut page before changing it; install/drop wait for the checkpoint
     # lock).  The WAL fsync starts first, so it has the longest head start.
@@ -134,7 +134,7 @@ def run(store: PartitionStore, checkpoint_id: int) -> CheckpointStats | None:
                             wal_image_bytes=meta_bytes)
     stage = _Stages(stats)
     try:
-        syncer = _Syncer(store.wal, images_from)   # >= mark and every image it needs
+        syncer = _Syncer(state.wal, images_from)   # >= mark and every image it needs
         stats.stages["cut"] = time.perf_counter() - t0
         try:
             # page keys sort partition-major, index-minor: each partition is one slice,
@@ -144,11 +144,11 @@ def run(store: PartitionStore, checkpoint_id: int) -> CheckpointStats | None:
             for pid in changed:
                 lo = bisect_left(keys, pid << 32)
                 hi = bisect_left(keys, (pid + 1) << 32, lo)
-                mid = bisect_left(keys, pid << 32 | store.parts[pid].file_pages, lo, hi)
+                mid = bisect_left(keys, pid << 32 | state.parts[pid].file_pages, lo, hi)
                 spans[pid] = (lo, mid, hi)
                 stats.overwritten += mid - lo + 1      # + the meta page
                 stats.appended += hi - mid
-            writer = _Writer(store, stats, len(keys) + len(changed), cut, syncer.done)
+            writer = _Writer(state, stats, len(keys) + len(changed), cut, syncer.done)
             stage("sort")
             for pid, (_lo, mid, hi) in spans.items():
                 writer.write(pid, keys[mid:hi])
@@ -162,39 +162,39 @@ def run(store: PartitionStore, checkpoint_id: int) -> CheckpointStats | None:
             writer.write(pid, keys[lo:mid], head=new_metas[pid])
         writer.fsync(changed)
         stage("write")
-        store.wal.append(encode_marker(mark, checkpoint_id, images_from), RecordType.MARKER,
+        state.wal.append(encode_marker(mark, checkpoint_id, images_from), RecordType.MARKER,
                          wait=False)
-        if store._mark_override is None:      # not while recovery still reads the log
-            if store._prev_mark:
-                store.wal.truncate_before(store._prev_mark + 1)
-        store._prev_mark = mark
+        if state.mark_override is None:      # not while recovery still reads the log
+            if state.prev_mark:
+                state.wal.truncate_before(state.prev_mark + 1)
+        state.prev_mark = mark
         stage("marker")
     except BaseException:
-        with store._cond:
+        with state.cond:
             # Not in the files: the next checkpoint must write these pages again
             # (and they must not be evicted as clean meanwhile).  Their undo images
             # (logged after the previous cut) stay valid: rollback goes back to the
             # last COMPLETE checkpoint, earliest image per page.
-            store.mem.dirty.update(k for k in cut if k in store.mem.pages)
+            state.mem.dirty.update(k for k in cut if k in state.mem.pages)
         raise
     finally:
-        with store._cond:
-            store.mem.end_cut()
-            store._cond.notify_all()
-    with store._cond:
+        with state.cond:
+            state.mem.end_cut()
+            state.cond.notify_all()
+    with state.cond:
         for pid, (count, counter) in metas.items():
-            part = store.parts.get(pid)
+            part = state.parts.get(pid)
             if part is not None and part.meta_bytes is old_metas[pid]:   # not replaced meanwhile
                 part.ckpt_counter = max(part.ckpt_counter, counter)
                 part.file_pages = max(part.file_pages, count)
                 part.meta_bytes = bytes(new_metas[pid])
-        store._cond.notify_all()
+        state.cond.notify_all()
     stats.pages = stats.appended + stats.overwritten
     stats.seconds = time.perf_counter() - t0
     return stats
 
 
-def _log_meta_images(store: PartitionStore, old_metas: dict[int, bytes]) -> tuple[int, int, int]:
+def _log_meta_images(state: StoreState, old_metas: dict[int, bytes]) -> tuple[int, int, int]:
     """Stage 3, at the cut (store lock held): the meta pages' undo images (page 0 as the
     last checkpoint wrote it, kept in memory), one IMAGES record per partition, not
     waited for; open transfer snapshots get the same bytes.
@@ -202,11 +202,11 @@ def _log_meta_images(store: PartitionStore, old_metas: dict[int, bytes]) -> tupl
     payloads = []
     saved = 0
     for pid, meta in old_metas.items():
-        payloads.append(encode_images(pid, store.page_size, [(0, meta)], []))
-        snap = store._snapshots.get(pid)
+        payloads.append(encode_images(pid, state.page_size, [(0, meta)], []))
+        snap = state.snapshots.get(pid)
         if snap is not None:
             saved += snap.save_preimages([(0, meta)])
-    lsn = store.wal.append_many(payloads, RecordType.IMAGES, wait=False)
+    lsn = state.wal.append_many(payloads, RecordType.IMAGES, wait=False)
     return lsn, sum(map(len, payloads)), saved
 
 
@@ -250,9 +250,9 @@ class _Writer:
     (no copy); a layer that overrides ``pwrite`` (the crash harness) gets one
     ``pwrite`` of the run copied into a reused buffer, so it still sees every byte."""
 
-    def __init__(self, store: PartitionStore, stats: CheckpointStats, total: int,
+    def __init__(self, state: StoreState, stats: CheckpointStats, total: int,
                  cut: dict[int, bytearray], gate) -> None:
-        self.store, self.stats, self.total, self.cut = store, stats, total, cut
+        self.state, self.stats, self.total, self.cut = state, stats, total, cut
         self.gate = gate      # write-behind waits for the WAL fsync (writeback.py)
         self.io = fileio.layer()
         self.vector = type(self.io).pwrite is fileio.FileLayer.pwrite and hasattr(os, "pwritev")
@@ -262,15 +262,15 @@ class _Writer:
 
     def write(self, pid: int, keys: list[int], head: bytearray | None = None) -> None:
         """Seal and write the cut pages ``keys`` of partition ``pid`` (and ``head``)."""
-        part = self.store.parts[pid]
+        part = self.state.parts[pid]
         fd = part.write_fd()
-        ps = self.store.page_size
+        ps = self.state.page_size
         behind = None
         if self.vector:       # real file layer: start writeback as we go (writeback.py)
             behind = self.behind.get(pid)
             if behind is None:
                 behind = self.behind[pid] = WriteBehind(fd, gate=self.gate)
-        for start, run in _runs(keys, self.cut, ps, self.store.mem.io_bytes, head):
+        for start, run in _runs(keys, self.cut, ps, self.state.mem.io_bytes, head):
             ts = time.perf_counter()
             seal_many(run)
             self.seal_s += time.perf_counter() - ts
@@ -283,7 +283,7 @@ class _Writer:
             else:
                 n = 0
             if n < size:          # copy path, or the rest of a short pwritev
-                batch = self.store._batch_buffer()
+                batch = self.state.batch_buffer()
                 for j, buf in enumerate(run):
                     batch[j * ps:(j + 1) * ps] = buf
                 _pwrite_all(self.io, fd, memoryview(batch)[n:size], start * ps + n, part.path)
@@ -305,7 +305,7 @@ class _Writer:
     def fsync(self, pids) -> None:
         self.stats.writeback_ranges = sum(b.started for b in self.behind.values())
         for pid in pids:
-            self.io.fsync(self.store.parts[pid].write_fd())
+            self.io.fsync(self.state.parts[pid].write_fd())
 
 
 class _Syncer:

@@ -25,7 +25,7 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Iterable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, NamedTuple
 
 from faults import fileio
 
@@ -39,41 +39,49 @@ from .undo import free_page
 if TYPE_CHECKING:
     from wal import Wal
 
-    from .store import PartitionStore
+    from .state import StoreState
 
 REPLAY_CHECKPOINT_FRACTION = 0.5
 
 
-def recover(store: PartitionStore, wal_sync: str, segment_size: int) -> Wal:
+class Recovered(NamedTuple):
+    wal: Wal                 # the node WAL, open
+    replayed: int            # updates applied from the WAL
+    rolled_back: int         # pages restored from undo images
+
+
+def recover(state: StoreState, wal_sync: str, segment_size: int,
+            checkpoint: Callable[[], object]) -> Recovered:
+    """Steps 1-7 on the store's state: its partitions are loaded into ``state.parts``
+    and ``state.wal`` is the opened WAL. ``checkpoint``: the store's checkpoint, run
+    with the checkpoint lock held (step 7, and to bound memory during a long replay)."""
     from wal import Wal
 
-    _remove_deltas(store.dir)
-    _restore_double_write(store)
-    wal = Wal.open(os.path.join(store.dir, "wal"), segment_size=segment_size, sync=wal_sync)
+    _remove_deltas(state.dir)
+    _restore_double_write(state)
+    wal = Wal.open(os.path.join(state.dir, "wal"), segment_size=segment_size, sync=wal_sync)
     try:
         mark, images_from, barrier, dropped = _first_pass(wal)
         for pid in dropped:
-            delete_partition_file(store.partition_path(pid))
-        rolled_back = rollback(store.dir, _images_after(wal, images_from), barrier)
-        for name in sorted(os.listdir(store.dir)):
+            delete_partition_file(state.partition_path(pid))
+        rolled_back = rollback(state.dir, _images_after(wal, images_from), barrier)
+        for name in sorted(os.listdir(state.dir)):
             pid = parse_part_name(name)
             if pid is not None:
-                store.parts[pid] = Partition(pid, os.path.join(store.dir, name), store.mem,
-                                             store.undo)
-        store.wal = wal
-        store._prev_mark = mark
-        replayed = _replay(store, wal, mark, barrier)
+                state.parts[pid] = Partition(pid, os.path.join(state.dir, name), state.mem,
+                                             state.undo)
+        state.wal = wal
+        state.prev_mark = mark
+        replayed = _replay(state, wal, mark, barrier, checkpoint)
     except BaseException:
-        for part in store.parts.values():
+        for part in state.parts.values():
             part.close()
         wal.close()
         raise
-    store.replayed = replayed
-    store.rolled_back = rolled_back
     if replayed or rolled_back:
-        with store._ckpt_lock:
-            store._checkpoint_locked()
-    return wal
+        with state.ckpt_lock:
+            checkpoint()
+    return Recovered(wal, replayed, rolled_back)
 
 
 def _remove_deltas(directory: str) -> None:
@@ -82,14 +90,15 @@ def _remove_deltas(directory: str) -> None:
             os.unlink(os.path.join(directory, name))
 
 
-def _restore_double_write(store: PartitionStore) -> None:
-    found = dwb.read(store.dwb_path)
+def _restore_double_write(state: StoreState) -> None:
+    dwb_path = os.path.join(state.dir, dwb.NAME)
+    found = dwb.read(dwb_path)
     if found is None:
         return
     page_size, pages = found
     io = fileio.layer()
     for pid, images in dwb.by_partition(pages):
-        path = store.partition_path(pid)
+        path = state.partition_path(pid)
         if not os.path.exists(path):
             continue
         fd = io.open(path, os.O_RDWR)
@@ -99,7 +108,7 @@ def _restore_double_write(store: PartitionStore) -> None:
             io.fsync(fd)
         finally:
             io.close(fd)
-    dwb.clear(store.dwb_path)
+    dwb.clear(dwb_path)
 
 
 def _first_pass(wal: Wal) -> tuple[int, int, dict[int, int], set[int]]:
@@ -182,7 +191,8 @@ def _pwrite_all(io: fileio.FileLayer, fd: int, data: bytes | bytearray, offset: 
         view, offset = view[n:], offset + n
 
 
-def _replay(store: PartitionStore, wal: Wal, mark: int, barrier: dict[int, int]) -> int:
+def _replay(state: StoreState, wal: Wal, mark: int, barrier: dict[int, int],
+            checkpoint: Callable[[], object]) -> int:
     replayed = 0
     start = max(wal.first_lsn, mark + 1)
     if start > wal.last_lsn:
@@ -193,21 +203,21 @@ def _replay(store: PartitionStore, wal: Wal, mark: int, barrier: dict[int, int])
         u = decode_update(rec.payload)
         if rec.lsn <= barrier.get(u.partition, 0):
             continue
-        part = store._part(u.partition, create=True)
+        part = state.part(u.partition, create=True)
         if u.counter > part.counter:
             part.write(u.key, u.value, u.counter)
-            if store.undo.full:               # first-change undo images, as a writer's
-                store.undo.flush()
+            if state.undo.full:               # first-change undo images, as a writer's
+                state.undo.flush()
             replayed += 1
-            if store.mem.pressure >= store.mem.capacity * REPLAY_CHECKPOINT_FRACTION:
+            if state.mem.pressure >= state.mem.capacity * REPLAY_CHECKPOINT_FRACTION:
                 # Bounded memory during a long replay: checkpoint what is applied so far.
                 # The marker's mark is this record, not the WAL's end, and no segment
                 # is reclaimed while we still read them.
-                store._mark_override = rec.lsn
-                with store._ckpt_lock:
-                    store._checkpoint_locked()
-                store._mark_override = None
-    store.undo.flush()
+                state.mark_override = rec.lsn
+                with state.ckpt_lock:
+                    checkpoint()
+                state.mark_override = None
+    state.undo.flush()
     return replayed
 
 

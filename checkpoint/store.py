@@ -23,20 +23,25 @@ import threading
 from contextlib import contextmanager
 from typing import Callable, Iterable, Iterator
 
+from typing import TYPE_CHECKING
+
 from faults import fileio
 
 from . import checkpointer, dwb, recovery
-from .errors import (CheckpointError, OutOfDiskError, PartitionNotFoundError,
-                     SnapshotBusyError, StoreClosedError)
+from .check import check_page
+from .errors import CheckpointError, SnapshotBusyError, StoreClosedError
+from .layout import MAX_VALUE, valid_page_size
 from .memory import PageMemory
 from .page import max_key
-from .check import check_page
-from .layout import MAX_VALUE, encode_meta, part_name, valid_page_size
-from .reader import read_meta
 from .partition import Partition
+from .reader import read_meta
 from .records import RecordType, encode_drop, encode_install, encode_update
 from .snapshot import TransferSnapshot
+from .state import StoreState
 from .undo import ImageLog
+
+if TYPE_CHECKING:
+    from wal import Wal
 
 CHECKPOINT_FRACTION = 0.25
 WAIT_FRACTION = 0.75
@@ -58,24 +63,26 @@ class PartitionStore:
         self.page_size = page_size
         self.dwb_path = os.path.join(self.dir, dwb.NAME)
         self.mem = PageMemory(page_size, memory_budget)
-        self.undo = ImageLog(self)
-        self.parts: dict[int, Partition] = {}
-        self._cond = threading.Condition(threading.Lock())   # the store lock
-        self._ckpt_lock = threading.RLock()                   # one checkpoint / install / drop at a time
-        self._snapshots: dict[int, TransferSnapshot] = {}
+        snapshots: dict[int, TransferSnapshot] = {}
+        self.undo = ImageLog(self.mem, page_size, snapshots)
+        # What the checkpointer and recovery share with the store (state.py); the
+        # names below are the same objects, for the store's own code.
+        self.state = state = StoreState(self.dir, page_size, self.mem, self.undo,
+                                        snapshots=snapshots)
+        self.parts: dict[int, Partition] = state.parts
+        self._cond = state.cond                  # the store lock
+        self._ckpt_lock = state.ckpt_lock        # one checkpoint / install / drop at a time
+        self._snapshots = snapshots
         self._callbacks: list[Callable[[dict[int, int]], None]] = []
-        self._prev_mark = 0                        # mark of the last marker (reclaim bound)
-        self._mark_override: int | None = None     # recovery: the marker's mark is the last replayed lsn
-        self.replayed = 0
-        self.rolled_back = 0                       # pages restored from undo images at open
-        self._batch: bytearray | None = None       # checkpoint write buffer (checkpoint lock)
         self._checkpoint_id = 0
         self._closed = False
         self._failure: BaseException | None = None
         self._wal_sync = wal_sync
         self.max_key = max_key(page_size)
         self.last_stats: checkpointer.CheckpointStats | None = None
-        self.wal = recovery.recover(self, wal_sync, wal_segment_size)
+        opened = recovery.recover(state, wal_sync, wal_segment_size, self._checkpoint_locked)
+        self.replayed = opened.replayed
+        self.rolled_back = opened.rolled_back      # pages restored from undo images at open
         self._wake = threading.Event()
         self._interval = checkpoint_interval
         self._retime = False
@@ -258,7 +265,12 @@ class PartitionStore:
             return sorted(self.parts)
 
     def partition_path(self, partition: int) -> str:
-        return os.path.join(self.dir, part_name(partition))
+        return self.state.partition_path(partition)
+
+    @property
+    def wal(self) -> Wal:
+        """The node WAL."""
+        return self.state.wal
 
     def stats(self) -> dict[str, int]:
         with self._cond:
@@ -275,17 +287,12 @@ class PartitionStore:
 
     def _checkpoint_locked(self) -> checkpointer.CheckpointStats | None:
         self._checkpoint_id += 1
-        stats = checkpointer.run(self, self._checkpoint_id)
+        stats = checkpointer.run(self.state, self._checkpoint_id)
         if stats is not None:
             self.last_stats = stats
             for cb in list(self._callbacks):
                 cb(dict(stats.counters))
         return stats
-
-    def _batch_buffer(self) -> bytearray:
-        if self._batch is None:
-            self._batch = bytearray(max(self.page_size, self.mem.io_bytes))
-        return self._batch
 
     def on_checkpoint(self, callback: Callable[[dict[int, int]], None]) -> None:
         """Call ``callback({partition: counter})`` after every completed checkpoint."""
@@ -367,15 +374,8 @@ class PartitionStore:
             self._part(partition, create=True)
 
     def _part(self, pid: int, create: bool = False) -> Partition:
-        part = self.parts.get(pid)
-        if part is None:
-            if not create:
-                raise PartitionNotFoundError(self.dir, pid)
-            path = self.partition_path(pid)
-            fileio.atomic_write(path, bytes(encode_meta(pid, self.page_size, 1, 0)),
-                                error=OutOfDiskError)
-            part = self.parts[pid] = Partition(pid, path, self.mem, self.undo)
-        return part
+        part = self.parts.get(pid)             # the common case without a second call
+        return part if part is not None else self.state.part(pid, create)
 
     def prepare_install(self, partition: int, src_path: str) -> Partition:
         """Check a received file for install, without any store lock: its meta page

@@ -38,15 +38,25 @@ Every method runs under the store lock.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from . import page as pg
 from .layout import OFF_TYPE, PageType, seal
+from .memory import PageMemory
 from .records import RecordType, encode_images
 
 if TYPE_CHECKING:
-    from .partition import Partition
-    from .store import PartitionStore
+    from wal import Wal
+
+    from .snapshot import TransferSnapshot
+
+
+class Pages(Protocol):
+    """What the log needs of a partition (a :class:`~checkpoint.partition.Partition`)."""
+    pid: int
+    page_size: int
+
+    def page(self, index: int) -> bytearray: ...
 
 
 def free_page(index: int, page_size: int) -> bytearray:
@@ -59,19 +69,22 @@ def free_page(index: int, page_size: int) -> bytearray:
 class ImageLog:
     """First-change undo images of one store, batched per update (see module doc)."""
 
-    def __init__(self, store: PartitionStore) -> None:
-        self.store = store
+    def __init__(self, mem: PageMemory, page_size: int,
+                 snapshots: dict[int, TransferSnapshot]) -> None:
+        self.mem, self.page_size = mem, page_size
+        self.snapshots = snapshots             # the store's open transfer snapshots
+        self.wal: Wal | None = None            # the node WAL, set once recovery opened it
         self.pending: dict[int, tuple[list[tuple[int, bytearray]], list[int]]] = {}
         self.pending_bytes = 0
         # since the last cut (moved into the checkpoint's stats by take_counts)
         self.images = self.free = self.image_bytes = self.preimages = 0
 
-    def image(self, part: Partition, index: int, buf: bytearray) -> None:
+    def image(self, part: Pages, index: int, buf: bytearray) -> None:
         """Page ``index`` of ``part`` is about to change for the first time since the
         cut; ``buf`` holds its bytes at the cut (unsealed: CRCs are set when written)."""
         img = bytearray(buf)
         seal(img)
-        snap = self.store._snapshots.get(part.pid)
+        snap = self.snapshots.get(part.pid)
         if snap is not None:
             self.preimages += snap.save_preimages([(index, img)])
         images, free = self.pending.setdefault(part.pid, ([], []))
@@ -82,9 +95,9 @@ class ImageLog:
             images.append((index, img))
             self.pending_bytes += len(img) + 4
 
-    def free_page(self, part: Partition, index: int) -> None:
+    def free_page(self, part: Pages, index: int) -> None:
         """Page ``index`` (FREE in memory, untouched since the cut) is about to be reused."""
-        if part.pid in self.store._snapshots:
+        if part.pid in self.snapshots:
             self.image(part, index, part.page(index))   # the snapshot wants its exact bytes
             return
         self.pending.setdefault(part.pid, ([], []))[1].append(index)
@@ -93,7 +106,7 @@ class ImageLog:
     @property
     def full(self) -> bool:
         """Enough is pending to flush between two updates of a batch."""
-        return self.pending_bytes >= self.store.mem.io_bytes
+        return self.pending_bytes >= self.mem.io_bytes
 
     def flush(self) -> int:
         """Append what is pending as IMAGES records (not waited for); the last lsn or 0.
@@ -104,10 +117,11 @@ class ImageLog:
         before its cut, so no page is ever overwritten without its image."""
         if not self.pending:
             return 0
-        ps = self.store.page_size
+        assert self.wal is not None, "undo images before recovery opened the WAL"
+        ps = self.page_size
         payloads = [encode_images(pid, ps, images, free)
                     for pid, (images, free) in self.pending.items()]
-        lsn = self.store.wal.append_many(payloads, RecordType.IMAGES, wait=False)
+        lsn = self.wal.append_many(payloads, RecordType.IMAGES, wait=False)
         for images, free in self.pending.values():
             self.images += len(images)
             self.free += len(free)
