@@ -9,21 +9,18 @@ the verify stage (re-request). Mixed into the demander's per-fetch state (_Fetch
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from faults import crashpoint, fileio
 
 from .errors import FrameError
 from .frames import ErrorCode, FrameType, read_frame, write_frame
-from .limits import TokenBucket
+from .limits import Limits, TokenBucket
 from .messages import Chunk, End, Manifest, Preimage, Received
 from .pipeline import ChunkSink
 from .resume import Receiving
 from .splice import SpliceReceiver, available as splice_available
 from .transport import Conn, SocketConn
-
-if TYPE_CHECKING:
-    from .demander import Demander
 
 # RECEIVED is sent per 16 MiB (and for the last chunk), not per chunk: on loopback a
 # tiny send runs the peer's TCP work in our syscall and cost as much as the pwrites.
@@ -31,11 +28,21 @@ if TYPE_CHECKING:
 ACK_BYTES = 16 << 20
 
 
+class ReceiveSettings(Protocol):
+    """What the data stage reads of its demander (a :class:`~transfer.Demander`)."""
+
+    @property
+    def limits(self) -> Limits: ...
+
+    @property
+    def splice(self) -> bool: ...
+
+
 class DataStage:
     """The data-stage methods of a fetch; the state (m, rec, conn, d, expected,
     suspect, fresh, counters) belongs to demander._Fetch."""
 
-    d: Demander
+    d: ReceiveSettings
     m: Manifest | None
     rec: Receiving | None
     conn: Conn | None

@@ -145,7 +145,9 @@ def mix(v: int) -> int:
     (hi ^ lo, hi). Over GF(2) both this map M and M + I are invertible: M so the check
     keeps all 32 bits, M + I so the chain after the check's bytes (``~v ^ M(v)`` fed
     through the CRC) still depends on ``v`` -- storing ``v`` itself (M = I) would
-    reset the chain to a constant after every frame. (Inlined on the append path.)"""
+    reset the chain to a constant after every frame. The one spelling of the mix in
+    Python (wal/_accel.c has its own for the C frame path; tests/wal/test_accel.py
+    checks that the two agree)."""
     h = v >> 16
     return (((h ^ v) & 0xFFFF) << 16) | h
 
@@ -185,8 +187,7 @@ def encode_batch(payloads: Sequence[bytes], first_lsn: int, type: int,
     body = 4 + 4 * count + len(data)
     head = BATCH_HEAD.pack(body, first_lsn, type, FLAG_BATCH, count)
     v = crc32c(data, crc32c(lens, crc32c(head, chain)))
-    h = v >> 16
-    check = CHECK.pack((((h ^ v) & 0xFFFF) << 16) | h)
+    check = CHECK.pack(mix(v))
     return [head, lens, data, check], body + FRAME_OVERHEAD, crc32c(check, v)
 
 
@@ -235,7 +236,7 @@ def encode_typed_frames(payloads: Iterable[bytes], types: Sequence[int] | None,
     """:func:`encode_frames` with a type per record (the group-commit queue), or one
     ``type`` for all when ``types`` is None."""
     pack_check_head = CHECK_HEAD.pack
-    c = crc32c
+    c, mx = crc32c, mix
     lsn = first_lsn
     it = iter(payloads)
     tt = iter(types) if types is not None else None
@@ -250,16 +251,14 @@ def encode_typed_frames(payloads: Iterable[bytes], types: Sequence[int] | None,
     lsn += 1
     if tt is None:
         for p in it:
-            h = v >> 16
-            ch = pack_check_head((((h ^ v) & 0xFFFF) << 16) | h, len(p), lsn, type)
+            ch = pack_check_head(mx(v), len(p), lsn, type)
             v = c(p, c(ch, v))
             out += ch
             out += p
             lsn += 1
     else:
         for p, t in zip(it, tt):
-            h = v >> 16
-            ch = pack_check_head((((h ^ v) & 0xFFFF) << 16) | h, len(p), lsn, t)
+            ch = pack_check_head(mx(v), len(p), lsn, t)
             v = c(p, c(ch, v))
             out += ch
             out += p

@@ -60,7 +60,7 @@ from typing import Protocol
 
 from .errors import OutOfDiskError, WalError
 from .segments import OpenSegment
-from .tickets import Ticket, _allocate_lock, finish, wait  # noqa: F401  (wait: re-exported)
+from .tickets import Ticket, finish, new_gate, wait  # noqa: F401  (wait: re-exported)
 
 # Sync threads per log. More than one lets fsyncs of one file overlap (Linux runs
 # them concurrently: 2 and 4 threads fdatasync'ing one file reached 1.7x and 3x the
@@ -133,7 +133,7 @@ class GroupCommitter:
         written. ``abandoned``: nobody will wait for the ticket (an fsync asked for
         in the background); the baton passes over it. Needs no lock:
         ``deque.append`` is atomic."""
-        gate = _allocate_lock()
+        gate = new_gate()
         gate.acquire()
         ticket = [payload, type, gate, 0, None, abandoned]
         q = self._q

@@ -37,7 +37,7 @@ from crc32c import crc32c
 from . import groupcommit
 from .decoder import RawRecord
 from .format import (CHECK, CHECK_HEAD, FRAME_HEADER_SIZE, HEAD, HEADER_SIZE, MAX_PAYLOAD,
-                     MAX_TYPE, check_type)
+                     MAX_TYPE, check_type, mix)
 from .groupcommit import Ticket
 from .reader import Follower, WriterSource
 from .segments import OpenSegment
@@ -164,8 +164,7 @@ class Wal(SegmentWriter):
                         v = crc32c(pre + payload, self._v)
                     except TypeError:              # another buffer type
                         v = crc32c(b"".join((pre, payload)), self._v)
-                    h = v >> 16
-                    m = (((h ^ v) & 0xFFFF) << 16) | h
+                    m = mix(v)
                     frame = b"".join((head, payload, _pack_check(m)))
                     try:
                         written = self._os_write(seg.fd, frame)
@@ -177,8 +176,7 @@ class Wal(SegmentWriter):
                         self._write(seg, frame, written)
                 else:
                     v = crc32c(payload, crc32c(pre, self._v))
-                    h = v >> 16
-                    m = (((h ^ v) & 0xFFFF) << 16) | h
+                    m = mix(v)
                     # A big payload goes out by writev, not copied into one frame first
                     # (4 KiB: -0.4 us of ~7 us); 100 B measured faster joined.
                     self._write_parts(seg, (head, payload, _pack_check(m)), flen)

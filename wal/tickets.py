@@ -14,7 +14,8 @@ import threading
 # waiter of the same fsync: the baton goes there. A list, not an object: the cheapest
 # mutable thing to build per append.
 Ticket = list
-_allocate_lock = threading.Lock
+# A ticket's gate: a plain lock, held until the ticket is finished.
+new_gate = threading.Lock
 
 
 def wait(ticket: Ticket) -> int:

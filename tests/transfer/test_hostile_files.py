@@ -20,7 +20,7 @@ from transfer import Demander, DirectoryStorage, Limits, RemoteError, SupplierSe
 from transfer.errors import UnsafePath
 from transfer.frames import ErrorCode
 
-from transfer_helpers import SECRET, peer_of, read, write_part
+from transfer_helpers import SECRET, peer_of, read, wait_until, write_part
 
 MB = 1 << 20
 OUTSIDE = b"secret data outside the data dir" * 100
@@ -91,8 +91,13 @@ def test_supplier_serves_only_regular_files_beneath_its_dir(src, dst, tmp_path, 
         assert ei.value.code == ErrorCode.NOT_HELD, ei.value
         assert word in str(ei.value), ei.value
         assert not os.path.exists(os.path.join(dst, cache if cache != "default" else "", "part-0.bin"))
-        logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("supplier: transfer failed")]
-        assert any(word in m for m in logged), logged
+
+        def logged() -> list[str]:
+            return [r.getMessage() for r in caplog.records
+                    if r.getMessage().startswith("supplier: transfer failed")]
+        # the supplier sends its ERROR frame before it logs the failure: wait for the line
+        with caplog.at_level(logging.WARNING, logger="ferry.transfer"):
+            assert wait_until(lambda: any(word in m for m in logged()), 10), logged()
         _within(30, lambda: d.fetch(1))                  # the server and its slot are free
         assert read(os.path.join(dst, "part-1.bin")) == good
     finally:

@@ -361,3 +361,24 @@ def test_wide_item_buffers_are_refused_not_mis_framed(tmp_path, monkeypatch, on:
     w.append(wide.cast("B"))
     w.close()
     assert [r.payload for r in Wal.reader(tmp_path).read_from()] == [wide.tobytes()]
+
+
+@needs_accel
+@settings(max_examples=300, deadline=None)
+@given(payload=st.binary(max_size=64), chain=st.integers(0, 0xFFFFFFFF),
+       prev_check=st.one_of(st.just(-1), st.integers(0, 0xFFFFFFFF)))
+def test_the_c_frame_path_mixes_like_format_mix(payload: bytes, chain: int,
+                                                prev_check: int) -> None:
+    """wal/_accel.c keeps its own copy of the check's mix; the Python one lives only in
+    wal/format.py (mix). A frame's check from C is format.mix of its chain value, and
+    that chain value is the CRC the Python path computes."""
+    from wal.format import CHECK_HEAD, HEAD, mix, unmix
+    fd = os.open(os.devnull, os.O_WRONLY)
+    try:
+        v, m, written = _accel.frame_write(fd, payload, 3, 7, chain, prev_check)
+    finally:
+        os.close(fd)
+    head = HEAD.pack(len(payload), 7, 3) if prev_check < 0 else \
+        CHECK_HEAD.pack(prev_check, len(payload), 7, 3)
+    assert v == crc32c(head + payload, chain)
+    assert m == mix(v) and unmix(m) == v
