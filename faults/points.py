@@ -3,6 +3,11 @@
 A crash point is one line at its site: ``crashpoint("demander.mid_replay")``. Names are
 ``<component>.<stage>``. This module is the only list; a test fails when a name is
 listed but never reached by any scenario, or reached in code but missing here.
+
+The ``demander.*`` points of a move are marked once, in the move engine
+(``node/move/engine.py``, ``node/move/messages.py``; ``mid_receive`` and
+``before_install`` in ``transfer/``), which the node, ``ferry demo --two-process`` and
+the harness's ``file-move`` mover all host: a crash cell exercises the node's code.
 """
 from __future__ import annotations
 

@@ -11,8 +11,7 @@ import pytest
 
 from node.config import CacheConfig, load
 from node.errors import NodeError, Unavailable
-from node.filemove import APPLY_CHUNK, apply_chunked
-from node.rebalance import supply_batch
+from node.move import APPLY_CHUNK, apply_chunked, supply_batch
 
 from nodeharness import NodeProc, offline_check, wait_settled
 from test_cluster import Writer, check_model, writes_during

@@ -14,15 +14,15 @@ import pytest
 from checkpoint import PartitionStore
 from indexes import IndexDefinition, IndexStore, PartitionFileSource, RebuildCancelled, ScanPool
 from node.errors import Unavailable
-from node.filemove import FileMoves
+from node.move.rebuild import rebuild_installed
 
 
 def _node(pool=None) -> SimpleNamespace:
     return SimpleNamespace(scan_pool=pool, stopping=threading.Event())
 
 
-def _move(cache: str, p: int) -> SimpleNamespace:
-    return SimpleNamespace(cache=cache, p=p, cancelled=False)
+def _rebuild(node: SimpleNamespace, cache: str, p: int, data: SimpleNamespace) -> None:
+    rebuild_installed(cache, p, data, None, pool=node.scan_pool, cancel=node.stopping.is_set)
 
 
 def _store_with_entries(tmp_path) -> PartitionStore:
@@ -45,8 +45,7 @@ def test_rebuild_from_the_installed_file_equals_a_rebuild_from_the_store(tmp_pat
     via_file = IndexStore.open(str(tmp_path / "ix-file"), defs)
     via_store = IndexStore.open(str(tmp_path / "ix-store"), defs)
     try:
-        FileMoves._rebuild_installed(_node(pool), _move("default", 3),
-                                     SimpleNamespace(store=store, indexes=via_file), None)
+        _rebuild(_node(pool), "default", 3, SimpleNamespace(store=store, indexes=via_file))
         assert pool is None or pool.started == 1           # the scan ran in the pool
         via_store.rebuild(3, store)
         for city in ("Oslo", "Lima", "Pune"):
@@ -74,8 +73,7 @@ def test_an_unreadable_installed_file_falls_back_to_the_store(tmp_path, caplog) 
 
     store = SimpleNamespace(partition_path=lambda p: str(tmp_path / f"part-{p}.bin"))
     with caplog.at_level(logging.WARNING, logger="ferry.node.filemove"):
-        FileMoves._rebuild_installed(_node(), _move("c", 5),
-                                     SimpleNamespace(store=store, indexes=Indexes()), None)
+        _rebuild(_node(), "c", 5, SimpleNamespace(store=store, indexes=Indexes()))
     assert isinstance(sources[0], PartitionFileSource) and sources[1] is store
     assert "rebuilding from the store" in caplog.text
 
@@ -93,6 +91,5 @@ def test_a_stopping_node_ends_the_rebuild_without_falling_back(tmp_path) -> None
     node.stopping.set()
     store = SimpleNamespace(partition_path=lambda p: str(tmp_path / f"part-{p}.bin"))
     with pytest.raises(Unavailable, match="index rebuild of c/5 stopped"):
-        FileMoves._rebuild_installed(node, _move("c", 5), SimpleNamespace(store=store, indexes=Indexes()),
-                                     None)
+        _rebuild(node, "c", 5, SimpleNamespace(store=store, indexes=Indexes()))
     assert len(sources) == 1                             # no rebuild from the store after it

@@ -1,22 +1,19 @@
-"""One move of one partition to this node, as the demander sees it: :class:`Move`
-(stage, bytes, rates, the temp-WAL catch-up figures; what ``cluster status`` and
-``moves_done`` show) and :class:`MemorySink`, the messages mode's buffer of updates
-replicated to a MOVING copy (the files mode puts a temp WAL there instead).
+"""One move of one partition, as the demander sees it: :class:`Move` (stage, bytes,
+rates, the temp-WAL catch-up figures; what ``cluster status``, ``moves_done``, the demo's
+progress and the harness mover show) and :class:`MemorySink`, the messages mode's
+buffer of updates replicated to a MOVING copy (the files mode puts a temp WAL there).
 """
 from __future__ import annotations
 
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
+from .stages import Stage
 from .tempwal import TempWalSink
 
 log = logging.getLogger("ferry.node.rebalance")
-
-# the stages of a move, in order: files mode, then the messages mode's own
-FILE_STAGES = ("prepare", "demand", "transfer", "install", "index rebuild", "replay", "checkpoint wait")
-STAGES = FILE_STAGES + ("fetch", "catchup")
 
 
 class MemorySink:
@@ -42,11 +39,11 @@ class Move:
     p: int
     mode: str = "messages"
     source: str | None = None
-    stage: str = "prepare"
+    stage: Stage = Stage.PREPARE
     bytes: int = 0
     bytes_total: int = 0
     started: float = field(default_factory=time.monotonic)
-    sink: Any = None
+    sink: TempWalSink | MemorySink | None = None
     cancelled: bool = False
     # files mode
     direct: bool = False              # switched to the normal write path (replay done)
@@ -62,33 +59,34 @@ class Move:
     ingest_rate: float = 0.0         # records/s into the temp WAL before the replay began
     ingest_replay: float = 0.0       # records/s into the temp WAL during the replay
     snapshot_counter: int = 0
-    index_progress: tuple[int, Any, Any] | None = None
+    index_progress: tuple[int, int | None, float | None] | None = None   # done, total, eta
     buffered: int = 0                 # temp-WAL records of the finished attempt
     stage_started: float = field(default_factory=time.monotonic)
     stage_seconds: dict[str, float] = field(default_factory=dict)
     transfer_stages: dict[str, float] = field(default_factory=dict)   # the transfer's own (files mode)
-    on_stage: Any = None              # callback(stage, seconds) for metrics
+    on_stage: Callable[[str, float], None] | None = None   # (stage, seconds): metrics
 
-    def begin(self, stage: str) -> None:
+    def begin(self, stage: Stage | str) -> None:
+        stage = Stage(stage)              # a name ("replay") is accepted too
         now = time.monotonic()
         spent = now - self.stage_started
-        self.stage_seconds[self.stage] = round(self.stage_seconds.get(self.stage, 0.0) + spent, 3)
+        self.stage_seconds[self.stage.value] = round(self.stage_seconds.get(self.stage.value, 0.0) + spent, 3)
         if self.on_stage is not None:
-            self.on_stage(self.stage, spent)
+            self.on_stage(self.stage.value, spent)
         self.stage, self.stage_started = stage, now
         log.info("stage=%s cache=%s partition=%d move (%s) enters %s", stage, self.cache, self.p,
                  self.mode, stage)
 
     def eta(self) -> float | None:
         elapsed = max(time.monotonic() - self.stage_started, 1e-6)
-        if self.stage in ("transfer", "install") and self.bytes_total:
+        if self.stage in (Stage.TRANSFER, Stage.INSTALL) and self.bytes_total:
             rate = self.bytes / max(time.monotonic() - self.started, 1e-6)
             return round(max(self.bytes_total - self.bytes, 0) / rate, 1) if rate > 0 else None
-        if self.stage == "index rebuild" and self.index_progress and self.index_progress[2] is not None:
+        if self.stage == Stage.INDEX_REBUILD and self.index_progress and self.index_progress[2] is not None:
             return round(float(self.index_progress[2]), 1)
-        if self.stage == "replay" and self.sink is not None and self.replay_rate > 0:
+        if self.stage == Stage.REPLAY and self.sink is not None and self.replay_rate > 0:
             return round(self.sink.backlog() / self.replay_rate, 1)
-        if self.stage == "index rebuild" and self.index_progress and self.index_progress[1]:
+        if self.stage == Stage.INDEX_REBUILD and self.index_progress and self.index_progress[1]:
             done, total = self.index_progress[0], self.index_progress[1]
             return round((total - done) * elapsed / done, 1) if done else None
         return None
@@ -132,7 +130,7 @@ class Move:
         rate = self.bytes / elapsed
         left = max(self.bytes_total - self.bytes, 0)
         out = {"cache": self.cache, "partition": self.p, "from": self.source, "to": me,
-               "mode": self.mode, "stage": self.stage, "bytes": self.bytes,
+               "mode": self.mode, "stage": self.stage.value, "bytes": self.bytes,
                "bytes_total": self.bytes_total, "rate_bps": round(rate, 1),
                "backlog": self.sink.backlog() if self.sink else 0,
                "eta_s": round(left / rate, 1) if rate > 0 and self.bytes_total else None}

@@ -1,0 +1,389 @@
+"""The move of ONE partition to this process (the demander), written once: the node,
+the two-process demo and the harness's mover host this engine through the ports of
+:mod:`node.move.ports`. Stages (:class:`~node.move.stages.Stage`):
+
+``prepare``         p -> MOVING (durable); a fresh temp WAL (:mod:`node.move.tempwal`)
+                    becomes ``Move.sink``: from now on every update the primary
+                    replicates here is appended to it durably before it may acknowledge.
+``demand``          ``ReplicaFeed.register`` with the primary: under its partition lock
+                    it adds this copy to the ones it replicates to (buffer before
+                    snapshot: every update after this point reaches the temp WAL).
+``transfer``        ``transfer.Demander.fetch`` from one supplier (the locator's order;
+                    the next one, or the same one restarted, when it fails); the
+                    supplier snapshots at counter C, copy-on-write.
+``install``         verified file renamed into place (inside ``fetch``).
+``index rebuild``   p's indexes rebuilt from the installed file while updates still go
+                    only to the temp WAL (:mod:`node.move.rebuild`).
+``replay``          temp-WAL updates with counter > C applied in order (idempotent by
+                    counter; a gap restarts the move) while new ones keep arriving; the
+                    reader never blocks appends. At the tail, under the partition lock,
+                    the last records are applied and the copy switches to the direct
+                    path (``Move.direct``: replicated updates are applied, prev-checked).
+``checkpoint wait`` a checkpoint covering everything applied; then ``register`` again
+                    confirms the primary's counter is not ahead of this copy.
+``owning``          OWNING under the partition lock; then the temp WAL is deleted.
+
+A crash point marks each stage edge (names in :mod:`faults.points`). A failure
+restarts the move from ``prepare`` (the transfer resumes from the chunks it holds
+durably); :meth:`MoveEngine.run` is that loop, with the fall-back to the messages mode
+(:mod:`node.move.messages`) when the files cannot be installed here.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Callable
+
+from faults import crashpoint
+from indexes import Progress as IndexProgress
+from indexes import ScanPool
+from transfer import Demander, FetchResult, Limits, PartitionStoreStorage, Progress, TransferError
+
+from ..errors import NodeError, Unavailable
+from ..states import State
+from .apply import apply_chunked
+from .errors import FilesImpossible, MoveRestart
+from .messages import messages_once
+from .ports import (EntrySupply, MoveMetrics, NoMetrics, PartitionData, PartitionLock, ReplicaFeed,
+                    StateStore, SupplierLocator)
+from .progress import MemorySink, Move
+from .rebuild import rebuild_installed
+from .stages import Stage
+from .tempwal import TempWalSink, Update
+
+log = logging.getLogger("ferry.node.filemove")
+# temp-WAL replay: records / payload bytes read and applied with ONE apply_many (one
+# index commit, no node-WAL record); the bytes bound what the replay holds in memory
+REPLAY_RECORDS = 16384
+REPLAY_BYTES = 32 << 20
+TAIL = 64                  # records left when the switch to the direct path happens
+FETCH_GIVE_UP_S = 60.0     # every supplier failing this long restarts the whole move
+CHECKPOINT_TIMEOUT_S = 120.0
+BACKPRESSURE_MAX_S = 0.5  # below the primary's replicate timeout (5 s) by far
+
+
+@dataclass
+class MoveContext:
+    """Everything the engine uses of its host: the ports and a few settings."""
+
+    me: str                                  # this copy's name (logs, summaries)
+    data_dir: str                            # temp WALs live in DATA/tmpwal/<cache>/part-<p>
+    secret: bytes                            # the cluster secret (transfer handshake)
+    data: Mapping[str, PartitionData]        # cache -> its partitions
+    states: StateStore
+    plock: PartitionLock
+    feed: ReplicaFeed
+    locator: SupplierLocator
+    stopping: threading.Event
+    metrics: MoveMetrics = field(default_factory=NoMetrics)
+    entries: EntrySupply | None = None       # the messages mode (the node only)
+    tmpwal_sync: str = "group"
+    recv_limits: Limits | None = None        # shared with the host (changed live)
+    transfer_timeout: float = 30.0
+    chunk_size: int | None = None            # transfer.Demander's default unless set
+    margin: int | None = None
+    scan_pool: ScanPool | None = None
+    replay_rate_limit: Callable[[], int] = lambda: 0   # records/s, 0 = unlimited (live)
+    retry_s: float = 0.5                     # pause between two attempts of a move
+
+
+class MoveEngine:
+    def __init__(self, ctx: MoveContext) -> None:
+        self.ctx = ctx
+        self.supplier_load: dict[str, int] = {}     # fetches of this process per supplier
+
+    # -- the loop of attempts -------------------------------------------------------
+    def run(self, mv: Move) -> bool:
+        """Attempts until OWNING (True), p LOST, cancelled or stopping (False). The
+        caller then calls :meth:`finish`."""
+        ctx, data = self.ctx, self.ctx.data[mv.cache]
+        while not mv.cancelled and not ctx.stopping.is_set():
+            try:
+                if self.attempt(mv, data):
+                    return ctx.states.get(mv.cache, mv.p) == State.OWNING
+            except FilesImpossible as e:
+                log.warning("stage=%s cache=%s partition=%d %s; falling back to the messages "
+                            "mode for this move", mv.stage, mv.cache, mv.p, e)
+                with ctx.plock(mv.cache, mv.p):
+                    sink, mv.sink = mv.sink, None
+                    mv.mode = "messages"
+                if isinstance(sink, TempWalSink):
+                    sink.destroy()
+                continue
+            except NodeError as e:
+                log.warning("stage=%s cache=%s partition=%d move attempt failed: %s; retrying",
+                            mv.stage, mv.cache, mv.p, e)
+            ctx.stopping.wait(ctx.retry_s)
+        return False
+
+    def attempt(self, mv: Move, data: PartitionData) -> bool:
+        if mv.mode == "files":
+            return self.files_once(mv, data)
+        if self.ctx.entries is None:
+            raise FilesImpossible(f"{mv.cache}/{mv.p}: this host has no messages mode")
+        return messages_once(self.ctx, mv, data, self.ctx.entries)
+
+    def finish(self, mv: Move) -> None:
+        """After :meth:`run`: a cancelled move's temp WAL is deleted (nothing needs it);
+        a move cut by a stop keeps it closed on disk (the restart starts over)."""
+        with self.ctx.plock(mv.cache, mv.p):
+            sink, mv.sink = mv.sink, None
+        if isinstance(sink, TempWalSink):
+            if self.ctx.stopping.is_set():
+                sink.close()
+            else:
+                sink.destroy()
+
+    # -- one attempt, files mode ----------------------------------------------------
+    def prepare(self, mv: Move, state: State | None = State.MOVING) -> TempWalSink:
+        """A fresh temp WAL as ``mv.sink`` (p -> ``state`` first, unless None)."""
+        ctx, cache, p = self.ctx, mv.cache, mv.p
+        with ctx.plock(cache, p):
+            if state is not None and ctx.states.get(cache, p) != state:
+                ctx.states.set(cache, p, state, reason="move (files)")
+            if mv.sink is not None:
+                mv.sink.close()
+                mv.sink = None
+            mv.direct, mv.gap, mv.replayed = False, None, 0
+            mv.replay_rate = mv.ingest_rate = mv.ingest_replay = 0.0
+            sink = mv.sink = TempWalSink.fresh(ctx.data_dir, cache, p, sync=ctx.tmpwal_sync)
+            mv.buffer_started = time.monotonic()
+        return sink
+
+    def files_once(self, mv: Move, data: PartitionData) -> bool:
+        ctx, cache, p = self.ctx, mv.cache, mv.p
+        mv.begin(Stage.PREPARE)
+        self.prepare(mv)
+        prim = ctx.locator.primary(cache, p)
+        if prim is None:
+            return True                       # LOST, reported
+        mv.begin(Stage.DEMAND)
+        ctx.feed.register(prim[1], cache, p)
+        crashpoint("demander.after_demand")
+        res = self.fetch(mv, data)
+        mv.snapshot_counter = res.counter
+        crashpoint("demander.after_install")
+        mv.begin(Stage.INDEX_REBUILD)
+
+        def progress(pr: IndexProgress) -> None:
+            mv.index_progress = (pr.done, pr.total, pr.eta)
+        rebuild_installed(cache, p, data, progress, pool=ctx.scan_pool,
+                          cancel=lambda: mv.cancelled or ctx.stopping.is_set())
+        mv.begin(Stage.REPLAY)
+        self.replay(mv, data)
+        mv.begin(Stage.CHECKPOINT_WAIT)
+        upto = data.counter(p)
+        if not data.store.wait_checkpoint_covering(p, upto, timeout=CHECKPOINT_TIMEOUT_S):
+            raise Unavailable(f"no checkpoint covered {cache}/{p} at {upto} in {CHECKPOINT_TIMEOUT_S}s")
+        # Confirm: once register returns, every update the primary made is replicated here.
+        theirs = ctx.feed.register((ctx.locator.primary(cache, p) or prim)[1], cache, p)
+        crashpoint("demander.before_owning")
+        with ctx.plock(cache, p):
+            if mv.gap:
+                raise MoveRestart(mv.gap)
+            mine = data.counter(p)
+            if mine < theirs:
+                raise MoveRestart(f"{cache}/{p} at counter {mine} but the primary is at {theirs}")
+            ctx.states.set(cache, p, State.OWNING, reason="files move complete")
+            sink, mv.sink = mv.sink, None
+            assert isinstance(sink, TempWalSink)
+            mv.buffered = sink.appended
+        crashpoint("demander.after_owning")
+        sink.destroy()
+        mv.begin(Stage.OWNING)
+        log.info("stage=owning cache=%s partition=%d from %s: %d bytes (%d on the wire), "
+                 "%d updates replayed, counter %d, replay %.0f/s vs ingest %.0f/s before it, "
+                 "stages %s", cache, p, mv.source, mv.bytes, mv.wire, mv.replayed, mine,
+                 mv.replay_rate, mv.ingest_rate, mv.stage_seconds)
+        m = ctx.metrics
+        m.inc("ferry_node_moves_done_total", cache=cache)
+        m.inc("ferry_node_move_bytes_total", mv.wire, cache=cache)
+        m.inc("ferry_node_replayed_updates_total", mv.replayed, cache=cache)
+        m.inc("ferry_node_buffered_updates_total", mv.buffered, cache=cache)
+        if mv.replayed:
+            m.observe("ferry_node_replay_rate", mv.replay_rate)
+        if mv.ingest_rate > 0:
+            m.observe("ferry_node_tempwal_ingest_rate", mv.ingest_rate)
+        return True
+
+    def resubscribe(self, mv: Move, data: PartitionData) -> bool:
+        """A copy that is OWNING here and may still be current (a host's restart):
+        register again with a fresh temp WAL; when p's counter equals the primary's,
+        replay what arrived meanwhile and take the direct path (True). Else (False)
+        the copy is stale and needs a move."""
+        self.prepare(mv, state=None)
+        prim = self.ctx.locator.primary(mv.cache, mv.p)
+        if prim is None or data.counter(mv.p) != self.ctx.feed.register(prim[1], mv.cache, mv.p):
+            return False
+        self.replay(mv, data)
+        with self.ctx.plock(mv.cache, mv.p):
+            sink, mv.sink = mv.sink, None
+        if isinstance(sink, TempWalSink):
+            sink.destroy()
+        return True
+
+    # -- transfer + install -----------------------------------------------------------
+    def fetch(self, mv: Move, data: PartitionData) -> FetchResult:
+        ctx, cache, p = self.ctx, mv.cache, mv.p
+        mv.begin(Stage.TRANSFER)
+        give_up = time.monotonic() + FETCH_GIVE_UP_S
+        storage = PartitionStoreStorage({cache: data.store})
+        ctx.locator.check_files(cache, p)
+        pool = ctx.scan_pool
+        opts: dict[str, int] = {k: v for k, v in (("chunk_size", ctx.chunk_size), ("margin", ctx.margin))
+                                if v is not None}
+
+        def progress(pr: Progress) -> None:
+            if pool is not None and pr.total and pool.wants(pr.total):
+                pool.warm()     # once per process: the workers' start runs during the transfer
+            if pr.stage in ("verify", "install", "applied") and mv.stage != Stage.INSTALL:
+                mv.begin(Stage.INSTALL)
+            mv.bytes, mv.bytes_total, mv.wire = pr.done, pr.total, mv.wire_before + pr.wire
+        while True:
+            for node, addr in ctx.locator.suppliers(cache, p):
+                if mv.cancelled or ctx.stopping.is_set():
+                    raise Unavailable("move cancelled")
+                if mv.gap:
+                    raise MoveRestart(mv.gap)
+                mv.source, mv.wire_before = node, mv.wire
+                self.supplier_load[node] = self.supplier_load.get(node, 0) + 1
+                try:
+                    res = Demander(storage, addr, ctx.secret, limits=ctx.recv_limits,
+                                   timeout=ctx.transfer_timeout, **opts).fetch(
+                        p, cache=cache, progress=progress)
+                    mv.bytes = mv.bytes_total = res.bytes
+                    mv.wire = mv.wire_before + res.bytes_wire
+                    mv.transfer_stages = {k: round(v, 3) for k, v in res.stages.items()}
+                    log.info("stage=install cache=%s partition=%d from %s: C=%d wire=%d reused=%d "
+                             "preimages=%d", cache, p, node, res.counter, res.bytes_wire,
+                             res.bytes_reused, res.preimages)
+                    return res
+                except (TransferError, OSError) as e:
+                    log.warning("stage=transfer cache=%s partition=%d from %s (%s) failed: %s; "
+                                "trying another owner", cache, p, node, addr, e)
+                    mv.begin(Stage.TRANSFER)
+                finally:
+                    self.supplier_load[node] -= 1
+            if time.monotonic() > give_up:
+                raise Unavailable(f"no owner could supply {cache}/{p} for {FETCH_GIVE_UP_S:.0f}s")
+            ctx.stopping.wait(0.5)
+
+    # -- replay -----------------------------------------------------------------------
+    def replay(self, mv: Move, data: PartitionData) -> None:
+        """Apply the temp WAL in order while appends go on; switch at the tail.
+
+        One open reader for the whole replay (:class:`TempWalCursor`), and batches of up
+        to REPLAY_BYTES applied with ONE ``apply_many`` each: one index commit per batch,
+        and no node-WAL record at all (``logged=False``: logging every value a second
+        time bought nothing). Logging protects nothing here: the temp WAL holds these
+        updates durably until OWNING; until then this copy counts for no
+        acknowledgement (the primary acks on its OWNING copies; this one answers
+        ``buffered``), a crash restarts the move from ``prepare`` with a fresh temp WAL
+        and a fresh install (whose WAL INSTALL record voids every earlier record of p),
+        and OWNING waits for a checkpoint that covers everything applied (pages
+        fsynced, marker durable)."""
+        ctx, cache, p, sink = self.ctx, mv.cache, mv.p, mv.sink
+        assert isinstance(sink, TempWalSink)
+        cursor = sink.cursor(sink.wal.first_lsn)
+        t0 = mv.replay_started = time.monotonic()
+        cpu0 = time.thread_time()
+        at_start = sink.appended
+        mv.ingest_rate = at_start / max(t0 - mv.buffer_started, 1e-6)
+
+        def rates() -> None:
+            span = max(time.monotonic() - t0, 1e-6)
+            mv.replay_cpu = time.thread_time() - cpu0
+            mv.replay_from_disk = cursor.from_disk
+            mv.replay_rate = mv.replayed / span
+            mv.ingest_replay = (sink.appended - at_start) / span
+        try:
+            while True:
+                if mv.cancelled or ctx.stopping.is_set():
+                    raise Unavailable("move cancelled")
+                if mv.gap:
+                    raise MoveRestart(mv.gap)
+                limit = ctx.replay_rate_limit()
+                if sink.last_lsn - cursor.next + 1 < TAIL:
+                    break
+                # with a replay rate limit (records/s): batches of a tenth of a second
+                batch = cursor.read(max(TAIL, limit // 10) if limit else REPLAY_RECORDS,
+                                    REPLAY_BYTES)
+                self._apply_records(mv, data, sink, batch)
+                if limit:
+                    ahead = mv.replayed / limit - (time.monotonic() - t0)
+                    if ahead > 0:
+                        ctx.stopping.wait(ahead)
+                rates()
+                crashpoint("demander.mid_replay")
+            with ctx.plock(cache, p):       # brief: the last few records, then the switch
+                tail = cursor.read(None)    # appends hold this lock: this is all of them
+                self._apply_records(mv, data, sink, tail)
+                crashpoint("demander.mid_replay")
+                mv.direct = True
+                rates()
+        finally:
+            cursor.close()
+
+    def _apply_records(self, mv: Move, data: PartitionData, sink: TempWalSink,
+                       records: list[tuple[int, Update]]) -> None:
+        """Apply a batch of temp-WAL records of the replay (index changes in one
+        commit, no node-WAL records: see :meth:`replay`)."""
+        p = mv.p
+        cur = data.counter(p)
+        todo = []
+        for _lsn, u in records:
+            if u.counter > cur:
+                if u.counter != cur + 1:
+                    raise MoveRestart(f"{mv.cache}/{p}: buffered updates jump from {cur} to "
+                                      f"{u.counter} (an update was missed); restarting the move")
+                todo.append((u.key, u.value, u.counter))
+                cur = u.counter
+        mv.replayed += apply_chunked(data, p, todo, REPLAY_RECORDS, REPLAY_BYTES, logged=False)
+        if records:
+            sink.replayed = records[-1][0]
+
+    # -- the replica stream's side (partition lock held) --------------------------------
+    def buffer_update(self, mv: Move, key: bytes, value: bytes | None, counter: int,
+                      prev: int | None, durable: bool = True) -> str:
+        """An update the primary replicated to this MOVING copy (partition lock held):
+        "buffered" in the temp WAL, or "applied" on the direct path after the replay's
+        switch ("absent": it does not follow ``prev``, the move restarts; a host whose
+        stream carries no ``prev`` passes None and relies on the counters). With
+        ``durable=False`` (a replicated batch) the caller syncs ``mv.sink`` before it
+        answers."""
+        if mv.direct:
+            data = self.ctx.data[mv.cache]
+            if prev is not None and data.counter(mv.p) != prev:
+                mv.gap = (f"{mv.cache}/{mv.p}: replicated update {counter} follows {prev} but the "
+                          f"copy is at {data.counter(mv.p)}; restarting the move")
+                return "absent"
+            data.apply(mv.p, key, value, counter)
+            return "applied"
+        sink = mv.sink
+        if isinstance(sink, MemorySink):
+            sink.append(counter, key, value)
+        elif sink is not None:
+            sink.append(counter, key, value, durable=durable)
+        return "buffered"
+
+    def backpressure(self, mv: Move, records: int = 1) -> None:
+        """Called after the partition lock is released. While the replay runs, each
+        acknowledgement of the partition waits 3 / (replay rate) per record it carried
+        (a replicated batch: ``records``): the primary replicates under its partition
+        lock, so the partition then takes at most a third of the replay rate and the
+        backlog shrinks by at least two thirds of it - a sustained write load cannot
+        keep the move from finishing."""
+        sink = mv.sink
+        if sink is None or mv.stage != Stage.REPLAY or mv.direct:
+            return
+        # On for the whole replay, not above a threshold: with a threshold the backlog
+        # settles just above it and the tail (< TAIL records) is never reached.
+        if sink.backlog() > 0:
+            # a batch may wait longer: its replicate timeout is 4x the single one's
+            cap = BACKPRESSURE_MAX_S * (4 if records > 1 else 1)
+            delay = min(cap, 3.0 * records / mv.replay_rate if mv.replay_rate > 0 else 0.01)
+            self.ctx.metrics.inc("ferry_node_backpressure_seconds_total", delay, cache=mv.cache)
+            time.sleep(delay)
