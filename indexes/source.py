@@ -6,9 +6,9 @@ from __future__ import annotations
 import os
 from typing import Iterable, Iterator, Mapping, Protocol
 
-from .errors import IndexStoreError
+from checkpoint.layout import parse_part_name, part_name
 
-PARTITION_FILE = "part-{p}.bin"
+from .errors import IndexStoreError
 
 
 class Source(Protocol):
@@ -29,18 +29,15 @@ class PartitionFileSource:
 
     def file_for(self, partition: int) -> str:
         if os.path.isdir(self.path):
-            return os.path.join(self.path, PARTITION_FILE.format(p=partition))
+            return os.path.join(self.path, part_name(partition))
         return self.path
 
     def partitions(self) -> list[int]:
         """The partitions a directory holds files for (sorted)."""
         if not os.path.isdir(self.path):
             raise IndexStoreError(f"{self.path} is a file, not a directory of partitions")
-        out = []
-        for name in os.listdir(self.path):
-            if name.startswith("part-") and name.endswith(".bin") and name[5:-4].isdigit():
-                out.append(int(name[5:-4]))
-        return sorted(out)
+        found = (parse_part_name(name) for name in os.listdir(self.path))
+        return sorted(p for p in found if p is not None)
 
     def scan(self, partition: int) -> Iterator[tuple[bytes, bytes]]:
         from checkpoint.pagefile import iter_entries  # lower layer; loaded on first use

@@ -80,7 +80,8 @@ class TransferStorage(Protocol):
 
 
 def part_name(partition: int) -> str:
-    return f"part-{check_partition(partition)}.bin"
+    from checkpoint.layout import part_name as name   # the one spelling; transfer needs no more of checkpoint
+    return name(check_partition(partition))
 
 
 class DirectoryStorage:

@@ -11,15 +11,15 @@ the files are decoded inside Spark's executors by :mod:`validation.source`.
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import asdict, dataclass
+
+from checkpoint.layout import parse_part_name
 
 from .errors import LayoutError
 
 CACHES_DIR = "caches"
 NODE_ID_FILE = "node.id"
 DEFAULT_CACHE = "default"
-_PART_RE = re.compile(r"^part-(\d+)\.bin$")
 
 
 @dataclass(frozen=True)
@@ -37,8 +37,7 @@ class PartitionFile:
 
 def part_number(name: str) -> int | None:
     """``part-12.bin`` -> 12; anything else (temp files, deltas) -> None."""
-    m = _PART_RE.match(name)
-    return int(m.group(1)) if m else None
+    return parse_part_name(name)
 
 
 def node_id(data_dir: str) -> str:
