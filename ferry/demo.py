@@ -34,64 +34,80 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
 
 import click
 
+from node.move import FILE_STAGES, Move, Stage
+
 from .demo_ui import DemoUI, MovesView, MoveRow, move_row, print_summary
 
-MOVE_STAGES = ("buffering", "transfer", "index rebuild", "replay", "checkpoint", "OWNING")
+if TYPE_CHECKING:
+    from transfer.transport import Conn
 
+CACHE = "default"
 
-@dataclass
-class Move:
-    partition: int
-    stage: str = "queued"
-    bytes: int = 0
-    bytes_total: int = 0
-    started: float = 0.0
-    seconds_to_owning: float | None = None
-    buffered: int = 0
-    replayed: int = 0
-    stage_seconds: dict[str, float] = field(default_factory=dict)
+class DemoHost:
+    """The ports of the move engine over the demo's two connections to the supplier
+    process: ``register`` is SUBSCRIBE on the control connection (the supplier then
+    forwards every update of p before acknowledging it), and the one supplier serves
+    every file."""
+
+    def __init__(self, call: Callable[[int, dict[str, object]], dict[str, object]], transfer: str) -> None:
+        self.call, self.transfer = call, transfer
+
+    def register(self, primary: str, cache: str, p: int) -> int:
+        from .demo_wire import DemoFrame
+        return int(self.call(DemoFrame.SUBSCRIBE, {"partitions": [p]})["c"])   # type: ignore[call-overload]
+
+    def primary(self, cache: str, p: int) -> tuple[str, str]:
+        return "supplier", "control"
+
+    def suppliers(self, cache: str, p: int) -> list[tuple[str, str]]:
+        return [("supplier", self.transfer)]
+
+    def check_files(self, cache: str, p: int) -> None:
+        pass                                   # one page size on both sides
 
 
 class DemoDemander:
-    """The demander side: temp WALs, fetch/install, index rebuild, replay, OWNING."""
+    """The demander process: the node's move engine over :class:`DemoHost`, the node's
+    storage (``CacheData``: data + LMDB index) and state table."""
 
     def __init__(self, root: str, secret: bytes, peer_transfer: str, peer_control: tuple[str, int]) -> None:
-        from checkpoint import PartitionStore
-        from indexes import IndexDefinition, IndexStore
+        from node.config import CacheConfig, IndexConfig, NodeConfig
+        from node.move import MoveContext, MoveEngine
+        from node.states import StateTable
+        from node.storage import CacheData
 
-        self.root = root
-        self.secret = secret
-        self.peer_transfer = peer_transfer
-        self.cache_dir = os.path.join(root, "caches", "default")
-        os.makedirs(self.cache_dir, exist_ok=True)
+        os.makedirs(root, exist_ok=True)
         with open(os.path.join(root, "node.id"), "w") as f:
             f.write("demander\n")
-        self.store = PartitionStore.open(self.cache_dir, wal_sync="group")
-        self.index = IndexStore.open(os.path.join(root, "indexes", "default"),
-                                     [IndexDefinition("city", "city")])
-        self.tmpwal_dir = os.path.join(root, "tmpwal")
-        self.temp_wals: dict[int, object] = {}
-        self.direct: set[int] = set()           # partitions switched to the normal path
-        self.locks: dict[int, threading.Lock] = {}
-        self.moves: dict[int, Move] = {}
+        self.data = CacheData(NodeConfig(id="demander", data=root),
+                              CacheConfig(indexes=(IndexConfig("city", "city"),)))
+        self.secret = secret
+        self.locks: dict[int, threading.RLock] = {}
+        self.moves: dict[int, Move] = {}        # the moves started so far
+        self.moving: list[int] = []             # the partitions to move
+        self.stopping = threading.Event()
         self.control = self._connect(peer_control, "demo-control")
         self._control_lock = threading.Lock()   # one request/response at a time on it
         self.replica = self._connect(peer_control, "demo-replica")
-        self._replica_error: BaseException | None = None
+        host = DemoHost(self.call, peer_transfer)
+        self.engine = MoveEngine(MoveContext(
+            me="demander", data_dir=root, secret=secret, data={CACHE: self.data},
+            states=StateTable(root), plock=lambda cache, p: self.locks[p], feed=host, locator=host,
+            stopping=self.stopping))
         threading.Thread(target=self._receive_updates, daemon=True).start()
 
-    def _connect(self, addr: tuple[str, int], role: str):
+    def _connect(self, addr: tuple[str, int], role: str) -> Conn:
         from transfer.auth import client_handshake
         from transfer.transport import connect_tcp
         conn = connect_tcp(*addr, timeout=120)
         client_handshake(conn, self.secret, role=role)
         return conn
 
-    def call(self, ftype: int, body: dict | None = None) -> dict:
+    def call(self, ftype: int, body: dict[str, object] | None = None) -> dict[str, object]:
         from transfer.frames import read_frame, write_frame
         from .demo_wire import DemoFrame
         # The moves run in threads and share the control connection: without the lock
@@ -100,105 +116,35 @@ class DemoDemander:
             write_frame(self.control, ftype, body or {})
             return read_frame(self.control, expect=[DemoFrame.OK]).body
 
-    # -- the replication stream: temp WAL while MOVING, direct after the switch --------
+    # -- the replication stream: the engine buffers or applies ---------------------------
     def _receive_updates(self) -> None:
         from transfer.frames import read_frame, write_frame
-        from .demo_wire import DemoFrame, encode_update
+        from .demo_wire import DemoFrame
         try:
             while True:
                 f = read_frame(self.replica, expect=[DemoFrame.UPDATE])
-                p, key, value, counter = f.body["p"], f.body["k"], f.body["v"], f.body["c"]
+                p = f.body["p"]
                 with self.locks[p]:
-                    if p in self.direct:
-                        self._apply(p, key, value, counter)
-                    else:
-                        # Durable in the temp WAL before the supplier acknowledges the write.
-                        self.temp_wals[p].append(encode_update(key, value, counter))
-                        self.moves[p].buffered += 1
+                    # durable in the temp WAL before the supplier acknowledges the write
+                    self.engine.buffer_update(self.moves[p], f.body["k"], f.body["v"], f.body["c"], None)
                 write_frame(self.replica, DemoFrame.OK, {})
-        except BaseException as e:  # noqa: BLE001 - latched, re-raised by the move
-            self._replica_error = e
+        except BaseException as e:  # noqa: BLE001 - a broken stream restarts the moves
+            for mv in self.moves.values():
+                mv.gap = f"replica stream ended: {e!r}"
 
-    def _apply(self, p: int, key: bytes, value: bytes | None, counter: int) -> bool:
-        old = self.store.get(p, key)
-        if not self.store.apply(p, key, value, counter):
-            return False                          # at or below what p holds: idempotent skip
-        self.index.apply(p, key, old, value)
-        return True
-
-    # -- one move --------------------------------------------------------------------------
-    def move(self, p: int) -> Move:
-        from faults import crashpoint
-        from transfer import Demander, PartitionStoreStorage
-        from wal import Wal
-        from .demo_wire import DemoFrame, decode_update
-
-        m = self.moves[p]
-        m.started = t = time.monotonic()
-
-        def stage(name: str) -> None:
-            nonlocal t
-            now = time.monotonic()
-            m.stage_seconds[m.stage] = round(now - t, 3)
-            m.stage, t = name, now
-
-        stage("buffering")
-        self.temp_wals[p] = Wal.open(os.path.join(self.tmpwal_dir, f"part-{p}"), sync="group",
-                                     segment_size=16 << 20)
-        self.call(DemoFrame.SUBSCRIBE, {"partitions": [p]})
-        crashpoint("demander.after_demand")
-
-        stage("transfer")
-        def progress(pr) -> None:
-            m.bytes, m.bytes_total = pr.done, pr.total
-        res = Demander(PartitionStoreStorage(self.store), self.peer_transfer, self.secret).fetch(
-            p, progress=progress)
-        m.bytes = m.bytes_total = res.bytes
-        crashpoint("demander.after_install")
-
-        stage("index rebuild")
-        self.index.rebuild(p, self.store)
-
-        stage("replay")
-        wal = self.temp_wals[p]
-        nxt = 1
-        while True:                               # catch up without blocking appends
-            if self._replica_error:
-                raise self._replica_error
-            batch = _read(wal, nxt, 10_000)
-            if len(batch) < 64:
-                break
-            for rec in batch:
-                self._apply(p, *decode_update(rec.payload))
-            m.replayed += len(batch)
-            nxt = batch[-1].lsn + 1
-        with self.locks[p]:                       # brief: the last few, then the switch
-            tail = _read(wal, nxt, None)
-            for rec in tail:
-                self._apply(p, *decode_update(rec.payload))
-            m.replayed += len(tail)
-            self.direct.add(p)
-
-        stage("checkpoint")
-        crashpoint("demander.before_owning")
-        self.store.checkpoint()                   # covers the install, the replay, the switch
-        stage("OWNING")
-        m.seconds_to_owning = round(time.monotonic() - m.started, 3)
-        crashpoint("demander.after_owning")
-        wal.destroy()
-        del self.temp_wals[p]
-        return m
+    def move(self, p: int) -> dict[str, object]:
+        """One move, start to OWNING (the engine's stages), as its summary."""
+        mv = self.moves[p] = Move(CACHE, p, mode="files")
+        try:
+            if not self.engine.run(mv):
+                raise click.ClickException(f"the move of partition {p} did not reach OWNING")
+        finally:
+            self.engine.finish(mv)
+        return mv.summary("demander")
 
     def close(self) -> None:
-        self.store.close()
-        self.index.close()
-
-
-def _read(wal, lsn: int, limit: int | None) -> list:
-    """Up to ``limit`` records from ``lsn`` on (none when the log ends before it)."""
-    if wal.last_lsn < lsn:
-        return []
-    return list(itertools.islice(wal.read_from(lsn), limit))
+        self.stopping.set()
+        self.data.close()
 
 
 def _start_supplier(root: str, secret_file: str, entries: int, partitions: int, rate: float,
@@ -244,11 +190,9 @@ def run_demo(root: str, *, entries: int, partitions: int, move_every: int, rate:
         dem = DemoDemander(os.path.join(root, "demander"), secret,
                            f"127.0.0.1:{ports['transfer_port']}", ("127.0.0.1", ports["control_port"]))
         moving = [p for p in range(partitions) if p % move_every == 0]
-        for p in moving:
-            dem.moves[p] = Move(p)
-            dem.locks[p] = threading.Lock()
         for p in range(partitions):
-            dem.locks.setdefault(p, threading.Lock())
+            dem.locks[p] = threading.RLock()
+        dem.moving = moving
         ui.step(f"moving {len(moving)} partitions to the demander process under live writes")
         dem.call(DemoFrame.START_WRITES)
         t_move = time.monotonic()
@@ -279,25 +223,26 @@ def run_demo(root: str, *, entries: int, partitions: int, move_every: int, rate:
     dem_dir = os.path.join(root, "demander")
     ui.step("checking the invariants on both processes' files")
     invariants = check_invariants(sup_dir, dem_dir, moving)
-    bytes_moved = sum(m.bytes for m in done)
+    bytes_moved = sum(int(m["bytes"]) for m in done)
+    stages = [st.value for st in FILE_STAGES]
     summary = {
         "flow": "two-process file move (supplier process -> demander process on loopback)",
         "partitions_moved": len(done),
         "bytes_moved": bytes_moved,
         "mb_per_s": round(bytes_moved / move_seconds / 1e6, 1) if move_seconds else None,
         "move_seconds": round(move_seconds, 2),
-        "seconds_to_owning": {str(m.partition): m.seconds_to_owning for m in done},
-        "stage_seconds": {str(m.partition): m.stage_seconds for m in done},
+        "seconds_to_owning": {str(m["partition"]): m["seconds_to_owning"] for m in done},
+        "stage_seconds": {str(m["partition"]): m["stage_seconds"] for m in done},
         "writes_during_move": stopped["writes"],
-        "updates_buffered_in_temp_wal": sum(m.buffered for m in done),
-        "updates_replayed": sum(m.replayed for m in done),
+        "updates_buffered_in_temp_wal": sum(int(m["buffered"]) for m in done),
+        "updates_replayed": sum(int(m["replayed"]) for m in done),
         "entries": entries,
         "load_put_seconds": round(t_loaded - t0, 1),
         "load_entries_per_s": round(entries / max(t_loaded - t0, 1e-6)),
-        "stages": [st for st in MOVE_STAGES if st != "OWNING"],
-        "moves": [move_row(str(m.partition), "supplier", "demander", m.bytes,
-                           {k: v for k, v in m.stage_seconds.items() if k in MOVE_STAGES},
-                           m.seconds_to_owning, m.buffered, m.replayed) for m in done],
+        "stages": stages,
+        "moves": [move_row(str(m["partition"]), "supplier", "demander", m["bytes"],
+                           {k: v for k, v in m["stage_seconds"].items() if k in stages},
+                           m["seconds_to_owning"], m["buffered"], m["replayed"]) for m in done],
         "invariants": invariants,
         "invariants_ok": all(invariants.values()),
     }
@@ -321,14 +266,14 @@ def _rows(dem: DemoDemander) -> tuple[list[MoveRow], tuple[int, int]]:
     now = time.monotonic()
     rows = []
     for m in list(dem.moves.values()):
-        if m.stage in ("queued", "OWNING"):
+        if m.stage == Stage.OWNING:
             continue
-        rate = m.bytes / max(now - m.started, 1e-6) if m.stage == "transfer" and m.bytes else None
+        rate = m.bytes / max(now - m.started, 1e-6) if m.stage == Stage.TRANSFER and m.bytes else None
         eta = (m.bytes_total - m.bytes) / rate if rate and m.bytes_total else None
-        rows.append(MoveRow(key=f"partition {m.partition}", stage=m.stage, bytes=m.bytes,
+        rows.append(MoveRow(key=f"partition {m.p}", stage=m.stage.value, bytes=m.bytes,
                             bytes_total=m.bytes_total, rate_bps=rate, eta_s=eta))
-    owning = sum(m.stage == "OWNING" for m in dem.moves.values())
-    return rows, (owning, len(dem.moves))
+    owning = sum(m.stage == Stage.OWNING for m in dem.moves.values())
+    return rows, (owning, len(dem.moving))
 
 
 def _show_progress(dem: DemoDemander, view: MovesView, stop: threading.Event) -> None:
@@ -340,6 +285,7 @@ def check_invariants(sup_dir: str, dem_dir: str, moved: list[int]) -> dict[str, 
     """The demo's own checks, on the files both processes left behind."""
     from checkpoint import PartitionStore, pagefile
     from indexes import IndexDefinition, IndexStore
+    from node.move import tempwal
 
     sup_cache = os.path.join(sup_dir, "caches", "default")
     dem_cache = os.path.join(dem_dir, "caches", "default")
@@ -359,11 +305,10 @@ def check_invariants(sup_dir: str, dem_dir: str, moved: list[int]) -> dict[str, 
         store.close()
     leftovers = [os.path.join(d, f) for base in (sup_dir, dem_dir) for d, _, fs in os.walk(base)
                  for f in fs if f.endswith((".delta", ".tmp", ".recv", ".partial"))]
-    tmpwal = os.path.join(dem_dir, "tmpwal")
     return {
         "moved_partitions_equal_supplier": same,
         "indexes_agree_with_data": index_ok,
-        "no_temp_wal_left": not os.path.exists(tmpwal) or not os.listdir(tmpwal),
+        "no_temp_wal_left": not tempwal.leftovers(dem_dir),
         "no_delta_or_temp_file_left": not leftovers,
     }
 

@@ -42,6 +42,9 @@ class Supplier:
         self.subscribed: set[int] = set()
         self.replica: SocketConn | None = None
         self.lock = threading.Lock()          # guards subscribed/replica/model
+        # held by the writer from a write to its acknowledgement: a SUBSCRIBE answers
+        # with a counter every update up to which is already forwarded or in the snapshot
+        self.write_lock = threading.Lock()
         self.writing = threading.Event()
         self.stop_writing = threading.Event()
         self.writer_done = threading.Event()
@@ -98,9 +101,12 @@ class Supplier:
             if f.type == DemoFrame.SUBSCRIBE:
                 # From here on every update of p is forwarded before it is acknowledged;
                 # the DEMAND that follows fixes C after this point (buffer before snapshot).
-                with self.lock:
+                # Again before OWNING: every update up to the answered counter has
+                # reached the demander by then (the node's second ``register``).
+                with self.write_lock, self.lock:
                     self.subscribed.update(f.body["partitions"])
-                write_frame(conn, DemoFrame.OK, {})
+                    c = max(self.store.counter(p) for p in f.body["partitions"])
+                write_frame(conn, DemoFrame.OK, {"c": c})
             elif f.type == DemoFrame.START_WRITES:
                 self.writing.set()
                 write_frame(conn, DemoFrame.OK, {})
@@ -126,17 +132,18 @@ class Supplier:
         while not self.stop_writing.is_set():
             i = self.rng.randrange(int(n * 1.05))          # mostly updates, some inserts
             key, p = demo_key(i), i % parts
-            if self.rng.random() < 0.05:
-                counter, value = self.store.remove(p, key), None
-            else:
-                value = demo_value(i, self.writes + 1)
-                counter = self.store.put(p, key, value)
-            with self.lock:
-                replica = self.replica if p in self.subscribed else None
-            if replica is not None:
-                write_frame(replica, DemoFrame.UPDATE, {"p": p, "k": key, "v": value, "c": counter})
-                read_frame(replica, expect=[DemoFrame.OK])   # durable in the demander's temp WAL
-                self.forwarded += 1
+            with self.write_lock:
+                if self.rng.random() < 0.05:
+                    counter, value = self.store.remove(p, key), None
+                else:
+                    value = demo_value(i, self.writes + 1)
+                    counter = self.store.put(p, key, value)
+                with self.lock:
+                    replica = self.replica if p in self.subscribed else None
+                if replica is not None:
+                    write_frame(replica, DemoFrame.UPDATE, {"p": p, "k": key, "v": value, "c": counter})
+                    read_frame(replica, expect=[DemoFrame.OK])   # durable in the demander's temp WAL
+                    self.forwarded += 1
             self.model[key] = (p, value)                     # acknowledged
             self.writes += 1
             if interval:

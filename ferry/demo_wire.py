@@ -1,17 +1,16 @@
 """What the demo's supplier and demander say to each other beyond the transfer
-protocol, and the demo's keys, values and temp-WAL records."""
+protocol, and the demo's keys and values. (The temp-WAL records are the move engine's:
+node/move/tempwal.py, docs/formats.md.)"""
 from __future__ import annotations
 
 import json
 from enum import IntEnum
 
-import msgpack
-
 from transfer.frames import register_types
 
 
 class DemoFrame(IntEnum):
-    SUBSCRIBE = 200      # demander -> supplier: forward updates of these partitions
+    SUBSCRIBE = 200      # demander -> supplier: forward updates of these partitions -> OK {c}
     START_WRITES = 201
     STOP_WRITES = 202
     SHUTDOWN = 203
@@ -32,13 +31,3 @@ def demo_value(i: int, version: int) -> bytes:
     return json.dumps({"id": i, "city": CITIES[(i + version) % len(CITIES)],
                        "score": (i * 7919 + version) % 1000, "v": version},
                       separators=(",", ":")).encode()
-
-
-def encode_update(key: bytes, value: bytes | None, counter: int) -> bytes:
-    """A temp-WAL record: the update with the counter the primary gave it."""
-    return msgpack.packb((key, value, counter), use_bin_type=True)
-
-
-def decode_update(payload: bytes) -> tuple[bytes, bytes | None, int]:
-    key, value, counter = msgpack.unpackb(payload, raw=False)
-    return key, value, counter
