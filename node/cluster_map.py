@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import copy
 from dataclasses import asdict, dataclass
-from typing import Any
 
 from .assignment import owners, ranked
 from .config import CacheConfig
+from .jsonvalue import Json, JsonDoc
 from .states import State
 
 
@@ -41,12 +41,12 @@ class PartRecord:
     # Copies fence on it, so a change of the in-sync set alone deposes nobody.
     term: int = 0
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonDoc:
         return {"primary": self.primary, "isr": list(self.isr), "epoch": self.epoch, "lost": self.lost,
                 "term": self.term}
 
     @classmethod
-    def from_json(cls, d: Any) -> "PartRecord":
+    def from_json(cls, d: Json) -> "PartRecord":
         if not isinstance(d, dict):
             return cls()
         prim = d.get("primary")
@@ -69,7 +69,7 @@ class ClusterMap:
             c.name: [{} for _ in range(c.partitions)] for c in caches.values()}
         self.parts: dict[str, list[PartRecord]] = {
             c.name: [PartRecord() for _ in range(c.partitions)] for c in caches.values()}
-        self.moves: list[dict[str, Any]] = []
+        self.moves: list[JsonDoc] = []
         # manual reassignment by plans: cache -> partition -> owners (primary first)
         self.pins: dict[str, dict[int, list[str]]] = {c.name: {} for c in caches.values()}
 
@@ -136,7 +136,7 @@ class ClusterMap:
         return node in self.parts[cache][p].isr
 
     # -- wire ---------------------------------------------------------------------
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> JsonDoc:
         return {
             "version": self.version, "epoch": self.epoch, "controller": self.controller,
             "members": [asdict(m) for m in self.members.values()],
@@ -149,7 +149,7 @@ class ClusterMap:
         }
 
     @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> "ClusterMap":
+    def from_wire(cls, d: JsonDoc) -> "ClusterMap":
         caches = {c["name"]: CacheConfig.from_wire(c) for c in d["caches"]}
         m = cls(caches)
         m.version, m.epoch = int(d["version"]), int(d["epoch"])

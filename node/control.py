@@ -27,12 +27,16 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator, TypeVar
 from urllib.parse import urlparse
 
 from .errors import ConfigError, ControlPlaneDown
+from .jsonvalue import Json, JsonDoc
 
 log = logging.getLogger("ferry.node.control")
+T = TypeVar("T")
+if TYPE_CHECKING:
+    from etcd3gw import Etcd3Client
 
 REQUEST_TIMEOUT_S = 2.0      # one etcd request; a lease TTL is 2 s or more
 WATCH_IDLE_S = 3.0           # a watch stream silent this long is re-opened from its revision
@@ -54,13 +58,13 @@ def _prefix_end(prefix: str) -> str:
 
 @dataclass(frozen=True)
 class KV:
-    value: Any          # decoded JSON (None for a value that is not JSON)
+    value: Json         # decoded JSON (None for a value that is not JSON)
     mod: int            # mod_revision
     create: int         # create_revision
     lease: int
 
 
-def _kv(item: dict[str, Any]) -> tuple[str, KV]:
+def _kv(item: JsonDoc) -> tuple[str, KV]:
     raw = _unb64(item.get("value", ""))
     try:
         val = json.loads(raw) if raw else None
@@ -96,7 +100,7 @@ class Etcd:
                          for s, h, p in parse_endpoints(endpoints)]
         self._cur = 0
 
-    def _call(self, fn: Callable[[Any], Any]) -> Any:
+    def _call(self, fn: Callable[[Etcd3Client], T]) -> T:
         from etcd3gw import exceptions as ex
         last: Exception | None = None
         n = len(self._clients)
@@ -121,7 +125,7 @@ class Etcd:
         raise ControlPlaneDown(f"control plane (etcd at {', '.join(self.endpoints)}) unreachable: "
                                f"{why}; is etcd running there?")
 
-    def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    def post(self, path: str, body: JsonDoc) -> JsonDoc:
         return self._call(lambda c: c.post(c.get_url(path), json=body))
 
     # -- keys ---------------------------------------------------------------------
@@ -134,8 +138,8 @@ class Etcd:
         kvs = r.get("kvs", [])
         return _kv(kvs[0])[1] if kvs else None
 
-    def put(self, key: str, value: Any, lease: int = 0) -> int:
-        body: dict[str, Any] = {"key": _b64(key), "value": _b64(json.dumps(value, sort_keys=True))}
+    def put(self, key: str, value: Json, lease: int = 0) -> int:
+        body: JsonDoc = {"key": _b64(key), "value": _b64(json.dumps(value, sort_keys=True))}
         if lease:
             body["lease"] = str(lease)
         return int(self.post("/kv/put", body)["header"]["revision"])
@@ -143,13 +147,13 @@ class Etcd:
     def delete(self, key: str) -> None:
         self.post("/kv/deleterange", {"key": _b64(key)})
 
-    def txn(self, compare: list[dict[str, Any]], puts: list[tuple[str, Any, int]],
+    def txn(self, compare: list[JsonDoc], puts: list[tuple[str, Json, int]],
             deletes: list[str] = ()) -> tuple[bool, int]:   # type: ignore[assignment]
         """All of ``compare`` hold -> every put (key, value, lease) and delete; returns
         (succeeded, revision)."""
-        ops: list[dict[str, Any]] = []
+        ops: list[JsonDoc] = []
         for k, v, lease in puts:
-            put: dict[str, Any] = {"key": _b64(k), "value": _b64(json.dumps(v, sort_keys=True))}
+            put: JsonDoc = {"key": _b64(k), "value": _b64(json.dumps(v, sort_keys=True))}
             if lease:
                 put["lease"] = str(lease)
             ops.append({"request_put": put})
@@ -158,12 +162,12 @@ class Etcd:
         return bool(r.get("succeeded", False)), int(r["header"]["revision"])
 
     @staticmethod
-    def mod_is(key: str, rev: int) -> dict[str, Any]:
+    def mod_is(key: str, rev: int) -> JsonDoc:
         """Compare: ``key``'s mod revision is ``rev`` (0: the key does not exist)."""
         return {"key": _b64(key), "target": "MOD", "result": "EQUAL", "mod_revision": str(rev)}
 
     @staticmethod
-    def create_is(key: str, rev: int) -> dict[str, Any]:
+    def create_is(key: str, rev: int) -> JsonDoc:
         return {"key": _b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": str(rev)}
 
     # -- leases -------------------------------------------------------------------

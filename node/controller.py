@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
 
 from .assignment import ranked
 from .cluster_map import PartRecord
 from .config import CacheConfig
 from .control import Etcd, View
+from .jsonvalue import Json, JsonDoc
 from .errors import BadRequest, NodeError, StaleEpoch, Unavailable
 from .states import State
 
@@ -49,10 +49,10 @@ class Controller:
         self.lock = threading.Lock()     # one decision at a time on this node
 
     # -- reading the view ---------------------------------------------------------
-    def _guard(self) -> dict[str, Any]:
+    def _guard(self) -> JsonDoc:
         return Etcd.create_is(f"{self.prefix}/controller", self.election_rev)
 
-    def _members(self) -> dict[str, Any]:
+    def _members(self) -> JsonDoc:
         return {k: v.value for k, v in self.view.items("members") if isinstance(v.value, dict)}
 
     def _owning(self) -> dict[tuple[str, int], set[str]]:
@@ -104,7 +104,7 @@ class Controller:
                 done += len(chunk)
             return done
 
-    def _next(self, cache: str, p: int, rec: PartRecord | None, members: dict[str, Any],
+    def _next(self, cache: str, p: int, rec: PartRecord | None, members: JsonDoc,
               owning: set[str], creator: str | None) -> PartRecord | None:
         if rec is None:
             if not owning:
@@ -201,12 +201,12 @@ class Controller:
             log.info("stage=handoff %s/%d primary %s -> %s epoch=%d", cache, p, previous, node, new.epoch)
         return new if ok else None
 
-    def pin(self, plan: str, moves: list[dict[str, Any]]) -> int:
+    def pin(self, plan: str, moves: list[JsonDoc]) -> int:
         """A plan: each named partition gets exactly the named owners (primary first).
         All or nothing: any bad entry refuses the whole plan. Returns the revision."""
         members = self._members()
         placeable = {n for n, v in members.items() if not v.get("leaving")}
-        staged: list[tuple[str, Any, int]] = []
+        staged: list[tuple[str, Json, int]] = []
         for i, mv in enumerate(moves):
             cache, p, to = mv["cache"], mv["partition"], mv["to"]
             cc = self.caches.get(cache)

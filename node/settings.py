@@ -7,23 +7,23 @@ A value is checked the same way the node's config file is before it is stored.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
 
 from .config import NodeConfig, validate
 from .control import Etcd
 from .errors import ConfigError
+from .jsonvalue import Json, JsonDoc
 from .membership import SETTINGS
 
 DEFAULTS = NodeConfig(id="x", data="/")
 
 
-def parse(name: str, raw: str) -> Any:
+def parse(name: str, raw: str) -> Json:
     fld = SETTINGS.get(name)
     if fld is None:
         raise ConfigError(f"unknown setting {name!r}; live settings: {', '.join(sorted(SETTINGS))}")
     kind = type(getattr(DEFAULTS, fld))
     try:
-        val: Any = raw if kind is str else kind(float(raw)) if kind is int and "." not in raw else kind(raw)
+        val: Json = raw if kind is str else kind(float(raw)) if kind is int and "." not in raw else kind(raw)
     except ValueError:
         raise ConfigError(f"setting {name}: {raw!r} is not a{'n integer' if kind is int else ' number'}") from None
     if kind is int and isinstance(val, int) and str(val) != raw.strip().lstrip("+"):
@@ -32,13 +32,13 @@ def parse(name: str, raw: str) -> Any:
     return val
 
 
-def put(etcd: Etcd, prefix: str, name: str, raw: str) -> Any:
+def put(etcd: Etcd, prefix: str, name: str, raw: str) -> Json:
     val = parse(name, raw)
     etcd.put(f"{prefix}/settings/{name}", val)
     return val
 
 
-def current(etcd: Etcd, prefix: str) -> dict[str, dict[str, Any]]:
+def current(etcd: Etcd, prefix: str) -> dict[str, JsonDoc]:
     _, kvs = etcd.range_prefix(f"{prefix}/settings/")
     out = {}
     for name, fld in SETTINGS.items():
