@@ -284,7 +284,7 @@ def bench_checkpoint(tmp: str, entries: int, trials: int, large_entries: int,
 
 def bench_rss(tmp: str, budget: int) -> dict:
     env = dict(os.environ, PYTHONPATH=ROOT)
-    out = subprocess.run([sys.executable, "-m", "checkpoint.rss_probe", os.path.join(tmp, "rss"),
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "rss_probe.py"), os.path.join(tmp, "rss"),
                           str(budget), str(10 * budget), "900"], env=env, capture_output=True,
                          text=True, check=True)
     r = json.loads(out.stdout)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -14,6 +15,9 @@ from checkpoint.memory import MIN_PAGES
 # page bookkeeping, C-heap slack.  Measured ~0.4 MiB with a 2 MiB budget (the baseline
 # is an empty store already open; docs/benchmarks.md, "Checkpoint").
 FIXED_OVERHEAD = 2 << 20
+# the probe is a bench helper (bench/checkpoint_bench.py runs it too), not part of checkpoint/
+PROBE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                     "bench", "rss_probe.py")
 
 
 @pytest.mark.slow
@@ -21,7 +25,7 @@ def test_partition_ten_times_the_budget_keeps_rss_near_budget(tmp_path, py_env) 
     # 20x rather than 10x so that "not cached" below stays meaningful next to the
     # fixed overhead, which does not shrink with the budget
     budget, data = 2 << 20, 40 << 20
-    out = subprocess.run([sys.executable, "-m", "checkpoint.rss_probe", str(tmp_path / "s"),
+    out = subprocess.run([sys.executable, PROBE, str(tmp_path / "s"),
                           str(budget), str(data), "900"],
                          env=py_env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr

@@ -1,7 +1,8 @@
 """Peak-RSS probe for a partition much larger than the page-memory budget (used by
 the budget test and the benchmark; run in a fresh process so the peak is its own).
 
-usage: python -m checkpoint.rss_probe DIR BUDGET_BYTES DATA_BYTES VALUE_SIZE
+usage: python bench/rss_probe.py DIR BUDGET_BYTES DATA_BYTES VALUE_SIZE
+(with the checkout on PYTHONPATH)
 prints one JSON object.
 """
 from __future__ import annotations
