@@ -360,7 +360,7 @@ def load_main(quick: bool, base: str | None) -> dict:
 
 
 def write_partition_file_(path: str, partition: int, it) -> None:
-    from indexes.testing import write_partition_file
+    from tests.indexes.pagegen import write_partition_file
     write_partition_file(path, partition, it)
 
 
@@ -416,7 +416,7 @@ def main() -> None:
         print(json.dumps(accel_main(a.quick)))
         return
 
-    from indexes.testing import write_partition_file
+    from tests.indexes.pagegen import write_partition_file
     work = tempfile.mkdtemp(prefix="ferry-index-bench-")
     try:
         os.makedirs(os.path.join(work, "data"))

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from indexes.cli import index
-from indexes.testing import write_partition_file
+from pagegen import write_partition_file
 
 from idx_helpers import doc
 

@@ -12,7 +12,7 @@ import pytest
 from checkpoint import pagefile
 from indexes import (IndexDefinition, IndexStore, PartitionFileSource, RebuildCancelled,
                      scanworker)
-from indexes.testing import write_partition_file
+from pagegen import write_partition_file
 
 from idx_helpers import dump
 

@@ -12,7 +12,7 @@ import pytest
 
 from indexes import (EMPTY, IndexDefinition, IndexNotReadyError, IndexStore, MemorySource,
                      PartitionFileSource, RebuildCancelled)
-from indexes.testing import write_partition_file
+from pagegen import write_partition_file
 
 from idx_helpers import doc, dump
 

@@ -13,7 +13,7 @@ import pytest
 from checkpoint import pagefile
 from indexes import IndexStore, PartitionFileSource, RebuildCancelled, ScanPool, scanworker
 from indexes import scan as rb
-from indexes.testing import write_partition_file
+from pagegen import write_partition_file
 
 from idx_helpers import dump
 from test_parallel_scan import DEFS, _children, _data, children_before_the_test  # noqa: F401 (autouse)
