@@ -19,3 +19,14 @@ def spark():
                     conf={"spark.sql.shuffle.partitions": "4"})
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def standalone(tmp_path_factory):
+    """A real Spark standalone master and worker on 127.0.0.1 (tests/sparkcluster.py)."""
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from sparkcluster import StandaloneCluster
+
+    cluster = StandaloneCluster(str(tmp_path_factory.mktemp("spark-standalone"))).start()
+    yield cluster
+    cluster.stop()

@@ -181,7 +181,9 @@ def test_expected_value_hash_and_parquet_match(spark, tmp_path) -> None:
 
 
 @pytest.mark.parametrize("content, message", [
-    ('{"key": "a", "value": "b"}\n', "no partition column"),
+    # (rows without a partition column are placed by node.partition_of:
+    # tests/validation/test_expected_keys_only.py)
+    ('{"cache": "other", "key": "a", "value": "b"}\n', "cache 'other'"),
     ('{"partition": 1, "value": "b"}\n', "no key column"),
     ('{"partition": 1, "key": "a"}\n', "no value column"),
 ])
