@@ -20,7 +20,7 @@ from .errors import ProcessError, ScenarioError, SimError
 from .netproxy import Proxy
 from .runner import RunResult, run
 from .scenario import CacheSpec, CrashPlan, DiskSpec, Event, IndexSpec, Scenario, WorkloadSpec
-from .scenario import load as load_scenario
+from .builtins import load as load_scenario
 from .workload import Model, generate
 
 __all__ = ["Scenario", "CacheSpec", "IndexSpec", "WorkloadSpec", "Event", "CrashPlan", "DiskSpec",

@@ -6,8 +6,13 @@ copies, serves writes and checkpoints).
 """
 from __future__ import annotations
 
-from .drivers.cluster import LEASE_TTL_S
-from .scenario import CONTROLLER, LEADER, CacheSpec, DiskSpec, Event, Scenario, WorkloadSpec
+import json
+import os
+import tomllib
+
+from .errors import ScenarioError
+from .scenario import (CONTROLLER, LEADER, LEASE_TTL_S, CacheSpec, DiskSpec, Event, Scenario,
+                       WorkloadSpec, from_dict, validate)
 
 TTL = float(LEASE_TTL_S)    # the nodes' lease: the faults below last whole TTLs
 
@@ -146,3 +151,19 @@ BUILTINS: dict[str, Scenario] = {
         events=(Event(30, "join", "demander"), Event(31, "cut", "link")),
         roles={"supplier": "supplier", "demander": "demander"}),
 }
+
+
+def load(name_or_file: str) -> Scenario:
+    """A built-in scenario by name, or a ``.toml`` / ``.json`` file."""
+    if name_or_file in BUILTINS:
+        return validate(BUILTINS[name_or_file])
+    if not os.path.exists(name_or_file):
+        raise ScenarioError(f"no built-in scenario {name_or_file!r} and no such file; "
+                            f"built-ins: {', '.join(sorted(BUILTINS))}")
+    try:
+        with open(name_or_file, "rb") as f:
+            raw = f.read()
+        data = json.loads(raw) if name_or_file.endswith(".json") else tomllib.loads(raw.decode())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ScenarioError(f"{name_or_file}: cannot parse: {e}") from None
+    return from_dict(data, where=name_or_file)

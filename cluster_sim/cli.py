@@ -53,7 +53,7 @@ def run_cmd(scenario: str, crash: str | None, side: str, seed: int, as_json: boo
     from .diskfull import SimSkipped
     from .errors import SimError
     from .runner import run
-    from .scenario import load
+    from .builtins import load
     try:
         plan = _crash(crash, side, seed)
         kw = dict(seed=seed, crash=plan, workdir=workdir, keep=keep, expected=expected,

@@ -23,9 +23,9 @@ from typing import Any, Callable
 
 from faults import POINTS
 
-from .builtins import FAULT_SCENARIOS
+from .builtins import FAULT_SCENARIOS, load
 from .runner import RunResult, run
-from .scenario import SIDES, CrashPlan, load
+from .scenario import SIDES, CrashPlan
 
 FAULTS: tuple[str, ...] = FAULT_SCENARIOS
 NO_CRASH = "none"          # the point of a fault cell

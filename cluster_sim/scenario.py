@@ -18,9 +18,6 @@ Two drivers run scenarios (see :mod:`cluster_sim.runner`):
 """
 from __future__ import annotations
 
-import json
-import os
-import tomllib
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
@@ -39,6 +36,8 @@ ETCD_ACTIONS = ("kill-etcd", "restart-etcd")
 # Faults only a node in a container can have (container mode: drivers/container.py)
 CONTAINER_ACTIONS = ("pause", "unpause")
 # Placeholders resolved when the event fires (and kept for the rest of the run):
+# the nodes' control-plane lease in harness clusters (short: fault scenarios last whole TTLs)
+LEASE_TTL_S = 2
 CONTROLLER = "@controller"     # the node `cluster status` names controller
 LEADER = "@leader"             # the etcd member that is raft leader
 # Time budget parts (seconds) when the scenario gives none: see Scenario.budget()
@@ -313,20 +312,3 @@ def from_dict(data: dict[str, Any], *, where: str = "scenario") -> Scenario:
     except TypeError as e:
         raise ScenarioError(f"{where}: {e}") from None
     return validate(s)
-
-
-def load(name_or_file: str) -> Scenario:
-    """A built-in scenario by name, or a ``.toml`` / ``.json`` file."""
-    from .builtins import BUILTINS
-    if name_or_file in BUILTINS:
-        return validate(BUILTINS[name_or_file])
-    if not os.path.exists(name_or_file):
-        raise ScenarioError(f"no built-in scenario {name_or_file!r} and no such file; "
-                            f"built-ins: {', '.join(sorted(BUILTINS))}")
-    try:
-        with open(name_or_file, "rb") as f:
-            raw = f.read()
-        data = json.loads(raw) if name_or_file.endswith(".json") else tomllib.loads(raw.decode())
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ScenarioError(f"{name_or_file}: cannot parse: {e}") from None
-    return from_dict(data, where=name_or_file)

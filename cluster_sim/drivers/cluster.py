@@ -23,14 +23,13 @@ from ..diskfull import SimSkipped
 from ..errors import ProcessError, SimError
 from ..invariants import Copy, Layout
 from ..procs import ROOT, Proc, child_env, free_port
-from ..scenario import CONTAINER_ACTIONS, Event
+from ..scenario import CONTAINER_ACTIONS, LEASE_TTL_S, Event
 from ..workload import Op, Receipt
 from .base import Driver
 from .clusterfaults import ClusterFaults
 from .convergence import settled_problems
 from .writes import NodeClients, WriteStats, verify_reads
 
-LEASE_TTL_S = 2
 
 
 class ClusterDriver(ClusterFaults, Driver):

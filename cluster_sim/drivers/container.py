@@ -36,11 +36,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..builtins import BUILTINS, PARTITIONED, TTL
+from ..builtins import load as load_scenario
 from ..containerprocs import LABEL, Box, ContainerLife, ContainerProc
 from ..containers import Engine, configure_testcontainers, node_mounts
 from ..errors import SimError
 from ..loopdisk import LoopDisk, require as require_loop
-from ..scenario import CONTROLLER, Event, Scenario, load as load_scenario
+from ..scenario import CONTROLLER, Event, Scenario
 
 SAMPLE_S = 1.0            # blkio stats of throttled nodes
 MEMORY_MIB = 512          # every node's limit in the built-in container runs (a node: ~60 MB)
