@@ -19,77 +19,46 @@ from __future__ import annotations
 
 import logging
 import random
-import threading
-from contextlib import AbstractContextManager
-from typing import Protocol
+from collections.abc import Mapping
+from typing import Callable
 
 from indexes import ScanPool
 from transfer import Limits, NotHeld, PartitionStoreStorage, Snapshot, SupplierServer
 
-from .cluster_map import ClusterMap
 from .config import NodeConfig
+from .context import NodeContext
 from .errors import Unavailable
-from .metrics import Metrics
-from .move import (FilesImpossible, MoveContext, MoveEngine, MoveRestart, PartitionData,
-                   StateStore)
+from .move import FilesImpossible, MoveContext, MoveEngine, MoveRestart
 from .states import State
-from .wire import Pool
+from .storage import CacheData
 
 log = logging.getLogger("ferry.node.filemove")
 
-class NodeView(Protocol):
-    """What the node's move host reads of the node."""
-
-    @property
-    def cfg(self) -> NodeConfig: ...
-    @property
-    def id(self) -> str: ...
-    @property
-    def secret(self) -> bytes: ...
-    @property
-    def pool(self) -> Pool: ...
-    @property
-    def map(self) -> ClusterMap: ...
-    @property
-    def map_lock(self) -> AbstractContextManager[object]: ...
-    @property
-    def states(self) -> StateStore: ...
-    @property
-    def data(self) -> dict[str, PartitionData]: ...
-    @property
-    def stopping(self) -> threading.Event: ...
-    @property
-    def metrics(self) -> Metrics: ...
-    scan_pool: ScanPool | None
-    recv_limits: Limits
-    page_sizes: dict[tuple[str, str, str], int]
-
-    def plock(self, cache: str, p: int) -> AbstractContextManager[object]: ...
-
-
 class NodeFeed:
-    def __init__(self, node: NodeView) -> None:
-        self.node = node
+    def __init__(self, ctx: NodeContext) -> None:
+        self.ctx = ctx
 
     def register(self, primary: str, cache: str, p: int) -> int:
-        n = self.node
-        with n.map_lock:
-            epoch = n.map.parts[cache][p].term   # the primary epoch this node knows for p
+        n = self.ctx
+        epoch = n.map.record(cache, p).term   # the primary epoch this node knows for p
         return int(n.pool.call(primary, "register", cache=cache, p=p, node=n.id,
                                address=n.cfg.address, epoch=epoch)["counter"])
 
 
 class NodeLocator:
-    def __init__(self, node: NodeView, load: dict[str, int]) -> None:
-        self.node = node
+    def __init__(self, ctx: NodeContext, load: dict[str, int]) -> None:
+        self.ctx = ctx
         self.load = load                          # the engine's fetches per supplier
+        # supplier (node, boot, address) -> its page size: a process keeps its page
+        # size, so each boot of a node is asked once, not per move
+        self.page_sizes: dict[tuple[str, str, str], int] = {}
 
     def primary(self, cache: str, p: int) -> tuple[str, str] | None:
-        n = self.node
-        with n.map_lock:
-            rec = n.map.parts[cache][p]
+        n = self.ctx
+        with n.map.lock:
+            rec = n.map.map.parts[cache][p]
             prim = rec.primary
-            addr = n.map.address(prim)
+            addr = n.map.map.address(prim)
         if prim is None or prim == n.id or addr is None:
             if rec.lost:
                 n.states.set(cache, p, State.LOST, reason="no in-sync copy left to pull from")
@@ -101,9 +70,9 @@ class NodeLocator:
     def suppliers(self, cache: str, p: int) -> list[tuple[str, str]]:
         """OWNING, confirmed copies with a file supplier, least used by this node first,
         random among equals (spreads the load)."""
-        n = self.node
-        with n.map_lock:
-            m = n.map
+        n = self.ctx
+        with n.map.lock:
+            m = n.map.map
             isr = m.parts[cache][p].isr
             out = [(x, a) for x in m.holders(cache, p, State.OWNING)
                    if x != n.id and x in isr and (a := m.transfer_address(x))]
@@ -112,18 +81,17 @@ class NodeLocator:
         return out
 
     def check_files(self, cache: str, p: int) -> None:
-        n = self.node
+        n = self.ctx
         for node, _ in self.suppliers(cache, p)[:1]:
-            with n.map_lock:
-                addr = n.map.address(node)
-                mem = n.map.members.get(node)
+            with n.map.lock:
+                addr = n.map.map.address(node)
+                mem = n.map.map.members.get(node)
             if addr is None:
                 return
-            # a process keeps its page size: ask each boot of a node once, not per move
             key = (node, mem.boot if mem else "", addr)
-            theirs = n.page_sizes.get(key)
+            theirs = self.page_sizes.get(key)
             if theirs is None:
-                theirs = n.page_sizes[key] = int(n.pool.call(addr, "ping", timeout=5.0).get(
+                theirs = self.page_sizes[key] = int(n.pool.call(addr, "ping", timeout=5.0).get(
                     "page_size", n.cfg.page_size))
             if theirs != n.cfg.page_size:
                 raise FilesImpossible(f"{node} stores {theirs}-byte pages, this node "
@@ -131,94 +99,76 @@ class NodeLocator:
 
 
 class NodeEntrySupply:
-    def __init__(self, node: NodeView) -> None:
-        self.node = node
+    def __init__(self, ctx: NodeContext) -> None:
+        self.ctx = ctx
 
     def demand(self, primary: str, cache: str, p: int) -> tuple[str, int, int]:
-        n = self.node
-        with n.map_lock:
-            epoch = n.map.parts[cache][p].term
+        n = self.ctx
+        epoch = n.map.record(cache, p).term
         r = n.pool.call(primary, "demand", cache=cache, p=p, node=n.id, address=n.cfg.address,
                         epoch=epoch)
         return str(r["session"]), int(r["counter"]), int(r["bytes"])
 
     def fetch(self, primary: str, session: str, offset: int, max_bytes: int) -> tuple[list[object], int, bool]:
-        b = self.node.pool.call(primary, "fetch", session=session, offset=offset, max_bytes=max_bytes,
+        b = self.ctx.pool.call(primary, "fetch", session=session, offset=offset, max_bytes=max_bytes,
                                 timeout=30.0)
         return list(b["entries"]), int(b["next"]), bool(b["done"])
 
     def done(self, primary: str, session: str) -> None:
-        self.node.pool.call(primary, "demand_done", session=session)
+        self.ctx.pool.call(primary, "demand_done", session=session)
 
 
-def node_move_engine(node: NodeView) -> MoveEngine:
-    """The node's move engine: the ports above over ``node``."""
+def node_move_engine(ctx: NodeContext, recv_limits: Limits, scan_pool: ScanPool | None) -> MoveEngine:
+    """The node's move engine: the ports above over the node's context."""
     load: dict[str, int] = {}
-    ctx = MoveContext(
-        me=node.id, data_dir=node.cfg.data, secret=node.secret, data=node.data,
-        states=node.states, plock=node.plock, feed=NodeFeed(node), locator=NodeLocator(node, load),
-        stopping=node.stopping, metrics=node.metrics, entries=NodeEntrySupply(node),
-        tmpwal_sync="none" if node.cfg.wal_sync == "none" else "group",
-        recv_limits=node.recv_limits, transfer_timeout=30.0, scan_pool=node.scan_pool,
-        replay_rate_limit=lambda: node.cfg.replay_rate_limit)   # cfg is replaced on a live change
-    engine = MoveEngine(ctx)
+    mctx = MoveContext(
+        me=ctx.id, data_dir=ctx.cfg.data, secret=ctx.secret, data=ctx.data,
+        states=ctx.states, plock=ctx.plock, feed=NodeFeed(ctx), locator=NodeLocator(ctx, load),
+        stopping=ctx.events.stopping, metrics=ctx.metrics, entries=NodeEntrySupply(ctx),
+        tmpwal_sync="none" if ctx.cfg.wal_sync == "none" else "group",
+        recv_limits=recv_limits, transfer_timeout=30.0, scan_pool=scan_pool,
+        replay_rate_limit=lambda: ctx.cfg.replay_rate_limit)   # cfg is replaced on a live change
+    engine = MoveEngine(mctx)
     engine.supplier_load = load
     return engine
 
 
 # -- supplier side --------------------------------------------------------------------
-class SupplierView(Protocol):
-    @property
-    def data(self) -> dict[str, PartitionData]: ...
-    @property
-    def in_use(self) -> dict[tuple[str, int], int]: ...
-
-    def can_supply(self, cache: str, p: int) -> str | None: ...
-
-
-def make_supplier_storage(node: SupplierView) -> PartitionStoreStorage:
-    """transfer's PartitionStoreStorage limited to partitions this node OWNS (confirmed),
-    counting open snapshots so an eviction waits until no transfer reads the file."""
+def make_supplier_storage(data: Mapping[str, CacheData], in_use: dict[tuple[str, int], int],
+                          can_supply: Callable[[str, int], str | None]) -> PartitionStoreStorage:
+    """transfer's PartitionStoreStorage limited to partitions this node OWNS (confirmed:
+    ``can_supply`` says why not), counting open snapshots in ``in_use`` so an eviction
+    waits until no transfer reads the file."""
 
     class NodeSupplierStorage(PartitionStoreStorage):
         def open_snapshot(self, cache: str, partition: int) -> Snapshot:
-            why = node.can_supply(cache, partition) if cache in node.data else f"no cache {cache!r}"
+            why = can_supply(cache, partition) if cache in data else f"no cache {cache!r}"
             if why:
                 raise NotHeld(why, partition=partition)
             key = (cache, partition)
             snap = super().open_snapshot(cache, partition)
-            node.in_use[key] = node.in_use.get(key, 0) + 1
+            in_use[key] = in_use.get(key, 0) + 1
             inner = snap._close
 
             def close() -> None:
                 try:
                     inner()
                 finally:
-                    node.in_use[key] -= 1
+                    in_use[key] -= 1
             snap._close = close
             return snap
 
-    return NodeSupplierStorage({name: d.store for name, d in node.data.items()})
+    return NodeSupplierStorage({name: d.store for name, d in data.items()})
 
 
-class SupplierHost(SupplierView, Protocol):
-    @property
-    def cfg(self) -> NodeConfig: ...
-    @property
-    def secret(self) -> bytes: ...
-    send_limits: Limits | None
-    supplier: SupplierServer | None
-
-
-def start_supplier(node: SupplierHost) -> str:
-    """Start the node's file supplier; returns the address to advertise."""
-    rate = node.cfg.transfer_rate_limit or None
-    node.send_limits = Limits(node.cfg.transfer_concurrency, rate)
-    host, port = node.cfg.supplier_listen
-    node.supplier = SupplierServer(make_supplier_storage(node), node.secret, host, port,
-                                   limits=node.send_limits, timeout=30.0).start()
-    adv_host = node.cfg.address.rpartition(":")[0]
-    return f"{adv_host}:{node.supplier.address[1]}"
+def start_supplier(cfg: NodeConfig, secret: bytes, storage: PartitionStoreStorage) -> tuple[SupplierServer, Limits, str]:
+    """Start the node's file supplier: the server, its send limits (changed live) and
+    the address to advertise."""
+    limits = Limits(cfg.transfer_concurrency, cfg.transfer_rate_limit or None)
+    host, port = cfg.supplier_listen
+    server = SupplierServer(storage, secret, host, port, limits=limits, timeout=30.0).start()
+    adv_host = cfg.address.rpartition(":")[0]
+    return server, limits, f"{adv_host}:{server.address[1]}"
 
 
 __all__ = ["NodeFeed", "NodeLocator", "NodeEntrySupply", "node_move_engine", "MoveRestart",

@@ -16,19 +16,16 @@ import threading
 import time
 import uuid
 from http.server import HTTPServer
-from typing import TYPE_CHECKING, Callable
 
 from faults import fileio
-from transfer import Limits
 
 from . import metrics as metrics_mod
 from . import tempwal
-from .cluster_map import ClusterMap, PartRecord
+from .cluster_map import ClusterMap
 from .config import NodeConfig
 from .context import Events, MapHolder, MoveTable, NodeContext, PartitionLocks, Replication
 from .errors import BadRequest, DataDirLocked, NodeError
-from .filemove import start_supplier
-from .membership import REQUEST_TIMEOUT_S, SETTINGS, ControlPlane, require_control_plane
+from .membership import SETTINGS, ControlPlane, require_control_plane
 from .move import STAGES
 from .ports import Handler
 from .rebalance import Rebalancer
@@ -40,9 +37,6 @@ from .storage import CacheData, check_data_dir, open_lock_file, read_node_id
 from .updates import UpdatePath
 from .watch import Watcher
 from .wire import Pool, load_secret
-
-if TYPE_CHECKING:
-    from transfer import Supplier
 
 log = logging.getLogger("ferry.node")
 CLEAN = "clean-shutdown"   # present only after a graceful stop: indexes need no rebuild
@@ -73,14 +67,10 @@ def claim_node_id(data: str, node_id: str) -> None:
                         "use that id or another data dir")
 
 
-class Node(Rebalancer):
+class Node:
     """One node process: builds the shared :class:`NodeContext` and the parts that use
     it (control plane, update path, reconcile loop, rebalancer), and owns only the
-    lifecycle (recovery, start, stop) and the one table of RPC handlers.
-
-    The rebalancer is still a base class (being composed next): the properties in the
-    block marked "rebalancer's view" are what it reads of the node, all from the
-    context or the other parts."""
+    lifecycle (recovery, start, stop) and the one table of RPC handlers."""
 
     def __init__(self, cfg: NodeConfig) -> None:
         # the data dir first: a problem there is named before one with the secret
@@ -99,27 +89,17 @@ class Node(Rebalancer):
             fileio.layer().unlink(clean_marker)
             fileio.layer().fsync_dir(cfg.data)
         data = {c.name: CacheData(cfg, c, clean=clean) for c in cfg.caches}   # recovery here
-        events = Events()
         self.ctx = ctx = NodeContext(
             cfg=cfg, id=cfg.id, boot=uuid.uuid4().hex[:12], secret=secret,
             metrics=metrics_mod.Metrics(), data=data,
             states=StateTable(cfg.data, on_change=self._state_changed),
             pool=Pool(secret, role="node"), map=MapHolder(ClusterMap({c.name: c for c in cfg.caches})),
-            plock=PartitionLocks(), events=events, repl=Replication(), moves=MoveTable())
+            plock=PartitionLocks(), events=Events(), repl=Replication(), moves=MoveTable())
         self.control = ControlPlane(ctx, on_settings=self.apply_live_config)
         self.updates = UpdatePath(ctx, self.control)
-        self.reconciler = Reconciler(ctx, self.control, self)
-        self.updates.bind(self)
-        self.sessions: dict[str, tuple[list[tuple[bytes, bytes | None, int]], int]] = {}
-        self.supplier_load: dict[str, int] = {}           # fetches of this node per supplier
-        self.page_sizes: dict[tuple[str, str, str], int] = {}   # supplier (node, boot, addr) -> page size
-        # index rebuilds of files moves scan in these processes (started on the first move)
-        from indexes import ScanPool
-        self.scan_pool = (ScanPool(cfg.index_workers, min_bytes=cfg.index_offload_min_bytes,
-                                   when=cfg.index_offload) if cfg.index_workers > 0 else None)
-        self.supplier: Supplier | None = None
-        self.recv_limits = Limits(cfg.transfer_concurrency, cfg.transfer_rate_limit or None)
-        self.send_limits: Limits | None = None
+        self.rebalancer = Rebalancer(ctx, self.control, self.updates)
+        self.updates.bind(self.rebalancer)
+        self.reconciler = Reconciler(ctx, self.control, self.rebalancer)
         self._finish_interrupted()
         log.info("stage=recovery node=%s recovered %d cache(s) in %.2fs", cfg.id,
                  len(data), time.monotonic() - t0)
@@ -128,59 +108,11 @@ class Node(Rebalancer):
         self.watcher: Watcher | None = None
         self.live_validation = LiveValidation.of(ctx, self.updates.leads)   # docs/validation.md
         self.handlers: dict[str, Handler] = {
-            **self.control.handlers(), **self.updates.handlers(), **self._rebalancer_handlers(),
+            **self.control.handlers(), **self.updates.handlers(), **self.rebalancer.handlers(),
             **self.live_validation.handlers,
             "ping": self.op_ping, "get_map": self.op_get_map, "leave": self.op_leave,
             "moves": self.op_moves, "moves_done": self.op_moves_done, "metrics": self.op_metrics}
         ctx.metrics.collectors.append(self._collect)
-
-    def _rebalancer_handlers(self) -> dict[str, Handler]:
-        return {"demand": self.op_demand, "fetch": self.op_fetch, "demand_done": self.op_demand_done,
-                "register": self.op_register, "handoff": self.op_handoff, "unfence": self.op_unfence}
-
-    # -- the rebalancer's view (until it is composed as well) ---------------------
-    cfg = property(lambda self: self.ctx.cfg)
-    id = property(lambda self: self.ctx.id)
-    secret = property(lambda self: self.ctx.secret)
-    metrics = property(lambda self: self.ctx.metrics)
-    data = property(lambda self: self.ctx.data)
-    states = property(lambda self: self.ctx.states)
-    pool = property(lambda self: self.ctx.pool)
-    map = property(lambda self: self.ctx.map.map)
-    map_lock = property(lambda self: self.ctx.map.lock)
-    plock = property(lambda self: self.ctx.plock)
-    stopping = property(lambda self: self.ctx.events.stopping)
-    copies = property(lambda self: self.ctx.repl.copies)
-    fenced = property(lambda self: self.ctx.repl.fenced)
-    handoffs = property(lambda self: self.ctx.repl.handoffs)
-    in_use = property(lambda self: self.ctx.repl.in_use)
-    moves = property(lambda self: self.ctx.moves.running)
-    moves_lock = property(lambda self: self.ctx.moves.lock)
-    moves_done = property(lambda self: self.ctx.moves.done)
-    transfer_address = property(lambda self: self.ctx.transfer_address)
-
-    def leads(self, cache: str, p: int, *, write: bool = True) -> bool:
-        return self.updates.leads(cache, p, write=write)
-
-    def _not_primary(self, cache: str, p: int) -> NodeError:
-        return self.updates.not_primary(cache, p)
-
-    def _serving(self) -> None:
-        self.updates.require_serving()
-
-    def check_epoch(self, cache: str, p: int, epoch: int | None, sender: str, *,
-                    demand: bool = False) -> None:
-        self.updates.check_epoch(cache, p, epoch, sender, demand=demand)
-
-    def request(self, cache: str, p: int, doc: dict[str, object], done: Callable[[PartRecord], bool],
-                timeout: float = REQUEST_TIMEOUT_S) -> PartRecord:
-        return self.control.request(cache, p, doc, done, timeout)
-
-    def wake(self) -> None:
-        self.ctx.wake()
-
-    def take_primary(self, cache: str, p: int, prim: str) -> None:
-        self._take_primary(cache, p, prim)
 
     # -- recovery -------------------------------------------------------------------
     def _finish_interrupted(self) -> None:
@@ -210,7 +142,7 @@ class Node(Rebalancer):
         require_control_plane(ctx.cfg)       # say so before binding anything
         self.server = RpcServer(ctx.cfg.listen, ctx.secret, self.dispatch)
         self.server.start()
-        ctx.transfer_address = start_supplier(self)
+        ctx.transfer_address = self.rebalancer.start_supplier()
         log.info("stage=serving node=%s file supplier on %s", ctx.id, ctx.transfer_address)
         self.control.connect()
         ctx.events.joined.set()
@@ -233,10 +165,7 @@ class Node(Rebalancer):
         self.control.stop(leave=ctx.events.left.is_set())
         if self.server:
             self.server.stop()
-        if self.supplier:
-            self.supplier.stop()
-        if self.scan_pool is not None:
-            self.scan_pool.close()
+        self.rebalancer.stop()
         if self.http:
             self.http.shutdown()
         for name, d in ctx.data.items():
@@ -290,11 +219,7 @@ class Node(Rebalancer):
     def apply_live_config(self, old: NodeConfig, new: NodeConfig) -> None:
         """Settings that change without a restart (watch.py reloads the file, the
         control plane applies cluster settings); ``ctx.cfg`` is already ``new``."""
-        rate = new.transfer_rate_limit or None
-        for lim in (self.recv_limits, self.send_limits):
-            if lim is not None:
-                lim.set_rate(rate)
-                lim.set_max_transfers(new.transfer_concurrency)
+        self.rebalancer.apply_limits(new)
         if new.checkpoint_interval_s != old.checkpoint_interval_s:
             for d in self.ctx.data.values():
                 d.store.set_checkpoint_interval(new.checkpoint_interval_s)

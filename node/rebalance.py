@@ -15,9 +15,15 @@ import threading
 import time
 import uuid
 
+from indexes import ScanPool
+from transfer import Limits, SupplierServer
+
+from .config import NodeConfig
+from .context import NodeContext
 from .errors import NodeError, Unavailable
-from .filemove import NodeView, node_move_engine
+from .filemove import make_supplier_storage, node_move_engine, start_supplier
 from .move import FETCH_BYTES, Move, MoveEngine, supply_batch  # noqa: F401  (public here too)
+from .ports import Handlers, IsrControl, Leadership
 from .states import State
 
 log = logging.getLogger("ferry.node.rebalance")
@@ -25,27 +31,62 @@ FENCE_SECONDS = 10.0           # a hand-off that is not confirmed in this time i
 
 
 class Rebalancer:
-    # -- demander -----------------------------------------------------------------
-    def _engine(self) -> MoveEngine:
-        eng: MoveEngine | None = self.__dict__.get("_move_engine")
-        if eng is None:
-            view: NodeView = self  # type: ignore[assignment]   # the node provides the view
-            eng = self.__dict__["_move_engine"] = node_move_engine(view)
-        return eng
+    """Moves of partitions to this node (the demander side, through the move engine)
+    and the primary's / supplier's side of moves to others."""
 
+    def __init__(self, ctx: NodeContext, control: IsrControl, leader: Leadership) -> None:
+        self.ctx = ctx
+        self.control = control
+        self.leader = leader
+        cfg = ctx.cfg
+        # index rebuilds of files moves scan in these processes (started on the first move)
+        self.scan_pool = (ScanPool(cfg.index_workers, min_bytes=cfg.index_offload_min_bytes,
+                                   when=cfg.index_offload) if cfg.index_workers > 0 else None)
+        self.recv_limits = Limits(cfg.transfer_concurrency, cfg.transfer_rate_limit or None)
+        self.send_limits: Limits | None = None
+        self.supplier: SupplierServer | None = None
+        self.engine = node_move_engine(ctx, self.recv_limits, self.scan_pool)
+        # messages mode, primary side: session -> (entries at C, opened at)
+        self.sessions: dict[str, tuple[list[tuple[bytes, bytes | None, int]], float]] = {}
+
+    def handlers(self) -> Handlers:
+        return {"demand": self.op_demand, "fetch": self.op_fetch, "demand_done": self.op_demand_done,
+                "register": self.op_register, "handoff": self.op_handoff, "unfence": self.op_unfence}
+
+    def start_supplier(self) -> str:
+        """Serve this node's partition files; returns the address to advertise."""
+        storage = make_supplier_storage(self.ctx.data, self.ctx.repl.in_use, self.can_supply)
+        self.supplier, self.send_limits, address = start_supplier(self.ctx.cfg, self.ctx.secret, storage)
+        return address
+
+    def apply_limits(self, new: NodeConfig) -> None:
+        """Transfer limits that change live (a cluster setting or the config file)."""
+        rate = new.transfer_rate_limit or None
+        for lim in (self.recv_limits, self.send_limits):
+            if lim is not None:
+                lim.set_rate(rate)
+                lim.set_max_transfers(new.transfer_concurrency)
+
+    def stop(self) -> None:
+        if self.supplier:
+            self.supplier.stop()
+        if self.scan_pool is not None:
+            self.scan_pool.close()
+
+    # -- demander -----------------------------------------------------------------
     def start_move(self, cache: str, p: int, why: str) -> bool:
         """Start pulling p unless it is already moving or the concurrency limit is
         reached (then the next reconcile tries again); True when started."""
         key = (cache, p)
-        engine = self._engine()
-        with self.moves_lock:
+        engine = self.engine
+        with self.ctx.moves.lock:
             # files mode: twice the transfer limit, so the index rebuild and replay of
             # some moves overlap the transfers of others (transfers are limited anyway)
-            limit = self.cfg.transfer_concurrency * (2 if self.cfg.rebalance_mode == "files" else 1)
-            if key in self.moves or len(self.moves) >= limit:
+            limit = self.ctx.cfg.transfer_concurrency * (2 if self.ctx.cfg.rebalance_mode == "files" else 1)
+            if key in self.ctx.moves.running or len(self.ctx.moves.running) >= limit:
                 return False
-            mv = Move(cache, p, mode=self.cfg.rebalance_mode, on_stage=self._stage_done)
-            self.moves[key] = mv
+            mv = Move(cache, p, mode=self.ctx.cfg.rebalance_mode, on_stage=self._stage_done)
+            self.ctx.moves.running[key] = mv
         log.info("stage=prepare cache=%s partition=%d move starts: %s", cache, p, why)
         threading.Thread(target=self._run_move, args=(engine, mv), name=f"move-{cache}-{p}",
                          daemon=True).start()
@@ -53,68 +94,67 @@ class Rebalancer:
 
     def request_resync(self, cache: str, p: int, why: str) -> None:
         """An OWNING copy that may be stale becomes MOVING and pulls p again."""
-        self.states.set(cache, p, State.MOVING, reason=f"resync: {why}")
-        self.wake()
+        self.ctx.states.set(cache, p, State.MOVING, reason=f"resync: {why}")
+        self.ctx.wake()
 
     def _stage_done(self, stage: str, seconds: float) -> None:
-        self.metrics.observe("ferry_node_move_stage_seconds", seconds, stage=stage)
+        self.ctx.metrics.observe("ferry_node_move_stage_seconds", seconds, stage=stage)
 
     def _run_move(self, engine: MoveEngine, mv: Move) -> None:
         try:
             if engine.run(mv):
-                self.moves_done.append(mv.summary(self.id))
+                self.ctx.moves.done.append(mv.summary(self.ctx.id))
         except Exception:
             log.exception("stage=%s cache=%s partition=%d move crashed", mv.stage, mv.cache, mv.p)
         finally:
             engine.finish(mv)
-            with self.plock(mv.cache, mv.p):
-                with self.moves_lock:
-                    self.moves.pop((mv.cache, mv.p), None)
-            self.wake()
+            with self.ctx.plock(mv.cache, mv.p):
+                with self.ctx.moves.lock:
+                    self.ctx.moves.running.pop((mv.cache, mv.p), None)
+            self.ctx.wake()
 
     def buffer_update(self, mv: Move, cache: str, p: int, key: bytes, value: bytes | None,
                       counter: int, prev: int, durable: bool = True) -> str:
         """op_replicate for a MOVING copy (partition lock held): the engine's
         :meth:`~node.move.MoveEngine.buffer_update`."""
-        return self._engine().buffer_update(mv, key, value, counter, prev, durable)
+        return self.engine.buffer_update(mv, key, value, counter, prev, durable)
 
     def backpressure(self, mv: Move, records: int = 1) -> None:
         """After the partition lock is released: the engine's
         :meth:`~node.move.MoveEngine.backpressure` (a replay catches up with writes)."""
-        self._engine().backpressure(mv, records)
+        self.engine.backpressure(mv, records)
 
     # -- primary / supplier ------------------------------------------------------------
     def op_register(self, cache: str, p: int, node: str, address: str,
                     epoch: int | None = None) -> dict[str, int]:
         """Primary: replicate p to ``node`` (a MOVING copy) from now on; returns the
         counter at registration (all earlier updates are replicated already)."""
-        self._serving()
-        with self.plock(cache, p):
-            self.check_epoch(cache, p, epoch, node, demand=True)
-            if not self.leads(cache, p):
-                raise self._not_primary(cache, p)
-            self.copies.setdefault((cache, p), {})[node] = address
-            return {"counter": self.data[cache].counter(p)}
+        self.leader.require_serving()
+        with self.ctx.plock(cache, p):
+            self.leader.check_epoch(cache, p, epoch, node, demand=True)
+            if not self.leader.leads(cache, p):
+                raise self.leader.not_primary(cache, p)
+            self.ctx.repl.copies.setdefault((cache, p), {})[node] = address
+            return {"counter": self.ctx.data[cache].counter(p)}
 
     def can_supply(self, cache: str, p: int) -> str | None:
         """None when this node may send p's file; else why not."""
-        if self.states.get(cache, p) != State.OWNING:
-            return f"{self.id} does not own {cache}/{p} ({self.states.get(cache, p)})"
-        with self.map_lock:
-            if self.id not in self.map.parts[cache][p].isr:
-                return f"{self.id}'s copy of {cache}/{p} is not in sync (not confirmed by the primary)"
+        if self.ctx.states.get(cache, p) != State.OWNING:
+            return f"{self.ctx.id} does not own {cache}/{p} ({self.ctx.states.get(cache, p)})"
+        if self.ctx.id not in self.ctx.map.record(cache, p).isr:
+            return f"{self.ctx.id}'s copy of {cache}/{p} is not in sync (not confirmed by the primary)"
         return None
 
     # -- supplier -----------------------------------------------------------------
     def op_demand(self, cache: str, p: int, node: str, address: str,
                   epoch: int | None = None) -> dict[str, object]:
-        self._serving()
-        data = self.data[cache]
-        with self.plock(cache, p):
-            self.check_epoch(cache, p, epoch, node, demand=True)
-            if not self.leads(cache, p):
-                raise self._not_primary(cache, p)
-            self.copies.setdefault((cache, p), {})[node] = address
+        self.leader.require_serving()
+        data = self.ctx.data[cache]
+        with self.ctx.plock(cache, p):
+            self.leader.check_epoch(cache, p, epoch, node, demand=True)
+            if not self.leader.leads(cache, p):
+                raise self.leader.not_primary(cache, p)
+            self.ctx.repl.copies.setdefault((cache, p), {})[node] = address
             C = data.counter(p)
             entries = sorted(data.entries(p), key=lambda e: e[2])
         sid = uuid.uuid4().hex
@@ -127,7 +167,7 @@ class Rebalancer:
     def op_fetch(self, session: str, offset: int, max_bytes: int = FETCH_BYTES) -> dict[str, object]:
         got = self.sessions.get(session)
         if got is None:
-            raise Unavailable(f"no transfer session {session} on {self.id} (restarted?)")
+            raise Unavailable(f"no transfer session {session} on {self.ctx.id} (restarted?)")
         entries, size, out = got[0], 0, []
         i = offset
         while i < len(entries) and (size < max_bytes or not out):
@@ -143,34 +183,34 @@ class Rebalancer:
     # -- hand-off of the primary role ---------------------------------------------
     def op_handoff(self, cache: str, p: int, to: str) -> int:
         """Fence p (stop taking writes) so ``to`` can become primary; returns the counter."""
-        with self.plock(cache, p):
-            if not self.leads(cache, p):
-                raise self._not_primary(cache, p)
-            self.fenced[(cache, p)] = time.monotonic() + FENCE_SECONDS
-            return self.data[cache].counter(p)
+        with self.ctx.plock(cache, p):
+            if not self.leader.leads(cache, p):
+                raise self.leader.not_primary(cache, p)
+            self.ctx.repl.fenced[(cache, p)] = time.monotonic() + FENCE_SECONDS
+            return self.ctx.data[cache].counter(p)
 
     def op_unfence(self, cache: str, p: int) -> bool:
-        return self.fenced.pop((cache, p), None) is not None
+        return self.ctx.repl.fenced.pop((cache, p), None) is not None
 
-    def _take_primary(self, cache: str, p: int, prim: str) -> None:
-        addr = self.map.address(prim)
+    def take_primary(self, cache: str, p: int, prim: str) -> None:
+        addr = self.ctx.map.address(prim)
         try:
-            theirs = self.pool.call(addr, "handoff", cache=cache, p=p, to=self.id)
-            with self.plock(cache, p):
-                mine = self.data[cache].counter(p)
+            theirs = self.ctx.pool.call(addr, "handoff", cache=cache, p=p, to=self.ctx.id)
+            with self.ctx.plock(cache, p):
+                mine = self.ctx.data[cache].counter(p)
             ok = False
             if mine == theirs:
                 try:
-                    self.request(cache, p, {"op": "set_primary", "previous": prim},
-                                 lambda r: r.primary == self.id)
+                    self.control.request(cache, p, {"op": "set_primary", "previous": prim},
+                                 lambda r: r.primary == self.ctx.id)
                     ok = True
                 except NodeError as e:
                     log.info("stage=handoff cache=%s partition=%d refused: %s", cache, p, e)
             if not ok:
-                self.pool.call(addr, "unfence", cache=cache, p=p)
+                self.ctx.pool.call(addr, "unfence", cache=cache, p=p)
                 log.info("stage=handoff cache=%s partition=%d not taken (counter %d vs %d)",
                          cache, p, mine, theirs)
         except NodeError as e:
             log.info("stage=handoff cache=%s partition=%d from %s failed: %s", cache, p, prim, e)
         finally:
-            self.handoffs.discard((cache, p))
+            self.ctx.repl.handoffs.discard((cache, p))
