@@ -29,6 +29,19 @@ class OutOfDiskError(FerryError):
         )
 
 
+class NotRegularFile(FerryError):
+    """:func:`faults.fileio.read_regular` found something other than a regular file."""
+
+
+class FileTooLarge(FerryError):
+    """:func:`faults.fileio.read_regular` found a file over its limit; ``size`` is its
+    size."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        super().__init__(f"{size} bytes")
+
+
 _DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
 
 

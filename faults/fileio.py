@@ -14,7 +14,7 @@ import os
 import stat
 from typing import Iterator
 
-from .errors import OutOfDiskError, translate_os_error
+from .errors import FileTooLarge, NotRegularFile, OutOfDiskError, translate_os_error  # noqa: F401 (the two: re-exported)
 
 
 class FileLayer:
@@ -113,18 +113,6 @@ def atomic_write(path: str, data: bytes, *, error: type[OutOfDiskError] = OutOfD
     io.close(fd)
     io.replace(tmp, path)
     io.fsync_dir(os.path.dirname(os.path.abspath(path)))
-
-
-class NotRegularFile(Exception):
-    """:func:`read_regular` found something other than a regular file."""
-
-
-class FileTooLarge(Exception):
-    """:func:`read_regular` found a file over its limit; ``size`` is its size."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        super().__init__(f"{size} bytes")
 
 
 def read_regular(path: str, limit: int | None = None) -> bytes:

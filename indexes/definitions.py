@@ -13,7 +13,7 @@ from typing import Any, Callable, NamedTuple
 
 import msgpack
 
-from .errors import IndexDefinitionError
+from .errors import BadDocument, IndexDefinitionError
 
 try:  # orjson parses a 100-byte document ~5x faster than json; optional.
     import orjson as _orjson
@@ -30,10 +30,6 @@ CODECS = ("json", "msgpack")
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 MISSING = object()
 """What :func:`field_value` gives for a path the document does not have."""
-
-
-class BadDocument(ValueError):
-    """The stored value is not a document of the store's codec."""
 
 
 def _no_constants(name: str) -> Any:

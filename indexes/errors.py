@@ -62,3 +62,12 @@ class RebuildCancelled(IndexStoreError):
 
 class BadQueryError(IndexStoreError, ValueError):
     """A lookup or range bound that no index value can equal (list, dict, NaN ...)."""
+
+
+class BadDocument(IndexStoreError, ValueError):
+    """A stored value is not a document of the store's codec (the indexer counts it as
+    a bad value, or refuses it under ``on_bad="refuse"``)."""
+
+
+class UnencodableValue(IndexStoreError, ValueError):
+    """The value has no place in the index order (list, dict, NaN, huge int)."""

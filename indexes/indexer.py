@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Callable, Iterable
 
 from . import accel, keycodec
-from .definitions import (MISSING, Bad, BadDocument, Entry, IndexDefinition, document_decoder,
+from .definitions import (MISSING, Bad, Entry, IndexDefinition, document_decoder,
                           fast_json_loads, field_value, type_ok)
-from .errors import BadValueError
+from .errors import BadDocument, BadValueError
 
 # The per-index encoding cache holds these types (bool/None are cheap; bytes are rare),
 # up to _CACHE_MAX values per index.

@@ -46,6 +46,8 @@ import struct
 import msgpack
 import xxhash
 
+from .errors import UnencodableValue
+
 TAG_NULL = 0x10
 TAG_FALSE = 0x18
 TAG_TRUE = 0x19
@@ -76,10 +78,6 @@ _FALSE = bytes([TAG_FALSE])
 _TRUE = bytes([TAG_TRUE])
 _STR = bytes([TAG_STRING])
 _BYT = bytes([TAG_BYTES])
-
-
-class UnencodableValue(ValueError):
-    """The value has no place in the index order (list, dict, NaN, huge int)."""
 
 
 def _num(f: float, correction: int) -> bytes:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -157,3 +158,80 @@ def private_imports(package_dir: str | os.PathLike[str]) -> list[ImportSite]:
     return [s for s in import_sites(package_dir)
             if s.target != s.module
             and any(n.startswith("_") and not n.startswith("__") for n in s.names)]
+
+
+# -- imports across packages ------------------------------------------------------------
+PACKAGES = ("faults", "wal", "checkpoint", "transfer", "indexes", "node", "cluster_sim",
+            "validation", "ferry")
+
+
+@dataclass(frozen=True)
+class Reach:
+    """An import of another package's private module (not its public face)."""
+
+    path: str        # the importing file, relative to the root
+    line: int
+    module: str      # the module reached, e.g. "node.assignment"
+    names: tuple[str, ...]
+
+    def __str__(self) -> str:
+        what = f" ({', '.join(self.names)})" if self.names else ""
+        return f"{self.path}:{self.line}: {self.module}{what}"
+
+
+def public_modules(root: str | os.PathLike[str], package: str) -> set[str]:
+    """The modules of ``package`` other packages may import: the package itself and the
+    submodules its docstring names (``:mod:`pkg.x```, ``pkg.x``) or its ``__init__``
+    imports by name (``from . import fileio``)."""
+    init = Path(root) / package / "__init__.py"
+    tree = ast.parse(init.read_text())
+    out = {package}
+    doc = ast.get_docstring(tree) or ""
+    subs = {m[:-3] for m in os.listdir(Path(root) / package) if m.endswith(".py")}
+    subs |= {d for d in os.listdir(Path(root) / package)
+             if (Path(root) / package / d / "__init__.py").exists()}
+    for s in subs:
+        # "pkg.x" named as a word ("pkg.x.Name" too), not as part of a longer name
+        if re.search(rf"(?<![\w.]){package}\.{s}(?!\w)", doc):
+            out.add(f"{package}.{s}")
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module is None:
+            out.update(f"{package}.{a.name}" for a in node.names if a.name in subs)
+    return out
+
+
+def private_reaches(root: str | os.PathLike[str], files: list[Path],
+                    packages: tuple[str, ...] = PACKAGES) -> list[Reach]:
+    """Imports in ``files`` of a module of another package that is not on its face."""
+    root = Path(root).resolve()
+    faces = {p: public_modules(root, p) for p in packages}
+    out: list[Reach] = []
+    for f in files:
+        f = Path(f).resolve()
+        rel = f.relative_to(root)
+        own = rel.parts[0] if rel.parts[0] in packages else None
+        tree = ast.parse(f.read_text(), filename=str(f))
+        for node in ast.walk(tree):
+            mods: list[tuple[str, tuple[str, ...]]] = []
+            if isinstance(node, ast.Import):
+                mods = [(a.name, ()) for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = tuple(a.name for a in node.names)
+                mods = [(node.module, names)]
+                # `from pkg import submodule` reaches the submodule
+                top = node.module.split(".")[0]
+                if node.module == top and top in packages:
+                    pkg_dir = root / top
+                    mods += [(f"{top}.{n}", ()) for n in names
+                             if (pkg_dir / f"{n}.py").exists()
+                             or (pkg_dir / n / "__init__.py").exists()]
+            for mod, names in mods:
+                top = mod.split(".")[0]
+                if top not in packages or top == own or "." not in mod:
+                    continue
+                # the module or a package above it on the other package's face
+                parts = mod.split(".")
+                if not any(".".join(parts[:i]) in faces[top] and i == len(parts)
+                           for i in range(2, len(parts) + 1)):
+                    out.append(Reach(str(rel), node.lineno, mod, names))
+    return sorted(out, key=lambda r: (r.path, r.line))

@@ -18,6 +18,7 @@ Public face:
   following planted links or waiting on FIFOs)
 - :mod:`transfer.splice` (the demander's zero-copy receive, socket -> pipe -> file;
   ``Demander(splice=False)`` forces the copying path, ``FetchResult.spliced`` tells)
+- :func:`partial_paths` (the temp file and resume journal an unfinished fetch leaves)
 - errors: :class:`TransferError` and subclasses in :mod:`transfer.errors`
 
 The protocol is written down in docs/protocol.md.
@@ -26,19 +27,20 @@ from __future__ import annotations
 
 from .demander import Demander
 from .errors import (AuthError, BadName, ChecksumError, FrameError, NotHeld, OutOfDiskError,
-                     PageCheckError, PeerClosed, PeerUnreachable, RemoteError, TransferError,
-                     UnsafePath)
+                     PageCheckError, PeerClosed, PeerUnreachable, RemoteError, SSHError,
+                     TransferError, UnsafePath)
 from .limits import Limits, parse_rate
 from .messages import Priority
 from .result import FetchResult, Progress
+from .resume import partial_paths
 from .storage import DirectoryStorage, PartitionStoreStorage, Snapshot, TransferStorage
 from .supplier import SupplierServer
 
 __all__ = [
     "Demander", "FetchResult", "Progress", "SupplierServer",
     "DirectoryStorage", "PartitionStoreStorage", "Snapshot", "TransferStorage",
-    "Limits", "Priority", "parse_rate",
+    "Limits", "Priority", "parse_rate", "partial_paths",
     "TransferError", "AuthError", "BadName", "ChecksumError", "FrameError", "NotHeld",
     "OutOfDiskError", "PageCheckError", "PeerClosed", "PeerUnreachable", "RemoteError",
-    "UnsafePath",
+    "SSHError", "UnsafePath",
 ]

@@ -101,3 +101,16 @@ class UnsafePath(TransferError):
     device, directory or hard link where a regular file or a real directory belongs.
     Refused rather than followed, so a planted link cannot lead reads or writes out of
     the data directory and a FIFO cannot make a transfer wait for ever."""
+
+
+class SSHError(TransferError):
+    """SSH-level failure: host key, authentication, or forwarding refused."""
+
+
+class BadPage(TransferError):
+    """From a storage's ``prepare_install``: page ``page`` of the received file fails
+    its check (``reason``); the demander re-requests the page's chunk."""
+
+    def __init__(self, page: int, reason: str) -> None:
+        super().__init__(f"page {page}: {reason}")
+        self.page, self.reason = page, reason

@@ -32,6 +32,15 @@ from .errors import OutOfDiskError, UnsafePath
 
 TMP_SUFFIX = ".ferry-tmp"
 JOURNAL_SUFFIX = ".ferry-resume"
+
+
+def partial_paths(target: str) -> tuple[str, str]:
+    """The files an unfinished fetch of ``target`` leaves next to it: the temp file
+    being received and its resume journal (a holder that gives the partition up
+    deletes both)."""
+    return target + TMP_SUFFIX, target + JOURNAL_SUFFIX
+
+
 _MAGIC = b"FYRESUM1"
 _HEAD = struct.Struct("<8sII")
 _REC = struct.Struct("<IIQI")
@@ -51,8 +60,7 @@ class Receiving:
 
     def __init__(self, target: str, chunk_size: int, *, sync_bytes: int = 32 << 20) -> None:
         self.target = target
-        self.tmp_path = target + TMP_SUFFIX
-        self.journal_path = target + JOURNAL_SUFFIX
+        self.tmp_path, self.journal_path = partial_paths(target)
         self.chunk_size = chunk_size
         self.sync_bytes = sync_bytes
         self.held: dict[int, tuple[int, int]] = {}     # index -> (length, checksum), durable

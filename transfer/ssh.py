@@ -17,7 +17,7 @@ import socket
 import threading
 from typing import Any, Callable
 
-from .errors import AuthError, PeerUnreachable, TransferError
+from .errors import AuthError, PeerUnreachable, SSHError
 from .transport import ChannelConn
 
 # Receive window: big enough to keep a fast link busy across the round trip;
@@ -27,10 +27,6 @@ WINDOW = 16 << 20
 # paramiko (OpenSSH's own ceiling is 256 KiB per packet).
 MAX_PACKET = 128 << 10
 PREFERRED_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "aes128-ctr")
-
-
-class SSHError(TransferError):
-    """SSH-level failure: host key, authentication, or forwarding refused."""
 
 
 class SSHTunnel:

@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator, Mapping, Protocol
 from faults import fileio
 
 from . import safefs
-from .errors import Busy, NotHeld, TransferError, UnsafePath
+from .errors import BadPage, Busy, NotHeld, TransferError, UnsafePath  # noqa: F401 (BadPage: re-exported)
 from .messages import check_cache, check_partition
 
 DEFAULT_CACHE = "default"
@@ -234,11 +234,3 @@ class PartitionStoreStorage:
         except self._store_error as e:
             raise TransferError(f"the store refused to install partition {partition}: {e}",
                                 partition=partition) from None
-
-
-class BadPage(Exception):
-    """From ``prepare_install``: page ``page`` of the received file fails its check."""
-
-    def __init__(self, page: int, reason: str) -> None:
-        super().__init__(f"page {page}: {reason}")
-        self.page, self.reason = page, reason
