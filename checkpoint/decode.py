@@ -52,8 +52,8 @@ def page_entries(buf) -> Iterator[tuple[int, int, bytes, int, int, int]]:
 
 # -- the fast path -----------------------------------------------------------------
 # One pass per DATA page both checks the slot structure (exactly the conditions of
-# _check_data) and cuts keys and values out of the read chunk. On any failed check
-# the reference functions (check_page/_check_data) are asked for the reason, so the
+# check_data) and cuts keys and values out of the read chunk. On any failed check
+# the reference functions (check_page/check_data) are asked for the reason, so the
 # errors are those of the page-by-page checker by construction; pages holding
 # overflow entries go through the reference per-entry code (page_entries) too.
 _SLOW = object()                   # "page is valid but holds overflow entries"
@@ -67,7 +67,7 @@ _OVF_SIZE = OVF_ENTRY              # 19
 def _data_page(chunk: bytes, base: int, ps: int, count: int, heap: int,
                tombstones: bool, pairs: bool) -> list | object | None:
     """Items of the DATA page at ``chunk[base:base+ps]`` (CRC already checked): Entry
-    tuples, or (key, value) pairs when ``pairs``. None: the page fails _check_data.
+    tuples, or (key, value) pairs when ``pairs``. None: the page fails check_data.
     _SLOW: valid, but holds overflow entries."""
     if not HDR + 2 * count <= heap <= ps:
         return None

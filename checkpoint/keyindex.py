@@ -206,7 +206,7 @@ class KeyIndex:
 
     def add_page_keys(self, pages: Sequence[tuple[int, int, int, list[tuple[int, bytes]]]]
                       ) -> None:
-        """:meth:`add_many` of the keys of ``pages``, items of ``pagefile.iter_page_keys``
+        """:meth:`add_many` of the keys of ``pages``, items of ``keyscan.iter_page_keys``
         (``(page, type, used, [(slot, key)])``) at location ``page << 16 | slot``,
         hashed in C when it can be (no per-key tuple built)."""
         acc = _accel
@@ -229,7 +229,7 @@ class KeyIndex:
 
     def add_hashed(self, hashes: bytes, locations: bytes) -> None:
         """:meth:`add_many` of keys already hashed by a C path (``scan_pages``, or the
-        decoder's ``pagefile.scan_key_hashes``): two columns of native u64, hashes
+        decoder's ``keyscan.scan_key_hashes``): two columns of native u64, hashes
         (xxh3-64) and locations (never 0)."""
         acc = _accel
         if acc is None or not self._native:

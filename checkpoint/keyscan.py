@@ -28,7 +28,7 @@ _ENTRY_SIZE = ENTRY.size           # 15
 def _data_keys(chunk: bytes, base: int, ps: int, count: int, heap: int
                ) -> tuple[int, list[tuple[int, bytes]]] | None:
     """(bytes in use, [(slot, key)]) of the DATA page at ``chunk[base:base+ps]`` (CRC
-    already checked) in one pass that also makes the checks of _check_data; None when
+    already checked) in one pass that also makes the checks of check_data; None when
     the page fails them. Values are not touched (overflow chains are not followed)."""
     if not HDR + 2 * count <= heap <= ps:
         return None

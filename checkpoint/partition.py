@@ -32,8 +32,8 @@ from .decode import page_entries
 from .errors import CorruptPageError
 from .keyindex import KeyIndex
 from .keyscan import iter_page_keys, scan_key_hashes
-from .layout import (ENTRY, F_OVERFLOW, F_TOMBSTONE, HDR, OFF_TYPE, PTR, SLOT, EntryFlag,
-                     PageType, header_count, header_index, read_header)
+from .layout import (ENTRY, F_OVERFLOW, F_TOMBSTONE, HDR, HEADER, OFF_TYPE, PTR, SLOT,
+                     EntryFlag, PageType, header_count, header_index)
 from .memory import PageMemory, page_key
 from .reader import read_meta
 
@@ -264,8 +264,7 @@ class Partition:
                 if bad:
                     raise CorruptPageError(self.path, at, at * ps, bad)
             buf = self.page(index)
-            head = read_header(buf)
-            ptype, used, nxt = head.type, head.count, head.aux
+            _crc, _index, ptype, _flags, used, nxt = HEADER.unpack_from(buf, 0)
             if ptype != _OVERFLOW:
                 raise CorruptPageError(self.path, index, index * ps,
                                        f"page of an overflow chain has type {PageType(ptype).name}")
