@@ -13,7 +13,8 @@ Documentation: docs/rebalancing.md.
 from __future__ import annotations
 
 from .apply import APPLY_CHUNK, APPLY_CHUNK_BYTES, apply_chunked
-from .engine import MoveContext, MoveEngine
+from .context import MoveContext
+from .engine import MoveEngine
 from .errors import FilesImpossible, MoveRestart
 from .messages import FETCH_BYTES, supply_batch
 from .ports import (EntrySupply, MoveMetrics, NoMetrics, PartitionData, PartitionLock, ReplicaFeed,

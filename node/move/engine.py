@@ -31,24 +31,19 @@ durably); :meth:`MoveEngine.run` is that loop, with the fall-back to the message
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Callable
 
 from faults import crashpoint
 from indexes import Progress as IndexProgress
-from indexes import ScanPool
-from transfer import Demander, FetchResult, Limits, PartitionStoreStorage, Progress, TransferError
+from transfer import Demander, FetchResult, PartitionStoreStorage, Progress, TransferError
 
 from ..errors import NodeError, Unavailable
 from ..states import State
 from .apply import apply_chunked
+from .context import MoveContext
 from .errors import FilesImpossible, MoveRestart
 from .messages import messages_once
-from .ports import (EntrySupply, MoveMetrics, NoMetrics, PartitionData, PartitionLock, ReplicaFeed,
-                    StateStore, SupplierLocator)
+from .ports import PartitionData
 from .progress import MemorySink, Move
 from .rebuild import rebuild_installed
 from .stages import Stage
@@ -63,31 +58,6 @@ TAIL = 64                  # records left when the switch to the direct path hap
 FETCH_GIVE_UP_S = 60.0     # every supplier failing this long restarts the whole move
 CHECKPOINT_TIMEOUT_S = 120.0
 BACKPRESSURE_MAX_S = 0.5  # below the primary's replicate timeout (5 s) by far
-
-
-@dataclass
-class MoveContext:
-    """Everything the engine uses of its host: the ports and a few settings."""
-
-    me: str                                  # this copy's name (logs, summaries)
-    data_dir: str                            # temp WALs live in DATA/tmpwal/<cache>/part-<p>
-    secret: bytes                            # the cluster secret (transfer handshake)
-    data: Mapping[str, PartitionData]        # cache -> its partitions
-    states: StateStore
-    plock: PartitionLock
-    feed: ReplicaFeed
-    locator: SupplierLocator
-    stopping: threading.Event
-    metrics: MoveMetrics = field(default_factory=NoMetrics)
-    entries: EntrySupply | None = None       # the messages mode (the node only)
-    tmpwal_sync: str = "group"
-    recv_limits: Limits | None = None        # shared with the host (changed live)
-    transfer_timeout: float = 30.0
-    chunk_size: int | None = None            # transfer.Demander's default unless set
-    margin: int | None = None
-    scan_pool: ScanPool | None = None
-    replay_rate_limit: Callable[[], int] = lambda: 0   # records/s, 0 = unlimited (live)
-    retry_s: float = 0.5                     # pause between two attempts of a move
 
 
 class MoveEngine:

@@ -31,7 +31,7 @@ from .progress import MemorySink, Move
 from .stages import Stage
 
 if TYPE_CHECKING:
-    from .engine import MoveContext
+    from .context import MoveContext
 
 log = logging.getLogger("ferry.node.rebalance")
 FETCH_BYTES = 512 * 1024       # per batch: well under one 1 MiB frame

@@ -1,0 +1,42 @@
+"""What the move engine is given by its host: the ports (:mod:`.ports`) and a few
+settings, in one :class:`MoveContext`."""
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Callable
+
+from indexes import ScanPool
+from transfer import Limits
+
+from .ports import (EntrySupply, MoveMetrics, NoMetrics, PartitionData, PartitionLock, ReplicaFeed,
+                    StateStore, SupplierLocator)
+
+
+@dataclass
+class MoveContext:
+    """Everything the engine uses of its host: the ports and a few settings."""
+
+    me: str                                  # this copy's name (logs, summaries)
+    data_dir: str                            # temp WALs live in DATA/tmpwal/<cache>/part-<p>
+    secret: bytes                            # the cluster secret (transfer handshake)
+    data: Mapping[str, PartitionData]        # cache -> its partitions
+    states: StateStore
+    plock: PartitionLock
+    feed: ReplicaFeed
+    locator: SupplierLocator
+    stopping: threading.Event
+    metrics: MoveMetrics = field(default_factory=NoMetrics)
+    entries: EntrySupply | None = None       # the messages mode (the node only)
+    tmpwal_sync: str = "group"
+    recv_limits: Limits | None = None        # shared with the host (changed live)
+    transfer_timeout: float = 30.0
+    chunk_size: int | None = None            # transfer.Demander's default unless set
+    margin: int | None = None
+    scan_pool: ScanPool | None = None
+    replay_rate_limit: Callable[[], int] = lambda: 0   # records/s, 0 = unlimited (live)
+    retry_s: float = 0.5                     # pause between two attempts of a move
+
+
+__all__ = ["MoveContext"]
