@@ -27,7 +27,7 @@ it off).
 """
 from __future__ import annotations
 
-from .decoder import Record
+from .decoder import RawRecord, Record
 from .errors import (CorruptRecordError, OutOfDiskError, SegmentNotAFileError, WalClosedError,
                      WalError, WalLockedError)
 from .log import DEFAULT_SEGMENT_SIZE, MODES, Wal, WalReader, follow_dir
@@ -35,7 +35,7 @@ from .reader import Follower
 from .recovery import Report, repair, verify
 
 __all__ = [
-    "Wal", "WalReader", "follow_dir", "Follower", "Record", "MODES", "DEFAULT_SEGMENT_SIZE",
+    "Wal", "WalReader", "follow_dir", "Follower", "Record", "RawRecord", "MODES", "DEFAULT_SEGMENT_SIZE",
     "WalError", "CorruptRecordError", "OutOfDiskError", "WalLockedError", "WalClosedError",
     "SegmentNotAFileError",
     "verify", "repair", "Report",

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 from .stages import Stage
 from .tempwal import TempWalSink
@@ -101,7 +101,7 @@ class Move:
             return self.ingest_replay
         return sink.appended / max(time.monotonic() - self.buffer_started, 1e-6)
 
-    def catchup(self) -> dict[str, Any]:
+    def catchup(self) -> dict[str, object]:
         """Replay vs ingest (files mode): what the replay had to catch up with.
         ``ingest_rate`` is measured before the replay, where nothing slows the writes
         (backpressure acts only during the replay), per partition - one move replays
@@ -114,7 +114,7 @@ class Move:
                 "replay_cpu_s": round(self.replay_cpu, 3), "replay_from_disk": self.replay_from_disk,
                 "replay_over_ingest": round(ratio, 1) if ratio is not None else None}
 
-    def summary(self, me: str) -> dict[str, Any]:
+    def summary(self, me: str) -> dict[str, object]:
         """A finished move, for ``moves_done`` (the demo's per-partition report)."""
         out = {"cache": self.cache, "partition": self.p, "from": self.source, "to": me,
                "mode": self.mode, "bytes": self.bytes, "wire_bytes": self.wire,
@@ -125,7 +125,7 @@ class Move:
             out["transfer_stages"] = dict(self.transfer_stages)
         return out
 
-    def status(self, me: str) -> dict[str, Any]:
+    def status(self, me: str) -> dict[str, object]:
         elapsed = max(time.monotonic() - self.started, 1e-6)
         rate = self.bytes / elapsed
         left = max(self.bytes_total - self.bytes, 0)

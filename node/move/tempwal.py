@@ -25,10 +25,10 @@ import shutil
 import struct
 import threading
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Iterator
 
 from faults import fileio
-from wal import Wal, WalClosedError
+from wal import Follower, RawRecord, Wal, WalClosedError
 
 SEGMENT_SIZE = 16 << 20
 CACHE_BYTES = 32 << 20      # newest payload bytes kept in memory for the replay, per temp WAL
@@ -185,8 +185,8 @@ class TempWalCursor:
         self.sink = sink
         self.next = lsn                   # LSN of the next record to return
         self.from_disk = 0                # records read from disk (the rest: from memory)
-        self._follower: Any = None
-        self._batches: Any = None
+        self._follower: Follower | None = None
+        self._batches: Iterator[list[RawRecord]] | None = None
         self._held: list[tuple[int, int, bytes]] = []
         self._at = 0
 
