@@ -1,7 +1,10 @@
 """``ferry demo`` on a cluster: 3 node processes on loopback, 200,000 indexed entries, a
-4th node joins and takes its partitions file-based while a writer keeps writing, then
-the demo checks the invariants on the files every node left and runs the Spark
-validation job in local mode against the model of acknowledged writes.
+4th node joins and takes its partitions file-based while a writer keeps writing. Right
+after the rebalance, with the writer still writing, Spark validates the RUNNING cluster
+(live mode: each partition's copies fetched through the transfer agents at one fenced
+counter, validation/live.py). Then the nodes stop, the demo checks the invariants on
+the files every node left, and the Spark job validates those files (folder mode)
+against the model of acknowledged writes.
 
 The moves themselves are the node's (node/filemove.py): MOVING, temp WAL, DEMAND,
 sendfile transfer with copy-on-write pre-images, install, index rebuild, replay,
@@ -23,7 +26,7 @@ from node.localcluster import LocalCluster, key_of, value_of
 from node.move import FILE_STAGES
 
 from .demo_ui import DemoUI, MoveRow, move_row
-from .demo_validate import validate as validate_with_progress
+from .demo_validate import DemoSpark, session
 
 CACHE = "default"
 INDEX = IndexDefinition("by_city", "city")
@@ -64,6 +67,15 @@ class Writer(threading.Thread):
 
 def run_cluster_demo(root: str, *, entries: int, partitions: int, nodes: int,
                      validate: bool, master: str, ui: DemoUI) -> dict[str, Any]:
+    """The demo's summary (``--json``). ``validate``: both Spark validations, live
+    and offline, in one Spark session (started for the first)."""
+    with session(ui, master=master, jvm_log=os.path.join(root, "spark.log")) as spark:
+        return _run(root, entries=entries, partitions=partitions, nodes=nodes,
+                    spark=spark if validate else None, master=master, ui=ui)
+
+
+def _run(root: str, *, entries: int, partitions: int, nodes: int, spark: DemoSpark | None,
+         master: str, ui: DemoUI) -> dict[str, Any]:
     t0 = time.monotonic()
     model: dict[bytes, bytes | None] = {}
     with LocalCluster(root, partitions=partitions, backups=1, mode="files") as c:
@@ -91,6 +103,7 @@ def run_cluster_demo(root: str, *, entries: int, partitions: int, nodes: int,
         t_owning = time.time()
         writes_during = writer.writes - writes_before
         time.sleep(0.5)                     # writes after OWNING go to the new owners
+        live = validate_live(ui, spark, c, writer, master) if spark is not None else dict(SKIPPED)
         writer.stop_evt.set()
         writer.join()
         moves = sorted((m for m in c.moves_done() if m["finished"] >= t_join), key=lambda m: m["finished"])
@@ -129,10 +142,11 @@ def run_cluster_demo(root: str, *, entries: int, partitions: int, nodes: int,
         "moves": [_move_row(m) for m in moves],
         "invariants": invariants,
         "invariants_ok": all(invariants.values()),
+        "live_validation": live,
     }
     if writer.error is not None:
         summary["writer_error"] = repr(writer.error)
-    if validate:
+    if spark is not None:
         ui.step(f"running the Spark validation job ({master}) against the model of acknowledged writes")
         expected = os.path.join(root, "expected.jsonl")
         with open(expected, "w") as f:
@@ -141,16 +155,55 @@ def run_cluster_demo(root: str, *, entries: int, partitions: int, nodes: int,
                                     "value": None if v is None else v.decode()}) + "\n")
         dirs = sorted(os.path.join(root, d) for d in os.listdir(root)
                       if os.path.isfile(os.path.join(root, d, "node.id")))
-        v = validate_with_progress(ui, dirs, master=master, expected=expected,
-                                   jvm_log=os.path.join(root, "spark.log"))
+        v = spark.validate("Spark validation", dirs, reading="reading the partition files",
+                           expected=expected)
         summary["validation"] = {"passed": v["passed"], "partitions_checked": v["partitions_checked"],
                                  "entries": v["entries"], "divergent": v["divergent"],
                                  "corrupt_pages": v["corrupt_pages"], "expected": v.get("expected"),
                                  "seconds": v["seconds"], "spark_start_seconds": v["spark_start_seconds"]}
     else:
-        summary["validation"] = {"passed": None, "skipped": "--no-validate"}
+        summary["validation"] = dict(SKIPPED)
     summary["seconds"] = round(time.monotonic() - t0, 1)
     return summary
+
+
+SKIPPED: dict[str, Any] = {"passed": None, "skipped": "--no-validate"}
+
+
+def validate_live(ui: DemoUI, spark: DemoSpark, c: LocalCluster, writer: Writer,
+                  master: str) -> dict[str, Any]:
+    """Live validation of the running cluster while ``writer`` writes: the
+    ``live_validation`` object of the summary. A cluster the validator cannot reach
+    (or that refuses its secret) is a failed check, not a crash of the demo."""
+    from validation import ValidationError
+    from validation.live import LiveSettings
+
+    ui.step(f"validating the running cluster with Spark ({master}) through the transfer "
+            f"agents while the writer writes")
+    before = writer.writes
+    try:
+        v = spark.validate("live validation", [], live=LiveSettings(seeds=c.seeds,
+                                                                      secret_file=c.secret_file),
+                           reading="each partition: fence, a snapshot of every copy at one "
+                                   "counter, unfence, fetch")
+    except ValidationError as e:
+        return {"passed": False, "error": str(e), "writes_during": writer.writes - before}
+    return live_summary(v, writer.writes - before)
+
+
+def live_summary(v: dict[str, Any], writes_during: int) -> dict[str, Any]:
+    """The demo's view of a live ``validation.validate`` result: the counter each
+    partition was compared at (``"cache/p": counter``) beside the verdict."""
+    live = v.get("live") or {}
+    parts = sorted(live.get("partitions", []), key=lambda p: (p["cache"], int(p["partition"])))
+    return {"passed": v["passed"], "partitions_checked": v["partitions_checked"],
+            "entries": v["entries"], "divergent": v["divergent"],
+            "corrupt_pages": v["corrupt_pages"], "epoch": live.get("epoch"),
+            "counters": {f"{p['cache']}/{p['partition']}": p["counter"] for p in parts},
+            "unchecked": live.get("unchecked", []),
+            "counter_mismatch": live.get("counter_mismatch", []),
+            "writes_during": writes_during, "seconds": v["seconds"],
+            "spark_start_seconds": v["spark_start_seconds"]}
 
 
 # the demander's stages of a files move, in order (node/filemove.py)

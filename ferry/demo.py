@@ -41,6 +41,7 @@ import click
 from node.move import FILE_STAGES, Move, Stage
 
 from .demo_ui import DemoUI, MovesView, MoveRow, move_row, print_summary
+from .demo_ui import passed as demo_passed
 
 if TYPE_CHECKING:
     from transfer.transport import Conn
@@ -335,9 +336,10 @@ def demo(root: str | None, entries: int, partitions: int, nodes: int, two_proces
     """Rebalance a live cluster file-based and validate it with Spark.
 
     Starts 3 node processes on loopback, loads 200,000 indexed entries, adds a 4th node
-    and moves its partitions file-based while a writer keeps writing, checks the
-    invariants on every node's files and runs the Spark validation job in local mode.
-    Exit 0 only when every invariant holds and validation passes."""
+    and moves its partitions file-based while a writer keeps writing, validates the
+    running cluster with Spark (live mode, the writer still writing), then checks the
+    invariants on every node's files and runs the Spark validation job on them.
+    Exit 0 only when every invariant holds and both validations pass."""
     ui = DemoUI(quiet=as_json)
     if root is None:
         os.makedirs("demo-run", exist_ok=True)
@@ -354,7 +356,7 @@ def demo(root: str | None, entries: int, partitions: int, nodes: int, two_proces
         summary = run_cluster_demo(root, entries=entries, partitions=partitions, nodes=nodes,
                                    validate=not no_validate, master=master, ui=ui)
     summary["dir"] = root
-    ok = summary["invariants_ok"] and summary["validation"].get("passed") is not False
+    ok = demo_passed(summary)
     if as_json:
         click.echo(json.dumps(summary, indent=None))
     else:

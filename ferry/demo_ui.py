@@ -288,16 +288,73 @@ def _summary(ui: DemoUI, s: dict[str, Any]) -> None:
     for name, ok in s["invariants"].items():
         mark = f"[green]{ui.ok_mark}[/]" if ok else f"[bold red]{ui.bad_mark}[/]"
         out.print(f"  {mark} {INVARIANTS.get(name, name.replace('_', ' '))}")
+    if "live_validation" in s:
+        _live(ui, s["live_validation"])
     v = s["validation"]
     if v.get("passed") is None:
         out.print("[bold]Spark validation[/]  skipped (--no-validate)")
     else:
-        mark = f"[green]{ui.ok_mark} passed[/]" if v["passed"] else f"[bold red]{ui.bad_mark} FAILED[/]"
-        out.print(f"[bold]Spark validation[/]  {mark}: {v['partitions_checked']} partitions, "
-                  f"{v['entries']:,} entries against the model of acknowledged writes, {v['seconds']} s")
-    ok = s["invariants_ok"] and v.get("passed") is not False
+        out.print(f"[bold]Spark validation[/]  {_mark(ui, v['passed'])}: {v['partitions_checked']} "
+                  f"partitions, {v['entries']:,} entries against the model of acknowledged writes, "
+                  f"{v['seconds']} s")
+    ok = passed(s)
     verdict = "[bold green]all invariants hold[/]" if ok else "[bold red]FAILED[/]"
     out.print(f"[bold]total[/] {s['seconds']} s: {verdict}")
+
+
+def passed(s: dict[str, Any]) -> bool:
+    """The demo's verdict (its exit status): every invariant holds and no validation
+    that ran failed (the live one of the running cluster, the one of the files)."""
+    return bool(s["invariants_ok"]) and all(
+        s[k].get("passed") is not False for k in ("live_validation", "validation") if k in s)
+
+
+def _mark(ui: DemoUI, ok: bool) -> str:
+    return f"[green]{ui.ok_mark} passed[/]" if ok else f"[bold red]{ui.bad_mark} FAILED[/]"
+
+
+LIVE_COLUMNS = 4            # (partition, counter) pairs per row of the counters table
+LIVE_PROBLEMS = 5           # lines of each kind of problem shown (all of them: --json)
+
+
+def _live(ui: DemoUI, v: dict[str, Any]) -> None:
+    """The live validation: verdict, the counter each partition was compared at, and
+    what failed (divergent keys, corrupt pages, copies not checked)."""
+    out = ui.out
+    if v.get("passed") is None:
+        out.print("[bold]Live validation[/]  skipped (--no-validate)")
+        return
+    if "error" in v:
+        out.print(f"[bold]Live validation[/]  {_mark(ui, False)}: {escape(v['error'])}")
+        return
+    out.print(f"[bold]Live validation[/]  {_mark(ui, v['passed'])}: {v['partitions_checked']} "
+              f"partitions of the running cluster, {v['entries']:,} entries, {v['seconds']} s, "
+              f"{v['writes_during']:,} writes meanwhile")
+    out.print("  each partition's copies compared at one counter (fenced, then snapshotted):")
+    grid = Table.grid(padding=(0, 1))
+    for _ in range(LIVE_COLUMNS):
+        grid.add_column(justify="left")
+        grid.add_column(justify="right", style="dim")
+        grid.add_column()                               # a gap between the pairs
+    items = list(v["counters"].items())
+    for i in range(0, len(items), LIVE_COLUMNS):
+        row: list[str] = []
+        for part, counter in items[i:i + LIVE_COLUMNS]:
+            row += [f"  {part}" if not row else part, f"@ {counter if counter is not None else '-'}", ""]
+        grid.add_row(*row)
+    out.print(grid)
+    for d in v["divergent"][:LIVE_PROBLEMS]:
+        keys = ", ".join(repr(k["key"]) for k in d["keys"][:3])
+        out.print(f"  [red]divergent[/] {d['cache']}/{d['partition']}: {d['keys_total']} keys ({escape(keys)})")
+    for p in v["corrupt_pages"][:LIVE_PROBLEMS]:
+        out.print(f"  [red]corrupt page[/] {p['page']} of {p['node']} {p['cache']}/{p['partition']}: "
+                  f"{escape(str(p['reason']))}")
+    for u in v["unchecked"][:LIVE_PROBLEMS]:
+        out.print(f"  [red]not checked[/] {u['cache']}/{u['partition']} on {u['node']}: "
+                  f"{escape(str(u['reason']))}")
+    for m in v["counter_mismatch"][:LIVE_PROBLEMS]:
+        out.print(f"  [red]counter mismatch[/] {m['cache']}/{m['partition']}: {m['node']} at "
+                  f"{m['snapshot']}, fenced at {m['counter']}")
 
 
 def move_row(partition: str, frm: str, to: str, nbytes: int, stage_seconds: dict[str, float],

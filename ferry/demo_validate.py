@@ -1,7 +1,9 @@
-"""The demo's Spark validation with progress: the session is started here (so starting
-Spark, ~6 s, shows as its own step) and a thread reads the Spark status tracker for the
-job's tasks while ``validation.validate`` runs. The JVM's own stderr (log4j banner,
-warnings) goes to a log file instead of between the demo's lines. No JVM outlives it."""
+"""The demo's Spark validations with progress: one session for all of them, started
+here by the first (so starting Spark, ~6 s, shows as its own line), and a thread that
+reads the Spark status tracker for the job's tasks while ``validation.validate`` runs.
+The cluster demo runs two: a live validation of the running cluster, then the offline
+one of the stopped nodes' files. The JVM's own stderr (log4j banner, warnings) goes to
+a log file instead of between the demo's lines. No JVM outlives the demo."""
 from __future__ import annotations
 
 import os
@@ -9,9 +11,14 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from .demo_ui import DemoUI
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from validation.live import LiveSettings
 
 POLL_S = 0.25
 
@@ -57,34 +64,75 @@ def _stderr_to(path: str) -> Iterator[None]:
         os.close(fd)
 
 
-def validate(ui: DemoUI, dirs: list[str], *, master: str, expected: str,
-             jvm_log: str) -> dict[str, Any]:
-    """``validation.validate`` on ``dirs`` against ``expected``; the returned
-    ``seconds`` include starting Spark, ``spark_start_seconds`` is that part. The
-    JVM's stderr goes to ``jvm_log``."""
-    from validation import validate as spark_validate
-    from validation.session import start, stop_gateway
+class DemoSpark:
+    """One Spark session for the demo's validations: started by the first one (~6 s,
+    shown as that step's first line), reused by the next, stopped by :func:`session`."""
 
-    t0 = time.monotonic()
-    with ui.tasks("Spark validation") as report:
-        report(0, 0, f"starting Spark ({master}); its log: {jvm_log}")
-        try:
-            with _stderr_to(jvm_log):
-                spark = start(master)
-            started = time.monotonic() - t0
-            report(0, 0, "reading the partition files")
+    def __init__(self, ui: DemoUI, master: str, jvm_log: str) -> None:
+        self.ui, self.master, self.jvm_log = ui, master, jvm_log
+        self.spark: SparkSession | None = None
+        self.tried = False          # a session was (being) started: its JVM is ended at close
+
+    def validate(self, what: str, dirs: list[str], *, reading: str, expected: str | None = None,
+                 live: "LiveSettings | None" = None) -> dict[str, Any]:
+        """``validation.validate`` of the folders ``dirs`` (or, with ``live``, of the
+        running cluster) with a progress view named ``what``; ``reading`` says what the
+        job reads. The returned ``seconds`` include starting Spark if this call
+        started it; ``spark_start_seconds`` is that part (else 0)."""
+        from validation import validate as spark_validate
+        from validation.session import start
+
+        t0 = time.monotonic()
+        started = 0.0
+        with self.ui.tasks(what) as report:
+            if self.spark is None:
+                self.tried = True
+                report(0, 0, f"starting Spark ({self.master}); its log: {self.jvm_log}")
+                with _stderr_to(self.jvm_log):
+                    self.spark = start(self.master)
+                started = time.monotonic() - t0
+            assert self.spark is not None
+            report(0, 0, reading)
             stop = threading.Event()
-            watcher = threading.Thread(target=_watch, args=(spark.sparkContext, report, stop),
+            watcher = threading.Thread(target=_watch, args=(self.spark.sparkContext, report, stop),
                                        name="demo-spark-progress", daemon=True)
             watcher.start()
             try:
-                v = spark_validate(dirs, master=master, expected=expected, spark=spark)
+                v = spark_validate(dirs, master=self.master, spark=self.spark, expected=expected,
+                                   live=live)
             finally:
                 stop.set()
                 watcher.join()
-                spark.stop()
+        v["seconds"] = round(time.monotonic() - t0, 1)
+        v["spark_start_seconds"] = round(started, 1)
+        return v
+
+    def close(self) -> None:
+        if not self.tried:
+            return                  # --no-validate: pyspark is not even imported
+        from validation.session import stop_gateway
+        try:
+            if self.spark is not None:
+                self.spark.stop()
         finally:
+            self.spark = None
             stop_gateway()        # no JVM outlives the demo
-    v["seconds"] = round(time.monotonic() - t0, 1)
-    v["spark_start_seconds"] = round(started, 1)
-    return v
+
+
+@contextmanager
+def session(ui: DemoUI, *, master: str, jvm_log: str) -> Iterator[DemoSpark]:
+    """A :class:`DemoSpark` whose session (if one was started) is stopped at the end."""
+    s = DemoSpark(ui, master, jvm_log)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def validate(ui: DemoUI, dirs: list[str], *, master: str, expected: str,
+             jvm_log: str) -> dict[str, Any]:
+    """``validation.validate`` on the folders ``dirs`` against ``expected`` in a
+    session of its own. The JVM's stderr goes to ``jvm_log``."""
+    with session(ui, master=master, jvm_log=jvm_log) as s:
+        return s.validate("Spark validation", dirs, reading="reading the partition files",
+                          expected=expected)

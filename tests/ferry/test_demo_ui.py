@@ -7,7 +7,7 @@ import re
 
 from rich.console import Console
 
-from ferry.demo_ui import DemoUI, MoveRow, print_summary
+from ferry.demo_ui import DemoUI, MoveRow, passed, print_summary
 
 ANSI = re.compile(r"\x1b\[")
 STAGES = ["prepare", "demand", "transfer", "install", "index rebuild", "replay", "checkpoint wait"]
@@ -74,6 +74,55 @@ def test_a_failed_invariant_is_marked_and_the_verdict_says_so() -> None:
     text = out.getvalue()
     assert "  ✗ indexes agree with the data" in text
     assert "FAILED" in text.splitlines()[-1]
+
+
+def live(ok: bool = True) -> dict:
+    """A ``live_validation`` object as cluster_demo.live_summary builds it."""
+    v = {"passed": ok, "partitions_checked": 8, "entries": 40_000, "divergent": [],
+         "corrupt_pages": [], "epoch": 9,
+         "counters": {f"default/{p}": 1000 + p for p in range(8)},
+         "unchecked": [], "counter_mismatch": [], "writes_during": 4321, "seconds": 7.5,
+         "spark_start_seconds": 5.0}
+    if not ok:
+        v["divergent"] = [{"cache": "default", "partition": 3, "keys_total": 1,
+                           "keys": [{"key": "key-000000042", "kind": "value"}]}]
+        v["unchecked"] = [{"cache": "default", "partition": 5, "node": "n2",
+                           "reason": "fetch from n2 failed: refused"}]
+    return v
+
+
+def test_live_validation_names_the_counter_each_partition_was_compared_at() -> None:
+    ui, out, _ = plain_ui()
+    s = summary() | {"live_validation": live()}
+    print_summary(ui, s)
+    text = out.getvalue()
+    assert ("Live validation  ✓ passed: 8 partitions of the running cluster, 40,000 entries, "
+            "7.5 s, 4,321 writes meanwhile\n  each partition's copies compared at one counter") in text
+    pairs = re.findall(r"(default/\d+) +@ (\d+)", text)
+    assert pairs == [(f"default/{p}", str(1000 + p)) for p in range(8)], text
+    # the live check comes first (it ran first), then the check of the stopped nodes' files
+    assert text.index("Live validation") < text.index("Spark validation")
+    assert passed(s) and text.rstrip().endswith("all invariants hold")
+
+
+def test_a_failed_live_validation_says_what_and_fails_the_demo() -> None:
+    ui, out, _ = plain_ui()
+    s = summary() | {"live_validation": live(ok=False)}
+    print_summary(ui, s)
+    text = out.getvalue()
+    assert "Live validation  ✗ FAILED: 8 partitions" in text
+    assert "  divergent default/3: 1 keys ('key-000000042')" in text
+    assert "  not checked default/5 on n2: fetch from n2 failed: refused" in text
+    assert not passed(s) and "FAILED" in text.splitlines()[-1]
+    # a cluster the validator could not reach at all
+    ui, out, _ = plain_ui()
+    s = summary() | {"live_validation": {"passed": False, "error": "no node of the cluster answers"}}
+    print_summary(ui, s)
+    assert "Live validation  ✗ FAILED: no node of the cluster answers" in out.getvalue()
+    assert not passed(s)
+    # skipped (--no-validate) fails nothing
+    s = summary() | {"live_validation": {"passed": None, "skipped": "--no-validate"}}
+    assert passed(s)
 
 
 def test_moves_off_a_terminal_print_one_line_per_stage_entered() -> None:
