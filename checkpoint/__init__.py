@@ -2,7 +2,8 @@
 
 Public face:
 
-- :mod:`checkpoint.pagefile` - THE decoder of ``part-<p>.bin`` (stdlib + crc32c only):
+- :mod:`checkpoint.pagefile` - THE decoder of ``part-<p>.bin`` (stdlib, crc32c and
+  faults.errors only; the code is in layout/check/chain/reader/decode/keyscan):
   ``Meta``, ``Entry``, ``PageProblem``, ``read_meta``, ``iter_entries``, ``verify``,
   ``check_page``, ``CorruptPageError``.
 - :mod:`checkpoint.layout` - the page file's layout, and ``part_name`` /
@@ -21,7 +22,8 @@ from typing import Any
 
 from .check import PageProblem, check_page
 from .decode import Entry, iter_entries, verify
-from .errors import CheckpointError, CorruptPageError
+from .errors import (CheckpointError, CorruptPageError, OutOfDiskError, PartitionNotFoundError,
+                     SnapshotBusyError, StoreClosedError)
 from .layout import Meta, parse_part_name, part_name
 from .reader import read_meta
 
@@ -30,10 +32,6 @@ _LAZY = {
     "TransferSnapshot": ("checkpoint.snapshot", "TransferSnapshot"),
     "overlay": ("checkpoint.snapshot", "overlay"),
     "CheckpointStats": ("checkpoint.checkpointer", "CheckpointStats"),
-    "OutOfDiskError": ("checkpoint.errors", "OutOfDiskError"),
-    "PartitionNotFoundError": ("checkpoint.errors", "PartitionNotFoundError"),
-    "SnapshotBusyError": ("checkpoint.errors", "SnapshotBusyError"),
-    "StoreClosedError": ("checkpoint.errors", "StoreClosedError"),
 }
 
 
@@ -45,5 +43,6 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'checkpoint' has no attribute {name!r}")
 
 
-__all__ = ["CheckpointError", "CorruptPageError", "Entry", "Meta", "PageProblem", "check_page",
+__all__ = ["CheckpointError", "CorruptPageError", "Entry", "Meta", "OutOfDiskError", "PageProblem",
+           "PartitionNotFoundError", "SnapshotBusyError", "StoreClosedError", "check_page",
            "iter_entries", "parse_part_name", "part_name", "read_meta", "verify", *_LAZY]

@@ -284,7 +284,9 @@ def test_each_page_checked_once(open_store, monkeypatch) -> None:
         calls.append(index)
         return real(buf, index, page_size)
 
-    monkeypatch.setattr(pagefile, "check_page", counting)
+    from checkpoint import chain, check, decode   # every module that calls check_page
+    for mod in (chain, check, decode):
+        monkeypatch.setattr(mod, "check_page", counting)
     reads: list[int] = []
     real_pread = os.pread
     monkeypatch.setattr(os, "pread", lambda fd, n, off: reads.append(n) or

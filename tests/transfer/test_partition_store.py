@@ -191,8 +191,8 @@ def test_received_file_is_read_and_checked_once(stores, monkeypatch) -> None:
     a.checkpoint()
     want = _entries(a, 6)
     scans: list[str] = []
-    # the install's scan: iter_page_keys, or the hashed scan (pagefile.scan_key_hashes)
-    for mod, name in ((partition_mod, "iter_page_keys"), (pagefile, "scan_key_hashes")):
+    # the install's scan: iter_page_keys, or the hashed scan (keyscan.scan_key_hashes)
+    for mod, name in ((partition_mod, "iter_page_keys"), (partition_mod, "scan_key_hashes")):
         def counting(path, *args, _real=getattr(mod, name), **kw):
             scans.append(os.path.basename(path))
             return _real(path, *args, **kw)
