@@ -11,6 +11,8 @@ Public face:
 - :class:`PartitionStore` - a node's partitions with page memory, node WAL and
   checkpointer (``checkpoint.store``).
 - :class:`TransferSnapshot`, :func:`overlay` - copy-on-write transfer snapshots.
+- :func:`max_key` (the longest key a page size holds), ``MIN_PAGES`` (page memory's
+  least size in pages).
 - Errors: :class:`CheckpointError` and subclasses.
 
 The store (which needs ``wal``) is imported lazily, so ``import checkpoint.pagefile``
@@ -32,6 +34,10 @@ _LAZY = {
     "TransferSnapshot": ("checkpoint.snapshot", "TransferSnapshot"),
     "overlay": ("checkpoint.snapshot", "overlay"),
     "CheckpointStats": ("checkpoint.checkpointer", "CheckpointStats"),
+    # sizing rules a node's config checks: the longest key a page holds, and the
+    # fewest pages page memory works with
+    "max_key": ("checkpoint.page", "max_key"),
+    "MIN_PAGES": ("checkpoint.memory", "MIN_PAGES"),
 }
 
 

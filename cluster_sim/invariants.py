@@ -12,8 +12,8 @@ import hashlib
 import os
 from dataclasses import dataclass
 
-from checkpoint import pagefile
-from node.assignment import partition_of
+from checkpoint import pagefile, part_name
+from node import partition_of
 
 from .workload import Model
 
@@ -39,7 +39,7 @@ class Copy:
 
     @property
     def path(self) -> str:
-        return os.path.join(self.cache_dir, f"part-{self.partition}.bin")
+        return os.path.join(self.cache_dir, part_name(self.partition))
 
 
 @dataclass

@@ -158,7 +158,7 @@ class Model:
         and ``cache`` when given. Keys with doubts are left out (Spark cannot express
         "one of"); if such a key is present the validator counts it as ``extra``.
         Returns the number of rows written."""
-        from node.assignment import partition_of
+        from node import partition_of
         n = 0
         with open(path, "w") as f:
             for k, v in sorted(self.acked.items()):

@@ -70,7 +70,7 @@ def main() -> None:
         # A FerryError is an error on purpose: its message says what, where and what to
         # do. One a command did not turn into its own output still gets one line, not
         # a traceback (issue 24); anything else is a bug and keeps its traceback.
-        from faults.errors import FerryError
+        from faults import FerryError
         if not isinstance(e, FerryError):
             raise
         group = next((a for a in sys.argv[1:] if a in GROUPS), "")

@@ -7,21 +7,48 @@ Public face:
 - :func:`partition_of`, :func:`owners` (rendezvous hashing with B backups)
 - :class:`State`, :data:`ALLOWED`, :class:`StateTable` (the one transition table)
 - :class:`NodeError` and its subclasses
+- :class:`ClusterMap` (the map as a node sees it), :class:`Pool` and :func:`load_secret`
+  (authenticated RPC to nodes), :class:`Etcd` (the control plane's client) and
+  :class:`CacheData` (one cache's storage: WAL, pages, indexes; loaded on first use)
+- :mod:`node.move` (the move engine and its ports: the node, the two-process demo and
+  the harness host it), :mod:`node.status` (``collect``: the cluster status document)
 - :mod:`node.localcluster` (``LocalCluster``: node processes in one folder, for the demo
-  and the benchmark; import it explicitly)
+  and the benchmarks) and :mod:`node.etcdserver` (``EtcdCluster``: a local etcd for
+  them and the harness); import them explicitly
 Documentation: docs/node.md, docs/rebalancing.md.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .assignment import owners, partition_of
 from .client import Client
+from .cluster_map import ClusterMap
 from .config import CacheConfig, IndexConfig, NodeConfig
 from .config import load as load_config
 from .errors import (AuthFailed, BadRequest, ConfigError, DataDirLocked, IllegalTransition,
                      NodeError, NotPrimary, TooLarge, Unavailable)
 from .states import ALLOWED, State, StateTable
+from .wire import Pool, load_secret
+
+if TYPE_CHECKING:
+    from .control import Etcd
+    from .storage import CacheData
+
+_LAZY = {"Etcd": ("node.control", "Etcd"), "CacheData": ("node.storage", "CacheData")}
+
+
+def __getattr__(name: str) -> object:
+    # storage (WAL, pages, LMDB) and the etcd client load only when asked for: a
+    # client program imports `node` for Client and partition_of alone
+    if name in _LAZY:
+        import importlib
+        module, attr = _LAZY[name]
+        return getattr(importlib.import_module(module), attr)
+    raise AttributeError(f"module 'node' has no attribute {name!r}")
 
 __all__ = ["Client", "NodeConfig", "CacheConfig", "IndexConfig", "load_config", "owners",
            "partition_of", "State", "ALLOWED", "StateTable", "NodeError", "ConfigError",
            "AuthFailed", "BadRequest", "TooLarge", "NotPrimary", "Unavailable",
-           "DataDirLocked", "IllegalTransition"]
+           "DataDirLocked", "IllegalTransition", "ClusterMap", "Pool", "load_secret", "Etcd",
+           "CacheData"]

@@ -86,6 +86,11 @@ class NodeConfig:
     rebalance_mode: str = "files"
     rebalance_batch: int = 512            # entries per batch in the messages mode
     replay_rate_limit: int = 0            # temp-WAL records/s replayed per move, 0 = unlimited
+    # foreground protection (node/admission.py): moves yield when writes slow down
+    rebalance_protect: bool = True
+    latency_target_ms: float = 0.0        # write p99 target; 0 = 1.5 x each node's idle p99
+    rebalance_min_moves: int = 1          # the controller never goes below this many moves
+    rebalance_max_moves: int = 0          # moves at once; 0 = 2 x transfer.concurrency (files)
     # processes a files move may hand its index rebuild's scan to (indexes.ScanPool),
     # so the scan does not take the GIL from the other moves; 0 = never (the node's
     # process); index_offload "idle": only while a CPU is idle (docs/rebalancing.md)
@@ -167,6 +172,10 @@ _KEYS: dict[tuple[str, ...], str] = {
     ("rebalance", "mode"): "rebalance_mode",
     ("rebalance", "batch"): "rebalance_batch",
     ("rebalance", "replay_rate_limit"): "replay_rate_limit",
+    ("rebalance", "protect"): "rebalance_protect",
+    ("rebalance", "latency_target_ms"): "latency_target_ms",
+    ("rebalance", "min_moves"): "rebalance_min_moves",
+    ("rebalance", "max_moves"): "rebalance_max_moves",
     ("rebalance", "index_workers"): "index_workers",
     ("rebalance", "index_offload"): "index_offload",
     ("rebalance", "index_offload_min_bytes"): "index_offload_min_bytes",
@@ -260,7 +269,7 @@ def load(path: str | None = None, **flags: Any) -> NodeConfig:
             and not isinstance(values["page_size"], bool):
         # the default key limit is what one data page holds, if that is less than 512:
         # page_size = 1024 alone must not be refused for a key limit nobody set
-        from checkpoint.page import max_key
+        from checkpoint import max_key
         values["max_key_bytes"] = min(MAX_KEY_BYTES, max(1, max_key(values["page_size"])))
     cfg = NodeConfig(**values, source=path)
     try:
@@ -318,7 +327,7 @@ def validate(cfg: NodeConfig) -> NodeConfig:
     if not valid_page_size(cfg.page_size):
         raise ConfigError(f"checkpoint.page_size must be a power of two 1024..65536 (the partition "
                           f"file format's page sizes), not {cfg.page_size!r}")
-    from checkpoint.memory import MIN_PAGES
+    from checkpoint import MIN_PAGES
     _whole(cfg, "memory_budget", MIN_PAGES * cfg.page_size, None,
            f"bytes, at least {MIN_PAGES} pages of page memory")
     _whole(cfg, "transfer_rate_limit", 0, None, "bytes/s, 0 = unlimited")
@@ -326,8 +335,16 @@ def validate(cfg: NodeConfig) -> NodeConfig:
     _whole(cfg, "rebalance_batch", 1, 65536, "entries per batch")
     _whole(cfg, "replay_rate_limit", 0, None, "records/s, 0 = unlimited")
     _whole(cfg, "index_workers", 0, 64, "processes, 0 = in the node's process")
+    if not isinstance(cfg.rebalance_protect, bool):
+        raise ConfigError(f"rebalance.protect must be true or false, not {cfg.rebalance_protect!r}")
+    _number(cfg, "latency_target_ms", 0, 60_000, "milliseconds of write p99, 0 = 1.5 x the idle p99")
+    _whole(cfg, "rebalance_min_moves", 1, 256, "moves the protection never goes below")
+    _whole(cfg, "rebalance_max_moves", 0, 256, "moves at once, 0 = 2 x transfer.concurrency")
+    if cfg.rebalance_max_moves and cfg.rebalance_max_moves < cfg.rebalance_min_moves:
+        raise ConfigError(f"rebalance.max_moves ({cfg.rebalance_max_moves}) must be 0 (automatic) or at "
+                          f"least rebalance.min_moves ({cfg.rebalance_min_moves})")
     _whole(cfg, "index_offload_min_bytes", 0, None, "bytes")
-    from checkpoint.page import max_key
+    from checkpoint import max_key
     _whole(cfg, "max_key_bytes", 1, max_key(cfg.page_size),
            f"bytes: a key must fit in one {cfg.page_size}-byte data page")
     _whole(cfg, "max_value_bytes", 0, MAX_VALUE_LIMIT,

@@ -207,11 +207,10 @@ class CacheData:
 
     def discard_partial(self, p: int) -> None:
         """Delete what an unfinished file transfer of p left (temp file, resume journal)."""
-        from transfer.resume import JOURNAL_SUFFIX, TMP_SUFFIX
-        base = self.store.partition_path(p)
+        from transfer import partial_paths
         io = fileio.layer()
         gone = False
-        for path in (base + TMP_SUFFIX, base + JOURNAL_SUFFIX):
+        for path in partial_paths(self.store.partition_path(p)):
             if os.path.exists(path):
                 io.unlink(path)
                 gone = True

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import re
 
-from faults import errors as _faults_errors
-from faults.errors import FerryError
+import faults
+from faults import FerryError
 
 
 class ValidationError(FerryError):
@@ -20,7 +20,7 @@ class ExpectedFileError(ValidationError):
     """The ``--expected`` file cannot be read or lacks the columns it needs."""
 
 
-class OutOfDiskError(ValidationError, _faults_errors.OutOfDiskError):
+class OutOfDiskError(ValidationError, faults.OutOfDiskError):
     """No room for the HTML report or the Parquet export."""
 
 

@@ -124,7 +124,7 @@ def derived_partition(counts: Mapping[str, int]) -> "Column":
     table = dict(counts)
 
     def part(cache: str | None, key: bytes | None) -> int | None:
-        from node.assignment import partition_of   # imported in the executor
+        from node import partition_of   # imported in the executor
         n = table.get(cache) if cache is not None else None
         if n is None or key is None:
             return None

@@ -19,7 +19,7 @@ from .errors import ValidationError
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from node.cluster_map import ClusterMap
+    from node import ClusterMap
 
 DEFAULT_PARALLEL = 4          # partitions fenced and fetched at once, cluster-wide
 DEFAULT_RATE = 100_000_000    # bytes/s of validation transfers, cluster-wide
@@ -79,7 +79,7 @@ def _secret_file(s: LiveSettings) -> str:
 
 
 def _members_from_etcd(endpoints: list[str], prefix: str) -> list[str]:
-    from node.control import Etcd
+    from node import Etcd
     try:
         _, kvs = Etcd(endpoints).range_prefix(prefix.rstrip("/") + "/members/")
     except Exception as exc:  # noqa: BLE001 - the etcd client raises its own and OS errors
@@ -94,9 +94,9 @@ def _members_from_etcd(endpoints: list[str], prefix: str) -> list[str]:
 
 def read_map(settings: LiveSettings) -> tuple["ClusterMap", list[str], str]:
     """(map, seeds, secret file) of the cluster, or a ValidationError that says why not."""
-    from node.cluster_map import ClusterMap
-    from node.errors import AuthFailed, NodeError
-    from node.wire import Pool, load_secret
+    from node import ClusterMap
+    from node import AuthFailed, NodeError
+    from node import Pool, load_secret
 
     secret_file = _secret_file(settings)
     try:

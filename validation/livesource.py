@@ -78,7 +78,7 @@ class LiveReader(DataSourceReader):
 def _secret(path: str) -> bytes:
     """The cluster secret on this executor: the file at the driver's path, else the
     copy the driver shipped with ``addFile`` (a cluster without shared storage)."""
-    from node.wire import load_secret
+    from node import load_secret
     if not os.path.exists(path):
         from pyspark import SparkFiles
         shipped = SparkFiles.get(os.path.basename(path))
@@ -94,7 +94,7 @@ def scratch_root() -> str:
 
 def live_task(task: dict) -> Iterator[Any]:
     """Arrow batches (``LIVE_SCHEMA``) of every partition in ``task["parts"]``."""
-    from node.wire import Pool
+    from node import Pool
     from transfer import Limits
 
     pool = Pool(_secret(task["secret_file"]), role="node", timeout=RPC_TIMEOUT_S)
@@ -117,7 +117,7 @@ class _PartitionCheck:
 
     def _reread_map(self) -> None:
         """After the primary refused: who leads p now (any node's map)."""
-        from node.cluster_map import ClusterMap
+        from node import ClusterMap
         for seed in self.seeds:
             try:
                 m = ClusterMap.from_wire(self.pool.call(seed, "get_map", timeout=5.0))
@@ -129,7 +129,7 @@ class _PartitionCheck:
             return
 
     def run(self) -> Iterator[Any]:
-        from node.errors import NodeError
+        from node import NodeError
         deadline = time.monotonic() + RETRY_S
         why = "not tried"
         for attempt in range(ATTEMPTS):

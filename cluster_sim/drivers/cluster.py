@@ -61,7 +61,7 @@ class ClusterDriver(ClusterFaults, Driver):
             self.net.attach(self)       # container mode (drivers/container.py): slow disks, checks
         self.last_problems: list[str] = []
         self.write_stats = WriteStats()
-        from node.wire import Pool, load_secret
+        from node import Pool, load_secret
         # the harness's own calls (status, maps): settling, the convergence clock and the
         # lease watchers poll every 0.2 s; one pool reuses their connections instead of
         # dialling and authenticating (and reading the secret) for every call
@@ -222,7 +222,7 @@ class ClusterDriver(ClusterFaults, Driver):
 
     def map_of(self, node: str) -> Any:
         """``node``'s own map (a ``ClusterMap``), None when it does not answer."""
-        from node.cluster_map import ClusterMap
+        from node import ClusterMap
         try:
             return ClusterMap.from_wire(self.pool.call(self.address(node), "get_map", timeout=5.0))
         except Exception:  # noqa: BLE001 - down or restarting

@@ -32,6 +32,8 @@ import threading
 import time
 from typing import Any
 
+from checkpoint import part_name
+
 from ..diskfull import Tmpfs
 from ..errors import ProcessError
 from ..scenario import CONTROLLER, Event
@@ -269,9 +271,9 @@ def _unclean(data: str, cache: str, only: str | None = None) -> list[str]:
     out = [f"partition {p} became {st} on a disk with no room for it" for p, st in states.items()
            if st == "OWNING"]
     for p, st in states.items():
-        if only is not None and f"part-{p}.bin" != only:
+        if only is not None and part_name(p) != only:
             continue
-        path = os.path.join(data, "caches", cache, f"part-{p}.bin")
+        path = os.path.join(data, "caches", cache, part_name(p))
         if st == "MOVING" and os.path.exists(path) and os.path.getsize(path) > 0:
             out.append(f"partition {p} is MOVING but {path} was installed "
                        f"({os.path.getsize(path)} bytes)")

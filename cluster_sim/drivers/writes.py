@@ -110,7 +110,7 @@ class NodeClients:
 
     def _counting(self, node: str, addrs: set[str], call: Any) -> Any:
         """``Pool.call`` that notes the node's own refusals of a put/remove."""
-        from node.errors import NodeError
+        from node import NodeError
 
         def counted(address: str, method: str, /, timeout: float | None = None, **args: Any) -> Any:
             try:

@@ -26,11 +26,11 @@ import threading
 import time
 
 from faults import fileio
-from node.config import CacheConfig, IndexConfig, NodeConfig
-from node.errors import NodeError
+from node import CacheConfig, IndexConfig, NodeConfig
+from node import NodeError
 from node.move import Move, MoveContext, MoveEngine
-from node.states import State
-from node.storage import CacheData
+from node import State
+from node import CacheData
 from transfer import TransferError
 from transfer.auth import client_handshake, load_secret
 from transfer.frames import read_frame, write_frame

@@ -20,7 +20,7 @@ import threading
 
 from checkpoint import PartitionStore
 from faults import fileio
-from node.assignment import partition_of
+from node import partition_of
 from transfer import Limits, PartitionStoreStorage, SupplierServer
 from transfer.auth import load_secret, server_handshake
 from transfer.errors import TransferError
