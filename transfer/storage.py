@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import stat
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping, Protocol
+from typing import Callable, Iterator, Mapping, Protocol
 
 from faults import fileio
 
@@ -156,18 +156,54 @@ class DirectoryStorage:
         return d
 
 
-class PartitionStoreStorage:
-    """checkpoint's PartitionStore (one per cache) behind the transfer storage seam.
+class StoreSnapshot(Protocol):
+    """A copy-on-write snapshot of one partition at its counter (checkpoint's
+    TransferSnapshot)."""
+    path: str
+    page_size: int
+    page_count: int
+    counter: int
 
-    Relies on the store's contract: ``open_transfer_snapshot(p)`` (``.path .page_size
-    .page_count .counter .size_bytes``, ``mark_sent(offset)``, ``preimages()``,
-    ``close()``), ``partition_path(p)``, ``install_partition(p, src)``, and
-    ``checkpoint.pagefile.check_page(buf, index, page_size)``."""
+    def mark_sent(self, offset: int) -> None: ...
+
+    def preimages(self) -> Iterator[tuple[int, bytes]]: ...
+
+    @property
+    def preimage_count(self) -> int: ...
+
+    def close(self) -> None: ...
+
+
+class PreparedInstall(Protocol):
+    """A received file checked for install (checkpoint's Partition); ``close()`` gives
+    it up."""
+
+    def close(self) -> None: ...
+
+
+class PageStore(Protocol):
+    """What the transfer layer uses of checkpoint's PartitionStore: the seam's other
+    side, so a move's counter C is typed from the demander down to the store."""
+
+    def partition_path(self, partition: int) -> str: ...
+
+    def open_transfer_snapshot(self, partition: int) -> StoreSnapshot: ...
+
+    def prepare_install(self, partition: int, src_path: str) -> PreparedInstall: ...
+
+    def install_partition(self, partition: int, src_path: str,
+                          prepared: PreparedInstall | None = None) -> None: ...
+
+
+class PartitionStoreStorage:
+    """checkpoint's PartitionStore (one per cache, a :class:`PageStore`) behind the
+    transfer storage seam; pages are checked with ``checkpoint.check_page``."""
 
     verifies_pages = True
 
-    def __init__(self, stores: Mapping[str, Any] | Any) -> None:
-        self.stores: Mapping[str, Any] = stores if isinstance(stores, Mapping) else {DEFAULT_CACHE: stores}
+    def __init__(self, stores: Mapping[str, PageStore] | PageStore) -> None:
+        self.stores: Mapping[str, PageStore] = (stores if isinstance(stores, Mapping)
+                                                else {DEFAULT_CACHE: stores})
         # imported here: transfer works without checkpoint (DirectoryStorage needs none)
         from checkpoint import (CheckpointError, PartitionNotFoundError, SnapshotBusyError,
                                 check_page)
@@ -176,7 +212,7 @@ class PartitionStoreStorage:
         self._not_found: type[BaseException] = PartitionNotFoundError
         self._busy: type[BaseException] = SnapshotBusyError
 
-    def _store(self, cache: str) -> Any:
+    def _store(self, cache: str) -> PageStore:
         check_cache(cache)
         try:
             return self.stores[cache]
@@ -213,7 +249,7 @@ class PartitionStoreStorage:
     def check_page(self, buf: bytes, page_index: int, page_size: int) -> str | None:
         return self._check_page(buf, page_index, page_size)
 
-    def prepare_install(self, cache: str, partition: int, src_path: str) -> Any:
+    def prepare_install(self, cache: str, partition: int, src_path: str) -> PreparedInstall:
         """The page check of the whole received file, done by the store's install scan
         (every page's CRC and structure, in the same pass that builds the installed
         partition's key index): one read of the file instead of two. Returns what
@@ -228,7 +264,8 @@ class PartitionStoreStorage:
             raise TransferError(f"the store refused partition {partition}: {e}",
                                 partition=partition) from None
 
-    def install(self, cache: str, partition: int, src_path: str, prepared: Any = None) -> None:
+    def install(self, cache: str, partition: int, src_path: str,
+                prepared: PreparedInstall | None = None) -> None:
         try:
             self._store(cache).install_partition(partition, src_path, prepared)
         except self._store_error as e:
