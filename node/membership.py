@@ -34,6 +34,10 @@ SETTINGS = {
     "transfer.rate_limit": "transfer_rate_limit",
     "transfer.concurrency": "transfer_concurrency",
     "rebalance.replay_rate_limit": "replay_rate_limit",
+    "rebalance.protect": "rebalance_protect",
+    "rebalance.latency_target_ms": "latency_target_ms",
+    "rebalance.min_moves": "rebalance_min_moves",
+    "rebalance.max_moves": "rebalance_max_moves",
     "checkpoint.interval_s": "checkpoint_interval_s",
     "log_level": "log_level",
 }

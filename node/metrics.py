@@ -18,6 +18,7 @@ import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Summary, generate_latest
 from prometheus_client.registry import RestrictedRegistry
 
+from .acklatency import LatencyWindow
 from .config import parse_address
 
 log = logging.getLogger("ferry.node.metrics")
@@ -55,6 +56,13 @@ METRICS: dict[str, tuple[Kind, str, tuple[str, ...]]] = {
     "ferry_node_partitions": ("gauge", "Partitions on this node by cache and state.", ("cache", "state")),
     "ferry_node_checkpoint_seconds": ("summary", "Duration of checkpoints started by the node.", ()),
     "ferry_node_topology_version": ("gauge", "Topology version known to this node.", ()),
+    # foreground protection (node/admission.py)
+    "ferry_node_ack_latency_p99_seconds": ("gauge", "p99 of this node's write acknowledgement times over the last 0.5 s.", ()),
+    "ferry_node_rebalance_latency_seconds": ("gauge", "The acknowledgement p99 foreground protection reacts to (the worst node its moves touch).", ()),
+    "ferry_node_rebalance_latency_target_seconds": ("gauge", "The target that p99 is compared with.", ()),
+    "ferry_node_rebalance_move_limit": ("gauge", "Moves this node may run at once now (foreground protection).", ()),
+    "ferry_node_rebalance_transfer_rate_limit_bps": ("gauge", "Receive rate limit of this node's transfers now, bytes/s (0 = none).", ()),
+    "ferry_node_rebalance_replay_rate_limit": ("gauge", "Temp-WAL replay limit per move now, records/s (0 = none).", ()),
 }
 
 _CLASSES = {"counter": Counter, "gauge": Gauge, "summary": Summary}
@@ -92,6 +100,9 @@ class Metrics:
         self._lock = threading.Lock()
         self._metrics: dict[str, tuple[Kind, tuple[str, ...], prometheus_client.metrics.MetricWrapperBase]] = {}
         self._warned: set[tuple[str, str]] = set()
+        # write acknowledgement times, windowed: what foreground protection reads
+        # (node/admission.py); fed by the update path beside ferry_node_update_seconds
+        self.acks = LatencyWindow()
         # gauges set by a collector: cleared before the next collection, so the series
         # of a move that ended disappears instead of keeping its last value
         self._collected: set[str] = set()

@@ -269,6 +269,6 @@ class Node:
 
 
 CLIENT_METHODS = {"ping", "get_map", "put", "put_batch", "get", "remove", "lookup", "range", "moves",
-                  "moves_done",
+                  "moves_done", "admission",
                   "metrics", "leave"}
 

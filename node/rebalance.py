@@ -18,6 +18,7 @@ import uuid
 from indexes import ScanPool
 from transfer import Limits, SupplierServer
 
+from .admission import Admission
 from .config import NodeConfig
 from .context import NodeContext
 from .errors import NodeError, Unavailable
@@ -46,26 +47,31 @@ class Rebalancer:
         self.send_limits: Limits | None = None
         self.supplier: SupplierServer | None = None
         self.engine = node_move_engine(ctx, self.recv_limits, self.scan_pool)
+        # foreground protection sets the move limit, the receive limits and the replay
+        # rate; the engine asks for the replay rate through its context's callable
+        self.admission = Admission(ctx, self.recv_limits)
+        self.engine.ctx.replay_rate_limit = self.admission.replay_limit
         # messages mode, primary side: session -> (entries at C, opened at)
         self.sessions: dict[str, tuple[list[tuple[bytes, bytes | None, int]], float]] = {}
 
     def handlers(self) -> Handlers:
         return {"demand": self.op_demand, "fetch": self.op_fetch, "demand_done": self.op_demand_done,
-                "register": self.op_register, "handoff": self.op_handoff, "unfence": self.op_unfence}
+                "register": self.op_register, "handoff": self.op_handoff, "unfence": self.op_unfence,
+                "ack_latency": self.admission.op_ack_latency, "admission": self.admission.status}
 
     def start_supplier(self) -> str:
         """Serve this node's partition files; returns the address to advertise."""
         storage = make_supplier_storage(self.ctx.data, self.ctx.repl.in_use, self.can_supply)
         self.supplier, self.send_limits, address = start_supplier(self.ctx.cfg, self.ctx.secret, storage)
+        self.admission.start()          # (the node's start: its measurements begin too)
         return address
 
     def apply_limits(self, new: NodeConfig) -> None:
         """Transfer limits that change live (a cluster setting or the config file)."""
-        rate = new.transfer_rate_limit or None
-        for lim in (self.recv_limits, self.send_limits):
-            if lim is not None:
-                lim.set_rate(rate)
-                lim.set_max_transfers(new.transfer_concurrency)
+        if self.send_limits is not None:
+            self.send_limits.set_rate(new.transfer_rate_limit or None)
+            self.send_limits.set_max_transfers(new.transfer_concurrency)
+        self.admission.config_changed(new)   # the receive side: the config, and the protection
 
     def stop(self) -> None:
         if self.supplier:
@@ -80,10 +86,10 @@ class Rebalancer:
         key = (cache, p)
         engine = self.engine
         with self.ctx.moves.lock:
-            # files mode: twice the transfer limit, so the index rebuild and replay of
-            # some moves overlap the transfers of others (transfers are limited anyway)
-            limit = self.ctx.cfg.transfer_concurrency * (2 if self.ctx.cfg.rebalance_mode == "files" else 1)
-            if key in self.ctx.moves.running or len(self.ctx.moves.running) >= limit:
+            # files mode: by default twice the transfer limit, so the index rebuild and
+            # replay of some moves overlap the transfers of others; foreground
+            # protection lowers it while writes slow down (node/admission.py)
+            if key in self.ctx.moves.running or not self.admission.admit(len(self.ctx.moves.running)):
                 return False
             mv = Move(cache, p, mode=self.ctx.cfg.rebalance_mode, on_stage=self._stage_done)
             self.ctx.moves.running[key] = mv
@@ -101,6 +107,7 @@ class Rebalancer:
         self.ctx.metrics.observe("ferry_node_move_stage_seconds", seconds, stage=stage)
 
     def _run_move(self, engine: MoveEngine, mv: Move) -> None:
+        self.admission.nice_this_thread()
         try:
             if engine.run(mv):
                 self.ctx.moves.done.append(mv.summary(self.ctx.id))

@@ -15,6 +15,8 @@ from .jsonvalue import Json, JsonDoc
 from .membership import SETTINGS
 
 DEFAULTS = NodeConfig(id="x", data="/")
+_BOOLS = {"on": True, "true": True, "1": True, "yes": True,
+          "off": False, "false": False, "0": False, "no": False}
 
 
 def parse(name: str, raw: str) -> Json:
@@ -22,6 +24,11 @@ def parse(name: str, raw: str) -> Json:
     if fld is None:
         raise ConfigError(f"unknown setting {name!r}; live settings: {', '.join(sorted(SETTINGS))}")
     kind = type(getattr(DEFAULTS, fld))
+    if kind is bool:              # bool("off") would be True
+        word = raw.strip().lower()
+        if word not in _BOOLS:
+            raise ConfigError(f"setting {name}: {raw!r} is not on/off (also true/false, 1/0, yes/no)")
+        return _BOOLS[word]
     try:
         val: Json = raw if kind is str else kind(float(raw)) if kind is int and "." not in raw else kind(raw)
     except ValueError:
@@ -34,6 +41,12 @@ def parse(name: str, raw: str) -> Json:
 
 def put(etcd: Etcd, prefix: str, name: str, raw: str) -> Json:
     val = parse(name, raw)
+    # checked with the other stored settings too (rebalance.min_moves <= max_moves)
+    others = {SETTINGS[n]: d["value"] for n, d in current(etcd, prefix).items() if d["set"] and n != name}
+    try:
+        validate(replace(DEFAULTS, **others, **{SETTINGS[name]: val}))
+    except ConfigError as e:
+        raise ConfigError(f"setting {name} = {raw}: {e} (with the cluster's other settings)") from None
     etcd.put(f"{prefix}/settings/{name}", val)
     return val
 

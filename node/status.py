@@ -18,12 +18,17 @@ def collect(pool: Pool, seed: str) -> dict[str, Any]:
         except NodeError:
             pass
     moves: list[dict[str, Any]] = []
+    admission: list[dict[str, Any]] = []
     for mem in m.members.values():
         if mem.alive:
             try:
                 moves += pool.call(mem.address, "moves", timeout=5.0)
             except NodeError:
                 pass
+            try:           # foreground protection of that node (node/admission.py)
+                admission.append(pool.call(mem.address, "admission", timeout=5.0))
+            except NodeError:
+                pass       # an older node, or one stopping
     partitions = []
     for cache, plist in m.states.items():
         for p, st in enumerate(plist):
@@ -43,6 +48,7 @@ def collect(pool: Pool, seed: str) -> dict[str, Any]:
                   for x in sorted(m.members.values(), key=lambda x: x.order)],
         "partitions": partitions,
         "moves": moves,
+        "admission": sorted(admission, key=lambda a: str(a.get("node"))),
         "lost": [f"{x['cache']}/{x['partition']}" for x in partitions
                  if "OWNING" not in x["states"].values() or m.parts[x["cache"]][x["partition"]].lost],
     }
@@ -134,6 +140,26 @@ def render(doc: dict[str, Any], *, width: int | None = None, color: bool | None 
         out.print(moves)
     else:
         out.print(f"[bold]{moves.title}[/]")
+    prot = table("Foreground protection (moves yield when writes slow down)")
+    rows = [a for a in doc.get("admission", []) if isinstance(a, dict)]
+    if rows:
+        for col, right in (("node", False), ("protect", False), ("move limit", True), ("transfers", True),
+                           ("transfer MB/s", True), ("replay /s", True), ("write p99 ms", True),
+                           ("target ms", True), ("idle p99 ms", True)):
+            prot.add_column(col, justify="right" if right else "left", no_wrap=True)
+        for a in rows:
+            lat = a.get("latency_ms")
+            over = lat is not None and a.get("target_ms") is not None and lat > a["target_ms"]
+            seen = "-" if lat is None else f"{lat} ({escape(str(a.get('latency_node')))})"
+            rate = a.get("transfer_rate_limit") or 0
+            prot.add_row(escape(str(a.get("node"))), "on" if a.get("protect") else "[yellow]off[/]",
+                         f"{a.get('move_limit')}/{a.get('max_moves')}", str(a.get("transfers")),
+                         f"{rate / 1e6:.0f}" if rate else "-",
+                         str(a.get("replay_rate_limit") or "-"),
+                         f"[yellow]{seen}[/]" if over else seen,
+                         str(a.get("target_ms") if a.get("target_ms") is not None else "-"),
+                         str(a.get("baseline_ms") if a.get("baseline_ms") is not None else "-"))
+        out.print(prot)
     if doc["lost"]:
         out.print(f"[bold red]LOST partitions (no live OWNING copy): {escape(', '.join(doc['lost']))}[/]")
     return "\n".join(line.rstrip() for line in buf.getvalue().rstrip("\n").splitlines())

@@ -145,7 +145,9 @@ class UpdatePath:
             counter = data.put(p, key, value)
             self._replicate(cache, p, key, value, counter, prev)
         self.ctx.metrics.inc("ferry_node_updates_total", cache=cache, op="put" if value is not None else "remove")
-        self.ctx.metrics.observe("ferry_node_update_seconds", time.monotonic() - t0)
+        dt = time.monotonic() - t0
+        self.ctx.metrics.observe("ferry_node_update_seconds", dt)
+        self.ctx.metrics.acks.add(dt)          # foreground protection (node/admission.py)
         return counter
 
     def op_put_batch(self, cache: str, key: object, items: object) -> list[int]:
@@ -175,7 +177,9 @@ class UpdatePath:
             ups = [(k, v, c) for (k, v), c in zip(batch, data.put_many(p, batch))]
             self._replicate_many(cache, p, ups, prev)
         self.ctx.metrics.inc("ferry_node_updates_total", len(ups), cache=cache, op="put")
-        self.ctx.metrics.observe("ferry_node_update_seconds", time.monotonic() - t0)
+        dt = time.monotonic() - t0
+        self.ctx.metrics.observe("ferry_node_update_seconds", dt)
+        self.ctx.metrics.acks.add(dt)
         return [ups[0][2], ups[-1][2]]
 
     def op_get(self, cache: str, key: object) -> bytes | None:

@@ -1,0 +1,354 @@
+"""Foreground protection: the rebalance yields when the writes of the nodes it touches
+slow down (docs/rebalancing.md, "Foreground protection").
+
+An AIMD controller (:class:`Aimd`, TCP's congestion window applied to moves) keeps a
+*level* between ``rebalance.min_moves`` and ``rebalance.max_moves``. Every TICK_S
+while moves run, :class:`Admission` reads the acknowledgement latency
+(:mod:`node.acklatency`) of this node and of every node its running moves touch (the
+primaries that replicate to the MOVING copies and the suppliers), and compares the
+worst windowed p99 with that node's target: ``rebalance.latency_target_ms``, or by
+default AUTO_FACTOR x the node's idle baseline. Within target the level grows by
+INCREASE_PER_S per second; above it, it halves (at most once per latency window, so
+one slow window is not punished twice).
+
+What the level sets, and why those levers (a 2-core machine, docs/benchmarks.md):
+
+- moves started at once (``admit``): each move's install scan, index rebuild and
+  replay are CPU in this process, which the writers' primaries and backups need;
+- transfers received at once and their byte rate (``recv_limits``): the receive's
+  disk writes, fsyncs and page checks compete with the write path's WAL fsyncs;
+- the temp-WAL replay rate (``replay_limit``), but never below REPLAY_OVER_INGEST x
+  the partition's ingest rate nor REPLAY_MIN_RPS: a replay slower than its writes
+  would never converge, and a slow replay *costs* writes (backpressure holds each
+  acknowledgement of that partition 3 / replay rate per record while it runs).
+
+With no write anywhere for QUIET_S there is nothing to protect and the level is the
+maximum: an idle cluster rebalances at full speed.
+Move threads also run at a lower CPU priority (MOVE_NICE) while protection is on, so
+the scheduler serves the write path first when a core is contended.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from transfer import Limits
+
+from .acklatency import WINDOW_S, LatencyReport
+from .config import NodeConfig
+from .context import NodeContext
+from .errors import NodeError
+from .metrics import Metrics
+
+log = logging.getLogger("ferry.node.admission")
+
+TICK_S = 0.1                 # while moves run: several decisions per latency window
+IDLE_TICK_S = WINDOW_S       # otherwise only the baseline and the own window move
+INCREASE_PER_S = 4.0         # moves per second of additive increase
+DECREASE = 0.5               # multiplicative decrease
+QUIET_S = 2 * WINDOW_S       # this long without a write anywhere: full speed
+START_FRACTION = 0.5         # a rebalance starts at half the maximum
+AUTO_FACTOR = 1.5            # default target: 1.5 x the idle p99 ...
+AUTO_MIN_S = 0.005           # ... but at least 5 ms (a sub-ms idle p99 is noise-bound)
+FALLBACK_TARGET_S = 0.050    # a node with no idle baseline yet
+REPLAY_OVER_INGEST = 5.0     # the replay's floor, in multiples of its ingest rate
+REPLAY_MIN_RPS = 2000        # ... and in records/s
+REPLAY_REF_RPS = 20000       # replay rate assumed until one is measured
+MIN_RATE_BPS = 4 << 20       # the transfer rate never drops below 4 MiB/s
+MOVE_NICE = 10               # CPU priority of move threads while protection is on
+POLL_TIMEOUT_S = 0.5
+MAX_PEERS = 16               # nodes asked per tick (primaries and suppliers of the moves)
+
+
+class Aimd:
+    """The level: additive increase while the latency is within target, multiplicative
+    decrease above it. ``ratio`` is latency / target; None means no foreground writes.
+    Deterministic: time comes in as ``now``."""
+
+    def __init__(self, lo: float, hi: float, *, increase_per_s: float = INCREASE_PER_S,
+                 decrease: float = DECREASE, hold_s: float = WINDOW_S, quiet_s: float = QUIET_S) -> None:
+        self.lo, self.hi = lo, hi
+        self.level = hi
+        self.increase_per_s, self.decrease, self.hold_s = increase_per_s, decrease, hold_s
+        self._last: float | None = None
+        self._last_decrease = float("-inf")
+        self._last_signal = float("-inf")
+        self.quiet_s = quiet_s
+
+    def bounds(self, lo: float, hi: float) -> None:
+        self.lo, self.hi = lo, max(lo, hi)
+        self.level = min(self.hi, max(self.lo, self.level))
+
+    def update(self, ratio: float | None, now: float) -> float:
+        dt = 0.0 if self._last is None else max(0.0, now - self._last)
+        self._last = now
+        if ratio is not None:
+            self._last_signal = now
+        if ratio is None and now - self._last_signal >= self.quiet_s:
+            self.level = self.hi
+        elif ratio is None:
+            # a window without writes may be writes stalled, not gone: grow as if
+            # within target until it has been quiet for quiet_s
+            self.level = min(self.hi, self.level + self.increase_per_s * dt)
+        elif ratio > 1.0:
+            # the window that showed it still holds the slow samples for hold_s
+            if now - self._last_decrease >= self.hold_s:
+                self.level = max(self.lo, self.level * self.decrease)
+                self._last_decrease = now
+        else:
+            self.level = min(self.hi, self.level + self.increase_per_s * dt)
+        return self.level
+
+    def start(self) -> None:
+        """A rebalance begins: start at START_FRACTION of the maximum (TCP's slow
+        start, here a cautious first wave)."""
+        self.level = min(self.level, max(self.lo, self.hi * START_FRACTION))
+
+
+@dataclass(frozen=True)
+class Signal:
+    """The latency the controller reacted to: the worst node's p99 against its target."""
+    node: str
+    p99_s: float
+    target_s: float
+
+    @property
+    def ratio(self) -> float:
+        return self.p99_s / self.target_s
+
+
+def target_of(cfg: NodeConfig, r: LatencyReport) -> float:
+    if cfg.latency_target_ms > 0:
+        return cfg.latency_target_ms / 1e3
+    if r.baseline_s is None:
+        return FALLBACK_TARGET_S
+    return max(AUTO_FACTOR * r.baseline_s, AUTO_MIN_S)
+
+
+def worst(cfg: NodeConfig, reports: dict[str, LatencyReport]) -> Signal | None:
+    """The node furthest above (or least below) its target; None without writes."""
+    out: Signal | None = None
+    for node, r in sorted(reports.items()):
+        if r.p99_s is None:
+            continue
+        s = Signal(node, r.p99_s, target_of(cfg, r))
+        if out is None or s.ratio > out.ratio:
+            out = s
+    return out
+
+
+def max_moves(cfg: NodeConfig) -> int:
+    """Moves at once without protection: ``rebalance.max_moves``, by default twice the
+    transfer limit in files mode (index rebuilds and replays overlap transfers)."""
+    return cfg.rebalance_max_moves or cfg.transfer_concurrency * (2 if cfg.rebalance_mode == "files" else 1)
+
+
+class Admission:
+    """The node's foreground protection: a thread that measures and sets the levers,
+    ``admit`` for the rebalancer, ``replay_limit`` for the move engine."""
+
+    def __init__(self, ctx: NodeContext, recv_limits: Limits,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.ctx = ctx
+        self.recv = recv_limits
+        self.clock = clock
+        cfg = ctx.cfg
+        self.aimd = Aimd(min(cfg.rebalance_min_moves, max_moves(cfg)), max_moves(cfg))
+        self._lock = threading.Lock()
+        self.signal: Signal | None = None
+        self.peak_recv_bps = 0.0
+        self.peak_replay_rps = 0.0
+        self._wire: dict[tuple[str, int], int] = {}
+        self._wire_at = clock()
+        self._applied: tuple[int, float | None] | None = None
+        ctx.metrics.collectors.append(self._collect)
+
+    # -- what the rest of the node asks ------------------------------------------------
+    def protect(self) -> bool:
+        return self.ctx.cfg.rebalance_protect
+
+    def move_limit(self) -> int:
+        if not self.protect():
+            return max_moves(self.ctx.cfg)
+        with self._lock:
+            return max(1, int(self.aimd.level))
+
+    def admit(self, running: int) -> bool:
+        """May one more move start now, with ``running`` moves running?"""
+        if running == 0 and self.protect():
+            # the first wave goes at half speed whatever is known: a fresh node has
+            # not heard the primaries' latency yet, and with no writes the next tick
+            # (0.1 s) lifts the level to the maximum (the transfer slots, half the
+            # maximum by default, would hold the second half back meanwhile anyway)
+            with self._lock:
+                self.aimd.start()
+        return running < self.move_limit()
+
+    def replay_limit(self) -> int:
+        """Temp-WAL records/s per move (0 = unlimited): the configured cap, and while
+        protection holds the level below its maximum, a share of the replay rate seen -
+        never below REPLAY_OVER_INGEST x the fastest ingest of a running move."""
+        cfg = self.ctx.cfg
+        cap = cfg.replay_rate_limit
+        with self._lock:
+            level, hi = self.aimd.level, self.aimd.hi
+        if not cfg.rebalance_protect or level >= hi:
+            return cap
+        ingest = max((max(mv.ingest_rate, mv.ingest_replay)
+                      for mv in list(self.ctx.moves.running.values())), default=0.0)
+        ref = self.peak_replay_rps or REPLAY_REF_RPS
+        mine = int(max(REPLAY_MIN_RPS, REPLAY_OVER_INGEST * ingest, ref * level / hi))
+        return min(cap, mine) if cap else mine
+
+    def transfer_limits(self) -> tuple[int, float | None]:
+        """(transfers received at once, bytes/s or None) for the level now."""
+        cfg = self.ctx.cfg
+        slots, rate = cfg.transfer_concurrency, float(cfg.transfer_rate_limit) or None
+        with self._lock:
+            level, hi = self.aimd.level, self.aimd.hi
+        if cfg.rebalance_protect and level < hi:
+            slots = max(1, min(slots, int(level)))
+            if self.peak_recv_bps > 0:
+                mine = max(float(MIN_RATE_BPS), self.peak_recv_bps * level / hi)
+                rate = mine if rate is None else min(rate, mine)
+        return slots, rate
+
+    def busy(self) -> bool:
+        """Does a rebalance touch this node now (moves here, MOVING copies registered
+        with it as primary, its files being sent)? Its latency then is no baseline."""
+        ctx = self.ctx
+        return bool(ctx.moves.running) or any(ctx.repl.copies.values()) \
+            or any(n > 0 for n in ctx.repl.in_use.values())
+
+    def op_ack_latency(self) -> dict[str, float | int | None]:
+        """RPC ``ack_latency`` (node-only): this node's window, for a demander's controller."""
+        return self.ctx.metrics.acks.report(self.busy()).to_wire()
+
+    def config_changed(self, new: NodeConfig) -> None:
+        with self._lock:
+            self.aimd.bounds(min(new.rebalance_min_moves, max_moves(new)), max_moves(new))
+        self._apply()
+
+    def nice_this_thread(self) -> None:
+        """A move thread, at its start: lower CPU priority while protection is on (Linux
+        threads have their own nice value; raising it needs no privilege)."""
+        if not self.protect():
+            return
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), MOVE_NICE)
+        except (OSError, AttributeError):   # not Linux, or a sandbox that forbids it
+            pass
+
+    def status(self) -> dict[str, object]:
+        """This node's part of ``cluster status`` (``admission`` in --json)."""
+        slots, rate = self.transfer_limits()
+        sig = self.signal
+        own = self.ctx.metrics.acks.report(self.busy())
+        with self._lock:
+            level = round(self.aimd.level, 2)
+        return {"node": self.ctx.id, "protect": self.protect(), "level": level,
+                "move_limit": self.move_limit(), "max_moves": max_moves(self.ctx.cfg),
+                "transfers": slots, "transfer_rate_limit": int(rate) if rate else 0,
+                "replay_rate_limit": self.replay_limit(),
+                "latency_ms": round(sig.p99_s * 1e3, 2) if sig else None,
+                "target_ms": round(sig.target_s * 1e3, 2) if sig else None,
+                "latency_node": sig.node if sig else None,
+                "own_p99_ms": own.to_wire()["p99_ms"], "baseline_ms": own.to_wire()["baseline_ms"]}
+
+    # -- the loop -------------------------------------------------------------------
+    def start(self) -> None:
+        threading.Thread(target=self.run, name="admission", daemon=True).start()
+
+    def run(self) -> None:
+        stopping = self.ctx.events.stopping
+        while not stopping.is_set():
+            try:
+                self.tick()
+            except Exception:
+                log.exception("stage=admission tick failed")
+            stopping.wait(TICK_S if self.ctx.moves.running else IDLE_TICK_S)
+
+    def tick(self) -> None:
+        ctx = self.ctx
+        moving = bool(ctx.moves.running)
+        reports = {ctx.id: ctx.metrics.acks.report(self.busy())}
+        if moving and self.protect():
+            reports.update(self._poll_peers())
+        self._measure_rates()
+        sig = worst(ctx.cfg, reports)
+        with self._lock:
+            before = self.aimd.level
+            self.signal = sig
+            level = self.aimd.update(sig.ratio if sig else None, self.clock())
+        if moving and int(level) != int(before):
+            log.info("stage=admission move limit %d -> %d (%s)", int(before), int(level),
+                     f"p99 {sig.p99_s * 1e3:.2f} ms on {sig.node}, target {sig.target_s * 1e3:.2f} ms"
+                     if sig else "no foreground writes")
+        if level > before and moving:
+            ctx.wake()                  # more moves may start now
+        self._apply()
+
+    def _peers(self) -> dict[str, str]:
+        """Nodes the running moves touch: p's primary and the move's supplier."""
+        ctx = self.ctx
+        out: dict[str, str] = {}
+        with ctx.map.lock:
+            m = ctx.map.map
+            for (cache, p), mv in list(ctx.moves.running.items()):
+                for n in (m.parts[cache][p].primary, mv.source):
+                    addr = m.address(n)
+                    if n and n != ctx.id and addr and len(out) < MAX_PEERS:
+                        out[n] = addr
+        return out
+
+    def _poll_peers(self) -> dict[str, LatencyReport]:
+        out = {}
+        for node, addr in self._peers().items():
+            try:
+                out[node] = LatencyReport.from_wire(self.ctx.pool.call(addr, "ack_latency",
+                                                                       timeout=POLL_TIMEOUT_S))
+            except (NodeError, ValueError) as e:   # an old or busy peer: judge by the others
+                log.debug("stage=admission no latency from %s: %s", node, e)
+        return out
+
+    def _measure_rates(self) -> None:
+        """Receive bytes/s of this node's moves and the best replay rate seen: what
+        the throttled limits are fractions of."""
+        now = self.clock()
+        wire = {k: mv.wire for k, mv in list(self.ctx.moves.running.items()) if mv.mode == "files"}
+        dt = now - self._wire_at
+        if dt >= TICK_S / 2:
+            delta = sum(max(0, w - self._wire[k]) for k, w in wire.items() if k in self._wire)
+            if delta:
+                self.peak_recv_bps = max(self.peak_recv_bps, delta / dt)
+            self._wire, self._wire_at = wire, now
+        for mv in list(self.ctx.moves.running.values()):
+            if mv.replayed >= 1000:        # a rate over a handful of records says little
+                self.peak_replay_rps = max(self.peak_replay_rps, mv.replay_rate)
+
+    def _apply(self) -> None:
+        slots, rate = self.transfer_limits()
+        if self._applied != (slots, rate):
+            self.recv.set_max_transfers(slots)
+            self.recv.set_rate(rate)
+            self._applied = (slots, rate)
+
+    def _collect(self, m: Metrics) -> None:
+        slots, rate = self.transfer_limits()
+        own, n = self.ctx.metrics.acks.p99()
+        m.set("ferry_node_rebalance_move_limit", self.move_limit())
+        m.set("ferry_node_rebalance_transfer_rate_limit_bps", rate or 0)
+        m.set("ferry_node_rebalance_replay_rate_limit", self.replay_limit())
+        if own is not None:
+            m.set("ferry_node_ack_latency_p99_seconds", own)
+        sig = self.signal
+        if sig is not None:
+            m.set("ferry_node_rebalance_latency_seconds", sig.p99_s)
+            m.set("ferry_node_rebalance_latency_target_seconds", sig.target_s)
+
+
+__all__ = ["Admission", "Aimd", "Signal", "worst", "target_of", "max_moves"]
