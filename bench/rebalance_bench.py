@@ -15,6 +15,11 @@ first move started -> last partition OWNING, as the nodes stamped them;
 partition while writers write only its keys; the temp-WAL replay rate against the
 rate those updates went into the temp WAL (``replay_one_partition``).
 
+``--foreground`` runs only the foreground phase instead (bench/rebalance_fg.py): 8 writer
+processes while a 4th node joins, their p50/p99/max and puts/s before, during and after,
+the join against a raw sendfile floor measured in the same run, protection on and off
+interleaved (``--protect on|off|both``).
+
 ``--repeat N`` runs each mode N times on fresh clusters, the modes interleaved, and
 reports the median of each figure (ratios of the medians; every run under ``runs``):
 on a machine whose speed drifts, one run per mode is not a measurement.
@@ -26,6 +31,7 @@ Prints ONE JSON object.
     .venv/bin/python bench/rebalance_bench.py --entries 16384 --value-size 65536   # 1 GiB
     .venv/bin/python bench/rebalance_bench.py --modes messages   # one mode (e.g. an older tree's baseline)
     .venv/bin/python bench/rebalance_bench.py --entries 1048576 --value-size 1024 --repeat 3 --replay-writers 0
+    .venv/bin/python bench/rebalance_bench.py --foreground --entries 200000 --value-size 1024 --repeat 3
 """
 from __future__ import annotations
 
@@ -351,11 +357,23 @@ def main() -> None:
                     help="runs per mode, each on a fresh cluster, modes interleaved; with more "
                          "than one, `files` and `messages` hold the medians of each figure and "
                          "the ratios are of the medians (every run is under `runs`)")
+    ap.add_argument("--foreground", action="store_true",
+                    help="only the foreground phase: writer processes' latency and throughput "
+                         "before/during/after a join, and the join against the sendfile floor")
+    ap.add_argument("--protect", choices=("on", "off", "both"), default="both",
+                    help="--foreground: rebalance.protect of the runs (both: interleaved)")
+    ap.add_argument("--fg-writers", type=int, default=8, help="--foreground: writer processes")
+    ap.add_argument("--idle-seconds", type=float, default=5.0,
+                    help="--foreground: the before and after windows")
+    ap.add_argument("--warmup-seconds", type=float, default=3.0)
     ap.add_argument("--timeout", type=float, default=900.0)
     ap.add_argument("--dir", default=None, help="work folder (default: a temp dir under /work or /tmp)")
     args = ap.parse_args()
     if args.repeat < 1:
         ap.error("--repeat takes 1 or more")
+    if args.foreground:
+        foreground(ap, args)
+        return
     if args.entries is None:
         args.entries = 1000 if args.quick else 16384
     if args.value_size is None:
@@ -399,6 +417,39 @@ def main() -> None:
         "target": "files >= 10x faster to OWNING than messages; replay >= 5x the ingest rate",
         "replay_over_ingest": (res.get("files") or {}).get("replay_one_partition", {}).get("replay_over_ingest"),
         "loaded_machine": os.getloadavg()[0],
+    }))
+
+
+def foreground(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    import rebalance_fg
+    if args.entries is None:
+        args.entries = 20000 if args.quick else 200000
+    if args.value_size is None:
+        args.value_size = 1024
+    settings = [True, False] if args.protect == "both" else [args.protect == "on"]
+    root = args.dir or tempfile.mkdtemp(prefix="ferry-rebalance-fg-")
+    runs: dict[str, list[dict]] = {("on" if p else "off"): [] for p in settings}
+    try:
+        for i in range(args.repeat):         # interleaved: on, off, on, off ...
+            for p in settings:
+                r = rebalance_fg.run(root, p, args, i)
+                runs["on" if p else "off"].append(r)
+                print(f"rebalance bench (foreground): protect {'on' if p else 'off'} run {i + 1}/"
+                      f"{args.repeat}: join {r['seconds_from_join']} s ({r['ratio_to_floor']}x floor), "
+                      f"p99 {r['writers']['before']['p99_ms']} -> {r['writers']['during']['p99_ms']} ms, "
+                      f"puts/s {r['writers']['before']['puts_per_s']} -> {r['writers']['during']['puts_per_s']}",
+                      file=sys.stderr)
+    finally:
+        if not args.dir:
+            shutil.rmtree(root, ignore_errors=True)
+    print(json.dumps({
+        "bench": "rebalance_foreground", "entries": args.entries, "value_size": args.value_size,
+        "partitions": args.partitions, "backups": 1, "concurrency": args.concurrency,
+        "writers": args.fg_writers, "nodes": "3 -> 4", "repeat": args.repeat,
+        "summary": {k: rebalance_fg.summary(v) for k, v in runs.items()}, "runs": runs,
+        "target": "protect on: p99 during <= 2x idle p99, puts/s during >= 80% of idle; "
+                  "join <= 1.3x the floor",
+        "cpus": os.cpu_count(), "loadavg": os.getloadavg(),
     }))
 
 
