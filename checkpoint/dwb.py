@@ -31,8 +31,6 @@ import crc32c
 
 from faults import fileio
 
-from .errors import CheckpointError
-
 MAGIC = b"FERRYDW\x00"
 VERSION = 1
 _HEAD = struct.Struct("<8sHHIIQ")
@@ -41,8 +39,6 @@ _CRC = struct.Struct("<I")
 NAME = "checkpoint.dwb"
 
 
-class DoubleWriteError(CheckpointError):
-    pass
 
 
 def write(path: str, page_size: int, checkpoint_id: int,

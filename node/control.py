@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterator, TypeVar
 from urllib.parse import urlparse
 
-from .errors import ConfigError, ControlPlaneDown
+from .errors import ConfigError, ControlPlaneDown, WatchCompacted
 from .jsonvalue import Json, JsonDoc
 
 log = logging.getLogger("ferry.node.control")
@@ -224,10 +224,7 @@ class Etcd:
             resp.close()
 
 
-class Compacted(Exception):
-    def __init__(self, rev: int) -> None:
-        self.rev = rev
-        super().__init__(f"watch revision compacted (now {rev})")
+Compacted = WatchCompacted     # the name this module used; the class is in node.errors
 
 
 class Session:

@@ -106,6 +106,21 @@ class ControlPlaneDown(Unavailable):
     code = "control_plane"
 
 
+class WatchCompacted(NodeError):
+    """etcd compacted the revision a watch resumes from: the watcher reloads the whole
+    prefix (control.View does this itself; it never reaches a caller)."""
+
+    def __init__(self, rev: int) -> None:
+        self.rev = rev
+        super().__init__(f"watch revision compacted (now {rev})")
+
+
+class PlanError(NodeError):
+    """A manual reassignment plan (``DATA/plans/*.json``) is malformed."""
+
+    code = "bad_plan"
+
+
 RETRYABLE = {NotPrimary.code, Unavailable.code, StaleEpoch.code, ControlPlaneDown.code}
 
 BY_CODE: dict[str, type[NodeError]] = {

@@ -33,7 +33,7 @@ from faults import fileio
 
 from .config import NodeConfig
 from .context import NodeContext
-from .errors import ConfigError, NodeError
+from .errors import ConfigError, NodeError, PlanError
 from .membership import SETTINGS
 
 log = logging.getLogger("ferry.node.watch")
@@ -47,10 +47,6 @@ MAX_PLAN_BYTES = 1 << 20
 # nested arrays raised RecursionError, which escaped as an unexpected failure, wrote no
 # .status and so failed again at every start.
 MAX_PLAN_DEPTH = 8
-
-
-class PlanError(ValueError):
-    pass
 
 
 def _depth(raw: bytes) -> int:

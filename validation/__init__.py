@@ -6,7 +6,12 @@ Public face:
   -> the ``--json`` dict (``passed``, ``partitions_checked``, ``entries``,
   ``divergent``, ``corrupt_pages``, ``expected``, ``seconds``);
 - :func:`list_folders` / :class:`PartitionFile`: the node data folder layout;
-- :class:`ValidationError` (and ``LayoutError``, ``ExpectedFileError``);
+- :class:`LiveSettings`: what live validation of a running cluster needs (``validate(
+  [], live=LiveSettings(...))``; docs/validation.md);
+- :class:`ValidationError` (and ``LayoutError``, ``ExpectedFileError``, and for live
+  mode ``ClusterUnreachable``, ``WrongSecret``, ``UnknownCache``);
+- :mod:`validation.session` (``start``, ``stop_gateway``: a Spark session for callers
+  that drive validation themselves, e.g. the demo and the benchmarks);
 - the Spark data source ``validation.source.FerryDataSource`` (format ``ferry``);
 - ``validation.ship.build_zip``: the decoder zip for cluster executors.
 
@@ -17,8 +22,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import ExpectedFileError, LayoutError, ValidationError
+from .errors import (ClusterUnreachable, ExpectedFileError, LayoutError, UnknownCache,
+                     ValidationError, WrongSecret)
 from .layout import PartitionFile, list_folders
+from .live import LiveSettings
 
 
 def validate(dirs: list[str], **kwargs: Any) -> dict:
@@ -29,4 +36,4 @@ def validate(dirs: list[str], **kwargs: Any) -> dict:
 
 
 __all__ = ["validate", "list_folders", "PartitionFile", "ValidationError", "LayoutError",
-           "ExpectedFileError"]
+           "ExpectedFileError", "LiveSettings", "ClusterUnreachable", "WrongSecret", "UnknownCache"]

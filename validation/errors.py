@@ -20,6 +20,18 @@ class ExpectedFileError(ValidationError):
     """The ``--expected`` file cannot be read or lacks the columns it needs."""
 
 
+class ClusterUnreachable(ValidationError):
+    """No node (or etcd endpoint) of the cluster answered."""
+
+
+class WrongSecret(ValidationError):
+    """The cluster refused the secret the validator holds."""
+
+
+class UnknownCache(ValidationError):
+    """A cache that the cluster does not have."""
+
+
 class OutOfDiskError(ValidationError, faults.OutOfDiskError):
     """No room for the HTML report or the Parquet export."""
 

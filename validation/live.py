@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .errors import ValidationError
+from .errors import ClusterUnreachable, UnknownCache, ValidationError, WrongSecret  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -24,18 +24,6 @@ if TYPE_CHECKING:
 DEFAULT_PARALLEL = 4          # partitions fenced and fetched at once, cluster-wide
 DEFAULT_RATE = 100_000_000    # bytes/s of validation transfers, cluster-wide
 DEFAULT_PREFIX = "/ferry/default"
-
-
-class ClusterUnreachable(ValidationError):
-    """No node (or etcd endpoint) of the cluster answered."""
-
-
-class WrongSecret(ValidationError):
-    """The cluster refused the secret the validator holds."""
-
-
-class UnknownCache(ValidationError):
-    """A cache that the cluster does not have."""
 
 
 @dataclass
