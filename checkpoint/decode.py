@@ -18,7 +18,8 @@ from .check import PageProblem, check_data, check_page
 from .errors import CorruptPageError
 from .layout import (CRC_FROM, ENTRY, F_OVERFLOW, F_TOMBSTONE, HDR, HEADER, KNOWN_FLAGS,
                      MAX_VALUE, OVF_ENTRY, PTR, SLOT, T_DATA, header_count, slot_reader)
-from .reader import PageReader, read_meta, truncation
+from .layout import Meta
+from .reader import PageReader, RangeReader, read_meta, truncation
 
 _ENTRY_SIZE = ENTRY.size           # 15
 
@@ -108,7 +109,8 @@ def _data_page(chunk: bytes, base: int, ps: int, count: int, heap: int,
 
 
 def _batches(path: str, tombstones: bool, on_error: Callable[[PageProblem], None] | None,
-             pairs: bool, pages: tuple[int, int] | None = None) -> Iterator[list]:
+             pairs: bool, pages: tuple[int, int] | None = None,
+             reader: PageReader | None = None) -> Iterator[list]:
     """The decoder: lists of items in page order (see iter_entry_batches). Problems
     are reported in the same order relative to the items as entry by entry: what was
     decoded before a bad page is handed out before the problem is raised/reported."""
@@ -118,13 +120,16 @@ def _batches(path: str, tombstones: bool, on_error: Callable[[PageProblem], None
             raise CorruptPageError(path, p.page, p.offset, p.reason)
         on_error(p)
 
-    try:
-        meta = read_meta(path)
-    except CorruptPageError as e:
-        problem(PageProblem(0, 0, e.reason))
-        return
-    start, stop = pages if pages is not None else (1, None)
-    r = PageReader(path, meta, start, stop)
+    if reader is not None:
+        r, meta = reader, reader.meta
+    else:
+        try:
+            meta = read_meta(path)
+        except CorruptPageError as e:
+            problem(PageProblem(0, 0, e.reason))
+            return
+        start, stop = pages if pages is not None else (1, None)
+        r = PageReader(path, meta, start, stop)
     ps, pcount = meta.page_size, meta.page_count
     crc = crc32c.crc32c
     checked = r.checked
@@ -132,7 +137,7 @@ def _batches(path: str, tombstones: bool, on_error: Callable[[PageProblem], None
     accel = _switch.page
     try:
         trunc = truncation(r)
-        if stop is not None and stop < pcount:
+        if r.stop < pcount:
             trunc = None                       # the range ends before the file end
         for first, chunk in r.chunks():
             view = memoryview(chunk)
@@ -245,6 +250,20 @@ def iter_live_batches(path: str, *, on_error: Callable[[PageProblem], None] | No
     the pages ``start <= i < stop`` (so that several processes can share a file);
     truncation is reported by the range that reaches the end of the file."""
     return _batches(path, False, on_error, True, pages)
+
+
+def iter_live_range(path: str, meta: Meta, start: int, stop: int, body: bytes,
+                    seen: Callable[[int, bytes], None],
+                    on_error: Callable[[PageProblem], None]) -> Iterator[list[tuple[bytes, bytes]]]:
+    """The live pairs of pages ``start <= i < stop`` of a file that may still be
+    written (a transfer's temp file), decoded from ``body`` (those pages' bytes as the
+    caller read them) with ``meta`` given (page 0 may not be there yet). Every page
+    read outside the range (overflow chains) goes to ``seen(page, bytes)``; problems
+    go to ``on_error``. Same checks and items as :func:`iter_live_batches` over the
+    same bytes; the truncation check is left out (the file is not complete)."""
+    r = RangeReader(path, meta, start, stop, body, seen)
+    r.size = max(r.size, meta.page_count * meta.page_size)     # no truncation report
+    return _batches(path, False, on_error, True, reader=r)
 
 
 def iter_entries(path: str, *, include_tombstones: bool = True,

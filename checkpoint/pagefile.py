@@ -20,7 +20,7 @@ from __future__ import annotations
 from .accel import ACCEL_ENV, OFF_WORDS, accelerator, key_scan_accel, load_accel
 from .chain import chain_limit, chain_link_problem, overflow_chain
 from .check import PageProblem, check_data, check_page, check_pages
-from .decode import (Entry, iter_entries, iter_entry_batches, iter_live_batches, page_entries,
+from .decode import (Entry, iter_entries, iter_entry_batches, iter_live_batches, iter_live_range, page_entries,
                      verify)
 from .errors import CheckpointError, CorruptPageError
 from .keyscan import iter_page_keys, scan_key_hashes
@@ -36,7 +36,7 @@ __all__ = [
     "MAX_VALUE", "META", "META_END", "MIN_PAGE_SIZE", "Meta", "OFF_WORDS", "PTR", "PageProblem",
     "PageReader", "PageType", "SLOT", "accelerator", "chain_limit", "chain_link_problem",
     "check_data", "check_page", "check_pages", "encode_meta", "entry_size", "iter_entries",
-    "iter_entry_batches", "iter_live_batches", "iter_page_keys", "key_scan_accel",
+    "iter_entry_batches", "iter_live_batches", "iter_live_range", "iter_page_keys", "key_scan_accel",
     "load_accel", "overflow_chain", "page_crc", "page_entries", "read_meta", "scan_key_hashes",
     "seal", "seal_many", "valid_page_size", "verify",
 ]

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from typing import Iterator
+from typing import Callable, Iterator
 
 from .check import PageProblem, check_page
 from .errors import CorruptPageError
@@ -120,3 +120,44 @@ def truncation(r: PageReader) -> PageProblem | None:
         return PageProblem(have, have * ps, f"file truncated: {r.size} bytes, meta page count "
                                             f"{count} needs {count * ps}")
     return None
+
+
+class RangeReader(PageReader):
+    """A :class:`PageReader` over ONE page range whose bytes the caller already read
+    (``body``: pages ``start..`` as they were when read), reporting every page it has
+    to read from the file itself (overflow chains leaving the range) to
+    ``seen(page, bytes)``. A caller decoding a file that is still being written (the
+    transfer's streaming index) so knows exactly which page versions its items came
+    from: the range's bytes, and each outside page's bytes as returned."""
+
+    def __init__(self, path: str, meta: Meta, start: int, stop: int, body: bytes,
+                 seen: Callable[[int, bytes], None]) -> None:
+        super().__init__(path, meta, start, stop)
+        self.per = max(1, self.stop - self.start)      # the whole range is chunk 0
+        self.cache[0] = body
+        self.seen = seen
+
+    def _chunk(self, c: int) -> bytes:
+        if c == 0:
+            return self.cache[0]
+        return b""            # nothing beyond the range is read as a chunk
+
+    def held(self, i: int) -> tuple[int, bytes]:
+        got = self.chunk_of(i)
+        ps = self.meta.page_size
+        if got is not None and (i - got[0] + 1) * ps <= len(got[1]):
+            return got
+        return i, self._outside(i)
+
+    def page(self, i: int) -> bytes | memoryview:
+        got = self.chunk_of(i)
+        ps = self.meta.page_size
+        if got is not None and (i - got[0] + 1) * ps <= len(got[1]):
+            j = i - got[0]
+            return memoryview(got[1])[j * ps:(j + 1) * ps]
+        return self._outside(i)
+
+    def _outside(self, i: int) -> bytes:
+        b = os.pread(self.fd, self.meta.page_size, i * self.meta.page_size)
+        self.seen(i, b)
+        return b

@@ -4,6 +4,8 @@ verify against data; the OWNING gate's index step. See docs/indexes.md.
 Public face:
 - :class:`IndexStore` (``open``, ``apply``, ``lookup``, ``range``, ``rebuild``,
   ``drop``, ``ready``, ``verify``, ``close``) and :class:`IndexDefinition`
+- :class:`StreamingIndex` / :class:`StreamedKeys`: a partition's entry keys built while
+  its file arrives (the streaming install), loaded by ``IndexStore.load_streamed``
 - :class:`ScanPool`: worker processes a rebuild hands a partition file's scan to
 - sources: :class:`PartitionFileSource`, :class:`MemorySource`, :data:`EMPTY`
 - results: :class:`RebuildResult`, :class:`Progress`, :class:`VerifyReport`
@@ -14,11 +16,12 @@ from __future__ import annotations
 from .definitions import IndexDefinition
 from .errors import (BadQueryError, BadValueError, IndexCorruptError, IndexDefinitionError,
                      IndexNotReadyError, IndexStoreError, OutOfDiskError, RebuildCancelled,
-                     UniqueViolationError)
+                     StreamingUnavailable, UniqueViolationError)
 from .results import Progress, RebuildResult
 from .scanpool import ScanPool
 from .source import EMPTY, MemorySource, PartitionFileSource, Source
 from .store import IndexStore
+from .streaming import StreamedKeys, StreamingIndex
 from .verify import EntryRef, VerifyReport, WrongEntry
 
 __all__ = [
@@ -26,5 +29,5 @@ __all__ = [
     "ScanPool", "RebuildResult", "Progress", "VerifyReport", "EntryRef", "WrongEntry",
     "IndexStoreError", "IndexCorruptError", "IndexDefinitionError", "IndexNotReadyError",
     "BadValueError", "BadQueryError", "UniqueViolationError", "RebuildCancelled",
-    "OutOfDiskError",
+    "OutOfDiskError", "StreamingIndex", "StreamedKeys", "StreamingUnavailable",
 ]

@@ -71,3 +71,8 @@ class BadDocument(IndexStoreError, ValueError):
 
 class UnencodableValue(IndexStoreError, ValueError):
     """The value has no place in the index order (list, dict, NaN, huge int)."""
+
+
+class StreamingUnavailable(IndexStoreError):
+    """A streamed index build cannot be used (its memory bound was passed, the index
+    definitions changed, a page range did not decode): rebuild from the file."""

@@ -29,6 +29,8 @@ _KEY_OVERHEAD = 41
 _EXTRA_OVERHEAD = 120      # dict slot + data bytes object header
 _IO_BUFFER = 1 << 20
 DEFAULT_MEMORY = 256 << 20
+# what a buffered key / data value costs in memory, for other bounded buffers of keys
+KEY_OVERHEAD, EXTRA_OVERHEAD = _KEY_OVERHEAD, _EXTRA_OVERHEAD
 
 
 class ExternalSorter:

@@ -29,12 +29,13 @@ import faults
 
 from . import keycodec
 from .definitions import IndexDefinition
-from .errors import RebuildCancelled
+from .errors import RebuildCancelled, StreamingUnavailable
 from .extsort import DEFAULT_MEMORY, ExternalSorter, merged_data
 from .lmdbenv import LmdbEnv
 from .results import MAX_SAMPLES, Progress, RebuildResult, Reporter
 from .scan import SCRATCH, Indexed, scan_batches, scan_partition
 from .source import Source
+from .streaming import StreamedKeys
 from .uniqueness import unique_conflicts
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
 # that one transaction's dirty pages stay a few MB and a crash point is hit often.
 DEFAULT_BATCH = 100_000
 
-__all__ = ["rebuild", "Rebuildable", "Progress", "RebuildResult", "DEFAULT_BATCH",
+__all__ = ["rebuild", "load_streamed", "Rebuildable", "Progress", "RebuildResult", "DEFAULT_BATCH",
            "MAX_SAMPLES", "SCRATCH", "scan_batches"]
 
 
@@ -98,6 +99,52 @@ def rebuild(store: Rebuildable, partition: int, source: Source, *,
         res.runs = len(sorter.runs)
         sorter.close()
         shutil.rmtree(scratch, ignore_errors=True)
+    rep.start("ready", None)
+    store.mark_ready(partition, res.entries, res.bad)
+    res.seconds = time.monotonic() - t0
+    return res
+
+
+class _Runs:
+    """A streamed build's sorted runs where the load stage takes a sorter: the runs
+    are concatenated and sorted once (timsort merges presorted runs in one pass)."""
+
+    def __init__(self, built: StreamedKeys) -> None:
+        self.built = built
+
+    def __len__(self) -> int:
+        return self.built.count
+
+    def key_batches(self) -> Iterator[tuple[list[bytes], dict[bytes, bytes]]]:
+        runs = self.built.runs
+        keys = runs[0] if len(runs) == 1 else [k for run in runs for k in run]
+        if len(runs) > 1:
+            keys.sort()
+        self.built.runs = []            # the one list from here on
+        yield keys, self.built.data
+
+
+def load_streamed(store: Rebuildable, partition: int, built: StreamedKeys, *,
+                  progress: Callable[[Progress], None] | None = None, cancel: Any = None,
+                  batch: int | None = None) -> RebuildResult:
+    """The rebuild's clear, load and ready stages for keys a
+    :class:`~indexes.streaming.StreamingIndex` built while the file arrived (its scan
+    stage ran during the transfer). The same load as :func:`rebuild`, so the same
+    entries, duplicate counts and unique-value reports; the same crash point after
+    every commit. StreamingUnavailable when the keys were built with another
+    definition set than the store's now."""
+    if built.indexer is not store.indexer:
+        raise StreamingUnavailable(f"the index definitions of partition {partition} changed "
+                                   "while its file arrived; rebuild from the file")
+    cancelled = _cancel_check(cancel)
+    rep = Reporter(partition, progress)
+    res = RebuildResult(partition)
+    t0 = time.monotonic()
+    rep.start("clear", None)
+    store.clear(partition)
+    res.scanned, res.bad = built.scanned, built.bad
+    res.add_bad_samples(built.bad_samples)
+    _load(store, partition, _Runs(built), res, rep, cancelled, batch or DEFAULT_BATCH)  # type: ignore[arg-type]
     rep.start("ready", None)
     store.mark_ready(partition, res.entries, res.bad)
     res.seconds = time.monotonic() - t0

@@ -22,9 +22,11 @@ from .errors import (BadQueryError, IndexDefinitionError, IndexNotReadyError,
                      UniqueViolationError)
 from .indexer import Indexer
 from .lmdbenv import INITIAL_MAP, MAX_DBS, LmdbEnv
-from .rebuild import rebuild as _rebuild
+from .rebuild import load_streamed as _load_streamed, rebuild as _rebuild
 from .results import Progress, RebuildResult
 from .source import Source
+from .extsort import DEFAULT_MEMORY
+from .streaming import StreamedKeys, StreamingIndex
 from .verify import VerifyReport, verify as _verify
 
 if TYPE_CHECKING:
@@ -267,6 +269,22 @@ class IndexStore:
         :class:`~indexes.scanpool.ScanPool` that takes the whole scan of a file)."""
         return _rebuild(self, partition, source, progress=progress, cancel=cancel,
                        memory_limit=memory_limit, batch=batch, workers=workers, pool=pool)
+
+    def load_streamed(self, partition: int, built: StreamedKeys, *,
+                      progress: Callable[[Progress], None] | None = None,
+                      cancel: Any = None, batch: int | None = None) -> RebuildResult:
+        """Load keys built while the partition's file arrived
+        (:class:`~indexes.streaming.StreamingIndex`): the rebuild without its scan;
+        see :func:`indexes.rebuild.load_streamed`."""
+        return _load_streamed(self, partition, built, progress=progress, cancel=cancel,
+                              batch=batch)
+
+    def streaming(self, partition: int, path: str, page_size: int, page_count: int,
+                  span: int, counter: int = 0, memory_limit: int | None = None) -> StreamingIndex:
+        """A :class:`~indexes.streaming.StreamingIndex` of this store's definitions for
+        the partition file being written at ``path``."""
+        return StreamingIndex(self.indexer, partition, path, page_size, page_count, span,
+                              counter, memory_limit or DEFAULT_MEMORY)
 
     def verify(self, partition: int, source: Source, *, memory_limit: int | None = None,
                max_details: int = 10_000) -> VerifyReport:
