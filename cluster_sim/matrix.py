@@ -40,6 +40,7 @@ PLAN: dict[str, dict[str, str]] = {
     "supplier.mid_preimages": {"supplier": "file-move"},
     "demander.after_demand": {"demander": "file-move"},
     "demander.mid_receive": {"demander": "file-move"},
+    "demander.mid_stream_index": {"demander": "file-move"},
     "demander.before_install": {"demander": "file-move"},
     "demander.after_install": {"demander": "file-move"},
     "demander.mid_index_rebuild": {"demander": "file-move"},

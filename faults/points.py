@@ -36,6 +36,9 @@ POINTS: dict[str, str] = {
                             "record; nothing installed. (Messages mode: some supply "
                             "batches applied to the MOVING partition; the restart drops "
                             "p and starts the move over.)",
+    "demander.mid_stream_index": "The streaming install decoded a page range of the temp "
+                                 "file into index keys held in memory only (LMDB untouched); "
+                                 "as at mid_receive: the restart starts the move over.",
     "demander.before_install": "The received file is complete and verified in its temp "
                                "file, fsynced, not yet renamed into place.",
     "demander.after_install": "part-<p>.bin is installed and the directory fsynced; "

@@ -31,13 +31,14 @@ from .errors import (AuthError, BadName, ChecksumError, FrameError, NotHeld, Out
                      TransferError, UnsafePath)
 from .limits import Limits, parse_rate
 from .messages import Priority
+from .receive import ReceiveObserver
 from .result import FetchResult, Progress
 from .resume import partial_paths
 from .storage import DirectoryStorage, PartitionStoreStorage, Snapshot, TransferStorage
 from .supplier import SupplierServer
 
 __all__ = [
-    "Demander", "FetchResult", "Progress", "SupplierServer",
+    "Demander", "FetchResult", "Progress", "ReceiveObserver", "SupplierServer",
     "DirectoryStorage", "PartitionStoreStorage", "Snapshot", "TransferStorage",
     "Limits", "Priority", "parse_rate", "partial_paths",
     "TransferError", "AuthError", "BadName", "ChecksumError", "FrameError", "NotHeld",

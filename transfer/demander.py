@@ -26,7 +26,7 @@ from .frames import ErrorCode, FrameType, read_frame, send_error, write_frame
 from .limits import Limits
 from .messages import Demand, Manifest, Priority, Queued, Resend, check_cache, check_partition
 from .result import FetchResult, Progress, free_bytes
-from .receive import DataStage
+from .receive import DataStage, ReceiveObserver
 from .resume import Receiving, checksum
 from .stages import Stages
 from .storage import DEFAULT_CACHE, BadPage, TransferStorage
@@ -46,13 +46,16 @@ class Demander:
     ``margin`` bytes of free disk must remain beyond the partition and
     ``reserve_extra`` (the caller's own needs during the move, e.g. its temp WAL);
     ``splice=False`` turns off the zero-copy receive (transfer.splice) where it
-    would otherwise be used."""
+    would otherwise be used; ``observer`` (a :class:`~transfer.receive.ReceiveObserver`)
+    is told of every page written to the temp file of a page-file fetch (the streaming
+    install builds the partition's index from them while the file arrives)."""
 
     def __init__(self, storage: TransferStorage, peer: str, secret: bytes, *,
                  limits: Limits | None = None, connect: Callable[[], Conn] | None = None,
                  chunk_size: int = DEFAULT_CHUNK, timeout: float = 60.0,
                  margin: int = DEFAULT_MARGIN, max_resends: int = 3,
-                 sync_bytes: int = 32 << 20, splice: bool = True) -> None:
+                 sync_bytes: int = 32 << 20, splice: bool = True,
+                 observer: ReceiveObserver | None = None) -> None:
         self.storage = storage
         self.peer = peer
         self.secret = secret
@@ -64,6 +67,7 @@ class Demander:
         self.max_resends = max_resends
         self.sync_bytes = sync_bytes
         self.splice = splice
+        self.observer = observer
 
     def fetch(self, partition: int, *, cache: str = DEFAULT_CACHE,
               progress: Callable[[Progress], None] | None = None,
@@ -92,6 +96,8 @@ class _Fetch(DataStage):
         self.done = 0
         self.spliced = False     # whether the last data stage used the zero-copy path
         self.prepared = None     # the storage's checked install (prepare_install), if any
+        # told of the temp file's pages (page files only: plain files have no pages)
+        self.observer = d.observer if d.storage.verifies_pages else None
 
     def _tell(self) -> None:
         total = self.m.size if self.m else 0
@@ -159,6 +165,7 @@ class _Fetch(DataStage):
         if self.prepared is not None:
             prepared, self.prepared = self.prepared, None
             prepared.close()
+        self._observer_end(False)
         reason = e.reason if isinstance(e, TransferError) else repr(e)
         log.warning("demander: transfer failed at stage %s, partition %s, peer %s: %s",
                     self.stages.current, self.partition, self.d.peer, reason)
@@ -219,6 +226,12 @@ class _Fetch(DataStage):
                                  f"only {free} bytes free for partition {self.partition} "
                                  f"({m.size} bytes, {self.reused} already held, margin {self.d.margin})")
         write_frame(self.conn, FrameType.ACCEPT, {})
+        if self.observer is not None:
+            self.observer.begin(rec.tmp_path, m.page_size, m.page_count, m.chunk_size, m.counter)
+            ps = m.page_size
+            for i in sorted(m.skip):         # held from an earlier fetch: already in the file
+                off, n = m.chunk_span(i)
+                self.observer.pages_written(off // ps, -(-(off + n) // ps))
         self._tell()
 
     def _receive(self) -> None:
@@ -315,12 +328,18 @@ class _Fetch(DataStage):
         raise PageCheckError(f"page {page} of partition {self.partition} is bad at the "
                              f"source ({why}); nothing installed")
 
+    def _observer_end(self, ok: bool) -> None:
+        obs, self.observer = self.observer, None
+        if obs is not None:
+            obs.end(ok)
+
     def _install(self) -> None:
         m, rec = self.m, self.rec
         assert m is not None and rec is not None
         if self.prepared is None:
             rec.flush()
             rec.finish(m.size)
+        self._observer_end(True)         # before the rename: the temp file's name goes
         crashpoint("demander.before_install")
         rec.check_in_place()        # only the file received is renamed into place
         rec.close()

@@ -38,6 +38,28 @@ class ReceiveSettings(Protocol):
     def splice(self) -> bool: ...
 
 
+class ReceiveObserver(Protocol):
+    """Told of every change to a fetch's temp file (the streaming install: an index
+    built while the file arrives). Called from the receive loop and the ChunkSink
+    thread; must be quick and must not raise (it is an optimisation: whatever it
+    misses, its owner checks against the installed file)."""
+
+    def begin(self, tmp_path: str, page_size: int, page_count: int, chunk_size: int,
+              counter: int) -> None:
+        """A fetch of a page file starts receiving into ``tmp_path``."""
+        ...
+
+    def pages_written(self, first: int, stop: int) -> None:
+        """Pages ``first <= i < stop`` of the temp file changed (a chunk, a pre-image,
+        a chunk held from an earlier fetch)."""
+        ...
+
+    def end(self, ok: bool) -> None:
+        """The file is complete and checked, about to be renamed into place (True), or
+        the fetch failed (False). Nothing is told after this."""
+        ...
+
+
 class DataStage:
     """The data-stage methods of a fetch; the state (m, rec, conn, d, expected,
     suspect, fresh, counters) belongs to demander._Fetch."""
@@ -53,6 +75,7 @@ class DataStage:
     done: int
     preimages: int
     spliced: bool
+    observer: ReceiveObserver | None
 
     def _tell(self) -> None:        # progress report, defined by the fetch
         raise NotImplementedError
@@ -149,8 +172,11 @@ class DataStage:
     def _chunk_done(self, index: int, length: int, expected: int, ok: bool) -> None:
         """(ChunkSink thread) record a chunk that matched; a mismatch may be the wire or a
         page written after C that a pre-image will restore: decided in verify."""
-        assert self.rec is not None
+        assert self.rec is not None and self.m is not None
         self.fresh.add(index)
+        if self.observer is not None:
+            off, ps = index * self.m.chunk_size, self.m.page_size
+            self.observer.pages_written(off // ps, -(-(off + length) // ps))
         if ok:
             self.suspect.discard(index)
             self.rec.verified(index, length, expected)
@@ -169,5 +195,7 @@ class DataStage:
         rec.forget(chunk)
         self.suspect.add(chunk)
         rec.write_at(pre.page * m.page_size, pre.data[:max(0, m.size - pre.page * m.page_size)])
+        if self.observer is not None:
+            self.observer.pages_written(pre.page, pre.page + 1)
         self.preimages += 1
         self.wire += len(pre.data)

@@ -12,8 +12,10 @@ the two-process demo and the harness's mover host this engine through the ports 
                     the next one, or the same one restarted, when it fails); the
                     supplier snapshots at counter C, copy-on-write.
 ``install``         verified file renamed into place (inside ``fetch``).
-``index rebuild``   p's indexes rebuilt from the installed file while updates still go
-                    only to the temp WAL (:mod:`node.move.rebuild`).
+``index rebuild``   p's indexes loaded from the keys built while the file arrived
+                    (the streaming install, :mod:`node.move.stream`), or rebuilt from the
+                    installed file, while updates still go only to the temp WAL
+                    (:mod:`node.move.rebuild`).
 ``replay``          temp-WAL updates with counter > C applied in order (idempotent by
                     counter; a gap restarts the move) while new ones keep arriving; the
                     reader never blocks appends. At the tail, under the partition lock,
@@ -45,8 +47,9 @@ from .errors import FilesImpossible, MoveRestart
 from .messages import messages_once
 from .ports import PartitionData
 from .progress import MemorySink, Move
-from .rebuild import rebuild_installed
+from .rebuild import index_installed
 from .stages import Stage
+from .stream import StreamFeed
 from .tempwal import TempWalSink, Update
 
 log = logging.getLogger("ferry.node.filemove")
@@ -133,15 +136,20 @@ class MoveEngine:
         mv.begin(Stage.DEMAND)
         ctx.feed.register(prim[1], cache, p)
         crashpoint("demander.after_demand")
-        res = self.fetch(mv, data)
-        mv.snapshot_counter = res.counter
-        crashpoint("demander.after_install")
-        mv.begin(Stage.INDEX_REBUILD)
+        feed = StreamFeed(data.indexes, cache, p) if ctx.stream_index else None
+        try:
+            res = self.fetch(mv, data, feed)
+            mv.snapshot_counter = res.counter
+            crashpoint("demander.after_install")
+            mv.begin(Stage.INDEX_REBUILD)
 
-        def progress(pr: IndexProgress) -> None:
-            mv.index_progress = (pr.done, pr.total, pr.eta)
-        rebuild_installed(cache, p, data, progress, pool=ctx.scan_pool,
-                          cancel=lambda: mv.cancelled or ctx.stopping.is_set())
+            def progress(pr: IndexProgress) -> None:
+                mv.index_progress = (pr.done, pr.total, pr.eta)
+            mv.index_source = index_installed(cache, p, data, feed, progress, pool=ctx.scan_pool,
+                                              cancel=lambda: mv.cancelled or ctx.stopping.is_set())
+        finally:
+            if feed is not None:
+                feed.close()
         mv.begin(Stage.REPLAY)
         self.replay(mv, data)
         mv.begin(Stage.CHECKPOINT_WAIT)
@@ -196,7 +204,7 @@ class MoveEngine:
         return True
 
     # -- transfer + install -----------------------------------------------------------
-    def fetch(self, mv: Move, data: PartitionData) -> FetchResult:
+    def fetch(self, mv: Move, data: PartitionData, observer: StreamFeed | None = None) -> FetchResult:
         ctx, cache, p = self.ctx, mv.cache, mv.p
         mv.begin(Stage.TRANSFER)
         give_up = time.monotonic() + FETCH_GIVE_UP_S
@@ -222,7 +230,7 @@ class MoveEngine:
                 self.supplier_load[node] = self.supplier_load.get(node, 0) + 1
                 try:
                     res = Demander(storage, addr, ctx.secret, limits=ctx.recv_limits,
-                                   timeout=ctx.transfer_timeout, **opts).fetch(
+                                   timeout=ctx.transfer_timeout, observer=observer, **opts).fetch(
                         p, cache=cache, progress=progress)
                     mv.bytes = mv.bytes_total = res.bytes
                     mv.wire = mv.wire_before + res.bytes_wire

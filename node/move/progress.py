@@ -64,6 +64,7 @@ class Move:
     stage_started: float = field(default_factory=time.monotonic)
     stage_seconds: dict[str, float] = field(default_factory=dict)
     transfer_stages: dict[str, float] = field(default_factory=dict)   # the transfer's own (files mode)
+    index_source: str = ""            # "streamed" (built while the file arrived) or "rebuilt"
     on_stage: Callable[[str, float], None] | None = None   # (stage, seconds): metrics
 
     def begin(self, stage: Stage | str) -> None:
@@ -123,6 +124,7 @@ class Move:
         if self.mode == "files":
             out.update(self.catchup())
             out["transfer_stages"] = dict(self.transfer_stages)
+            out["index_source"] = self.index_source
         return out
 
     def status(self, me: str) -> dict[str, object]:

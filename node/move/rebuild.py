@@ -6,10 +6,11 @@ from typing import Callable
 
 from checkpoint import CheckpointError
 from indexes import (IndexStoreError, OutOfDiskError, PartitionFileSource, Progress,
-                     RebuildCancelled, ScanPool)
+                     RebuildCancelled, ScanPool, StreamingUnavailable)
 
 from ..errors import Unavailable
 from .ports import PartitionData
+from .stream import StreamFeed
 
 log = logging.getLogger("ferry.node.filemove")
 
@@ -49,3 +50,41 @@ def rebuild_installed(cache: str, p: int, data: PartitionData,
         log.warning("stage=index cache=%s partition=%d rebuild from %s failed (%s); "
                     "rebuilding from the store", cache, p, path, e)
         data.indexes.rebuild(p, data.store, progress=progress)
+
+
+def index_installed(cache: str, p: int, data: PartitionData, feed: StreamFeed | None,
+                    progress: Callable[[Progress], None] | None, *,
+                    pool: ScanPool | None, cancel: Callable[[], bool]) -> str:
+    """The ``index rebuild`` stage: load the keys streamed while the file arrived
+    (checked against the installed file, ranges that differ decoded again from it:
+    the same entries as a rebuild), else rebuild from the installed file. Returns
+    "streamed" or "rebuilt".
+
+    The rebuild is the fallback when: streaming is off (``MoveContext.stream_index``),
+    the last fetch was not streamed whole (its stream thread failed, the storage has
+    no pages), the streamed keys passed their memory bound, the index definitions
+    changed meanwhile, or the streamed load hits a file or decode error. A resumed
+    fetch is streamed too: its held chunks are decoded from the temp file at the
+    start. The same argument as :func:`rebuild_installed` makes the installed file
+    p's content here; the load is the rebuild's clear/load/ready, so a crash in it
+    (``demander.mid_index_rebuild``) leaves p not ready and the restart starts over."""
+    if feed is not None:
+        path = data.store.partition_path(p)
+        try:
+            built = feed.result(path)
+            data.indexes.load_streamed(p, built, progress=progress, cancel=cancel)
+            log.info("stage=index cache=%s partition=%d streamed: %d entries, %d ranges kept, "
+                     "%d decoded again at the load, %d decodes while the file arrived",
+                     cache, p, built.count, built.streamed, built.redone, built.decodes)
+            return "streamed"
+        except RebuildCancelled as e:
+            raise Unavailable(f"index load of {cache}/{p} stopped: {e}") from None
+        except OutOfDiskError:
+            raise
+        except StreamingUnavailable as e:
+            log.info("stage=index cache=%s partition=%d %s; rebuilding from the file", cache, p, e)
+        except (IndexStoreError, CheckpointError, OSError) as e:
+            log.warning("stage=index cache=%s partition=%d streamed load failed (%s); "
+                        "rebuilding from the file", cache, p, e)
+    rebuild_installed(cache, p, data, progress, pool=pool, cancel=cancel)
+    return "rebuilt"
