@@ -37,7 +37,7 @@ sys.path.insert(0, ROOT)
 
 def _failover_once(root: str, ttl: int) -> dict[str, float]:
     from node import partition_of
-    from node.localcluster import LocalCluster
+    from ferry.localcluster import LocalCluster
     c = LocalCluster(root, partitions=8, backups=1, lease_ttl=ttl)
     try:
         c.start(3)
@@ -90,7 +90,7 @@ def failover(args: argparse.Namespace) -> dict:
 LATENCY_CHILD = r'''
 import json, os, statistics, sys, tempfile, threading, time, shutil
 sys.path.insert(0, sys.argv[1])
-from node.localcluster import LocalCluster
+from ferry.localcluster import LocalCluster
 writers, seconds = int(sys.argv[2]), float(sys.argv[3])
 root = tempfile.mkdtemp(prefix="ferry-lat-")
 c = LocalCluster(root, partitions=16, backups=1)

@@ -37,7 +37,7 @@ Prints one JSON object. ``--quick``: N = 100,000 (< 30 s).
 ``--accel``: instead, the rebuild's per-value work with the C accelerator
 (indexes/_ixaccel.c) against the pure-Python path (``FERRY_INDEX_ACCEL=0``) in the same
 run, for 1 KiB and 16 KiB documents shaped like the cluster's
-(node/localcluster.py ``value_of``: ``{"i", "city", "pad"}``) and one index on the
+(ferry/localcluster.py ``value_of``: ``{"i", "city", "pad"}``) and one index on the
 top-level field "city". Per size and path, each in its own process, alternated
 (py, c, py, c) and the best CPU time of the two kept: ``feed`` (``feed_many`` over
 the file's batches, already read) and ``rebuild`` (``IndexStore.rebuild`` from the
@@ -233,10 +233,10 @@ def accel_child(work: str) -> dict:
 
 
 def accel_main(quick: bool) -> dict:
-    from node.localcluster import value_of
+    from ferry.localcluster import value_of
     counts = {1024: 30_000 if quick else 200_000, 16384: 3_000 if quick else 20_000}
     out: dict = {"bench": "index_accel", "index": "by_city (top-level str)",
-                 "documents": "node.localcluster.value_of", "sizes": {}}
+                 "documents": "ferry.localcluster.value_of", "sizes": {}}
     for size in ACCEL_SIZES:
         n = counts[size]
         work = tempfile.mkdtemp(prefix="ferry-index-accel-")
@@ -305,9 +305,9 @@ def load_child(work: str, unique: bool, memory: int | None) -> dict:
 
 
 def load_main(quick: bool, base: str | None) -> dict:
-    from node.localcluster import value_of
+    from ferry.localcluster import value_of
     counts = {1024: 30_000 if quick else 200_000, 16384: 3_000 if quick else 20_000}
-    out: dict = {"bench": "index_load", "documents": "node.localcluster.value_of",
+    out: dict = {"bench": "index_load", "documents": "ferry.localcluster.value_of",
                  "base": base, "sizes": {}}
     configs = [("memory", ROOT, None), ("external", ROOT, 1 << 20)]
     if base:

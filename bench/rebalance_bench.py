@@ -2,7 +2,7 @@
 message-based in one run, without and with a concurrent write load.
 
 For each mode (``files``, then ``messages``): a 3-node cluster of real processes
-(node/localcluster.py) is loaded with the same deterministic entries; then a 4th node
+(ferry/localcluster.py) is loaded with the same deterministic entries; then a 4th node
 joins with no other load, and a 5th joins while writers keep writing. Measured per
 join: seconds from the join to every partition OWNING on its ideal owners, bytes the
 moves received (files: bytes on the wire; messages: key + value bytes, a lower bound
@@ -49,7 +49,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from node.localcluster import LocalCluster, key_of, value_of  # noqa: E402
+from ferry.localcluster import LocalCluster, key_of, value_of  # noqa: E402
 
 
 def metric(cluster: LocalCluster, node, name: str) -> float:

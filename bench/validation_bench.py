@@ -1,7 +1,7 @@
 """Live validation benchmark: live mode against folder mode on the same data, and what
 a live validation costs the foreground writers, in one run.
 
-A 3-node cluster of real processes (node/localcluster.py: etcd, 16 partitions, one
+A 3-node cluster of real processes (ferry/localcluster.py: etcd, 16 partitions, one
 backup) is loaded with ``--mib`` MiB of 1 KiB values; one Spark session (``local[2]``)
 is started and warmed up on a one-entry folder. Then, in this order:
 
@@ -49,7 +49,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests", "validation"))  # the fast page writer
 
-from node.localcluster import LocalCluster, key_of  # noqa: E402
+from ferry.localcluster import LocalCluster, key_of  # noqa: E402
 from validation import list_folders, validate  # noqa: E402
 from validation.live import LiveSettings  # noqa: E402
 

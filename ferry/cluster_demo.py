@@ -22,7 +22,7 @@ from typing import Any
 from checkpoint import pagefile
 from indexes import IndexDefinition, IndexStore, PartitionFileSource
 from node.assignment import partition_of
-from node.localcluster import LocalCluster, key_of, value_of
+from .localcluster import LocalCluster, key_of, value_of
 from node.move import FILE_STAGES
 
 from .demo_ui import DemoUI, MoveRow, move_row

@@ -12,9 +12,8 @@ Public face:
   :class:`CacheData` (one cache's storage: WAL, pages, indexes; loaded on first use)
 - :mod:`node.move` (the move engine and its ports: the node, the two-process demo and
   the harness host it), :mod:`node.status` (``collect``: the cluster status document)
-- :mod:`node.localcluster` (``LocalCluster``: node processes in one folder, for the demo
-  and the benchmarks) and :mod:`node.etcdserver` (``EtcdCluster``: a local etcd for
-  them and the harness); import them explicitly
+- :mod:`node.etcdserver` (``EtcdCluster``: a local etcd for ``ferry.localcluster``,
+  the benchmarks and the harness); import it explicitly
 Documentation: docs/node.md, docs/rebalancing.md.
 """
 from __future__ import annotations

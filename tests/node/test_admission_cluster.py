@@ -9,7 +9,7 @@ import threading
 import time
 
 from node.control import Etcd
-from node.localcluster import LocalCluster, key_of, value_of
+from ferry.localcluster import LocalCluster, key_of, value_of
 from node.settings import put
 from node.wire import Pool, load_secret
 

@@ -23,7 +23,7 @@ PARTS = 6
 class Writer(threading.Thread):
     """Puts keys w-<i> as fast as one client can; ``model`` holds what was acknowledged."""
 
-    def __init__(self, cluster) -> None:  # noqa: ANN001 - node.localcluster.LocalCluster
+    def __init__(self, cluster) -> None:  # noqa: ANN001 - ferry.localcluster.LocalCluster
         super().__init__(daemon=True)
         self.cluster, self.stop_ev = cluster, threading.Event()
         self.model: dict[str, str] = {}
@@ -48,7 +48,7 @@ class Writer(threading.Thread):
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    from node.localcluster import LocalCluster
+    from ferry.localcluster import LocalCluster
     root = tmp_path_factory.mktemp("live")
     os.environ["FERRY_DEBUG_RPC"] = "1"          # the nodes get the debug_set knob
     try:

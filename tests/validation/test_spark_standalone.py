@@ -74,7 +74,7 @@ def test_spark_submit_job_same_answers_as_local(spark, standalone, tmp_path) -> 
 
 
 def test_live_mode_same_answers_as_local(spark, standalone, tmp_path) -> None:
-    from node.localcluster import LocalCluster
+    from ferry.localcluster import LocalCluster
     with LocalCluster(str(tmp_path / "cluster"), partitions=4, backups=1, wal_sync="none") as c:
         c.start(2)
         c.load(400, threads=2)

@@ -1,7 +1,8 @@
-"""A cluster of real node processes on loopback in one folder: what ``ferry demo`` and
+"""A cluster of real node processes on loopback in one folder (the node package's test
+rig, not part of a node): what ``ferry demo`` and
 bench/rebalance_bench.py drive (tests/node use their own, smaller harness).
 
-    from node.localcluster import LocalCluster
+    from ferry.localcluster import LocalCluster
     with LocalCluster(root, partitions=16, mode="files") as c:
         c.start(3)                              # n1 (new cluster), n2, n3 join
         c.load(200_000)                         # JSON values with a "city" field, indexed
@@ -163,7 +164,7 @@ class LocalCluster:
     @property
     def control_plane(self) -> list[str]:
         if not self._control_plane:
-            from .etcdserver import EtcdCluster
+            from node.etcdserver import EtcdCluster
             self.etcd = EtcdCluster(os.path.join(self.root, "etcd")).start()
             self._control_plane = self.etcd.endpoints
         return self._control_plane
@@ -206,7 +207,7 @@ class LocalCluster:
 
     # -- data -------------------------------------------------------------------------
     def client(self, timeout: float = 60.0) -> Any:
-        from .client import Client
+        from node import Client
         return Client(self.seeds, secret_file=self.secret_file, timeout=timeout)
 
     def load(self, entries: int, *, value_size: int = 64, threads: int = 8, start: int = 0,
@@ -235,8 +236,8 @@ class LocalCluster:
 
     # -- status -----------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
-        from .status import collect
-        from .wire import Pool, load_secret
+        from node import Pool, load_secret
+        from node.status import collect
         pool = Pool(load_secret(self.secret_file), role="client")
         try:
             last: Exception | None = None
@@ -252,7 +253,7 @@ class LocalCluster:
     def moves_done(self) -> list[dict[str, Any]]:
         """Every finished move of every running node: cache, partition, from, to, mode,
         bytes, wire_bytes, replayed, seconds_to_owning, stage_seconds, finished."""
-        from .wire import Pool, load_secret
+        from node import Pool, load_secret
         pool = Pool(load_secret(self.secret_file), role="client")
         out: list[dict[str, Any]] = []
         try:
