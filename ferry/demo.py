@@ -22,7 +22,6 @@ acknowledged writes.
 """
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import secrets
@@ -76,10 +75,8 @@ class DemoDemander:
     storage (``CacheData``: data + LMDB index) and state table."""
 
     def __init__(self, root: str, secret: bytes, peer_transfer: str, peer_control: tuple[str, int]) -> None:
-        from node.config import CacheConfig, IndexConfig, NodeConfig
+        from node import CacheConfig, CacheData, IndexConfig, NodeConfig, StateTable
         from node.move import MoveContext, MoveEngine
-        from node.states import StateTable
-        from node.storage import CacheData
 
         os.makedirs(root, exist_ok=True)
         with open(os.path.join(root, "node.id"), "w") as f:
