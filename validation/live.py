@@ -47,12 +47,17 @@ class LivePlan:
     partition_counts: dict[str, int]
     epoch: int
 
-    def tasks(self) -> list[dict]:
+    def tasks(self, slots: int | None = None) -> list[dict]:
+        """``parallel`` tasks; the rate limit is shared by the tasks that run at once:
+        ``min(tasks, slots)``, where ``slots`` is how many the Spark cluster runs at
+        once (``defaultParallelism``; None: as many as there are tasks). Divided by the
+        planned tasks alone, 2 executor cores running 2 of 4 tasks got half the rate."""
         n = max(1, min(self.settings.parallel, len(self.parts)))
         groups: list[list[dict]] = [[] for _ in range(n)]
         for i, part in enumerate(self.parts):
             groups[i % n].append(part)
-        rate = self.settings.rate / n if self.settings.rate else None
+        running = min(n, slots) if slots and slots > 0 else n
+        rate = self.settings.rate / running if self.settings.rate else None
         return [{"parts": g, "seeds": self.seeds, "secret_file": self.secret_file, "rate": rate}
                 for g in groups if g]
 
@@ -139,7 +144,8 @@ def read_raw(spark: "SparkSession", live: LivePlan) -> "DataFrame":
     if not is_local(spark.sparkContext.master):
         _ship_secret(spark, live.secret_file)
     spark.dataSource.register(LiveDataSource)
-    return (spark.read.format(SOURCE_NAME).option("tasks", json.dumps(live.tasks())).load())
+    slots = spark.sparkContext.defaultParallelism
+    return (spark.read.format(SOURCE_NAME).option("tasks", json.dumps(live.tasks(slots))).load())
 
 
 def _ship_secret(spark: "SparkSession", path: str) -> None:
