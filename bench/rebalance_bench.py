@@ -282,7 +282,8 @@ def run_mode(root: str, mode: str, args: argparse.Namespace, run: int = 0) -> di
     with LocalCluster(os.path.join(root, f"{mode}-{run}"), partitions=args.partitions, mode=mode,
                       concurrency=args.concurrency, checkpoint_interval=2.0, log_level="WARNING",
                       index_workers=args.index_workers, index_offload=args.index_offload,
-                      page_size=args.page_size) as c:
+                      page_size=args.page_size,
+                      stream_index=None if args.stream_index is None else args.stream_index == "on") as c:
         c.start(3)
         t0 = time.monotonic()
         c.load(args.entries, value_size=args.value_size, threads=args.threads)
@@ -350,6 +351,8 @@ def main() -> None:
     ap.add_argument("--page-size", type=int, default=None,
                     help="[checkpoint] page_size of the nodes (default: the node's, 4096); a page "
                          "holds whole small entries, so it sets how full the moved file's pages are")
+    ap.add_argument("--stream-index", choices=("on", "off"), default=None,
+                    help="[rebalance] stream_index of the nodes (default: the node's default, on)")
     ap.add_argument("--modes", default="files,messages",
                     help="comma-separated modes to run (ratios need both; one mode alone: "
                          "e.g. the messages baseline of an older tree)")

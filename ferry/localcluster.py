@@ -135,7 +135,8 @@ class LocalCluster:
                  concurrency: int = 4, checkpoint_interval: float = 5.0, log_level: str = "INFO",
                  wal_sync: str = "group", index_workers: int | None = None,
                  index_offload: str | None = None, page_size: int | None = None,
-                 lease_ttl: int = 3, control_plane: list[str] | None = None) -> None:
+                 lease_ttl: int = 3, control_plane: list[str] | None = None,
+                 stream_index: bool | None = None) -> None:
         self.root = os.path.abspath(root)
         os.makedirs(self.root, exist_ok=True)
         self.partitions, self.backups = partitions, backups
@@ -157,7 +158,9 @@ class LocalCluster:
                                 extra_rebalance=("" if index_workers is None
                                                  else f"\nindex_workers = {index_workers}")
                                 + ("" if index_offload is None
-                                   else f"\nindex_offload = {json.dumps(index_offload)}")))
+                                   else f"\nindex_offload = {json.dumps(index_offload)}")
+                                + ("" if stream_index is None
+                                   else f"\nstream_index = {json.dumps(stream_index)}")))
         self.nodes: list[LocalNode] = []
 
     # -- processes --------------------------------------------------------------------

@@ -97,6 +97,9 @@ class NodeConfig:
     index_workers: int = 2
     index_offload: str = "idle"              # "idle": only while a CPU is idle; "always"
     index_offload_min_bytes: int = 8 << 20   # smaller files are scanned in the node's process
+    # the streaming install: a files move builds p's index keys while its file arrives
+    # (node/move/stream.py); off: rebuilt from the installed file (docs/rebalancing.md)
+    stream_index: bool = True
     max_key_bytes: int = MAX_KEY_BYTES
     max_value_bytes: int = MAX_VALUE_BYTES
     source: str | None = field(default=None, compare=False)   # the TOML file, if any
@@ -179,6 +182,7 @@ _KEYS: dict[tuple[str, ...], str] = {
     ("rebalance", "index_workers"): "index_workers",
     ("rebalance", "index_offload"): "index_offload",
     ("rebalance", "index_offload_min_bytes"): "index_offload_min_bytes",
+    ("rebalance", "stream_index"): "stream_index",
     ("control_plane", "endpoints"): "control_plane",
     ("control_plane", "prefix"): "control_prefix",
     ("control_plane", "lease_ttl_s"): "lease_ttl_s",
@@ -344,6 +348,8 @@ def validate(cfg: NodeConfig) -> NodeConfig:
         raise ConfigError(f"rebalance.max_moves ({cfg.rebalance_max_moves}) must be 0 (automatic) or at "
                           f"least rebalance.min_moves ({cfg.rebalance_min_moves})")
     _whole(cfg, "index_offload_min_bytes", 0, None, "bytes")
+    if not isinstance(cfg.stream_index, bool):
+        raise ConfigError(f"rebalance.stream_index must be true or false, not {cfg.stream_index!r}")
     from checkpoint import max_key
     _whole(cfg, "max_key_bytes", 1, max_key(cfg.page_size),
            f"bytes: a key must fit in one {cfg.page_size}-byte data page")

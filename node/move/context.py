@@ -2,7 +2,6 @@
 settings, in one :class:`MoveContext`."""
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -40,13 +39,8 @@ class MoveContext:
     retry_s: float = 0.5                     # pause between two attempts of a move
     # the streaming install: p's index built while its file arrives (node/move/stream.py);
     # off: rebuilt from the installed file after the install (the fallback either way).
-    # Default from FERRY_STREAM_INDEX (0/off/no/false: off), so a bench can compare.
-    stream_index: bool = field(default_factory=lambda: stream_index_default())
+    # The node takes it from ``[rebalance] stream_index``.
+    stream_index: bool = True
 
 
-def stream_index_default() -> bool:
-    """On unless ``FERRY_STREAM_INDEX`` says 0/off/no/false (any case)."""
-    return os.environ.get("FERRY_STREAM_INDEX", "1").strip().lower() not in ("0", "off", "no", "false")
-
-
-__all__ = ["MoveContext", "stream_index_default"]
+__all__ = ["MoveContext"]

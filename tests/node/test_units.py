@@ -42,6 +42,7 @@ def test_toml_with_flag_override(tmp_path):
     ('id = "n1"\ndata = "d"\n[rebalance]\nindex_workers = -1\n', "rebalance.index_workers"),
     ('id = "n1"\ndata = "d"\n[rebalance]\nindex_offload = "sometimes"\n', "rebalance.index_offload"),
     ('id = "n1"\ndata = "d"\n[rebalance]\nindex_offload_min_bytes = -5\n', "index_offload_min_bytes"),
+    ('id = "n1"\ndata = "d"\n[rebalance]\nstream_index = "yes"\n', "rebalance.stream_index"),
     ('id = "n1"\ndata = \n', "not valid TOML"),
     ('id = "n1"\ndata = "d"\njoin = ["127.0.0.1:7001"]\n', "membership lives in the control plane"),
     ('id = "n1"\ndata = "d"\n[membership]\nfailure_timeout_s = 3\n', "control plane"),
@@ -57,6 +58,14 @@ def test_bad_config_is_refused_with_a_clear_message(tmp_path, text, needle):
     f.write_text(text)
     with pytest.raises(ConfigError, match=needle):
         load(str(f))
+
+
+def test_stream_index_is_a_config_key_on_by_default(tmp_path):
+    f = tmp_path / "node.toml"
+    f.write_text('id = "n1"\ndata = "d"\n')
+    assert load(str(f)).stream_index is True
+    f.write_text('id = "n1"\ndata = "d"\n[rebalance]\nstream_index = false\n')
+    assert load(str(f)).stream_index is False
 
 
 # -- assignment -------------------------------------------------------------------------
