@@ -14,12 +14,13 @@ import threading
 import time
 from typing import Callable
 
-from .cluster_map import ClusterMap, Member, PartRecord
+from .cluster_map import PartRecord
 from .config import NodeConfig, with_overrides
 from .context import NodeContext
 from .control import Etcd, Session, View
 from .controller import Controller
 from .errors import ConfigError, ControlPlaneDown, NodeError, Unavailable
+from .mapview import map_from_keys
 from .ports import Handlers
 from .states import State
 
@@ -221,48 +222,7 @@ class ControlPlane:
         with v.lock:
             kvs = dict(v.kvs)
             rev = v.revision
-        head = self.prefix + "/"
-        m = ClusterMap({c.name: c for c in self.ctx.cfg.caches})
-        m.epoch = rev
-        settings: dict[str, object] = {}
-        requests: set[str] = set()
-        version = 0
-        for key, kv in kvs.items():
-            if not key.startswith(head):
-                continue
-            parts = key[len(head):].split("/")
-            kind = parts[0]
-            val = kv.value
-            try:
-                if kind == "members" and len(parts) == 2 and isinstance(val, dict):
-                    m.members[parts[1]] = Member(parts[1], str(val.get("address", "")), kv.create, True,
-                                                 bool(val.get("leaving")), str(val.get("boot", "")),
-                                                 str(val.get("transfer", "")))
-                    version = max(version, kv.create)
-                elif kind == "reports" and len(parts) == 2 and isinstance(val, dict):
-                    for cache, ps in (val.get("caches") or {}).items():
-                        if cache not in m.states:
-                            continue
-                        for p_s, st in ps.items():
-                            p = int(p_s)
-                            if 0 <= p < len(m.states[cache]) and isinstance(st, list):
-                                m.states[cache][p][parts[1]] = str(st[0])
-                                m.counters[cache][p][parts[1]] = int(st[1])
-                elif kind == "parts" and len(parts) == 3 and parts[1] in m.parts:
-                    p = int(parts[2])
-                    if 0 <= p < len(m.parts[parts[1]]):
-                        m.parts[parts[1]][p] = PartRecord.from_json(val)
-                elif kind == "pins" and len(parts) == 3 and parts[1] in m.pins and isinstance(val, list):
-                    m.pins[parts[1]][int(parts[2])] = [str(x) for x in val]
-                elif kind == "controller" and isinstance(val, dict):
-                    m.controller = val.get("id")
-                elif kind == "settings" and len(parts) == 2:
-                    settings[parts[1]] = val
-                elif kind == "requests":
-                    requests.add(key)
-            except (ValueError, TypeError) as e:
-                log.warning("stage=control ignoring malformed key %s: %s", key, e)
-        m.version = version
+        m, settings, requests = map_from_keys(kvs, rev, self.prefix, self.ctx.cfg.caches)
         with self.ctx.map.lock:
             old = self.ctx.map.map
             for cache, lst in m.parts.items():
@@ -283,8 +243,6 @@ class ControlPlane:
         if self.controller is not None or m.controller in (None, self.ctx.id):
             self.ctx.events.controller_wake.set()
         self.ctx.wake()
-
-
 
     def _apply_settings(self, settings: dict[str, object]) -> None:
         changes: dict[str, object] = {}
