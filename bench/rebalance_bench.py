@@ -107,9 +107,34 @@ class Writers:
             th.join(60)
 
 
+DISK_FIELDS = ("writes", "write_sectors", "write_ms", "flushes", "flush_ms")
+
+
+def disk_counters() -> dict[str, int]:
+    """Writes, 512-byte sectors written, ms spent writing, flushes (fsync's cache flushes)
+    and ms spent flushing, summed over the whole disks in /proc/diskstats (Linux; empty
+    elsewhere). The machine's, not the cluster's: meaningful on an otherwise idle machine."""
+    out = dict.fromkeys(DISK_FIELDS, 0)
+    try:
+        with open("/proc/diskstats") as f:
+            rows = [line.split() for line in f]
+    except OSError:
+        return {}
+    for r in rows:
+        if len(r) < 20 or r[2].startswith(("loop", "ram")) or r[2][-1].isdigit() and not r[2].startswith("nvme"):
+            continue              # whole disks only (a partition's counts are in its disk's)
+        out["writes"] += int(r[7])
+        out["write_sectors"] += int(r[9])
+        out["write_ms"] += int(r[10])
+        out["flushes"] += int(r[18])
+        out["flush_ms"] += int(r[19])
+    return out
+
+
 def join_and_wait(cluster: LocalCluster, node_id: str, writers: int, value_size: int,
                   timeout: float) -> dict[str, float]:
     before = {n.id: n.cpu_seconds() for n in cluster.nodes}
+    disk0 = disk_counters()
     t0 = time.monotonic()
     if writers:
         ctx = Writers(cluster, writers, value_size, base=10**8 + hash(node_id) % 1000 * 10**5)
@@ -124,6 +149,8 @@ def join_and_wait(cluster: LocalCluster, node_id: str, writers: int, value_size:
     finally:
         if ctx:
             ctx.__exit__()
+    disk1 = disk_counters()
+    per_node = {n.id: round(n.cpu_seconds() - before.get(n.id, 0.0), 2) for n in cluster.nodes}
     sup = sum(n.cpu_seconds() - before.get(n.id, 0.0) for n in cluster.nodes if n is not new)
     # this join's moves only: those that finished after it began (a window opened a
     # second early also took the previous join's last moves into the stage means)
@@ -134,6 +161,8 @@ def join_and_wait(cluster: LocalCluster, node_id: str, writers: int, value_size:
             "partitions_moved": int(metric(cluster, new, "ferry_node_moves_done_total")),
             "cpu_demander_s": round(new.cpu_seconds(), 2),
             "cpu_suppliers_s": round(sup, 2),
+            "cpu_per_node_s": per_node,
+            "disk": {k: disk1[k] - disk0[k] for k in disk1 if k in disk0},
             "writes_during_move": ctx.acked if ctx else 0,
             "writes_per_s": round((ctx.acked if ctx else 0) / seconds, 1),
             **replay_figures(cluster, new),
@@ -278,7 +307,13 @@ def replay_phase(cluster: LocalCluster, writers: int, value_size: int, timeout: 
 
 
 def run_mode(root: str, mode: str, args: argparse.Namespace, run: int = 0) -> dict[str, object]:
-    out: dict[str, object] = {}
+    out: dict[str, object] = {"loadavg_before": os.getloadavg()}
+    floor = 0.0
+    if args.floor:           # the raw sendfile-into-file rate, right before this run's cluster
+        from rebalance_fg import floor_rate
+        os.makedirs(os.path.join(root, f"{mode}-{run}"), exist_ok=True)
+        floor = floor_rate(os.path.join(root, f"{mode}-{run}"))
+        out["floor_bytes_per_s"] = round(floor)
     with LocalCluster(os.path.join(root, f"{mode}-{run}"), partitions=args.partitions, mode=mode,
                       concurrency=args.concurrency, checkpoint_interval=2.0, log_level="WARNING",
                       index_workers=args.index_workers, index_offload=args.index_offload,
@@ -295,13 +330,22 @@ def run_mode(root: str, mode: str, args: argparse.Namespace, run: int = 0) -> di
                                                        args.timeout, args.replay_batch,
                                                        args.entries * args.value_size // args.partitions,
                                                        transfer_s=1.0 if args.quick else 2.0)
+    if floor:
+        for phase in ("join_idle", "join_under_writes"):
+            j = out[phase]
+            floor_s = j["bytes_moved"] / floor
+            j["floor_seconds"] = round(floor_s, 3)
+            j["ratio_to_floor"] = round(j["seconds_from_join"] / floor_s, 2) \
+                if j.get("seconds_from_join") and floor_s > 0 else None
+    out["loadavg_after"] = os.getloadavg()
     return out
 
 
 MEDIAN_FIGURES = {
     "join": ("seconds_to_owning", "seconds_from_join", "seconds_from_join_polled",
              "seconds_per_move_max", "bytes_moved", "partitions_moved", "cpu_demander_s",
-             "cpu_suppliers_s", "writes_during_move", "writes_per_s"),
+             "cpu_suppliers_s", "writes_during_move", "writes_per_s", "floor_seconds",
+             "ratio_to_floor"),
     "replay_one_partition": ("seconds", "writes", "writes_per_s", "replay_per_s",
                              "ingest_per_s_per_partition", "replay_over_ingest"),
 }
@@ -369,6 +413,10 @@ def main() -> None:
     ap.add_argument("--idle-seconds", type=float, default=5.0,
                     help="--foreground: the before and after windows")
     ap.add_argument("--warmup-seconds", type=float, default=3.0)
+    ap.add_argument("--floor", action="store_true",
+                    help="measure the raw loopback sendfile-into-file rate (256 MiB, best of 2) "
+                         "right before each run's cluster; the joins then report floor_seconds "
+                         "(bytes moved / that rate) and ratio_to_floor (--foreground always does)")
     ap.add_argument("--timeout", type=float, default=900.0)
     ap.add_argument("--dir", default=None, help="work folder (default: a temp dir under /work or /tmp)")
     args = ap.parse_args()
@@ -414,7 +462,7 @@ def main() -> None:
         "value_size": args.value_size, "data_bytes": args.entries * args.value_size,
         "partitions": args.partitions, "backups": 1, "concurrency": args.concurrency, "index_workers": args.index_workers,
         "index_offload": args.index_offload, "page_size": args.page_size, "nodes": "3 -> 4 (idle) -> 5 (under writes)",
-        "repeat": args.repeat,
+        "repeat": args.repeat, "stream_index": args.stream_index, "floor": args.floor,
         "files": res.get("files"), "messages": res.get("messages"), "ratios": ratios,
         **({"runs": runs} if args.repeat > 1 else {}),
         "target": "files >= 10x faster to OWNING than messages; replay >= 5x the ingest rate",

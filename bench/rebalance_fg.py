@@ -97,6 +97,22 @@ def stage_table(moves: list[dict]) -> dict[str, dict[str, float]]:
     return {k: {"mean": round(statistics.mean(v), 3), "max": round(max(v), 3)} for k, v in out.items()}
 
 
+def cpu_ticks() -> tuple[int, int]:
+    """(busy, total) jiffies of the whole machine from /proc/stat ((0, 0) elsewhere)."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return 0, 0
+    idle = v[3] + (v[4] if len(v) > 4 else 0)          # idle + iowait
+    return sum(v) - idle, sum(v)
+
+
+def busy_fraction(a: tuple[int, int], b: tuple[int, int]) -> float | None:
+    """Share of the machine's CPU time (all cores) that was busy between two readings."""
+    return round((b[0] - a[0]) / (b[1] - a[1]), 3) if b[1] > a[1] else None
+
+
 def watch_admission(pool: Pool, address: str, stop: threading.Event, seen: list[dict]) -> None:
     while not stop.is_set():
         try:
@@ -133,22 +149,22 @@ def run(root: str, protect: bool, args: "object", run_no: int) -> dict[str, obje
         wstop = threading.Event()
         try:
             time.sleep(args.warmup_seconds)
-            idle_lo = time.time()
+            idle_lo, tk_idle_lo = time.time(), cpu_ticks()
             time.sleep(args.idle_seconds)
-            idle_hi = time.time()
+            idle_hi, tk_idle_hi = time.time(), cpu_ticks()
             cpu0 = {n.id: n.cpu_seconds() for n in c.nodes}
             new = c.add_node("n4", wait=False)
             watcher = threading.Thread(target=watch_admission, args=(pool, new.address, wstop, seen),
                                        daemon=True)
             watcher.start()
             c.wait_all_owning(timeout=args.timeout)
-            settled = time.time()
+            settled, tk_settled = time.time(), cpu_ticks()
             wstop.set()
             cpu = {n.id: round(n.cpu_seconds() - cpu0.get(n.id, 0.0), 2) for n in c.nodes}
             time.sleep(1.0)
-            after_lo = time.time()
+            after_lo, tk_after_lo = time.time(), cpu_ticks()
             time.sleep(args.idle_seconds)
-            after_hi = time.time()
+            after_hi, tk_after_hi = time.time(), cpu_ticks()
         finally:
             stop.set()
             wstop.set()
@@ -178,6 +194,10 @@ def run(root: str, protect: bool, args: "object", run_no: int) -> dict[str, obje
         if before["puts_per_s"] else None,
         "stage_seconds": stage_table(moves),
         "cpu_seconds_during": cpu,
+        # the whole machine's busy share: before, from the join's launch to settled, after
+        "machine_cpu_busy": {"before": busy_fraction(tk_idle_lo, tk_idle_hi),
+                             "join": busy_fraction(tk_idle_hi, tk_settled),
+                             "after": busy_fraction(tk_after_lo, tk_after_hi)},
         "admission": {"move_limit_min": min(limits) if limits else None,
                       "move_limit_max": max(limits) if limits else None,
                       "latency_ms_max": max(lat) if lat else None,
