@@ -98,8 +98,10 @@ class NodeConfig:
     index_offload: str = "idle"              # "idle": only while a CPU is idle; "always"
     index_offload_min_bytes: int = 8 << 20   # smaller files are scanned in the node's process
     # the streaming install: a files move builds p's index keys while its file arrives
-    # (node/move/stream.py); off: rebuilt from the installed file (docs/rebalancing.md)
-    stream_index: bool = True
+    # (node/move/stream.py); off: rebuilt from the installed file (docs/rebalancing.md).
+    # Off by default: on 2 cores it made every join slower (1.3-1.8x at 1-64 KiB values,
+    # docs/benchmarks.md "Quiet-machine pass"); the decode competes with the receive.
+    stream_index: bool = False
     max_key_bytes: int = MAX_KEY_BYTES
     max_value_bytes: int = MAX_VALUE_BYTES
     source: str | None = field(default=None, compare=False)   # the TOML file, if any

@@ -39,7 +39,9 @@ class MoveContext:
     retry_s: float = 0.5                     # pause between two attempts of a move
     # the streaming install: p's index built while its file arrives (node/move/stream.py);
     # off: rebuilt from the installed file after the install (the fallback either way).
-    # The node takes it from ``[rebalance] stream_index``.
+    # The node takes it from ``[rebalance] stream_index`` (off by default: slower on 2
+    # cores); the demo and the harness's mover keep it on, so the crash cell
+    # demander.mid_stream_index covers the streaming path.
     stream_index: bool = True
 
 

@@ -60,12 +60,12 @@ def test_bad_config_is_refused_with_a_clear_message(tmp_path, text, needle):
         load(str(f))
 
 
-def test_stream_index_is_a_config_key_on_by_default(tmp_path):
+def test_stream_index_is_a_config_key_off_by_default(tmp_path):
     f = tmp_path / "node.toml"
     f.write_text('id = "n1"\ndata = "d"\n')
-    assert load(str(f)).stream_index is True
-    f.write_text('id = "n1"\ndata = "d"\n[rebalance]\nstream_index = false\n')
     assert load(str(f)).stream_index is False
+    f.write_text('id = "n1"\ndata = "d"\n[rebalance]\nstream_index = true\n')
+    assert load(str(f)).stream_index is True
 
 
 # -- assignment -------------------------------------------------------------------------
