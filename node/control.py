@@ -188,7 +188,7 @@ class Etcd:
               idle: float = WATCH_IDLE_S) -> Iterator[tuple[int, list[tuple[str, str, KV | None]]]]:
         """(revision, [(type PUT/DELETE, key, KV or None)]) batches from ``start_revision``
         until the stream breaks or stays silent ``idle`` seconds (then it just ends: the
-        caller resumes from the last revision). Raises :class:`Compacted` when etcd no
+        caller resumes from the last revision). Raises :class:`~node.errors.WatchCompacted` when etcd no
         longer has ``start_revision``."""
         c = self._clients[self._cur]
         req = {"create_request": {"key": _b64(prefix), "range_end": _b64(_prefix_end(prefix)),
@@ -208,7 +208,7 @@ class Etcd:
                     continue
                 res = json.loads(line).get("result", {})
                 if res.get("compact_revision") and res.get("canceled"):
-                    raise Compacted(int(res["compact_revision"]))
+                    raise WatchCompacted(int(res["compact_revision"]))
                 if res.get("canceled"):
                     return
                 rev = int(res.get("header", {}).get("revision", 0))
@@ -222,9 +222,6 @@ class Etcd:
             return          # broken or idle: the caller resumes from its revision
         finally:
             resp.close()
-
-
-Compacted = WatchCompacted     # the name this module used; the class is in node.errors
 
 
 class Session:
@@ -353,7 +350,7 @@ class View:
                             self.revision = rev
                     if changed:
                         self.on_change(changed)
-            except Compacted:
+            except WatchCompacted:
                 log.info("stage=control watch fell behind a compaction; reloading")
                 self.revision = 0
             except ControlPlaneDown as e:
@@ -375,4 +372,4 @@ class View:
             return [(k[len(head):], v) for k, v in self.kvs.items() if k.startswith(head)]
 
 
-__all__ = ["Etcd", "Session", "View", "KV", "Compacted", "parse_endpoints"]
+__all__ = ["Etcd", "Session", "View", "KV", "parse_endpoints"]

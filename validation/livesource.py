@@ -39,9 +39,9 @@ import threading
 import time
 from typing import Any, Iterator
 
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.datasource import DataSource
 
-from validation.source import RAW_SCHEMA, decode_task
+from validation.source import COLUMNS, RAW_SCHEMA, FerryReader, decode_task, problem_type
 
 SOURCE_NAME = "ferry_live"
 LIVE_SCHEMA = RAW_SCHEMA + ", at long, snapshot long, error string"
@@ -64,15 +64,12 @@ class LiveDataSource(DataSource):
         return LiveReader(json.loads(self.options.get("tasks", "[]")))
 
 
-class LiveReader(DataSourceReader):
-    def __init__(self, tasks: list[dict]) -> None:
-        self.tasks = tasks
+class LiveReader(FerryReader):
+    """The folder reader's task list, one input partition per task; a task fetches and
+    decodes live copies instead of reading files."""
 
-    def partitions(self) -> list[InputPartition]:
-        return [InputPartition(t) for t in self.tasks]
-
-    def read(self, partition: InputPartition) -> Iterator[Any]:
-        yield from live_task(partition.value)
+    def run_task(self, task: dict) -> Iterator[Any]:
+        return live_task(task)
 
 
 def _secret(path: str) -> bytes:
@@ -241,10 +238,9 @@ def _marker(node: str, cache: str, p: int, at: int | None, snapshot: int | None,
             error: str | None) -> Any:
     """The one row per copy that says the copy exists (or why it could not be read)."""
     import pyarrow as pa
-    from validation.source import _NAMES, _problem_type
     nulls = [pa.array([None], t) for t in (pa.binary(), pa.binary(), pa.int64(), pa.bool_())]
     return pa.RecordBatch.from_arrays(
         [pa.array([node], pa.string()), pa.array([cache], pa.string()), pa.array([p], pa.int32()),
-         *nulls, pa.array([None], _problem_type(pa)),
+         *nulls, pa.array([None], problem_type(pa)),
          pa.array([at], pa.int64()), pa.array([snapshot], pa.int64()), pa.array([error], pa.string())],
-        names=_NAMES + ["at", "snapshot", "error"])
+        names=COLUMNS + ["at", "snapshot", "error"])

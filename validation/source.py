@@ -58,7 +58,11 @@ class FerryReader(DataSourceReader):
         return [InputPartition(t) for t in self.tasks]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        yield from decode_task(partition.value)
+        yield from self.run_task(partition.value)
+
+    def run_task(self, task: dict) -> Iterator[Any]:
+        """What one input partition yields (live mode's reader runs another task)."""
+        return decode_task(task)
 
 
 def decode_task(task: dict) -> Iterator[Any]:
@@ -89,8 +93,8 @@ def decode_task(task: dict) -> Iterator[Any]:
             pa.array(values + null_tail, pa.binary()),
             pa.array(counters + null_tail, pa.int64()),
             pa.array(tombs + null_tail, pa.bool_()),
-            pa.array([None] * n_entries + probs, _problem_type(pa)),
-        ], names=_NAMES)
+            pa.array([None] * n_entries + probs, problem_type(pa)),
+        ], names=COLUMNS)
 
     size = 0
     try:
@@ -113,8 +117,8 @@ def decode_task(task: dict) -> Iterator[Any]:
         yield batch(len(keys), problems)
 
 
-_NAMES = ["node", "cache", "partition", "key", "value", "counter", "tombstone", "problem"]
+COLUMNS = ["node", "cache", "partition", "key", "value", "counter", "tombstone", "problem"]
 
 
-def _problem_type(pa: Any) -> Any:
+def problem_type(pa: Any) -> Any:
     return pa.struct([("page", pa.int64()), ("offset", pa.int64()), ("reason", pa.string())])
