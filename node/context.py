@@ -87,6 +87,12 @@ class Replication:
     in_use: dict[PartKey, int] = field(default_factory=dict)
     # hand-offs of the primary role to this node in progress
     handoffs: set[PartKey] = field(default_factory=set)
+    # primary side: the copy whose admission to the in-sync set is in flight (at most
+    # one change of p's in-sync set at a time from this node); it counts as in sync
+    # for acknowledgements until the admission ends (node/updates.py, op_join_isr)
+    admitting: dict[PartKey, str] = field(default_factory=dict)
+    # primary side: admissions during which a write to the admitted copy failed
+    spoiled: set[PartKey] = field(default_factory=set)
 
 
 @dataclass

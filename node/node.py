@@ -166,6 +166,7 @@ class Node:
         if self.server:
             self.server.stop()
         self.rebalancer.stop()
+        self.updates.stop()
         if self.http:
             self.http.shutdown()
         for name, d in ctx.data.items():

@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Iterator
 
 from .assignment import partition_of
@@ -43,6 +45,7 @@ from .tempwal import TempWalSink
 
 log = logging.getLogger("ferry.node.updates")
 REPLICATE_TIMEOUT = 5.0
+FANOUT_THREADS = 16        # replicate calls in flight at once beyond each writer's own
 MAX_BATCH = 1024          # items of one put_batch request (it must also fit one 1 MiB frame)
 
 
@@ -54,6 +57,8 @@ class UpdatePath:
         self.ctx = ctx
         self.control = control
         self.movers: MoveActions | None = None     # bound once the rebalancer exists
+        self._pool: ThreadPoolExecutor | None = None   # replication fan-out (_fan_out)
+        self._pool_guard = threading.Lock()
 
     def bind(self, movers: MoveActions) -> None:
         self.movers = movers
@@ -233,30 +238,61 @@ class UpdatePath:
                    counter: int, prev: int) -> None:
         self._replicate_many(cache, p, [(key, value, counter)], prev)
 
+    def _send(self, addr: str | None, node: str, cache: str, p: int,
+              ups: list[tuple[bytes, bytes | None, int]], prev: int, epoch: int) -> object:
+        """One copy's replicate call: its answer, or the NodeError it raised."""
+        try:
+            if addr is None:
+                raise Unavailable(f"{node} is not a live member")
+            if len(ups) == 1:
+                key, value, counter = ups[0]
+                return self.ctx.pool.call(addr, "replicate", timeout=REPLICATE_TIMEOUT, cache=cache, p=p,
+                                          key=key, value=value, counter=counter, prev=prev,
+                                          primary=self.ctx.id, epoch=epoch)
+            return self.ctx.pool.call(addr, "replicate_batch", timeout=REPLICATE_TIMEOUT * 4, cache=cache,
+                                      p=p, updates=[list(u) for u in ups], prev=prev, primary=self.ctx.id,
+                                      epoch=epoch)
+        except NodeError as e:
+            return e
+
+    def _fan_out(self, targets: dict[str, str | None], cache: str, p: int,
+                 ups: list[tuple[bytes, bytes | None, int]], prev: int, epoch: int) -> dict[str, object]:
+        """Every copy's answer. With more than one copy (a move in progress: the backup
+        and the MOVING or new copy) the calls go out at once, so a write waits for the
+        slowest copy rather than for the sum of them; p's lock is held throughout, so
+        each copy still sees p's updates one at a time, in counter order."""
+        items = list(targets.items())
+        if len(items) <= 1:
+            return {n: self._send(a, n, cache, p, ups, prev, epoch) for n, a in items}
+        if self._pool is None:
+            with self._pool_guard:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(max_workers=FANOUT_THREADS,
+                                                    thread_name_prefix="ferry-replicate")
+        futs = {n: self._pool.submit(self._send, a, n, cache, p, ups, prev, epoch) for n, a in items[1:]}
+        out = {items[0][0]: self._send(items[0][1], items[0][0], cache, p, ups, prev, epoch)}
+        for n, f in futs.items():
+            out[n] = f.result()
+        return out
+
+    def stop(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
     def _replicate_many(self, cache: str, p: int, ups: list[tuple[bytes, bytes | None, int]],
                         prev: int) -> None:
         targets, isr, epoch = self._targets(cache, p)
+        admitting = self.ctx.repl.admitting.get((cache, p))
+        if admitting is not None:
+            isr.add(admitting)             # counts as in sync while it is admitted
         failed: dict[str, str] = {}
-        for node, addr in targets.items():
-            try:
-                if addr is None:
-                    raise Unavailable(f"{node} is not a live member")
-                if len(ups) == 1:
-                    key, value, counter = ups[0]
-                    r = self.ctx.pool.call(addr, "replicate", timeout=REPLICATE_TIMEOUT, cache=cache, p=p,
-                                       key=key, value=value, counter=counter, prev=prev, primary=self.ctx.id,
-                                       epoch=epoch)
-                else:
-                    r = self.ctx.pool.call(addr, "replicate_batch", timeout=REPLICATE_TIMEOUT * 4, cache=cache,
-                                       p=p, updates=[list(u) for u in ups], prev=prev, primary=self.ctx.id,
-                                       epoch=epoch)
-            except NodeError as e:
+        stale: str | None = None
+        for node, r in self._fan_out(targets, cache, p, ups, prev, epoch).items():
+            if isinstance(r, NodeError):
                 if node in isr:
-                    failed[node] = str(e)
-                    if getattr(e, "code", "") == StaleEpoch.code:
-                        # a copy knows a newer epoch: this node may be deposed; never ack
-                        raise Unavailable(f"update(s) {cache}/{p}#{ups[0][2]}..{ups[-1][2]} refused by "
-                                          f"{node}: {e}; NOT acknowledged") from None
+                    failed[node] = str(r)
+                    if getattr(r, "code", "") == StaleEpoch.code:
+                        stale = f"{node}: {r}"
                 else:  # a MOVING copy that missed an update restarts its move (gap check)
                     self.ctx.repl.copies.get((cache, p), {}).pop(node, None)
                 continue
@@ -264,9 +300,21 @@ class UpdatePath:
                 failed[node] = f"answered {r!r}"
             if r in ("absent", "resync"):
                 self.ctx.repl.copies.get((cache, p), {}).pop(node, None)
+        if stale is not None:
+            # a copy knows a newer epoch: this node may be deposed; never ack
+            raise Unavailable(f"update(s) {cache}/{p}#{ups[0][2]}..{ups[-1][2]} refused by "
+                              f"{stale}; NOT acknowledged")
         if failed:
             self.ctx.metrics.inc("ferry_node_replication_failures_total", cache=cache)
             what = f"update(s) {cache}/{p}#{ups[0][2]}..{ups[-1][2]}"
+            if admitting is not None:
+                # an admission's round trip is in flight (op_join_isr): no second change
+                # of the in-sync set now; the copy being admitted is taken out after it
+                if admitting in failed:
+                    self.ctx.repl.spoiled.add((cache, p))
+                raise Unavailable(f"{what} are durable on {self.ctx.id} but not on "
+                                  f"{', '.join(f'{n} ({w})' for n, w in failed.items())} while "
+                                  f"{admitting} joins the in-sync set: NOT acknowledged, retry")
             try:
                 rec = self.control.alter_isr(cache, p, remove=sorted(failed))
             except NodeError as e:
@@ -283,19 +331,55 @@ class UpdatePath:
     def op_join_isr(self, cache: str, p: int, node: str) -> str:
         """A copy that finished its move asks to count: admitted when it has been a
         registered copy of this primary since its DEMAND (every update since then was
-        replicated to it, or it would have been dropped); otherwise "resync"."""
+        replicated to it, or it would have been dropped); otherwise "resync".
+
+        The controller's round trip (etcd put, the controller's compare-and-swap, the
+        watch back: tens of ms, more under load) runs WITHOUT p's lock, so writes of p
+        go on meanwhile. For those writes the copy counts as in sync already
+        (``repl.admitting``): a write it fails to apply is not acknowledged and spoils
+        the admission, which then takes the copy out again and answers "resync". So
+        from the moment the controller may have admitted it, the copy holds every
+        acknowledged update, as if the lock had been held throughout."""
         self.require_serving()
+        key = (cache, p)
         with self.ctx.plock(cache, p):
             if not self.leads(cache, p):
                 raise self.not_primary(cache, p)
             rec = self.ctx.map.record(cache, p)
             if node in rec.isr:
                 return "ok"
-            if node not in self.ctx.repl.copies.get((cache, p), {}):
+            if node not in self.ctx.repl.copies.get(key, {}):
                 return "resync"
+            if key in self.ctx.repl.admitting:
+                raise Unavailable(f"{cache}/{p}: a change of the in-sync set is in progress "
+                                  f"({self.ctx.repl.admitting[key]}); ask again")
+            self.ctx.repl.admitting[key] = node
+            self.ctx.repl.spoiled.discard(key)
+        try:
             self.control.alter_isr(cache, p, add=[node])
-            self.ctx.repl.copies.get((cache, p), {}).pop(node, None)
-        return "ok"
+        except BaseException:
+            with self.ctx.plock(cache, p):
+                self._end_admission(cache, p, node, admitted=False)
+            raise
+        with self.ctx.plock(cache, p):
+            return self._end_admission(cache, p, node, admitted=True)
+
+    def _end_admission(self, cache: str, p: int, node: str, admitted: bool) -> str:
+        """(p's lock held) The admission of ``node`` is over: an admitted copy is no
+        longer a registered one; a spoiled one (a write to it failed meanwhile, not
+        acknowledged) is taken out of the in-sync set again. A refused or unanswered
+        admission leaves the copy registered (it asks again)."""
+        key = (cache, p)
+        spoiled = key in self.ctx.repl.spoiled
+        if admitted or spoiled:
+            self.ctx.repl.copies.get(key, {}).pop(node, None)
+        self.ctx.repl.spoiled.discard(key)
+        try:
+            if spoiled and node in self.ctx.map.record(cache, p).isr:
+                self.control.alter_isr(cache, p, remove=[node])
+        finally:
+            self.ctx.repl.admitting.pop(key, None)
+        return "resync" if spoiled else "ok"
 
     def check_epoch(self, cache: str, p: int, epoch: int | None, sender: str, *,
                     demand: bool = False) -> None:
