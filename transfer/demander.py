@@ -93,6 +93,7 @@ class _Fetch(DataStage):
         self.reused = 0
         self.preimages = 0
         self.resent = 0
+        self.release_slot: Callable[[], None] = lambda: None   # set by run() once the slot is held
         self.done = 0
         self.spliced = False     # whether the last data stage used the zero-copy path
         self.prepared = None     # the storage's checked install (prepare_install), if any
@@ -108,9 +109,13 @@ class _Fetch(DataStage):
         ctx = {"partition": self.partition, "peer": self.d.peer}
         try:
             with contextlib.ExitStack() as held:
-                # the slot is held to the end; the "reserve" timer counts only the wait for it
+                # the slot is held while bytes come from the wire (resends included) and
+                # given back before the page check and install, which are this side's
+                # CPU and disk alone: the next transfer's bytes flow meanwhile. The
+                # "reserve" timer counts only the wait for it.
                 with self.stages.stage("reserve", **ctx):
                     held.enter_context(self.d.limits.slots.acquire(self.priority))
+                self.release_slot = held.close
                 self._tell()
                 with self.stages.stage("connect", **ctx):
                     self.conn = self.d._connect()
@@ -292,6 +297,7 @@ class _Fetch(DataStage):
                     raise ChecksumError(f"the supplier's file changed during the transfer: {e.reason}",
                                         "source") from None
                 raise
+        self.release_slot()
         self._check_pages()
 
     def _check_pages(self) -> None:

@@ -229,3 +229,47 @@ def test_prepared_install_given_up_changes_nothing(stores, tmp_path) -> None:
     b.checkpoint()
     got = {e.key: e.value for e in pagefile.iter_entries(b.partition_path(2), include_tombstones=False)}
     assert got[b"after"] == b"install" and len(got) == 301
+
+
+def test_the_receive_slot_is_given_back_before_the_page_check(stores) -> None:
+    """With ONE receive slot, a second transfer's bytes flow while the first one's page
+    check (this side's CPU and disk alone) still runs: the slot covers the wire only."""
+    import threading
+
+    a, b = stores
+    for p in (1, 2):
+        for i in range(400):
+            a.put(p, _key(i), b"v-%d-" % i + b"x" * 200)
+    a.checkpoint()
+    in_check = threading.Event()
+    let_go = threading.Event()
+    order: list[str] = []
+
+    class SlowCheck(PartitionStoreStorage):
+        def prepare_install(self, cache, partition, path):   # the first fetch's page check waits
+            if partition == 1:
+                order.append("check 1 starts")
+                in_check.set()
+                assert let_go.wait(10), "the second transfer never received its bytes"
+            return super().prepare_install(cache, partition, path)
+
+    srv = SupplierServer(PartitionStoreStorage(a), SECRET, limits=Limits(4)).start()
+    try:
+        d = Demander(SlowCheck(b), peer_of(srv), SECRET, limits=Limits(1))
+        first: list = []
+        t = threading.Thread(target=lambda: first.append(d.fetch(1)))
+        t.start()
+        assert in_check.wait(10)
+
+        def progress(ev) -> None:
+            if ev.stage == "verify" and "receive 2 done" not in order:
+                order.append("receive 2 done")
+                let_go.set()          # the first check may finish only after this
+        second = d.fetch(2, progress=progress)
+        t.join(10)
+    finally:
+        let_go.set()
+        srv.stop()
+    assert order == ["check 1 starts", "receive 2 done"]
+    assert first and first[0].counter == a.counter(1) and second.counter == a.counter(2)
+    assert dict(b.scan(1)) == dict(a.scan(1)) and dict(b.scan(2)) == dict(a.scan(2))
