@@ -55,6 +55,7 @@ class Client:
     def _call_primary(self, cache: str, key: bytes, method: str, **args: Any) -> Any:
         deadline = time.monotonic() + self.timeout
         hint: str | None = None
+        redirected = False
         delay = 0.05
         while True:
             try:
@@ -72,6 +73,15 @@ class Client:
                 if not getattr(e, "retry", False) or time.monotonic() > deadline:
                     raise
                 hint = getattr(e, "hint", None)
+                if hint is not None and not redirected:
+                    # a redirect to the new primary (a hand-off just ended): a move of the
+                    # role, not a failure; go there at once, once, and back off after that
+                    redirected = True
+                    try:
+                        self.refresh()      # the next puts go there directly
+                    except NodeError:
+                        pass
+                    continue
                 time.sleep(delay * (0.5 + random.random()))
                 delay = min(delay * 2, 0.5)
                 try:

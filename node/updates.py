@@ -45,6 +45,7 @@ from .tempwal import TempWalSink
 
 log = logging.getLogger("ferry.node.updates")
 REPLICATE_TIMEOUT = 5.0
+HANDOFF_WAIT_S = 1.0       # a write to a partition being handed off waits this long for the outcome
 FANOUT_THREADS = 16        # replicate calls in flight at once beyond each writer's own
 MAX_BATCH = 1024          # items of one put_batch request (it must also fit one 1 MiB frame)
 
@@ -129,7 +130,9 @@ class UpdatePath:
         """Hold p's lock as its primary: refused before waiting for the lock (cheap
         redirect) and again under it (a hand-off may have fenced p meanwhile)."""
         if not self.leads(cache, p):
-            raise self.not_primary(cache, p)
+            self._await_handoff(cache, p)
+            if not self.leads(cache, p):
+                raise self.not_primary(cache, p)
         with self.ctx.plock(cache, p):
             if not self.leads(cache, p):
                 raise self.not_primary(cache, p)
@@ -140,6 +143,23 @@ class UpdatePath:
                                   f"fewer than cluster.min_in_sync = {self.ctx.cfg.min_in_sync}: writes "
                                   "refused until a copy catches up")
             yield
+
+    def _await_handoff(self, cache: str, p: int) -> None:
+        """p is fenced for a hand-off of the primary role (:meth:`Rebalancer.op_handoff`):
+        wait for its outcome, up to HANDOFF_WAIT_S, instead of sending the writer away
+        to back off and ask again. The new primary shows in the map (the fence goes with
+        it, and the writer is redirected there at once), or the fence is lifted (this
+        node goes on leading). Outside p's lock: the hand-off itself needs it."""
+        key = (cache, p)
+        deadline = time.monotonic() + HANDOFF_WAIT_S
+        with self.ctx.map.changed:
+            while True:
+                until = self.ctx.repl.fenced.get(key)
+                now = time.monotonic()
+                if until is None or now >= min(until, deadline):
+                    return
+                # the map's change notifies; an unfence does not: look again soon
+                self.ctx.map.changed.wait(0.01)
 
     def _write(self, cache: str, key: object, value: bytes | None) -> int:
         self.require_serving()
