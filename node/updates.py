@@ -128,14 +128,22 @@ class UpdatePath:
     @contextlib.contextmanager
     def _leading(self, cache: str, p: int) -> Iterator[None]:
         """Hold p's lock as its primary: refused before waiting for the lock (cheap
-        redirect) and again under it (a hand-off may have fenced p meanwhile)."""
-        if not self.leads(cache, p):
-            self._await_handoff(cache, p)
+        redirect) and again under it. A hand-off's fence, met before the lock or set
+        while this write queued for it (``op_handoff`` queues on the same lock), is
+        waited out once, outside the lock (:meth:`_await_handoff`)."""
+        lock = self.ctx.plock(cache, p)
+        for last in (False, True):
             if not self.leads(cache, p):
+                self._await_handoff(cache, p)
+                if not self.leads(cache, p):
+                    raise self.not_primary(cache, p)
+            lock.acquire()
+            if self.leads(cache, p):
+                break
+            lock.release()
+            if last or (cache, p) not in self.ctx.repl.fenced:
                 raise self.not_primary(cache, p)
-        with self.ctx.plock(cache, p):
-            if not self.leads(cache, p):
-                raise self.not_primary(cache, p)
+        try:
             with self.ctx.map.lock:
                 n_isr = len(self.ctx.map.map.parts[cache][p].isr)
             if n_isr < self.ctx.cfg.min_in_sync:
@@ -143,6 +151,8 @@ class UpdatePath:
                                   f"fewer than cluster.min_in_sync = {self.ctx.cfg.min_in_sync}: writes "
                                   "refused until a copy catches up")
             yield
+        finally:
+            lock.release()
 
     def _await_handoff(self, cache: str, p: int) -> None:
         """p is fenced for a hand-off of the primary role (:meth:`Rebalancer.op_handoff`):

@@ -334,3 +334,24 @@ def test_the_redirect_reaches_the_client_with_its_address(cluster):
     with pytest.raises(RemoteFailure) as e:
         cluster.client.pool.call(cluster.a.address, "put", cache=CACHE, key=b"k", value=b"v")
     assert e.value.code == "not_primary" and e.value.retry and e.value.hint == "127.0.0.9:1"
+
+
+
+def test_a_write_queued_on_the_lock_when_the_fence_is_set_waits_too(primary, reb):  # noqa: F811
+    """op_handoff queues on p's lock like the writes: a write that passed the first
+    check and waits for the lock when the fence lands waits for the outcome as well
+    (here the fence is lifted 0.1 s later and the write is served, not bounced)."""
+    lock = primary.ctx.plock(CACHE, P)
+    lock.acquire()
+    try:
+        fut = put(primary)
+        time.sleep(0.05)                  # the put passed the first check, queued on the lock
+        assert not fut.done()
+        assert reb.op_handoff(CACHE, P, BACKUP) == 0   # (the lock is re-entrant: fenced now)
+    finally:
+        lock.release()
+    _, when = after(DELAY, lambda: reb.op_unfence(CACHE, P))
+    r, ended = fut.result(WAIT)
+    assert not isinstance(r, NodeError), r
+    assert r == 1 and primary.data.get(P, b"k1") == b"v"
+    assert when and ended >= when[0]      # served after the fence was lifted, not before
