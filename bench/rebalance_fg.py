@@ -49,9 +49,10 @@ def floor_rate(work: str) -> float:
 
 
 def writer_main(seeds: list[str], secret_file: str, idx: int, value_size: int,
-                stop: "multiprocessing.synchronize.Event", out_path: str) -> None:
+                stop: "multiprocessing.synchronize.Event", out_path: str, keys: bool = False) -> None:
     """One writer process: new keys, one put at a time, until ``stop``; then its samples
-    (answer wall time, latency seconds) as doubles into ``out_path``."""
+    (answer wall time, latency seconds[, the key's number with ``keys``]) as doubles
+    into ``out_path``."""
     from node.client import Client
     samples = array.array("d")
     i = 2_000_000_000 + idx * 10_000_000
@@ -62,18 +63,21 @@ def writer_main(seeds: list[str], secret_file: str, idx: int, value_size: int,
             c.put("default", key_of(i), value)
             samples.append(time.time())
             samples.append(time.perf_counter() - t0)
+            if keys:
+                samples.append(i)
             i += 1
     with open(out_path, "wb") as f:
         samples.tofile(f)
 
 
-def read_samples(paths: list[str]) -> list[tuple[float, float]]:
-    out: list[tuple[float, float]] = []
+def read_samples(paths: list[str], width: int = 2) -> list[tuple[float, ...]]:
+    """The writers' samples: tuples of ``width`` (3 for writers started with ``keys``)."""
+    out: list[tuple[float, ...]] = []
     for p in paths:
         a = array.array("d")
         with open(p, "rb") as f:
             a.frombytes(f.read())
-        out += list(zip(a[0::2], a[1::2]))
+        out += list(zip(*(a[k::width] for k in range(width))))
     return out
 
 
@@ -226,4 +230,4 @@ def summary(runs: list[dict]) -> dict[str, object]:
     return out
 
 
-__all__ = ["run", "summary", "floor_rate", "writer_main"]
+__all__ = ["run", "summary", "floor_rate", "writer_main", "read_samples"]

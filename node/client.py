@@ -77,15 +77,11 @@ class Client:
                     # a redirect to the new primary (a hand-off just ended): a move of the
                     # role, not a failure; go there at once, once, and back off after that
                     redirected = True
-                    try:
-                        self.refresh()      # the next puts go there directly
-                    except NodeError:
-                        pass
-                    continue
-                time.sleep(delay * (0.5 + random.random()))
-                delay = min(delay * 2, 0.5)
+                else:
+                    time.sleep(delay * (0.5 + random.random()))
+                    delay = min(delay * 2, 0.5)
                 try:
-                    self.refresh()
+                    self.refresh()          # (after a redirect: the next puts go there directly)
                 except NodeError:
                     pass
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Iterator
@@ -58,8 +57,8 @@ class UpdatePath:
         self.ctx = ctx
         self.control = control
         self.movers: MoveActions | None = None     # bound once the rebalancer exists
-        self._pool: ThreadPoolExecutor | None = None   # replication fan-out (_fan_out)
-        self._pool_guard = threading.Lock()
+        # replication fan-out (_fan_out); its threads start on first use
+        self._pool = ThreadPoolExecutor(max_workers=FANOUT_THREADS, thread_name_prefix="ferry-replicate")
 
     def bind(self, movers: MoveActions) -> None:
         self.movers = movers
@@ -294,11 +293,6 @@ class UpdatePath:
         items = list(targets.items())
         if len(items) <= 1:
             return {n: self._send(a, n, cache, p, ups, prev, epoch) for n, a in items}
-        if self._pool is None:
-            with self._pool_guard:
-                if self._pool is None:
-                    self._pool = ThreadPoolExecutor(max_workers=FANOUT_THREADS,
-                                                    thread_name_prefix="ferry-replicate")
         futs = {n: self._pool.submit(self._send, a, n, cache, p, ups, prev, epoch) for n, a in items[1:]}
         out = {items[0][0]: self._send(items[0][1], items[0][0], cache, p, ups, prev, epoch)}
         for n, f in futs.items():
@@ -306,8 +300,7 @@ class UpdatePath:
         return out
 
     def stop(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     def _replicate_many(self, cache: str, p: int, ups: list[tuple[bytes, bytes | None, int]],
                         prev: int) -> None:
@@ -384,7 +377,6 @@ class UpdatePath:
                 raise Unavailable(f"{cache}/{p}: a change of the in-sync set is in progress "
                                   f"({self.ctx.repl.admitting[key]}); ask again")
             self.ctx.repl.admitting[key] = node
-            self.ctx.repl.spoiled.discard(key)
         try:
             self.control.alter_isr(cache, p, add=[node])
         except BaseException:

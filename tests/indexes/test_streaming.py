@@ -134,11 +134,17 @@ def test_streamed_equals_rebuilt(seed: int, n: int, m: int, span: int, steps: fl
         shutil.rmtree(root, ignore_errors=True)
 
 
-def test_memory_limit_gives_up(tmp_path) -> None:
-    at_c, _ = _versions(str(tmp_path), 7, 200, 0)
+def _installed(tmp_path, seed: int, n: int) -> tuple[str, bytes]:
+    """A partition file at C (no later versions) as the install would leave it."""
+    at_c, _ = _versions(str(tmp_path), seed, n, 0)
     path = str(tmp_path / "part.bin")
     with open(path, "wb") as f:
         f.write(at_c)
+    return path, at_c
+
+
+def test_memory_limit_gives_up(tmp_path) -> None:
+    path, at_c = _installed(tmp_path, 7, 200)
     ix = IndexStore.open(str(tmp_path / "ix"), DEFS)
     build = ix.streaming(P, path, PS, len(at_c) // PS, 4, memory_limit=1000)
     build.pages_written(0, len(at_c) // PS)
@@ -154,10 +160,7 @@ def test_memory_limit_gives_up(tmp_path) -> None:
 
 
 def test_changed_definitions_refused(tmp_path) -> None:
-    at_c, _ = _versions(str(tmp_path), 8, 50, 0)
-    path = str(tmp_path / "part.bin")
-    with open(path, "wb") as f:
-        f.write(at_c)
+    path, at_c = _installed(tmp_path, 8, 50)
     ix = IndexStore.open(str(tmp_path / "ix"), DEFS)
     build = ix.streaming(P, path, PS, len(at_c) // PS, 4)
     built = build.finish()
