@@ -129,7 +129,10 @@ class Controller:
     def handle_requests(self) -> int:
         """Requests nodes left under ``P/requests/<cache>/<p>/<node>`` (through etcd, so
         a primary cut off from its peers but not from etcd still reaches the controller).
-        Each is applied or refused, and deleted either way."""
+        Each is applied or refused, and deleted either way. Only as read: the write
+        that applies one also compares the request's mod revision, so a request its
+        node withdrew meanwhile (its wait ran out: ``ControlPlane.request``) or
+        replaced is never applied, whatever this view still shows."""
         n = 0
         for key, kv in self.view.items("requests"):
             full = f"{self.prefix}/requests/{key}"
@@ -139,9 +142,9 @@ class Controller:
                 p = int(ps)
                 if req.get("op") == "alter_isr":
                     self.alter_isr(cache, p, node, int(req["term"]), list(req.get("remove", [])),
-                                   list(req.get("add", [])), req_key=full)
+                                   list(req.get("add", [])), req_key=full, req_mod=kv.mod)
                 elif req.get("op") == "set_primary":
-                    self.set_primary(cache, p, node, req.get("previous"), req_key=full)
+                    self.set_primary(cache, p, node, req.get("previous"), req_key=full, req_mod=kv.mod)
                 else:
                     raise BadRequest(f"unknown request {req!r}")
                 n += 1
@@ -151,11 +154,15 @@ class Controller:
         return n
 
     def alter_isr(self, cache: str, p: int, primary: str, term: int,
-                  remove: list[str], add: list[str], req_key: str | None = None) -> PartRecord:
+                  remove: list[str], add: list[str], req_key: str | None = None,
+                  req_mod: int | None = None) -> PartRecord:
         """The primary of (cache, p) in ``term`` removes or admits copies. Checked
         against etcd itself (not the view), so a deposed primary gets StaleEpoch; a
-        change of the in-sync set meanwhile (a dead copy removed) does not matter."""
+        change of the in-sync set meanwhile (a dead copy removed) does not matter.
+        At a request's behest (``req_key``, read at mod revision ``req_mod``): applied
+        only if the request is still there as read, and deleted with the change."""
         self._check_partition(cache, p)
+        req = self._request_guard(req_key, req_mod)
         key = part_key(self.prefix, cache, p)
         with self.lock:
             kv = self.etcd.get(key)
@@ -171,9 +178,12 @@ class Controller:
                 raise BadRequest("a primary cannot remove itself from the in-sync set")
             isr = tuple([n for n in rec.isr if n not in remove] + [n for n in add if n not in rec.isr])
             new = PartRecord(rec.primary, isr, rec.epoch + 1, False, rec.term)
-            ok, _ = self.etcd.txn([self._guard(), Etcd.mod_is(key, kv.mod if kv else 0)],
+            ok, _ = self.etcd.txn([self._guard(), Etcd.mod_is(key, kv.mod if kv else 0)] + req,
                                   [(key, new.to_json(), 0)], [req_key] if req_key else [])
             if not ok:
+                if self._withdrawn(req_key, req_mod):
+                    raise Unavailable(f"request {req_key} was withdrawn (or replaced) before it was "
+                                      "applied; not applied")
                 raise StaleEpoch(f"{cache}/{p} changed meanwhile (or {self.me} is no longer "
                                  "controller); retry")
         log.info("stage=controller %s/%d in-sync %s -> %s at %s's request (epoch %d)%s%s",
@@ -182,9 +192,12 @@ class Controller:
         return new
 
     def set_primary(self, cache: str, p: int, node: str, previous: str | None,
-                    req_key: str | None = None) -> PartRecord | None:
-        """Hand-off: ``previous`` fenced p and ``node`` (in sync, OWNING) takes over."""
+                    req_key: str | None = None, req_mod: int | None = None) -> PartRecord | None:
+        """Hand-off: ``previous`` fenced p and ``node`` (in sync, OWNING) takes over.
+        At a request's behest, as :meth:`alter_isr`: only if it is still there as read
+        (its node lifts the fence when its wait runs out and withdraws it)."""
         self._check_partition(cache, p)
+        req = self._request_guard(req_key, req_mod)
         key = part_key(self.prefix, cache, p)
         with self.lock:
             kv = self.etcd.get(key)
@@ -195,11 +208,31 @@ class Controller:
             if node not in self._owning().get((cache, p), set()):
                 raise StaleEpoch(f"{cache}/{p}: {node} does not report OWNING")
             new = PartRecord(node, rec.isr, rec.epoch + 1, False, rec.term + 1)
-            ok, _ = self.etcd.txn([self._guard(), Etcd.mod_is(key, kv.mod if kv else 0)],
+            ok, _ = self.etcd.txn([self._guard(), Etcd.mod_is(key, kv.mod if kv else 0)] + req,
                                   [(key, new.to_json(), 0)], [req_key] if req_key else [])
+            if not ok and self._withdrawn(req_key, req_mod):
+                log.info("stage=handoff %s/%d: request %s was withdrawn (or replaced) before it "
+                         "was applied; not applied", cache, p, req_key)
         if ok:
             log.info("stage=handoff %s/%d primary %s -> %s epoch=%d", cache, p, previous, node, new.epoch)
         return new if ok else None
+
+    @staticmethod
+    def _request_guard(req_key: str | None, req_mod: int | None) -> list[JsonDoc]:
+        """The compare that applies a request only as it was read: its key still at
+        the mod revision read (gone or put again since: not applied)."""
+        if req_key is None:
+            return []
+        if not req_mod:
+            raise BadRequest(f"request {req_key}: its mod revision is needed to apply it")
+        return [Etcd.mod_is(req_key, req_mod)]
+
+    def _withdrawn(self, req_key: str | None, req_mod: int | None) -> bool:
+        """(after a failed write) Is the request gone or changed since it was read?"""
+        if req_key is None:
+            return False
+        kv = self.etcd.get(req_key)
+        return kv is None or kv.mod != req_mod
 
     def pin(self, plan: str, moves: list[JsonDoc]) -> int:
         """A plan: each named partition gets exactly the named owners (primary first).

@@ -82,6 +82,24 @@ class Unavailable(NodeError):
     retry = True
 
 
+class OutcomeUnknown(Unavailable):
+    """A request to the controller (``P/requests/...``) whose outcome this node cannot
+    tell: the wait for the answer ran out and withdrawing the request failed (etcd
+    unreachable), or the controller decided it but this node could not read or see the
+    result. It may have been applied, or may still be, until the request key
+    (``key``, put at revision ``rev``) is gone from etcd; once this node's map is at or
+    past ``rev`` without the key, the map shows the outcome. A caller whose safety
+    depends on the outcome keeps assuming the worst until then (node/updates.py,
+    ``op_join_isr``)."""
+
+    code = "outcome_unknown"
+
+    def __init__(self, message: str, key: str = "", rev: int = 0) -> None:
+        self.key = key
+        self.rev = rev
+        super().__init__(message)
+
+
 class RemoteFailure(NodeError):
     """The peer answered with an error; ``code`` is the peer's code."""
 
@@ -121,9 +139,10 @@ class PlanError(NodeError):
     code = "bad_plan"
 
 
-RETRYABLE = {NotPrimary.code, Unavailable.code, StaleEpoch.code, ControlPlaneDown.code}
+RETRYABLE = {NotPrimary.code, Unavailable.code, StaleEpoch.code, ControlPlaneDown.code,
+             OutcomeUnknown.code}
 
 BY_CODE: dict[str, type[NodeError]] = {
     c.code: c for c in (ConfigError, IllegalTransition, AuthFailed, BadRequest, TooLarge,
-                        NotPrimary, Unavailable, StaleEpoch, ControlPlaneDown)
+                        NotPrimary, Unavailable, StaleEpoch, ControlPlaneDown, OutcomeUnknown)
 }

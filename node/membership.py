@@ -18,8 +18,8 @@ from .cluster_map import PartRecord
 from .config import NodeConfig, with_overrides
 from .context import NodeContext
 from .control import Etcd, Session, View
-from .controller import Controller
-from .errors import ConfigError, ControlPlaneDown, NodeError, Unavailable
+from .controller import Controller, part_key
+from .errors import ConfigError, ControlPlaneDown, NodeError, OutcomeUnknown, Unavailable
 from .mapview import map_from_keys
 from .ports import Handlers
 from .states import State
@@ -29,6 +29,7 @@ REPORT_COALESCE_S = 0.02           # a state change is reported this soon (burst
 CONTROLLER_PERIOD_S = 0.5          # the controller re-decides at least this often
 START_TIMEOUT_S = 60.0             # a node waits this long for the control plane at start
 REQUEST_TIMEOUT_S = 3.0            # a request to the controller (in-sync change, hand-off)
+CATCH_UP_S = 1.0                   # a request applied as its wait ran out: the map has this long to show it
 
 # live, cluster-wide settings (P/settings/<name>) -> NodeConfig field
 SETTINGS = {
@@ -326,9 +327,18 @@ class ControlPlane:
     def request(self, cache: str, p: int, doc: dict[str, object], done: Callable[[PartRecord], bool],
                 timeout: float = REQUEST_TIMEOUT_S) -> PartRecord:
         """Leave a request for the controller at ``P/requests/<cache>/<p>/<me>`` and wait
-        until the map shows a record for which ``done(record)`` holds. Refused (the
-        controller deleted the request without such a record), not answered in
-        ``timeout``, or the control plane unreachable: Unavailable."""
+        until the map shows a record for which ``done(record)`` holds; that record is in
+        this node's map on return. Refused (the controller deleted the request without
+        such a record), or the control plane unreachable when it is put: Unavailable.
+
+        Not answered in ``timeout``: the request is withdrawn (deleted only if it is
+        still the one put here, by its mod revision), so it can never be applied later
+        (the controller applies a request only as it read it). If the controller decided
+        it just before, the record in etcd says how (:meth:`_decided`). If the
+        withdrawal itself fails (etcd unreachable), the request may still be applied:
+        :class:`~node.errors.OutcomeUnknown`, a kind of Unavailable, carrying the key and
+        the revision of the put, for a caller that must assume the worst until its map
+        is at or past that revision without the key."""
         key = f"{self.prefix}/requests/{cache}/{p}/{self.ctx.id}"
         rev = self.etcd.put(key, doc, lease=self.session.lease)
         deadline = time.monotonic() + timeout
@@ -347,8 +357,50 @@ class ControlPlane:
                                       f"epoch {rec.epoch}); see the controller's log")
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise Unavailable(f"no answer from the controller to {doc.get('op')} of "
-                                      f"{cache}/{p} in {timeout:.1f}s (no controller, or etcd unreachable)")
+                    break
+                self.ctx.map.changed.wait(min(left, 0.1))
+        # out of time: withdraw it (outside the map's condition: the watch thread needs it)
+        what = f"{doc.get('op')} of {cache}/{p}"
+        try:
+            withdrawn, _ = self.etcd.txn([Etcd.mod_is(key, rev)], [], [key])
+        except NodeError as e:
+            raise OutcomeUnknown(f"no answer from the controller to {what} in {timeout:.1f}s, and "
+                                 f"the request could not be withdrawn ({str(e)[:120]}): it may "
+                                 "still be applied", key=key, rev=rev) from None
+        if withdrawn:
+            raise Unavailable(f"no answer from the controller to {what} in {timeout:.1f}s (no "
+                              "controller, or etcd unreachable); the request was withdrawn")
+        return self._decided(cache, p, key, rev, what, done)
+
+    def _decided(self, cache: str, p: int, key: str, rev: int, what: str,
+                 done: Callable[[PartRecord], bool]) -> PartRecord:
+        """The request at ``key`` (put at ``rev``) was no longer there to withdraw: the
+        controller decided it (or the lease took it) after the wait ran out. The record
+        in etcd, not the map, says how; an applied one is returned once the map shows
+        it too (up to CATCH_UP_S)."""
+        try:
+            kv = self.etcd.get(part_key(self.prefix, cache, p))
+        except NodeError as e:
+            raise OutcomeUnknown(f"the controller decided {what} as the wait ran out, and its "
+                                 f"record cannot be read ({str(e)[:120]})", key=key, rev=rev) from None
+        rec = PartRecord.from_json(kv.value) if kv is not None else PartRecord()
+        if not done(rec):
+            raise Unavailable(f"the controller refused {what} (record now: primary {rec.primary}, "
+                              f"in sync {list(rec.isr)}, epoch {rec.epoch}); see the controller's log")
+        deadline = time.monotonic() + CATCH_UP_S
+        with self.ctx.map.changed:
+            while True:
+                with self.ctx.map.lock:
+                    mine = self.ctx.map.map.parts[cache][p]
+                    caught_up = self.ctx.map.map.epoch >= kv.mod
+                if caught_up and done(mine):
+                    return mine
+                left = deadline - time.monotonic()
+                if left <= 0 or caught_up:
+                    # the map is behind etcd (or past it, with the record changed again):
+                    # applied, but not to be relied on here yet
+                    raise OutcomeUnknown(f"the controller applied {what} as the wait ran out; "
+                                         "this node's map does not show it yet", key=key, rev=rev)
                 self.ctx.map.changed.wait(min(left, 0.1))
 
     # -- the in-sync set, primary side ----------------------------------------------------
