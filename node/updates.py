@@ -31,14 +31,14 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Iterator
 
 from .assignment import partition_of
-from .context import NodeContext
+from .context import NodeContext, PartKey
 from .ports import Handlers, IsrControl, MoveActions
 from .storage import CacheData
 from .wire import as_bytes
 
 if TYPE_CHECKING:
     from .move import Move
-from .errors import BadRequest, NodeError, NotPrimary, StaleEpoch, TooLarge, Unavailable
+from .errors import BadRequest, NodeError, NotPrimary, OutcomeUnknown, StaleEpoch, TooLarge, Unavailable
 from .states import State
 from .tempwal import TempWalSink
 
@@ -57,6 +57,9 @@ class UpdatePath:
         self.ctx = ctx
         self.control = control
         self.movers: MoveActions | None = None     # bound once the rebalancer exists
+        # admissions whose outcome is unknown (op_join_isr): p -> (request key, revision
+        # of its put); the copy stays in repl.admitting until the map shows the outcome
+        self._limbo: dict[PartKey, tuple[str, int]] = {}
         # replication fan-out (_fan_out); its threads start on first use
         self._pool = ThreadPoolExecutor(max_workers=FANOUT_THREADS, thread_name_prefix="ferry-replicate")
 
@@ -304,6 +307,8 @@ class UpdatePath:
 
     def _replicate_many(self, cache: str, p: int, ups: list[tuple[bytes, bytes | None, int]],
                         prev: int) -> None:
+        if self._limbo:
+            self._settle_limbo(cache, p)
         targets, isr, epoch = self._targets(cache, p)
         admitting = self.ctx.repl.admitting.get((cache, p))
         if admitting is not None:
@@ -368,6 +373,7 @@ class UpdatePath:
         with self.ctx.plock(cache, p):
             if not self.leads(cache, p):
                 raise self.not_primary(cache, p)
+            self._settle_limbo(cache, p)
             rec = self.ctx.map.record(cache, p)
             if node in rec.isr:
                 return "ok"
@@ -379,12 +385,47 @@ class UpdatePath:
             self.ctx.repl.admitting[key] = node
         try:
             self.control.alter_isr(cache, p, add=[node])
+        except OutcomeUnknown as e:
+            # the controller may still admit it: it keeps counting as in sync (a write
+            # it fails is not acknowledged, and spoils the admission) until the map
+            # shows the outcome (_settle_limbo)
+            with self.ctx.plock(cache, p):
+                self._limbo[key] = (e.key, e.rev)
+            log.warning("stage=isr cache=%s partition=%d admission of %s: outcome unknown (%s); "
+                        "it counts as in sync until the map shows the outcome", cache, p, node,
+                        str(e)[:160])
+            raise
         except BaseException:
             with self.ctx.plock(cache, p):
                 self._end_admission(cache, p, node, admitted=False)
             raise
         with self.ctx.plock(cache, p):
             return self._end_admission(cache, p, node, admitted=True)
+
+    def _settle_limbo(self, cache: str, p: int) -> None:
+        """(p's lock held) End an admission whose outcome was unknown (op_join_isr got
+        OutcomeUnknown) once the map shows it: the map is at or past the request's put
+        and the request is gone (applied, refused, withdrawn or dropped with the lease;
+        the controller applies a request only as it read it, so a gone one never is).
+        The record then says whether the copy was admitted; it ends as any admission
+        (_end_admission). Until then the copy stays in repl.admitting."""
+        key = (cache, p)
+        pending = self._limbo.get(key)
+        if pending is None:
+            return
+        req, rev = pending
+        with self.ctx.map.lock:
+            if self.ctx.map.map.epoch < rev or req in self.ctx.map.pending_requests:
+                return
+            rec = self.ctx.map.map.parts[cache][p]
+        del self._limbo[key]
+        node = self.ctx.repl.admitting.get(key)
+        if node is None:
+            return
+        admitted = node in rec.isr
+        log.info("stage=isr cache=%s partition=%d admission of %s settled: %s (epoch %d)", cache, p,
+                 node, "admitted" if admitted else "not admitted", rec.epoch)
+        self._end_admission(cache, p, node, admitted=admitted)
 
     def _end_admission(self, cache: str, p: int, node: str, admitted: bool) -> str:
         """(p's lock held) The admission of ``node`` is over: an admitted copy is no
