@@ -410,6 +410,9 @@ def main() -> None:
     ap.add_argument("--protect", choices=("on", "off", "both"), default="both",
                     help="--foreground: rebalance.protect of the runs (both: interleaved)")
     ap.add_argument("--fg-writers", type=int, default=8, help="--foreground: writer processes")
+    ap.add_argument("--fg-setting", action="append", default=[], metavar="NAME=VALUE",
+                    help="--foreground: a live cluster setting put before the writers start "
+                         "(repeatable; e.g. transfer.rate_limit=40000000)")
     ap.add_argument("--idle-seconds", type=float, default=5.0,
                     help="--foreground: the before and after windows")
     ap.add_argument("--warmup-seconds", type=float, default=3.0)

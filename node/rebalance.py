@@ -74,6 +74,7 @@ class Rebalancer:
         self.admission.config_changed(new)   # the receive side: the config, and the protection
 
     def stop(self) -> None:
+        self.admission.stop()
         if self.supplier:
             self.supplier.stop()
         if self.scan_pool is not None:
@@ -93,6 +94,7 @@ class Rebalancer:
                 return False
             mv = Move(cache, p, mode=self.ctx.cfg.rebalance_mode, on_stage=self._stage_done)
             self.ctx.moves.running[key] = mv
+        self.admission.started()
         log.info("stage=prepare cache=%s partition=%d move starts: %s", cache, p, why)
         threading.Thread(target=self._run_move, args=(engine, mv), name=f"move-{cache}-{p}",
                          daemon=True).start()

@@ -3,13 +3,15 @@ synthetic latencies, the latency window with a fake clock, the levers it sets, a
 settings that tune it. Deterministic: no threads, no sleeps."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 import pytest
 
 from node.acklatency import MIN_SAMPLES, LatencyReport, LatencyWindow
-from node.admission import (AUTO_FACTOR, AUTO_MIN_S, FALLBACK_TARGET_S, REPLAY_MIN_RPS,
-                            REPLAY_OVER_INGEST, Admission, Aimd, max_moves, target_of, worst)
+from node.admission import (AUTO_FACTOR, AUTO_MIN_S, FALLBACK_TARGET_S, REF_RECV_BPS,
+                            REPLAY_MIN_RPS, REPLAY_OVER_INGEST, START_LOADED, Admission, Aimd,
+                            max_moves, target_of, worst)
 from node.cluster_map import ClusterMap
 from node.config import NodeConfig, validate
 from node.context import Events, MapHolder, MoveTable, Replication
@@ -49,7 +51,27 @@ def test_multiplicative_decrease_once_per_window():
     assert a.update(2.0, 0.2) == 4          # the same slow window: no second cut
     assert a.update(2.0, 0.6) == 2          # a new window still slow: halves again
     assert a.update(3.0, 1.2) == 1
-    assert a.update(3.0, 1.8) == 1          # never below the minimum
+    # below the minimum of moves only the rate falls, down to the floor (lo / 16)
+    assert a.update(3.0, 1.8) == 0.5
+    for i in range(10):
+        a.update(3.0, 2.4 + i * 0.6)
+    assert a.level == a.floor == pytest.approx(1 / 16)
+
+
+def test_below_the_minimum_the_level_grows_by_a_factor_then_by_whole_moves():
+    """A paced level (below min_moves) must not jump to full rate in one tick: it grows
+    by e^(low_growth_per_s x dt) until it reaches min_moves, then additively."""
+    a = Aimd(1, 8, increase_per_s=4.0, low_growth_per_s=1.0)
+    a.level = 0.125
+    a.update(0.5, 0.0)
+    assert a.update(0.5, 0.5) == pytest.approx(0.125 * math.exp(0.5))
+    t = 0.5
+    while a.level < 1.0:
+        t += 0.1
+        a.update(0.5, t)
+    assert t == pytest.approx(0.5 + 1.6, abs=0.15)     # ln(8) - 0.5 = 1.58 s
+    assert a.level == 1.0                               # capped at lo, then whole moves
+    assert a.update(0.5, t + 0.25) == pytest.approx(2.0)
 
 
 def test_no_foreground_writes_means_full_speed():
@@ -60,14 +82,19 @@ def test_no_foreground_writes_means_full_speed():
     assert a.update(None, 1.0) == 8         # quiet for quiet_s: nothing to protect
 
 
-def test_start_of_a_rebalance_under_writes_is_cautious_and_bounds_clamp():
+def test_start_of_a_rebalance_is_one_paced_move_and_bounds_clamp():
     a = Aimd(1, 8)
     a.start()
-    assert a.level == 4
+    assert a.level == 0.25                  # START_LOADED x lo
+    a.update(None, 50.0)                    # no writes seen: the maximum at once
+    assert a.level == 8
     a.bounds(2, 3)
     assert (a.lo, a.hi, a.level) == (2, 3, 3)
-    a.bounds(5, 3)                          # hi below lo: lo wins
-    assert (a.lo, a.hi, a.level) == (5, 5, 5)
+    a.bounds(5, 3)                          # hi below lo: lo wins; a level below lo
+    assert (a.lo, a.hi, a.level) == (5, 5, 3)   # paces the rate of lo moves
+    a.level = 0.01
+    a.bounds(1, 8)                          # the floor, not lo, bounds the level
+    assert a.level == pytest.approx(1 / 16)
 
 
 def test_converges_to_the_level_the_latency_allows():
@@ -160,6 +187,10 @@ class FakeCtx:
     repl: Replication = field(default_factory=Replication)
     events: Events = field(default_factory=Events)
     map: MapHolder = field(default_factory=lambda: MapHolder(ClusterMap({c.name: c for c in CFG.caches})))
+    wakes: int = 0
+
+    def wake(self) -> None:
+        self.wakes += 1
 
 
 def admission(cfg: NodeConfig = CFG) -> tuple[Admission, FakeCtx, Limits]:
@@ -198,14 +229,37 @@ def test_protection_off_restores_the_configured_limits():
     assert lim.slots.limit == 4 and lim.bucket.rate == 50e6
 
 
-def test_a_rebalance_starts_at_half_speed():
-    adm, ctx, _ = admission()
+def test_a_rebalance_starts_paced_and_the_first_tick_decides():
+    adm, ctx, lim = admission()
+    clock = adm.clock
+    assert isinstance(clock, Clock)
     for _ in range(50):
         ctx.metrics.acks.add(0.002)
     adm.tick()                               # writes seen, within the fallback target
     assert adm.signal is not None and adm.move_limit() == 8
-    assert adm.admit(0) and adm.move_limit() == 4
-    assert adm.admit(3) and not adm.admit(4)
+    assert adm.admit(0) and adm.move_limit() == 1
+    assert not adm.admit(1)
+    slots, rate = adm.transfer_limits()      # one move, paced: no rate measured yet
+    assert slots == 1 and rate == pytest.approx(REF_RECV_BPS * START_LOADED / 8)
+    ctx.moves.running[("default", 1)] = Move("default", 1, mode="files")
+    adm.started()
+    adm.tick()                               # within target: grows from there, not at once
+    assert adm.aimd.level == pytest.approx(START_LOADED)
+    assert lim.slots.limit == 1 and lim.bucket.rate == pytest.approx(rate)
+    clock.t += 0.5
+    adm.tick()
+    assert adm.aimd.level == pytest.approx(START_LOADED * math.exp(0.5))
+    # the peak receive rate is learnt only while no limit is in force
+    assert adm.peak_recv_bps == 0
+
+
+def test_an_idle_rebalance_goes_to_full_speed_at_its_first_tick():
+    adm, ctx, lim = admission()
+    assert adm.admit(0) and adm.move_limit() == 1
+    ctx.moves.running[("default", 1)] = Move("default", 1, mode="files")
+    adm.tick()                               # no writes anywhere: nothing to protect
+    assert adm.move_limit() == 8 and adm.transfer_limits() == (4, None)
+    assert lim.slots.limit == 4 and lim.bucket.rate is None
 
 
 def test_ticks_cut_the_limit_when_writes_slow_down():
@@ -221,6 +275,7 @@ def test_ticks_cut_the_limit_when_writes_slow_down():
     assert s["latency_ms"] == pytest.approx(40.0) and s["target_ms"] == 10.0 and s["move_limit"] == 4
     text = ctx.metrics.render()
     assert "ferry_node_rebalance_move_limit 4.0" in text
+    assert "ferry_node_rebalance_level 4.0" in text
     assert "ferry_node_rebalance_latency_seconds 0.04" in text
 
 
