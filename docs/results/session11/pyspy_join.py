@@ -1,5 +1,5 @@
 import json, os, signal, subprocess, sys, tempfile, time
-sys.path.insert(0, "/work/main"); sys.path.insert(0, "/work/main/bench")
+R = os.environ.get("ROOT", "/work/main"); sys.path.insert(0, R); sys.path.insert(0, R + "/bench")
 from ferry.localcluster import LocalCluster
 vs, n, outdir = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 stream = (sys.argv[4] == "on") if len(sys.argv) > 4 else False
