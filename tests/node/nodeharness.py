@@ -88,9 +88,15 @@ class NodeProc:
         a += ["--control-plane", ",".join(self.control_plane or control_plane())]
         return a + self.extra_args
 
-    def start(self, wait: bool = True, crash: str | None = None) -> "NodeProc":
-        """``crash``: arm a crash point in this process (``"demander.mid_replay:1"``)."""
-        extra = {"FERRY_CRASH": crash} if crash else None
+    def start(self, wait: bool = True, crash: str | None = None, trace: str | None = None) -> "NodeProc":
+        """``crash``: arm a crash point in this process (``"demander.mid_replay:1"``).
+        ``trace``: a file the process appends each crash point's name to on its first
+        hit (FERRY_CRASH_TRACE), before an armed point kills it."""
+        extra: dict[str, str] = {}
+        if crash:
+            extra["FERRY_CRASH"] = crash
+        if trace:
+            extra["FERRY_CRASH_TRACE"] = trace
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(self.args(), stdout=log, stderr=log, env=env(extra), cwd=ROOT)
         if wait:

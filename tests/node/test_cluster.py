@@ -41,30 +41,50 @@ class Writer(threading.Thread):
         self.stop_flag = threading.Event()
         self.errors: list[str] = []
         self.i = 0
+        self._writing = threading.Event()      # cleared by pause()
+        self._writing.set()
+        self._op = threading.Lock()            # held for one operation
 
     def run(self) -> None:
         while not self.stop_flag.is_set():
-            self.i += 1
-            if self.i % 7 == 0 and self.acked:
-                key = next(k for k in reversed(list(self.acked)) if self.acked[k] is not None) \
-                    if any(v is not None for v in self.acked.values()) else None
-                if key is None:
+            with self._op:
+                if self._writing.is_set():
+                    self.step()
                     continue
-                try:
-                    self.client.remove("default", key)
-                    self.acked[key] = None
-                except NodeError as e:
-                    self.unsure.add(key)
-                    self.errors.append(str(e))
-                continue
-            key = f"key-{self.i}".encode()
-            value = json.dumps({"i": self.i, "city": CITIES[self.i % 4]}).encode()
+            self._writing.wait(0.05)
+
+    def step(self) -> None:
+        """One put of a new key, or (every 7th) a remove of an acknowledged one."""
+        self.i += 1
+        if self.i % 7 == 0 and self.acked:
+            key = next(k for k in reversed(list(self.acked)) if self.acked[k] is not None) \
+                if any(v is not None for v in self.acked.values()) else None
+            if key is None:
+                return
             try:
-                self.client.put("default", key, value)
-                self.acked[key] = value
+                self.client.remove("default", key)
+                self.acked[key] = None
             except NodeError as e:
                 self.unsure.add(key)
                 self.errors.append(str(e))
+            return
+        key = f"key-{self.i}".encode()
+        value = json.dumps({"i": self.i, "city": CITIES[self.i % 4]}).encode()
+        try:
+            self.client.put("default", key, value)
+            self.acked[key] = value
+        except NodeError as e:
+            self.unsure.add(key)
+            self.errors.append(str(e))
+
+    def pause(self) -> None:
+        """No operation after this returns (one in flight has finished) until resume()."""
+        self._writing.clear()
+        with self._op:
+            pass
+
+    def resume(self) -> None:
+        self._writing.set()
 
     def finish(self) -> None:
         self.stop_flag.set()
