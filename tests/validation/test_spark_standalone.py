@@ -39,6 +39,19 @@ def _folders(tmp_path) -> tuple[list[str], str]:
     return dirs, str(exp)
 
 
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory) -> tuple[list[str], str]:
+    return _folders(tmp_path_factory.mktemp("folders"))
+
+
+@pytest.fixture(scope="module")
+def local_answer(spark, folders) -> dict:
+    """Local Spark's answer for ``folders``, computed once for the two remote runs
+    that validate them (read-only: nothing writes to the folders)."""
+    dirs, exp = folders
+    return validate(dirs, spark=spark, expected=exp)
+
+
 def _same(a: dict, b: dict) -> None:
     a, b = dict(a), dict(b)
     a.pop("seconds"), b.pop("seconds")
@@ -54,19 +67,19 @@ def _run(args: list[str], env_extra: dict[str, str] | None = None) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def test_folder_mode_same_answers_as_local(spark, standalone, tmp_path) -> None:
-    dirs, exp = _folders(tmp_path)
-    local = validate(dirs, spark=spark, expected=exp)
+def test_folder_mode_same_answers_as_local(local_answer, folders, standalone) -> None:
+    dirs, exp = folders
+    local = local_answer
     assert not local["passed"] and local["divergent"] and local["corrupt_pages"]
     remote = _run([sys.executable, "-m", "ferry", "validate", *dirs, "--expected", exp, "--json",
                    "--master", standalone.master_url])
     _same(local, remote)
 
 
-def test_spark_submit_job_same_answers_as_local(spark, standalone, tmp_path) -> None:
+def test_spark_submit_job_same_answers_as_local(local_answer, folders, standalone) -> None:
     from sparkcluster import spark_home
-    dirs, exp = _folders(tmp_path)
-    local = validate(dirs, spark=spark, expected=exp)
+    dirs, exp = folders
+    local = local_answer
     remote = _run([os.path.join(spark_home(), "bin", "spark-submit"), "--master",
                    standalone.master_url, os.path.join(REPO, "validation", "job.py"), *dirs,
                    "--expected", exp, "--json"])
