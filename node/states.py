@@ -117,8 +117,9 @@ class StateTable:
                 raise IllegalTransition(
                     f"partition {cache}/{p}: {old.value if old else 'absent'} -> {new.value} is "
                     f"not an allowed transition ({reason or 'no reason given'})")
-            self._states[(cache, p)] = new
-            self._save()
+            staged = dict(self._states)
+            staged[(cache, p)] = new
+            self._commit(staged)
         if self._on_change:
             self._on_change(cache, p, old, new)
         return old
@@ -132,16 +133,24 @@ class StateTable:
                 if old != new and not allowed(old, new):
                     raise IllegalTransition(f"partition {cache}/{p}: {old} -> {new.value} not allowed ({reason})")
                 olds.append(old)
+            staged = dict(self._states)
             for cache, p, new in changes:
-                self._states[(cache, p)] = new
-            self._save()
+                staged[(cache, p)] = new
+            self._commit(staged)
         if self._on_change:
             for (cache, p, new), old in zip(changes, olds):
                 if old != new:
                     self._on_change(cache, p, old, new)
 
-    def _save(self) -> None:
+    def _commit(self, staged: dict[Key, State]) -> None:
+        """(lock held) Write ``staged`` durably, then make it the table: a reader (``get``
+        takes no lock) never sees a state that is not on disk yet, and a failed write
+        (a full disk) leaves the table as it was."""
+        self._save(staged)
+        self._states = staged
+
+    def _save(self, states: dict[Key, State]) -> None:
         doc: dict[str, dict[str, dict[str, str]]] = {"caches": {}}
-        for (cache, p), s in sorted(self._states.items()):
+        for (cache, p), s in sorted(states.items()):
             doc["caches"].setdefault(cache, {})[str(p)] = s.value
         fileio.atomic_write(self.path, json.dumps(doc, sort_keys=True).encode())

@@ -1,10 +1,13 @@
 """Config, rendezvous assignment and the partition state table."""
 from __future__ import annotations
 
+import errno
 import os
 
 import pytest
 
+from faults import fileio
+from faults.fileio import OutOfDiskError
 from node import ALLOWED, State, StateTable, owners, partition_of
 from node.assignment import assignment
 from node.config import load
@@ -131,6 +134,37 @@ def test_illegal_transitions_are_refused_and_change_nothing(tmp_path, path):
     with pytest.raises(IllegalTransition):
         t.set("c", 0, path[-1])
     assert t.get("c", 0) == before == StateTable(str(tmp_path)).get("c", 0)
+
+
+class _FullDisk(fileio.FileLayer):
+    """The disk fills up (ENOSPC on every write); ``seen`` records what a reader of the
+    table saw while the write was being attempted."""
+
+    def __init__(self, table: StateTable) -> None:
+        self.table, self.seen = table, []
+
+    def write(self, fd: int, data: bytes | memoryview) -> int:
+        self.seen.append((self.table.get("c", 1), self.table.get("c", 2)))
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_state_is_visible_only_once_durable_and_a_failed_write_changes_nothing(tmp_path):
+    """``get`` takes no lock: it must never show a state that is not on disk yet (an
+    eviction acting on RENTING before RENTING is durable would, after a crash, leave
+    OWNING on disk and no file), and a write that fails must leave the table as it was."""
+    t = StateTable(str(tmp_path))
+    t.set("c", 1, State.OWNING)
+    full = _FullDisk(t)
+    with fileio.use(full), pytest.raises(OutOfDiskError):
+        t.set("c", 1, State.RENTING)
+    with fileio.use(full), pytest.raises(OutOfDiskError):
+        t.set_many([("c", 1, State.RENTING), ("c", 2, State.MOVING)])
+    assert full.seen and all(seen == (State.OWNING, None) for seen in full.seen)
+    assert t.get("c", 1) == State.OWNING and t.get("c", 2) is None
+    assert dict(t.items()) == {("c", 1): State.OWNING}
+    assert StateTable(str(tmp_path)).get("c", 1) == State.OWNING
+    t.set("c", 1, State.RENTING)             # the disk has room again
+    assert StateTable(str(tmp_path)).get("c", 1) == State.RENTING
 
 
 def test_every_state_has_a_way_forward():
