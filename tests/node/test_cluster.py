@@ -37,6 +37,7 @@ class Writer(threading.Thread):
         super().__init__(daemon=True)
         self.client = Client(seeds, secret_file=secret, timeout=60)
         self.acked: dict[bytes, bytes | None] = {}
+        self.acks = 0                          # acknowledged operations (acked holds keys)
         self.unsure: set[bytes] = set()
         self.stop_flag = threading.Event()
         self.errors: list[str] = []
@@ -64,6 +65,7 @@ class Writer(threading.Thread):
             try:
                 self.client.remove("default", key)
                 self.acked[key] = None
+                self.acks += 1
             except NodeError as e:
                 self.unsure.add(key)
                 self.errors.append(str(e))
@@ -73,6 +75,7 @@ class Writer(threading.Thread):
         try:
             self.client.put("default", key, value)
             self.acked[key] = value
+            self.acks += 1
         except NodeError as e:
             self.unsure.add(key)
             self.errors.append(str(e))
@@ -92,9 +95,11 @@ class Writer(threading.Thread):
 
 
 def writes_during(w: Writer, n: int = 30, timeout: float = 60.0) -> None:
-    """Let the writer get ``n`` more acknowledgements (proves the cluster serves)."""
-    start, deadline = len(w.acked), time.monotonic() + timeout
-    while len(w.acked) < start + n:
+    """Let the writer get ``n`` more acknowledgements (proves the cluster serves).
+    Counted as operations, not keys: a writer that overwrites a fixed set of keys
+    (test_messages_mode's OverWriter) stops adding keys once it has written each."""
+    start, deadline = w.acks, time.monotonic() + timeout
+    while w.acks < start + n:
         assert time.monotonic() < deadline, f"writer stalled: {w.errors[-3:]}"
         time.sleep(0.1)
 

@@ -109,6 +109,7 @@ class OverWriter(Writer):
             try:
                 self.client.put("default", key, value)
                 self.acked[key] = value
+                self.acks += 1
                 self.unsure.discard(key)
             except NodeError as e:
                 self.unsure.add(key)
