@@ -139,10 +139,11 @@ def run(root: str, protect: bool, args: "object", run_no: int) -> dict[str, obje
         t0 = time.monotonic()
         c.load(args.entries, value_size=args.value_size, threads=args.threads)
         out["load_seconds"] = round(time.monotonic() - t0, 1)
-        put_setting(Etcd(c.control_plane), "/ferry/default", "rebalance.protect", "on" if protect else "off")
+        etcd = Etcd(c.control_plane)
+        put_setting(etcd, "/ferry/default", "rebalance.protect", "on" if protect else "off")
         for kv in getattr(args, "fg_setting", []):
             name, _, value = kv.partition("=")
-            put_setting(Etcd(c.control_plane), "/ferry/default", name, value)
+            put_setting(etcd, "/ferry/default", name, value)
         out["settings"] = list(getattr(args, "fg_setting", []))
         time.sleep(1.0)
         mp = multiprocessing.get_context("spawn")

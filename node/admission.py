@@ -105,6 +105,11 @@ class Aimd:
         self.lo, self.hi = lo, max(lo, hi)
         self.level = min(self.hi, max(self.floor, self.level))
 
+    @property
+    def moves(self) -> int:
+        """Moves (and transfer slots) at this level: whole ones, never below ``lo``."""
+        return max(1, int(self.lo), int(self.level))
+
     def _grow(self, dt: float) -> None:
         if self.level < self.lo:       # paced: grow by a factor, not by whole moves
             self.level = min(self.lo, self.level * math.exp(self.low_growth_per_s * dt))
@@ -206,7 +211,7 @@ class Admission:
         if not self.protect():
             return max_moves(self.ctx.cfg)
         with self._lock:
-            return max(1, int(self.aimd.lo), int(self.aimd.level))
+            return self.aimd.moves
 
     def admit(self, running: int) -> bool:
         """May one more move start now, with ``running`` moves running?"""
@@ -245,9 +250,9 @@ class Admission:
         cfg = self.ctx.cfg
         slots, rate = cfg.transfer_concurrency, float(cfg.transfer_rate_limit) or None
         with self._lock:
-            level, hi = self.aimd.level, self.aimd.hi
+            level, hi, moves = self.aimd.level, self.aimd.hi, self.aimd.moves
         if cfg.rebalance_protect and level < hi:
-            slots = max(1, min(slots, max(int(level), int(self.aimd.lo))))
+            slots = min(slots, moves)
             ref = self.peak_recv_bps or float(REF_RECV_BPS)
             mine = max(float(MIN_RATE_BPS), ref * level / hi)
             rate = mine if rate is None else min(rate, mine)

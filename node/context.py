@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, TypeVar
 
 from .cluster_map import ClusterMap, PartRecord
 from .config import NodeConfig
@@ -42,6 +43,9 @@ class PartitionLocks:
             return self._locks.setdefault((cache, p), threading.RLock())
 
 
+_T = TypeVar("_T")
+
+
 class MapHolder:
     """The node's local copy of the cluster map. ``lock`` guards ``map`` (replaced
     whole on each watch batch); ``changed`` is notified after each replacement, for
@@ -60,6 +64,28 @@ class MapHolder:
     def address(self, node: str | None) -> str | None:
         with self.lock:
             return self.map.address(node)
+
+    def answered(self, request: str, rev: int) -> bool:
+        """Has the controller dealt with the request put at ``request`` (revision
+        ``rev``), as far as this map shows? The map is at or past the put and the key
+        is gone: applied (the record changes in the same revision), refused, withdrawn
+        or dropped with its node's lease."""
+        with self.lock:
+            return self.map.epoch >= rev and request not in self.pending_requests
+
+    def wait_for(self, look: Callable[[], _T | None], deadline: float, poll: float = 0.1) -> _T | None:
+        """Call ``look`` (``lock`` held) now and after each change of the map until it
+        returns something; None once ``deadline`` (time.monotonic) has passed."""
+        with self.changed:
+            while True:
+                with self.lock:
+                    out = look()
+                if out is not None:
+                    return out
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self.changed.wait(min(left, poll))
 
 
 @dataclass

@@ -341,26 +341,24 @@ class ControlPlane:
         is at or past that revision without the key."""
         key = f"{self.prefix}/requests/{cache}/{p}/{self.ctx.id}"
         rev = self.etcd.put(key, doc, lease=self.session.lease)
-        deadline = time.monotonic() + timeout
-        with self.ctx.map.changed:
-            while True:
-                with self.ctx.map.lock:
-                    rec = self.ctx.map.map.parts[cache][p]
-                    answered = self.ctx.map.map.epoch >= rev and key not in self.ctx.map.pending_requests
-                if done(rec):
-                    return rec
-                if answered:
-                    # the map is at or past the request and it is gone: applied records
-                    # come in the same revision as the deletion, so this was refused
-                    raise Unavailable(f"the controller refused {doc.get('op')} of {cache}/{p} "
-                                      f"(record now: primary {rec.primary}, in sync {list(rec.isr)}, "
-                                      f"epoch {rec.epoch}); see the controller's log")
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                self.ctx.map.changed.wait(min(left, 0.1))
-        # out of time: withdraw it (outside the map's condition: the watch thread needs it)
         what = f"{doc.get('op')} of {cache}/{p}"
+        m = self.ctx.map
+
+        def look() -> PartRecord | None:
+            rec = m.map.parts[cache][p]
+            if done(rec):
+                return rec
+            if m.answered(key, rev):
+                # applied records come in the same revision as the deletion: refused
+                raise Unavailable(f"the controller refused {what} (record now: primary "
+                                  f"{rec.primary}, in sync {list(rec.isr)}, epoch {rec.epoch}); "
+                                  "see the controller's log")
+            return None
+
+        rec = m.wait_for(look, time.monotonic() + timeout)
+        if rec is not None:
+            return rec
+        # out of time: withdraw it (outside the map's condition: the watch thread needs it)
         try:
             withdrawn, _ = self.etcd.txn([Etcd.mod_is(key, rev)], [], [key])
         except NodeError as e:
@@ -387,21 +385,22 @@ class ControlPlane:
         if not done(rec):
             raise Unavailable(f"the controller refused {what} (record now: primary {rec.primary}, "
                               f"in sync {list(rec.isr)}, epoch {rec.epoch}); see the controller's log")
-        deadline = time.monotonic() + CATCH_UP_S
-        with self.ctx.map.changed:
-            while True:
-                with self.ctx.map.lock:
-                    mine = self.ctx.map.map.parts[cache][p]
-                    caught_up = self.ctx.map.map.epoch >= kv.mod
-                if caught_up and done(mine):
-                    return mine
-                left = deadline - time.monotonic()
-                if left <= 0 or caught_up:
-                    # the map is behind etcd (or past it, with the record changed again):
-                    # applied, but not to be relied on here yet
-                    raise OutcomeUnknown(f"the controller applied {what} as the wait ran out; "
-                                         "this node's map does not show it yet", key=key, rev=rev)
-                self.ctx.map.changed.wait(min(left, 0.1))
+        m = self.ctx.map
+        not_shown = OutcomeUnknown(f"the controller applied {what} as the wait ran out; this "
+                                   "node's map does not show it yet", key=key, rev=rev)
+
+        def look() -> PartRecord | None:
+            if m.map.epoch < kv.mod:
+                return None
+            mine = m.map.parts[cache][p]
+            if done(mine):
+                return mine
+            raise not_shown        # past it, with the record changed again: not to rely on
+
+        mine = m.wait_for(look, time.monotonic() + CATCH_UP_S)
+        if mine is None:           # the map is still behind etcd
+            raise not_shown
+        return mine
 
     # -- the in-sync set, primary side ----------------------------------------------------
     def alter_isr(self, cache: str, p: int, remove: list[str] = [], add: list[str] = []) -> PartRecord:  # noqa: B006 (read only)

@@ -415,7 +415,7 @@ class UpdatePath:
             return
         req, rev = pending
         with self.ctx.map.lock:
-            if self.ctx.map.map.epoch < rev or req in self.ctx.map.pending_requests:
+            if not self.ctx.map.answered(req, rev):
                 return
             rec = self.ctx.map.map.parts[cache][p]
         del self._limbo[key]
