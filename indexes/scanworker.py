@@ -88,9 +88,12 @@ class ScanWorker:
         """Serve what the worker asked (waiting up to ``timeout``); True when done."""
         out = self.proc.stdout
         assert out is not None
+        # poll(2), not select(2): select refuses an fd numbered 1,024 or above, and a
+        # node holding many partitions has more files open than that.
+        poller = select.poll()
+        poller.register(out.fileno(), select.POLLIN)
         while self.result is None:
-            ready, _, _ = select.select([out], [], [], timeout)
-            if not ready:
+            if not poller.poll(max(0.0, timeout) * 1000):
                 return False
             chunk = os.read(out.fileno(), 65536)
             if not chunk:

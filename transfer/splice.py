@@ -20,6 +20,7 @@ import sys
 from typing import Callable
 
 from .errors import PeerClosed, TransferError
+from .transport import wait_fd
 
 # The pipe holds what one splice moves: 1 MiB (the unprivileged maximum by default,
 # /proc/sys/fs/pipe-max-size) makes one pair of syscalls per MiB instead of per 64 KiB.
@@ -35,7 +36,7 @@ class SpliceReceiver:
     """Moves exactly ``length`` bytes from a connected socket to a file offset.
 
     ``sock_fd`` may be non-blocking (a Python socket with a timeout is): we wait with
-    select for at most ``timeout`` seconds, as the socket's own recv would."""
+    poll for at most ``timeout`` seconds, as the socket's own recv would."""
 
     def __init__(self, sock_fd: int, timeout: float | None, peer: str) -> None:
         self.sock_fd, self.timeout, self.peer = sock_fd, timeout, peer
@@ -71,8 +72,7 @@ class SpliceReceiver:
             try:
                 n = os.splice(self.sock_fd, self._w, want)
             except BlockingIOError:
-                ready, _, _ = select.select([self.sock_fd], [], [], self.timeout)
-                if not ready:
+                if not wait_fd(self.sock_fd, select.POLLIN, self.timeout):
                     raise PeerClosed(f"timed out waiting for {self.peer}") from None
                 continue
             except (ConnectionResetError, BrokenPipeError) as e:

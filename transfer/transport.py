@@ -22,6 +22,17 @@ TCP_INFO = getattr(socket, "TCP_INFO", 11)
 TCP_CLOSE_WAIT = 8      # tcpi_state once the peer's FIN has arrived (linux/tcp_states.h)
 
 
+def wait_fd(fd: int, events: int, timeout: float | None) -> bool:
+    """True when ``fd`` is ready for ``events`` (``select.POLLIN``/``POLLOUT``) within
+    ``timeout`` seconds (None: no limit), or has an error or hang-up to report (the next
+    I/O call then raises it). poll(2), never select(2): select cannot watch an fd
+    numbered FD_SETSIZE (1,024) or above, and a node holding many partitions has more
+    files open than that."""
+    poller = select.poll()
+    poller.register(fd, events)
+    return bool(poller.poll(None if timeout is None else max(0.0, timeout) * 1000))
+
+
 class Conn:
     """A connected byte stream. ``zero_copy`` says whether sendfile is really zero-copy."""
 
@@ -163,8 +174,7 @@ class SocketConn(Conn):
                 except BlockingIOError:
                     # A socket with a timeout is non-blocking at the fd level: wait
                     # for room in the send buffer, as socket.sendfile does.
-                    _, ready, _ = select.select([], [out], [], timeout)
-                    if not ready:
+                    if not wait_fd(out, select.POLLOUT, timeout):
                         raise PeerClosed(f"timed out sending to {self.peer}") from None
                     continue
                 if n == 0:
@@ -178,7 +188,7 @@ class SocketConn(Conn):
         self.sock.settimeout(seconds)
 
     def readable(self) -> bool:
-        return bool(select.select([self.sock], [], [], 0)[0])
+        return wait_fd(self.sock.fileno(), select.POLLIN, 0)
 
     def peer_closed(self) -> bool:
         # A send to a peer that has closed makes its kernel answer with a RST, and the
