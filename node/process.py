@@ -4,6 +4,7 @@ from __future__ import annotations
 import faulthandler
 import logging
 import os
+import resource
 import signal
 import sys
 import time
@@ -30,6 +31,7 @@ def cannot_start(cfg: NodeConfig, why: object) -> int:
 def run(cfg: NodeConfig) -> int:
     setup_logging(cfg)
     _tune_malloc(logging.getLogger("ferry.node"))
+    raise_open_files_limit(logging.getLogger("ferry.node"))
     # `kill -USR1 <pid>` prints every thread's stack to the log: for a node that hangs
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     log = logging.getLogger("ferry.node")
@@ -69,6 +71,37 @@ def run(cfg: NodeConfig) -> int:
         log.info("stage=shutdown signal %s received", signal.Signals(received[0]).name)
     node.stop()
     return 0
+
+
+def raise_open_files_limit(log: logging.Logger) -> int:
+    """Raise the soft limit of open files (RLIMIT_NOFILE) to the hard limit and log
+    it; returns the soft limit in force. A node keeps a file or two per partition it
+    holds plus sockets per transfer and peer, and the usual soft default of 1,024 is
+    reached at a few hundred partitions; the hard limit is the operator's (systemd
+    ``LimitNOFILE=``, limits.conf), as Kafka and Elasticsearch ask operators for.
+    A hard limit of "unlimited" is capped at the kernel's ``fs.nr_open``, above which
+    Linux refuses any soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard
+    if want == resource.RLIM_INFINITY:
+        try:
+            with open("/proc/sys/fs/nr_open") as f:
+                want = int(f.read())
+        except (OSError, ValueError):
+            want = soft
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+        except (OSError, ValueError) as e:
+            log.warning("stage=start cannot raise the open files limit from %d to %d: %s",
+                        soft, want, e)
+    log.info("stage=start open files limit %s (hard limit %s)", _limit(soft), _limit(hard))
+    return soft
+
+
+def _limit(n: int) -> str:
+    return "unlimited" if n == resource.RLIM_INFINITY else str(n)
 
 
 M_TOP_PAD = -2            # glibc mallopt parameters (malloc.h)
