@@ -2,10 +2,20 @@
 
 Errors that cross the wire carry a short ``code`` so the client can tell a refusal
 (bad input, wrong secret) from a transient condition it should retry (not primary,
-replication failed, no owner yet)."""
+replication failed, no owner yet).
+
+Every error also says what became of the request (``outcome``, on the wire too): a
+write that failed with ``refused`` was certainly not applied, one with ``unknown`` may
+have been applied, or may still be (its update is durable on the primary but was not
+acknowledged, the reply was lost, the handler failed midway). A client retries an
+``unknown`` write with the same request id, which cannot apply it twice
+(docs/node.md, "Request ids")."""
 from __future__ import annotations
 
 from faults import FerryError
+
+REFUSED = "refused"     # certainly not applied
+UNKNOWN = "unknown"     # may have been applied, or may still be
 
 
 class NodeError(FerryError):
@@ -13,10 +23,16 @@ class NodeError(FerryError):
 
     code = "internal"
     retry = False
+    outcome = REFUSED
 
     def __init__(self, message: str) -> None:
         self.reason = message
         super().__init__(message)
+
+    def maybe_applied(self) -> "NodeError":
+        """Mark this error as raised after the request may have taken effect."""
+        self.outcome = UNKNOWN
+        return self
 
 
 class ConfigError(NodeError):
@@ -93,6 +109,7 @@ class OutcomeUnknown(Unavailable):
     ``op_join_isr``)."""
 
     code = "outcome_unknown"
+    outcome = UNKNOWN
 
     def __init__(self, message: str, key: str = "", rev: int = 0) -> None:
         self.key = key
@@ -139,10 +156,18 @@ class PlanError(NodeError):
     code = "bad_plan"
 
 
+class Superseded(NodeError):
+    """A write whose request id is older than the oldest one its client still waits
+    for: a late copy of a request the client has given up on. Never applied."""
+
+    code = "superseded"
+
+
 RETRYABLE = {NotPrimary.code, Unavailable.code, StaleEpoch.code, ControlPlaneDown.code,
              OutcomeUnknown.code}
 
 BY_CODE: dict[str, type[NodeError]] = {
     c.code: c for c in (ConfigError, IllegalTransition, AuthFailed, BadRequest, TooLarge,
-                        NotPrimary, Unavailable, StaleEpoch, ControlPlaneDown, OutcomeUnknown)
+                        NotPrimary, Unavailable, StaleEpoch, ControlPlaneDown, OutcomeUnknown,
+                        Superseded)
 }

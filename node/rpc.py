@@ -15,14 +15,14 @@ import socket
 import threading
 from typing import Any, Callable
 
-from faults import OutOfDiskError
+from faults.latch import report_refusal
 from transfer import frames
 from transfer.errors import FrameError, PeerClosed, TransferError
 from transfer.listener import HandshakeGate, accept_loop, refuse
 from transfer.transport import SocketConn
 
 from .config import parse_address
-from .errors import AuthFailed, BadRequest, NodeError
+from .errors import AuthFailed, BadRequest, NodeError, Unavailable
 from .wire import NodeFrame, authenticate_incoming, error_body
 
 log = logging.getLogger("ferry.node.rpc")
@@ -95,7 +95,7 @@ class RpcServer:
             except AuthFailed as e:
                 log.warning("stage=auth refused %s: %s", conn.peer, e)
                 return
-            except (TransferError, OSError) as e:   # gone mid-handshake, or the server stops
+            except (Unavailable, TransferError, OSError) as e:   # gone mid-handshake, or the server stops
                 if not self._stop.is_set():
                     log.info("stage=auth %s left during the handshake: %s", conn.peer, e)
                 return
@@ -144,11 +144,12 @@ class RpcServer:
             return {"id": rid, "ok": False, "e": error_body(e)}
         except TypeError as e:  # wrong or missing arguments for the method
             return {"id": rid, "ok": False, "e": error_body(BadRequest(f"bad arguments: {e}"))}
-        except OutOfDiskError as e:     # its message says what and where: no traceback
-            log.error("stage=rpc handler %r failed: %s", req.get("m"), e)
-            return {"id": rid, "ok": False, "e": error_body(e)}
         except Exception as e:
-            log.exception("stage=rpc handler %r failed", req.get("m"))
+            # A full disk, a read-only file system, no descriptors left: the message
+            # says what and where, and one WARNING a minute per cause says it in the
+            # log (faults/latch.py), not a traceback per refused request.
+            if not report_refusal(e):
+                log.exception("stage=rpc handler %r failed", req.get("m"))
             return {"id": rid, "ok": False, "e": error_body(e)}
 
     def stop(self) -> None:

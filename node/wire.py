@@ -12,6 +12,14 @@ Keys and values travel as msgpack bin. One frame is at most ``frames.MAX_PAYLOAD
 (1 MiB), which bounds requests (see the size limits in docs/node.md) and batches.
 A request that is not a well-formed REQUEST gets an error REPLY and the connection
 stays usable; a frame that breaks the framing gets an ERROR frame and is closed.
+
+An error REPLY also carries ``outcome``: ``refused`` (the request certainly had no
+effect) or ``unknown`` (it may have had one). On the calling side a connection that
+fails before the request is sent (the dial, the handshake, the send) is ``unavailable``
+and ``refused``; one that fails while the reply is awaited is ``unavailable`` and
+``unknown``. A handshake the network cut (reset, closed, timed out) is such a
+connection failure, retried like any other; only a peer that fails or refuses the
+proof of the secret is ``AuthFailed``.
 """
 from __future__ import annotations
 
@@ -21,11 +29,12 @@ from typing import Any
 
 from transfer import auth as _auth
 from transfer import frames
-from transfer.errors import FrameError, TransferError
+from transfer.errors import FrameError, PeerClosed, RemoteError, TransferError
 from transfer.transport import Conn, connect_tcp
 
 from .config import parse_address
-from .errors import BY_CODE, AuthFailed, BadRequest, NodeError, RemoteFailure, TooLarge, Unavailable
+from .errors import (BY_CODE, UNKNOWN, AuthFailed, BadRequest, NodeError, RemoteFailure, TooLarge,
+                     Unavailable)
 
 
 
@@ -55,35 +64,57 @@ def load_secret(path: str | None) -> bytes:
         raise AuthFailed(str(e)) from None
 
 
+def _cut(e: TransferError) -> bool:
+    """Did the network (or an overloaded peer) end this handshake, rather than a proof
+    of the secret failing? transfer.auth wraps every failure in AuthError; what it
+    wrapped is the exception's context: PeerClosed for a reset, a close or a timeout,
+    an ERROR frame BUSY from a peer with too many handshakes in flight."""
+    cause = e.__context__
+    if isinstance(cause, PeerClosed):
+        return True
+    return isinstance(cause, RemoteError) and cause.code == frames.ErrorCode.BUSY
+
+
 # The one place authentication happens; swapping the handshake means editing these two.
 def authenticate_outgoing(conn: Conn, secret: bytes, role: str) -> None:
+    """AuthFailed when the peer refused our proof or failed its own (a wrong secret on
+    one side: retrying cannot help); Unavailable when the handshake was cut."""
     try:
         _auth.client_handshake(conn, secret, role=role)
     except TransferError as e:
+        if _cut(e):
+            raise Unavailable(f"handshake with {conn.peer} cut: {e.reason}") from None
         raise AuthFailed(str(e)) from None
 
 
 def authenticate_incoming(conn: Conn, secret: bytes, *,
                           deadline: float | None = _auth.HANDSHAKE_DEADLINE) -> str:
-    """The whole handshake must end within ``deadline`` seconds."""
+    """The whole handshake must end within ``deadline`` seconds. AuthFailed for a peer
+    that failed the proof, Unavailable for one that left (or timed out) midway."""
     try:
         return _auth.server_handshake(conn, secret, deadline=deadline)
     except TransferError as e:
+        if _cut(e):
+            raise Unavailable(str(e)) from None
         raise AuthFailed(str(e)) from None
 
 
 def error_body(exc: BaseException) -> dict[str, Any]:
     if isinstance(exc, NodeError):
-        return {"code": exc.code, "message": str(exc), "hint": getattr(exc, "hint", None)}
-    return {"code": "internal", "message": f"{type(exc).__name__}: {exc}", "hint": None}
+        return {"code": exc.code, "message": str(exc), "hint": getattr(exc, "hint", None),
+                "outcome": exc.outcome}
+    # a handler that failed unexpectedly may have done part of its work
+    return {"code": "internal", "message": f"{type(exc).__name__}: {exc}", "hint": None,
+            "outcome": UNKNOWN}
 
 
 def raise_remote(e: dict[str, Any]) -> None:
     code, msg, hint = str(e.get("code")), str(e.get("message")), e.get("hint")
     cls = BY_CODE.get(code)
-    if cls is not None and code not in ("not_primary",):
-        raise cls(msg)
-    raise RemoteFailure(code, msg, hint)
+    err = cls(msg) if cls is not None and code not in ("not_primary",) else RemoteFailure(code, msg, hint)
+    # a peer that does not say (an older node) may have applied it
+    err.outcome = str(e.get("outcome") or UNKNOWN)
+    raise err
 
 
 class Channel:
@@ -122,16 +153,20 @@ class Channel:
                 if timeout is not None:
                     self.conn.set_timeout(timeout)
                 self.conn.send(data)
-                fr = frames.read_frame(self.conn, expect=[NodeFrame.REPLY])
             except TransferError as e:
-                self.broken = True
+                # not all of the frame left: the peer cannot have acted on it
                 self.close()
                 raise Unavailable(f"call {method} to {self.address} failed: {e.reason}") from None
+            try:
+                fr = frames.read_frame(self.conn, expect=[NodeFrame.REPLY])
+            except TransferError as e:
+                self.close()
+                raise Unavailable(f"call {method} to {self.address} failed: {e.reason} (sent; "
+                                  "its outcome is unknown)").maybe_applied() from None
         body = fr.body
         if body.get("id") != rid:
-            self.broken = True
             self.close()
-            raise Unavailable(f"reply out of order from {self.address}")
+            raise Unavailable(f"reply out of order from {self.address}").maybe_applied()
         if body.get("ok"):
             return body.get("r")
         raise_remote(body.get("e") or {})
