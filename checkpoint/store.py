@@ -26,6 +26,7 @@ from typing import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from faults import fileio
+from faults.latch import RESTART, Latch, advice, describe
 
 from . import checkpointer, dwb, recovery
 from .check import check_page
@@ -76,7 +77,12 @@ class PartitionStore:
         self._callbacks: list[Callable[[dict[int, int]], None]] = []
         self._checkpoint_id = 0
         self._closed = False
+        # The background checkpointer's failure, re-raised to writers while it lasts:
+        # a full disk, a read-only file system or no descriptors left is retried (with
+        # back-off, once the cause may be gone) and cleared by a checkpoint that
+        # succeeds; any other failure stays until the store is reopened.
         self._failure: BaseException | None = None
+        self._latch = Latch("checkpointer", self.dir)
         self._wal_sync = wal_sync
         self.max_key = max_key(page_size)
         self.last_stats: checkpointer.CheckpointStats | None = None
@@ -232,7 +238,7 @@ class PartitionStore:
     # -- reads -------------------------------------------------------------------
     def get(self, partition: int, key: bytes) -> bytes | None:
         with self._cond:
-            self._check_open()
+            self._check_readable()
             part = self.parts.get(partition)
             return None if part is None else part.get(key)
 
@@ -244,7 +250,7 @@ class PartitionStore:
         index, batch = 1, max(1, self.mem.io_bytes // self.page_size)
         while True:
             with self._cond:
-                self._check_open()
+                self._check_readable()
                 part = self.parts.get(partition)
                 if part is None or index >= part.page_count:
                     return
@@ -343,6 +349,11 @@ class PartitionStore:
         import time
         last = time.monotonic()
         while not self._closed:
+            if self._failure is not None:
+                if not self._wait_out_failure():
+                    return
+                last = time.monotonic()
+                continue
             interval = self._interval
             timeout = None if interval is None else max(0.0, last + interval - time.monotonic())
             self._wake.wait(timeout)
@@ -362,11 +373,44 @@ class PartitionStore:
             last = time.monotonic()
             try:
                 self.checkpoint()
-            except BaseException as e:  # latched, re-raised to the next caller
-                with self._cond:
-                    self._failure = e
-                    self._cond.notify_all()
-                return
+            except BaseException as e:  # latched, re-raised to the next writer
+                if not self._latch_failure(e):
+                    return
+
+    def _latch_failure(self, e: BaseException) -> bool:
+        """Refuse writes with ``e`` from now on; True when it is waited out and retried
+        (a full disk, a read-only file system, no descriptors left), False when it
+        stays (anything else, or a WAL that failed an fsync: only a restart helps)."""
+        wal = self.undo.wal
+        retry = self._latch.fail(e, retry=wal is None or wal.failure is None)
+        with self._cond:
+            self._failure = e
+            self._cond.notify_all()
+        return retry
+
+    def _wait_out_failure(self) -> bool:
+        """One step of waiting out a latched failure: sleep the back-off, and when the
+        cause may be gone, checkpoint. False when the store closed or the failure
+        turned out to stay."""
+        self._wake.wait(self._latch.delay())
+        self._wake.clear()
+        if self._closed:
+            return False
+        if not self._latch.may_retry():
+            self._latch.backoff()
+            return True
+        try:
+            with self._ckpt_lock:
+                if self._closed:
+                    return False
+                self._checkpoint_locked()
+        except BaseException as e:
+            return self._latch_failure(e)
+        with self._cond:
+            self._failure = None
+            self._cond.notify_all()
+        self._latch.clear()
+        return True
 
     # -- partitions --------------------------------------------------------------
     def create_partition(self, partition: int) -> None:
@@ -486,11 +530,32 @@ class PartitionStore:
 
     # -- lifecycle ---------------------------------------------------------------
     def _check_open(self) -> None:
-        if self._failure is not None:
-            raise CheckpointError(f"store {self.dir}: the background checkpointer failed: "
-                                  f"{self._failure}") from self._failure
+        """Before a change: the store is open and its checkpointer is not failed."""
+        failure = self._failure
+        if failure is not None:
+            latch = self._latch
+            if latch.cause is None:
+                raise CheckpointError(f"store {self.dir}: the background checkpointer failed: "
+                                      f"{failure}; {RESTART}") from failure
+            what = describe(latch.cause, latch.where, latch.needed)
+            if latch.permanent:
+                raise CheckpointError(f"store {self.dir} refuses writes: its last checkpoint "
+                                      f"failed ({what}) and is not retried: {failure}; "
+                                      f"{RESTART}") from failure
+            raise CheckpointError(f"store {self.dir} refuses writes: its last checkpoint failed: "
+                                  f"{what}; {advice(latch.cause)}") from failure
         if self._closed:
             raise StoreClosedError(f"store {self.dir} is closed")
+
+    def _check_readable(self) -> None:
+        """Before a read: page memory stays right while the checkpointer is failed."""
+        if self._closed:
+            raise StoreClosedError(f"store {self.dir} is closed")
+
+    @property
+    def failure(self) -> BaseException | None:
+        """The background checkpointer's failure while writes are refused, else None."""
+        return self._failure
 
     def close(self, *, checkpoint: bool = True) -> None:
         if self._closed:
@@ -498,6 +563,7 @@ class PartitionStore:
         if checkpoint and self._failure is None:
             self.checkpoint()
         self._closed = True
+        self._latch.close()
         self._wake.set()
         self._thread.join()
         with self._ckpt_lock:

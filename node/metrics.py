@@ -18,6 +18,8 @@ import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Summary, generate_latest
 from prometheus_client.registry import RestrictedRegistry
 
+from faults import latch
+
 from .acklatency import LatencyWindow
 from .config import parse_address
 
@@ -63,6 +65,9 @@ METRICS: dict[str, tuple[Kind, str, tuple[str, ...]]] = {
     "ferry_node_rebalance_move_limit": ("gauge", "Moves this node may run at once now (foreground protection).", ()),
     "ferry_node_rebalance_transfer_rate_limit_bps": ("gauge", "Receive rate limit of this node's transfers now, bytes/s (0 = none).", ()),
     "ferry_node_rebalance_replay_rate_limit": ("gauge", "Temp-WAL replay limit per move now, records/s (0 = none).", ()),
+    # failures the node outlives (faults/latch.py)
+    "ferry_node_storage_failed": ("gauge", "1 while a storage component refuses writes: disk_full, read_only, out_of_fds (retried), other (needs a restart).", ("cause", "component", "path")),
+    "ferry_node_storage_refusals_total": ("counter", "Requests refused for a full disk, a read-only file system or no file descriptors.", ("cause",)),
 }
 
 _CLASSES = {"counter": Counter, "gauge": Gauge, "summary": Summary}
@@ -96,7 +101,8 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = _Registry(self._run_collectors)
-        self.collectors: list[Callable[["Metrics"], None]] = []
+        self.collectors: list[Callable[["Metrics"], None]] = [Metrics._collect_storage]
+        self._refusals_seen: dict[str, int] = {}
         self._lock = threading.Lock()
         self._metrics: dict[str, tuple[Kind, tuple[str, ...], prometheus_client.metrics.MetricWrapperBase]] = {}
         self._warned: set[tuple[str, str]] = set()
@@ -182,6 +188,17 @@ class Metrics:
                     log.exception("stage=metrics collector %r failed", c)
         finally:
             self._collecting = False
+
+    def _collect_storage(self) -> None:
+        """Latched storage failures of this process (one node per process) and the
+        requests refused for them, from ``faults.latch``."""
+        for component, path, cause in latch.latched():
+            self.set("ferry_node_storage_failed", 1, cause=cause, component=component, path=path)
+        for cause, n in latch.refusals().items():
+            seen = self._refusals_seen.get(cause, 0)
+            if n > seen:
+                self.inc("ferry_node_storage_refusals_total", n - seen, cause=cause)
+                self._refusals_seen[cause] = n
 
     def render(self) -> str:
         """The text exposition (Prometheus 0.0.4), as ``GET /metrics`` serves it."""

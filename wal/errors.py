@@ -44,7 +44,21 @@ class SegmentNotAFileError(WalError):
             f"{d} (or put the segment file back from a backup), then run again")
 
 
-class OutOfDiskError(WalError, faults.OutOfDiskError):
+class WriteRefusedError(WalError):
+    """An append or segment cut the system refused: a full disk (:class:`OutOfDiskError`),
+    a read-only file system, no file descriptors left. Nothing was acknowledged, what
+    was written of it is taken back, and the log stays usable: appends succeed again
+    once the cause is gone."""
+
+    def __init__(self, path: str, err: OSError) -> None:
+        from faults.latch import Cause, advice, cause_of, describe
+        self.path = str(path)
+        cause = cause_of(err) or Cause.READ_ONLY
+        super().__init__(f"write-ahead log {self.path}: {describe(cause, self.path)} "
+                         f"({err.strerror or err}); nothing was acknowledged: {advice(cause)}")
+
+
+class OutOfDiskError(WriteRefusedError, faults.OutOfDiskError):
     """An append or segment cut found the file system full; nothing was acknowledged."""
 
     def __init__(self, path: str, needed: int | None = None, detail: str = "") -> None:

@@ -58,7 +58,7 @@ import time
 from collections import deque
 from typing import Protocol
 
-from .errors import OutOfDiskError, WalError
+from .errors import WalError, WriteRefusedError
 from .segments import OpenSegment
 from .tickets import Ticket, finish, new_gate, wait  # noqa: F401  (wait: re-exported)
 
@@ -83,7 +83,7 @@ class SyncTarget(Protocol):
     def _sync_end(self, seg: OpenSegment, target: int, ok: bool) -> None:
         """Under the lock: unpin ``seg``; publish ``target`` as durable if ok."""
 
-    def _fail(self, err: BaseException) -> BaseException: ...
+    def _fail(self, err: BaseException, os_error: BaseException | None = None) -> BaseException: ...
 
     def _sync_fsync(self, seg: OpenSegment) -> bool:
         """fsync ``seg`` (no lock held); False when it failed (the log latched it)."""
@@ -200,7 +200,7 @@ class GroupCommitter:
             self._loop(s)
         except BaseException as e:    # never leave a waiter hanging
             with self._lock:
-                self._log._fail(WalError(f"a sync thread of the log stopped: {e!r}"))
+                self._log._fail(WalError(f"a sync thread of the log stopped: {e!r}"), e)
                 finish(s.inflight, False)
                 s.inflight = []
                 self._stop_failed()
@@ -273,15 +273,16 @@ class GroupCommitter:
 
     def _write(self, items: list[Ticket]) -> None:
         """Write the queued records of ``items`` with one ``write`` (under the lock) and
-        give each its LSN. A full disk fails those records only (rolled back); any
-        other write error is latched by the log and raised."""
+        give each its LSN. A full disk (or a read-only file system, no descriptors)
+        fails those records only (rolled back); any other write error is latched by
+        the log and raised."""
         payloads = [t[0] for t in items if t[0] is not None]
         if not payloads:
             return
         queued = [t for t in items if t[0] is not None]
         try:
             last = self._log.write_records(payloads, [t[1] for t in queued])
-        except OutOfDiskError as e:
+        except WriteRefusedError as e:
             for t in queued:
                 t[3] = e
             return

@@ -103,6 +103,11 @@ class Wal(SegmentWriter):
         return self._last_lsn
 
     @property
+    def failure(self) -> BaseException | None:
+        """What made the log unusable (a failed fsync ...), None while it works."""
+        return self._failed
+
+    @property
     def durable_lsn(self) -> int:
         """Every record up to this LSN is fsynced."""
         return self._durable_lsn
@@ -337,6 +342,7 @@ class Wal(SegmentWriter):
                     self._mark_durable(self._last_lsn)
             finally:
                 self._closed = True
+                self._latch.close()
                 self._limit = -1
                 # The final fsync covered everyone waiting for the next one.
                 self._committer.stop(failed=self._failed is not None)

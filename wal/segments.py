@@ -133,7 +133,15 @@ def create_segment(directory: str, seq: int, first_lsn: int, prev_crc: int,
         with contextlib.suppress(OSError):
             io.unlink(tmp)
         raise
-    io.fsync_dir(directory)
+    try:
+        io.fsync_dir(directory)
+    except BaseException:
+        # The cut is refused (no descriptor left to open the directory ...) and the
+        # writer goes on in the old segment: a new one left behind, empty, would claim
+        # the LSNs the old one is about to get.
+        with contextlib.suppress(OSError):
+            io.unlink(path)
+        raise
     return SegmentFile(seq, first_lsn, path)
 
 

@@ -18,7 +18,9 @@ from faults import crashpoint, translate_os_error
 from faults.fileio import FileLayer
 
 from . import accel, recovery
-from .errors import OutOfDiskError, WalClosedError, WalError
+from faults.latch import Latch, cause_of
+
+from .errors import OutOfDiskError, WalClosedError, WalError, WriteRefusedError
 from crc32c import crc32c
 
 from .format import (CHECK, FRAME_HEADER_SIZE, HEADER_SIZE, VERSION, encode_batch,
@@ -64,6 +66,7 @@ class SegmentWriter:
         self._append_cond = threading.Condition(threading.Lock())
         self._readers_waiting = 0
         self._failed: BaseException | None = None
+        self._latch = Latch("wal", self.path)    # the failure, for logs and metrics
         self._closed = False
         # An append whose frame would end past this offset takes the slow path
         # (_make_room): segment_size while usable, -1 once failed or closed, so one
@@ -151,8 +154,9 @@ class SegmentWriter:
         type for all, or one per record. Several records of one type go into one batch
         frame (format version 3: one CRC call and one ``write`` for all of them, and
         all or none of them after a crash); mixed types into plain frames, one ``write``
-        per segment touched. On a full disk every one of them is taken back and
-        :class:`OutOfDiskError` raised."""
+        per segment touched. On a full disk (or another refusal the log outlives: a
+        read-only file system, no descriptors) every one of them is taken back and
+        :class:`OutOfDiskError` (:class:`WriteRefusedError`) raised."""
         undo = (self._seg, self._seg.size, self._crc, self._last_lsn)
         try:
             if isinstance(types, int):
@@ -163,7 +167,7 @@ class SegmentWriter:
                 self._write_batch(payloads, one_type)
             else:
                 self._write_frames(payloads, types)
-        except OutOfDiskError:
+        except WriteRefusedError:
             self._undo(*undo)
             raise
         if self._readers_waiting:
@@ -244,16 +248,26 @@ class SegmentWriter:
             if isinstance(err, OutOfDiskError):
                 self._truncate_back(seg, seg.size, err)
                 raise err from e
-            raise self._fail(WalError(f"write to {seg.path} failed: {e}")) from e
+            if cause_of(e) is not None:
+                # read-only file system: refused like a full disk, the log goes on
+                refused = WriteRefusedError(seg.path, e)
+                self._truncate_back(seg, seg.size, refused)
+                raise refused from e
+            raise self._fail(WalError(f"write to {seg.path} failed: {e}"), e) from e
         seg.size += len(data)
 
     def _truncate_back(self, seg: OpenSegment, size: int, cause: BaseException) -> None:
         try:
             self._io.ftruncate(seg.fd, size)
         except OSError as e:
+            try:
+                if os.fstat(seg.fd).st_size == size:
+                    return          # nothing of the failed write got in (a read-only fs)
+            except OSError:
+                pass
             raise self._fail(WalError(
                 f"{seg.path}: could not cut a failed write back to {size} bytes ({e}) after "
-                f"{cause}; reopen the log (a torn tail is repaired on open)")) from e
+                f"{cause}; reopen the log (a torn tail is repaired on open)"), e) from e
 
     def _undo(self, seg: OpenSegment, size: int, crc: int, last_lsn: int) -> None:
         """Take back a batch that failed part-way (disk full), including segments it cut."""
@@ -264,7 +278,12 @@ class SegmentWriter:
             self._io.fsync_dir(self.path)
             self._seg = self._segs[-1]
         if seg.fd < 0 or seg.retired:
-            seg.fd = self._io.open(seg.path, os.O_WRONLY | os.O_APPEND)
+            try:
+                seg.fd = self._io.open(seg.path, os.O_WRONLY | os.O_APPEND)
+            except OSError as e:
+                raise self._fail(WalError(
+                    f"{seg.path}: could not reopen it to take back a refused batch ({e}); "
+                    "reopen the log (a torn tail is repaired on open)"), e) from e
             seg.retired = False
         seg.complete = False
         self._truncate_back(seg, size, WalError("batch rolled back"))
@@ -290,7 +309,9 @@ class SegmentWriter:
             err = translate_os_error(e, self.path, HEADER_SIZE, OutOfDiskError)
             if isinstance(err, OutOfDiskError):
                 raise err from e
-            raise self._fail(WalError(f"could not cut a new segment in {self.path}: {e}")) from e
+            if cause_of(e) is not None:     # read-only, out of descriptors: refused
+                raise WriteRefusedError(self.path, e) from e
+            raise self._fail(WalError(f"could not cut a new segment in {self.path}: {e}"), e) from e
         new = OpenSegment(sf.seq, sf.first_lsn, sf.path, HEADER_SIZE, fd)
         self._segs.append(new)
         self._seg = new
@@ -333,7 +354,7 @@ class SegmentWriter:
         except OSError as e:
             raise self._fail(WalError(
                 f"fsync of {seg.path} failed ({e}); records since the last durable LSN "
-                f"may be lost. Reopen the log to continue from what is on disk")) from e
+                f"may be lost. Reopen the log to continue from what is on disk"), e) from e
         crashpoint("wal.after_sync")
 
     def _mark_durable(self, lsn: int) -> None:
@@ -370,9 +391,14 @@ class SegmentWriter:
         self._v, self._m = chain, -1
 
     # -- failure -------------------------------------------------------------------
-    def _fail(self, err: BaseException) -> BaseException:
+    def _fail(self, err: BaseException, os_error: BaseException | None = None) -> BaseException:
+        """Latch ``err`` (caused by ``os_error``): every later call raises it."""
+        if os_error is not None and err.__cause__ is None:
+            err.__cause__ = os_error       # what the latch's log line and metric name
         if self._failed is None:
             self._failed = err
+            # never retried (a failed fsync may have lost pages): logged once, metric
+            self._latch.fail(err, retry=False)
         self._limit = -1
         return err
 

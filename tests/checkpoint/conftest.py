@@ -55,3 +55,20 @@ def pytest_generate_tests(metafunc) -> None:
     from checkpoint import accel as switch
     modes = ["pure"] + (["accel"] if switch.page is not None else [])
     metafunc.parametrize("page_accel", modes, indirect=True)
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A real 8 MiB tmpfs (disk-full tests); skips where mounting is not permitted."""
+    import subprocess
+    import uuid
+    mnt = tmp_path / f"tmpfs-{uuid.uuid4().hex[:6]}"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {r.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
