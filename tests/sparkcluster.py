@@ -6,6 +6,7 @@ end; its logs stay in the test's folder."""
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -35,19 +36,29 @@ def spark_env(root: str) -> dict[str, str]:
 
 
 class StandaloneCluster:
-    def __init__(self, root: str, workers: int = 1, cores: int = 2) -> None:
+    """``hide``: directories the workers (and so the executors and their Python
+    workers) must not see, as on another host: each worker runs in its own mount
+    namespace with an empty tmpfs over each of them (needs root and ``unshare``)."""
+
+    def __init__(self, root: str, workers: int = 1, cores: int = 2,
+                 hide: list[str] | None = None) -> None:
         self.root, self.workers, self.cores = root, workers, cores
+        self.hide = list(hide or [])
         self.port = _free_port()
         self.master_url = f"spark://127.0.0.1:{self.port}"
         self.procs: list[subprocess.Popen[bytes]] = []
         self.logs: list[str] = []
 
-    def _spawn(self, name: str, args: list[str]) -> str:
+    def _spawn(self, name: str, args: list[str], hide: list[str] | None = None) -> str:
         log = os.path.join(self.root, f"{name}.log")
+        argv = [os.path.join(spark_home(), "bin", "spark-class"), *args]
+        if hide:
+            mounts = " && ".join(f"mount -t tmpfs -o size=1m tmpfs {shlex.quote(d)}" for d in hide)
+            argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                    f'{mounts} && exec "$@"', "sh", *argv]
         with open(log, "ab") as f:
-            self.procs.append(subprocess.Popen(
-                [os.path.join(spark_home(), "bin", "spark-class"), *args], stdout=f, stderr=f,
-                env=spark_env(self.root), start_new_session=True))
+            self.procs.append(subprocess.Popen(argv, stdout=f, stderr=f,
+                                               env=spark_env(self.root), start_new_session=True))
         self.logs.append(log)
         return log
 
@@ -62,6 +73,11 @@ class StandaloneCluster:
             time.sleep(0.2)
         raise RuntimeError(f"{text!r} not seen in {timeout}s; see {log}:\n{self.tail(log)}")
 
+    def work_dir(self, worker: int) -> str:
+        """Worker ``worker``'s own work dir (executors' files, fetched ``addFile``s)."""
+        return os.path.join(self.root, "work") if not self.hide else \
+            os.path.join(self.root, f"work{worker}")
+
     @staticmethod
     def tail(log: str) -> str:
         with open(log, errors="replace") as f:
@@ -73,10 +89,11 @@ class StandaloneCluster:
                                    "--port", str(self.port), "--webui-port", str(_free_port())])
         self._wait(m, "I have been elected leader")
         for i in range(self.workers):
+            os.makedirs(self.work_dir(i), exist_ok=True)
             w = self._spawn(f"worker{i}", [
                 "org.apache.spark.deploy.worker.Worker", self.master_url, "--host", "127.0.0.1",
                 "--cores", str(self.cores), "--memory", "1g", "--webui-port", str(_free_port()),
-                "--work-dir", os.path.join(self.root, "work")])
+                "--work-dir", self.work_dir(i)], hide=self.hide)
             self._wait(w, "Successfully registered with master")
         return self
 

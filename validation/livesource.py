@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import tempfile
 import threading
 import time
@@ -80,8 +81,25 @@ def _secret(path: str) -> bytes:
         from pyspark import SparkFiles
         shipped = SparkFiles.get(os.path.basename(path))
         if os.path.exists(shipped):
-            path = shipped
+            path = _owner_only(shipped)
     return load_secret(path)
+
+
+# Spark's fetch of an ``addFile`` file makes it executable for everyone ("a+x": the
+# driver's 0600 arrives as 0711), and the secret check refuses any group/other bit.
+# Execute permission lets nobody read the file, so on this executor's own copy those
+# bits are dropped; a copy that others could read or write is left alone (and
+# refused by the check, which names its mode).
+_SHARED = stat.S_IRGRP | stat.S_IWGRP | stat.S_IROTH | stat.S_IWOTH
+
+
+def _owner_only(path: str) -> str:
+    st = os.stat(path)
+    if stat.S_ISREG(st.st_mode) and not st.st_mode & _SHARED and st.st_uid == os.geteuid():
+        mode = stat.S_IMODE(st.st_mode)
+        if mode & 0o077:
+            os.chmod(path, mode & 0o700)
+    return path
 
 
 def scratch_root() -> str:
