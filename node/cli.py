@@ -154,14 +154,18 @@ def put_cmd(seed: tuple[str, ...], secret_file: str | None, cache: str, key: str
 @_seed
 @_secret
 @click.option("--cache", default="default", show_default=True)
+@click.option("--stale", is_flag=True,
+              help="Read any OWNING copy (possibly stale) instead of the primary; answers "
+                   "while the primary cannot (its lease lapsed, the control plane is down).")
 @click.argument("key")
-def get_cmd(seed: tuple[str, ...], secret_file: str | None, cache: str, key: str) -> None:
-    """Print the value of KEY (exit status 1 when absent)."""
+def get_cmd(seed: tuple[str, ...], secret_file: str | None, cache: str, stale: bool, key: str) -> None:
+    """Print the value of KEY (exit status 1 when absent). Linearizable by default:
+    the value of the last write acknowledged before the call, or a later one."""
     from .errors import NodeError
     cache, key = _text("--cache", cache), _text("KEY", key)
     try:
         with _client(seed, secret_file) as c:
-            v = c.get(cache, key)
+            v = c.get(cache, key, consistency="stale" if stale else "linearizable")
     except NodeError as e:
         _fail(e)
     if v is None:

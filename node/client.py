@@ -6,19 +6,42 @@ the primary of the key's partition, and follows map changes: a ``not_primary`` o
 ``timeout`` seconds have passed. A put or remove returns (the partition update
 counter) only when the cluster acknowledged it; an error raises.
 
+**Writes cannot apply twice.** Each put, remove and put_batch carries a request id
+(this client's random id, the write's sequence number, the lowest one still in
+flight: :mod:`node.dedup`), the same on every retry of that write. So the client
+retries an answer that says the write may have been applied (``outcome`` ``unknown``:
+a replication that failed after the primary applied it, a reply lost after the
+request left) as well as one that says it certainly was not (``refused``: not the
+primary, its lease not valid, a connection that failed before the request left): the
+primary that applied it answers with its first outcome. It does not retry a request
+the cluster refused for good (bad request, too large, wrong secret). The error a write
+finally raises says ``unknown`` if ANY attempt may have applied it, ``refused`` only
+if none did.
+
+**Reads** are linearizable by default: the primary answers only while its lease
+holds, and only with acknowledged writes. ``get(..., consistency="stale")`` asks any
+OWNING copy (starting with a random one): possibly older than the last acknowledged
+write, and on a backup possibly a write not acknowledged yet (docs/node.md, "Reads").
+
 A request that cannot fit in one frame is refused with ``TooLarge`` before anything
 is sent (:meth:`node.wire.Channel.call`), not retried.
 """
 from __future__ import annotations
 
+import itertools
 import random
+import secrets
+import threading
 import time
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from .assignment import partition_of
 from .cluster_map import ClusterMap
-from .errors import AuthFailed, NodeError, Unavailable
+from .errors import UNKNOWN, AuthFailed, NodeError, Unavailable
+from .states import State
 from .wire import Pool, as_bytes, load_secret
+
+LINEARIZABLE, STALE = "linearizable", "stale"
 
 class Client:
     def __init__(self, addresses: str | Iterable[str], secret_file: str | None = None, *,
@@ -29,15 +52,25 @@ class Client:
         self.pool = Pool(load_secret(secret_file), role="client", timeout=10.0)
         self.timeout = timeout
         self.map: ClusterMap | None = None
+        self.id = secrets.token_hex(8)          # this client's part of every request id
+        self._seq = itertools.count(1)
+        self._in_flight: set[int] = set()       # sequence numbers of writes not returned
+        self._seq_lock = threading.Lock()
 
     # -- map ----------------------------------------------------------------------
     def _addresses(self) -> list[str]:
         live = [m.address for m in self.map.members.values() if m.alive] if self.map else []
         return live + [s for s in self.seeds if s not in live]
 
-    def refresh(self) -> ClusterMap:
+    def refresh(self, avoid: str | None = None) -> ClusterMap:
+        """A map from the first node that answers with one at least as new as ours;
+        ``avoid`` (a node that just answered ``unavailable``: its lease may have run
+        out, its map too) is asked last."""
         last: Exception | None = None
-        for addr in self._addresses():
+        addrs = self._addresses()
+        if avoid in addrs:
+            addrs = [a for a in addrs if a != avoid] + [avoid]
+        for addr in addrs:
             try:
                 m = ClusterMap.from_wire(self.pool.call(addr, "get_map", timeout=5.0))
             except AuthFailed:
@@ -53,24 +86,37 @@ class Client:
         raise Unavailable(f"no node of the cluster answers ({', '.join(self._addresses())}): {last}")
 
     def _call_primary(self, cache: str, key: bytes, method: str, **args: Any) -> Any:
+        return self._retrying(cache, key, method, lambda m, p: [m.address(m.primary(cache, p))], args)
+
+    def _retrying(self, cache: str, key: bytes, method: str,
+                  where: Callable[[ClusterMap, int], list[str | None]], args: dict[str, Any]) -> Any:
+        """``method`` at the first of ``where(map, p)`` (the primary; every OWNING copy
+        for a stale read), retried as the class doc says until ``timeout``. The error
+        finally raised says ``unknown`` if any attempt may have taken effect."""
         deadline = time.monotonic() + self.timeout
         hint: str | None = None
         redirected = False
         delay = 0.05
+        maybe = False
         while True:
+            addr: str | None = None
             try:
                 if self.map is None:
                     self.refresh()
                 if cache not in self.map.caches:
                     raise NodeError(f"unknown cache {cache!r}; caches: {', '.join(self.map.caches)}")
                 p = partition_of(key, self.map.caches[cache].partitions)
-                addr = hint or self.map.address(self.map.primary(cache, p))
+                addr = hint or next(iter(a for a in where(self.map, p) if a), None)
                 hint = None
                 if addr is None:
-                    raise Unavailable(f"partition {cache}/{p} has no primary now")
+                    raise Unavailable(f"partition {cache}/{p} has no "
+                                      f"{'OWNING copy' if args.get('consistency') == STALE else 'primary'} now")
                 return self.pool.call(addr, method, cache=cache, key=key, **args)
             except NodeError as e:
+                maybe = maybe or e.outcome == UNKNOWN
                 if not getattr(e, "retry", False) or time.monotonic() > deadline:
+                    if maybe:
+                        e.maybe_applied()
                     raise
                 hint = getattr(e, "hint", None)
                 if hint is not None and not redirected:
@@ -81,13 +127,20 @@ class Client:
                     time.sleep(delay * (0.5 + random.random()))
                     delay = min(delay * 2, 0.5)
                 try:
-                    self.refresh()          # (after a redirect: the next puts go there directly)
+                    # (after a redirect: the next puts go there directly); a node that
+                    # answered unavailable is asked for a map last
+                    self.refresh(avoid=addr if isinstance(e, Unavailable) else None)
                 except NodeError:
                     pass
 
+    def _write(self, cache: str, key: bytes, method: str, **args: Any) -> Any:
+        """A write with a request id, the same on every retry."""
+        with _InFlight(self) as rid:
+            return self._call_primary(cache, key, method, rid=rid, **args)
+
     # -- operations ---------------------------------------------------------------
     def put(self, cache: str, key: bytes | str, value: bytes | str) -> int:
-        return self._call_primary(cache, as_bytes(key, "key"), "put", value=as_bytes(value, "value"))
+        return self._write(cache, as_bytes(key, "key"), "put", value=as_bytes(value, "value"))
 
     def put_many(self, cache: str, items: Iterable[tuple[bytes | str, bytes | str]], *,
                  batch: int = 256, max_bytes: int = 768 * 1024) -> int:
@@ -105,7 +158,7 @@ class Client:
             p = partition_of(k, parts)
             g = groups.setdefault(p, [])
             if g and (len(g) >= batch or sizes[p] + len(k) + len(v) > max_bytes):
-                self._call_primary(cache, g[0][0], "put_batch", items=g)
+                self._write(cache, g[0][0], "put_batch", items=g)
                 n += len(g)
                 g = groups[p] = []
                 sizes[p] = 0
@@ -113,15 +166,28 @@ class Client:
             sizes[p] = sizes.get(p, 0) + len(k) + len(v) + 16
         for g in groups.values():
             if g:
-                self._call_primary(cache, g[0][0], "put_batch", items=g)
+                self._write(cache, g[0][0], "put_batch", items=g)
                 n += len(g)
         return n
 
-    def get(self, cache: str, key: bytes | str) -> bytes | None:
-        return self._call_primary(cache, as_bytes(key, "key"), "get")
+    def get(self, cache: str, key: bytes | str, consistency: str = LINEARIZABLE) -> bytes | None:
+        """The value of ``key`` (None: absent). ``linearizable`` (default): from the
+        primary, reflecting every write acknowledged before the call. ``stale``: from
+        any OWNING copy, possibly older (see the module doc)."""
+        key = as_bytes(key, "key")
+        if consistency == LINEARIZABLE:
+            return self._call_primary(cache, key, "get")
+        if consistency != STALE:
+            raise ValueError(f"consistency must be {LINEARIZABLE!r} or {STALE!r}, not {consistency!r}")
+
+        def owners(m: ClusterMap, p: int) -> list[str | None]:
+            nodes = m.holders(cache, p, State.OWNING)
+            random.shuffle(nodes)
+            return [m.address(n) for n in nodes]
+        return self._retrying(cache, key, "get", owners, {"consistency": STALE})
 
     def remove(self, cache: str, key: bytes | str) -> int:
-        return self._call_primary(cache, as_bytes(key, "key"), "remove")
+        return self._write(cache, as_bytes(key, "key"), "remove")
 
     def _everywhere(self, method: str, **args: Any) -> list[Any]:
         """Ask every live node (each answers for the partitions it leads)."""
@@ -155,3 +221,25 @@ class Client:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _InFlight:
+    """One write's request id for as long as the call runs: ``[client, seq, low]``,
+    ``low`` the oldest sequence number of this client still in flight (its own at
+    most). Once the call returns or raises, its number leaves the set: a late copy of
+    it then falls below the ``low`` of the client's next writes and is refused."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+
+    def __enter__(self) -> list[object]:
+        c = self.client
+        with c._seq_lock:
+            self.seq = next(c._seq)
+            c._in_flight.add(self.seq)
+            low = min(c._in_flight)
+        return [c.id, self.seq, low]
+
+    def __exit__(self, *exc: object) -> None:
+        with self.client._seq_lock:
+            self.client._in_flight.discard(self.seq)

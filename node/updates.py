@@ -21,6 +21,19 @@ A put/remove reaches the primary of its partition, which, holding the partition 
 
 The partition lock keeps counters and replication in order, so a backup applies
 updates exactly in the primary's order.
+
+Reads (``get``) are linearizable by default: the primary serves one only while it may
+take writes (the same check: map, OWNING, no fence, lease valid, no copy has shown it
+a newer term), checked again after the value was read, and returns only acknowledged
+updates (:mod:`node.visible`: a key with an update in flight or not acknowledged reads
+as its last acknowledged value). A new primary confirms its copy with the in-sync
+copies (an empty ``replicate_batch``) before its first read. ``consistency="stale"``
+reads whatever an OWNING copy holds.
+
+Every client write carries a request id (:mod:`node.dedup`); a retry of one already
+applied is answered with its first outcome, never applied again. An error raised after
+the update reached the primary's store says ``unknown`` (it may be applied); before,
+``refused``.
 """
 from __future__ import annotations
 
@@ -32,8 +45,10 @@ from typing import TYPE_CHECKING, Iterator
 
 from .assignment import partition_of
 from .context import NodeContext, PartKey
+from .dedup import RequestId, Requests
 from .ports import Handlers, IsrControl, MoveActions
 from .storage import CacheData
+from .visible import Visibility
 from .wire import as_bytes
 
 if TYPE_CHECKING:
@@ -47,6 +62,9 @@ REPLICATE_TIMEOUT = 5.0
 HANDOFF_WAIT_S = 1.0       # a write to a partition being handed off waits this long for the outcome
 FANOUT_THREADS = 16        # replicate calls in flight at once beyond each writer's own
 MAX_BATCH = 1024          # items of one put_batch request (it must also fit one 1 MiB frame)
+LINEARIZABLE, STALE = "linearizable", "stale"     # the read consistencies of ``get``
+
+Update = tuple[bytes, "bytes | None", int]        # key, value (None: remove), counter
 
 
 class UpdatePath:
@@ -62,6 +80,12 @@ class UpdatePath:
         self._limbo: dict[PartKey, tuple[str, int]] = {}
         # replication fan-out (_fan_out); its threads start on first use
         self._pool = ThreadPoolExecutor(max_workers=FANOUT_THREADS, thread_name_prefix="ferry-replicate")
+        self.visible = Visibility()       # what reads of a primary may see
+        self.requests = Requests()        # applied request ids, per partition
+        # partitions whose map names this node primary while a copy has shown it a newer
+        # primary term (a replicate from a new primary): p -> that term. It leads nothing
+        # there, even before its map shows the change.
+        self._deposed: dict[PartKey, int] = {}
 
     def bind(self, movers: MoveActions) -> None:
         self.movers = movers
@@ -89,27 +113,44 @@ class UpdatePath:
         return self.ctx.data[cache], partition_of(key, self.ctx.data[cache].cache.partitions), key
 
     def leads(self, cache: str, p: int, *, write: bool = True) -> bool:
-        """Primary of p now. For a write also: the lease is valid (the fence) and no
-        hand-off is in progress. Reads of an OWNING primary go on without the lease
-        (the control plane may be down)."""
+        """Primary of p now. For a write (and a linearizable read) also: the lease is
+        valid (the fence), no hand-off or validation fence is up, and no copy has shown
+        this node a newer primary term. ``write=False`` (the index queries): an OWNING
+        primary, whatever its lease."""
+        return self.term(cache, p, strict=write) is not None
+
+    def term(self, cache: str, p: int, *, strict: bool = True) -> int | None:
+        """p's primary term when this node leads p now (see :meth:`leads`), else None."""
         with self.ctx.map.lock:
-            if self.ctx.map.map.parts[cache][p].primary != self.ctx.id:
-                return False
-        if write:
+            rec = self.ctx.map.map.parts[cache][p]
+            prim, term = rec.primary, rec.term
+        if prim != self.ctx.id:
+            return None
+        if strict:
             until = self.ctx.repl.fenced.get((cache, p))
             if until is not None and time.monotonic() < until:
-                return False
+                return None
             if not self.ctx.lease_valid():
-                return False
-        return self.ctx.states.get(cache, p) == State.OWNING
+                return None
+            if self._deposed.get((cache, p), -1) > term:
+                return None
+        return term if self.ctx.states.get(cache, p) == State.OWNING else None
 
     def not_primary(self, cache: str, p: int) -> NodeError:
         with self.ctx.map.lock:
-            prim = self.ctx.map.map.parts[cache][p].primary
+            rec = self.ctx.map.map.parts[cache][p]
+            prim, term = rec.primary, rec.term
             hint = self.ctx.map.map.address(prim) if prim != self.ctx.id else None
-        if prim == self.ctx.id and self.ctx.states.get(cache, p) == State.OWNING and not self.ctx.lease_valid():
-            return Unavailable(f"node {self.ctx.id} is the primary of {cache}/{p} but its control-plane "
-                               "lease is not valid (etcd unreachable?): not acknowledging writes")
+        if prim == self.ctx.id and self.ctx.states.get(cache, p) == State.OWNING:
+            if not self.ctx.lease_valid():
+                return Unavailable(f"node {self.ctx.id} is the primary of {cache}/{p} in its map, but its "
+                                   "control-plane lease is not valid (etcd unreachable?): not serving "
+                                   "reads or writes of it. Retry on another node: once this lease has "
+                                   "ended in etcd, the map names a new primary")
+            newer = self._deposed.get((cache, p), -1)
+            if newer > term:
+                return NotPrimary(f"node {self.ctx.id} was sent updates of {cache}/{p} in primary term "
+                                  f"{newer} (its map: {term}): another node leads it; refresh the map")
         return NotPrimary(f"node {self.ctx.id} is not the primary of {cache}/{p} (map epoch "
                           f"{self.ctx.map.map.epoch}); primary: {prim or 'none'}", hint)
 
@@ -118,33 +159,37 @@ class UpdatePath:
             raise Unavailable(f"node {self.ctx.id} is {'stopping' if self.ctx.events.stopping.is_set() else 'joining'}")
 
     # -- client operations --------------------------------------------------------
-    def op_put(self, cache: str, key: object, value: object) -> int:
+    def op_put(self, cache: str, key: object, value: object, rid: object = None) -> int:
         value = as_bytes(value, "value")
         if len(value) > self.ctx.cfg.max_value_bytes:
             raise TooLarge(f"value of {len(value)} bytes exceeds the limit of {self.ctx.cfg.max_value_bytes} bytes")
-        return self._write(cache, key, value)
+        return self._write(cache, key, value, rid)
 
-    def op_remove(self, cache: str, key: object) -> int:
-        return self._write(cache, key, None)
+    def op_remove(self, cache: str, key: object, rid: object = None) -> int:
+        return self._write(cache, key, None, rid)
 
     @contextlib.contextmanager
-    def _leading(self, cache: str, p: int) -> Iterator[None]:
-        """Hold p's lock as its primary: refused before waiting for the lock (cheap
-        redirect) and again under it. A hand-off's fence, met before the lock or set
-        while this write queued for it (``op_handoff`` queues on the same lock), is
-        waited out once, outside the lock (:meth:`_await_handoff`)."""
+    def _leading(self, cache: str, p: int) -> Iterator[int]:
+        """Hold p's lock as its primary (yields p's primary term): refused before
+        waiting for the lock (cheap redirect) and again under it. A hand-off's fence,
+        met before the lock or set while this write queued for it (``op_handoff``
+        queues on the same lock), is waited out once, outside the lock
+        (:meth:`_await_handoff`)."""
         lock = self.ctx.plock(cache, p)
+        term: int | None = None
         for last in (False, True):
             if not self.leads(cache, p):
                 self._await_handoff(cache, p)
                 if not self.leads(cache, p):
                     raise self.not_primary(cache, p)
             lock.acquire()
-            if self.leads(cache, p):
+            term = self.term(cache, p)
+            if term is not None:
                 break
             lock.release()
             if last or (cache, p) not in self.ctx.repl.fenced:
                 raise self.not_primary(cache, p)
+        assert term is not None
         try:
             with self.ctx.map.lock:
                 n_isr = len(self.ctx.map.map.parts[cache][p].isr)
@@ -152,7 +197,7 @@ class UpdatePath:
                 raise Unavailable(f"{cache}/{p} has {n_isr} in-sync cop{'y' if n_isr == 1 else 'ies'}, "
                                   f"fewer than cluster.min_in_sync = {self.ctx.cfg.min_in_sync}: writes "
                                   "refused until a copy catches up")
-            yield
+            yield term
         finally:
             lock.release()
 
@@ -173,27 +218,62 @@ class UpdatePath:
                 # the map's change notifies; an unfence does not: look again soon
                 self.ctx.map.changed.wait(0.01)
 
-    def _write(self, cache: str, key: object, value: bytes | None) -> int:
+    def _applied_before(self, cache: str, p: int, rid: RequestId | None, term: int) -> list[int] | None:
+        """(p's lock held, as primary) The counters a write with this request id got
+        when it was applied, once that update is acknowledged (confirmed now if it is
+        not: it is on this copy, and an earlier attempt may have failed after it
+        reached the store); None when it was never applied. Superseded for a late copy
+        of a request the client gave up on."""
+        if rid is None:
+            return None
+        got = self.requests.table(cache, p).seen(rid)
+        if got is None:
+            return None
+        if not self.visible.acknowledged(cache, p, got[1], term):
+            try:
+                self._confirm(cache, p, term)
+            except NodeError as e:
+                raise e.maybe_applied()
+        return list(got)
+
+    def _acknowledge(self, cache: str, p: int, ups: list[Update], prev: int, rid: RequestId | None,
+                     term: int) -> None:
+        """(p's lock held) Updates now in this node's store: replicate them, then make
+        them visible to reads. An error from here on may leave them applied: unknown."""
+        self.requests.record(cache, p, rid, ups[0][2], ups[-1][2])
+        try:
+            self._replicate_many(cache, p, ups, prev, rid)
+        except NodeError as e:
+            raise e.maybe_applied()
+        self.visible.release(cache, p, term, ups[-1][2])
+
+    def _write(self, cache: str, key: object, value: bytes | None, rid: object = None) -> int:
         self.require_serving()
         data, p, key = self._locate(cache, key)
+        req = RequestId.parse(rid)
         t0 = time.monotonic()
-        with self._leading(cache, p):
+        with self._leading(cache, p) as term:
+            done = self._applied_before(cache, p, req, term)
+            if done is not None:
+                return done[0]
             prev = data.counter(p)
+            self.visible.hold(cache, p, data, (key,))
             counter = data.put(p, key, value)
-            self._replicate(cache, p, key, value, counter, prev)
+            self._acknowledge(cache, p, [(key, value, counter)], prev, req, term)
         self.ctx.metrics.inc("ferry_node_updates_total", cache=cache, op="put" if value is not None else "remove")
         dt = time.monotonic() - t0
         self.ctx.metrics.observe("ferry_node_update_seconds", dt)
         self.ctx.metrics.acks.add(dt)          # foreground protection (node/admission.py)
         return counter
 
-    def op_put_batch(self, cache: str, key: object, items: object) -> list[int]:
+    def op_put_batch(self, cache: str, key: object, items: object, rid: object = None) -> list[int]:
         """Bulk load: many puts of ONE partition (``key`` routes; every item must map to
         the same partition) in one request, replicated in one request per copy. Each
         item gets its own counter; acknowledged as a whole (if not, some items may be
         applied: put them again). Returns [first counter, last counter]."""
         self.require_serving()
         data, p, key = self._locate(cache, key)
+        req = RequestId.parse(rid)
         if not isinstance(items, list) or not items or len(items) > MAX_BATCH:
             raise BadRequest(f"items must be a list of 1..{MAX_BATCH} [key, value] pairs")
         batch = []
@@ -209,22 +289,68 @@ class UpdatePath:
                 raise BadRequest(f"items[{i}] belongs to partition {q}, not {p}: one partition per batch")
             batch.append((k, v))
         t0 = time.monotonic()
-        with self._leading(cache, p):
+        with self._leading(cache, p) as term:
+            done = self._applied_before(cache, p, req, term)
+            if done is not None:
+                return done
             prev = data.counter(p)
-            ups = [(k, v, c) for (k, v), c in zip(batch, data.put_many(p, batch))]
-            self._replicate_many(cache, p, ups, prev)
+            self.visible.hold(cache, p, data, (k for k, _ in batch))
+            ups: list[Update] = [(k, v, c) for (k, v), c in zip(batch, data.put_many(p, batch))]
+            self._acknowledge(cache, p, ups, prev, req, term)
         self.ctx.metrics.inc("ferry_node_updates_total", len(ups), cache=cache, op="put")
         dt = time.monotonic() - t0
         self.ctx.metrics.observe("ferry_node_update_seconds", dt)
         self.ctx.metrics.acks.add(dt)
         return [ups[0][2], ups[-1][2]]
 
-    def op_get(self, cache: str, key: object) -> bytes | None:
+    def op_get(self, cache: str, key: object, consistency: str = LINEARIZABLE) -> bytes | None:
+        """``linearizable`` (default): only the primary, only while it may take writes
+        (checked before and again after the value is read: a lease that ran out, a
+        fence or a newer term meanwhile fails the read), only acknowledged updates.
+        ``stale``: any OWNING copy, what it holds (docs/node.md, "Reads")."""
         self.require_serving()
         data, p, key = self._locate(cache, key)
-        if not self.leads(cache, p, write=False):
+        if consistency == STALE:
+            if self.ctx.states.get(cache, p) != State.OWNING:
+                raise Unavailable(f"node {self.ctx.id} holds no OWNING copy of {cache}/{p}; ask another owner")
+            return self.visible.read(cache, p, data, key)
+        if consistency != LINEARIZABLE:
+            raise BadRequest(f"consistency must be {LINEARIZABLE!r} or {STALE!r}, not {consistency!r}")
+        term = self._read_term(cache, p)
+        value = self.visible.read(cache, p, data, key)
+        if self.term(cache, p) != term:
             raise self.not_primary(cache, p)
-        return data.get(p, key)
+        return value
+
+    def _read_term(self, cache: str, p: int) -> int:
+        """The term in which this node may serve a linearizable read of p: it leads p
+        (a fence is waited out as for a write) and its copy is confirmed in this term."""
+        term = self.term(cache, p)
+        if term is None:
+            self._await_handoff(cache, p)
+            term = self.term(cache, p)
+            if term is None:
+                raise self.not_primary(cache, p)
+        if self.visible.confirmed(cache, p) == term:
+            return term
+        with self.ctx.plock(cache, p):
+            term = self.term(cache, p)
+            if term is None:
+                raise self.not_primary(cache, p)
+            if self.visible.confirmed(cache, p) != term:
+                self._confirm(cache, p, term)
+        return term
+
+    def _confirm(self, cache: str, p: int, term: int) -> None:
+        """(p's lock held) Make sure every in-sync copy holds exactly this node's copy of
+        p: an empty replicate at p's counter to each (a copy whose counter differs
+        answers ``resync``, and is taken out of the in-sync set like a copy that failed
+        a write). Then everything in this copy is acknowledged."""
+        counter = self.ctx.data[cache].counter(p)
+        self._replicate_many(cache, p, [], counter, None)
+        self.visible.release(cache, p, term, counter)
+        log.info("stage=replicate cache=%s partition=%d confirmed counter %d with the in-sync copies "
+                 "(primary term %d)", cache, p, counter, term)
 
     def _led_filter(self, cache: str, keys: list[bytes]) -> list[bytes]:
         parts = self.ctx.data[cache].cache.partitions
@@ -232,7 +358,8 @@ class UpdatePath:
 
     def op_lookup(self, cache: str, index: str, value: object) -> list[bytes]:
         """Keys whose document has ``index`` == value, among partitions this node leads
-        (the client asks every node and merges)."""
+        (the client asks every node and merges). Not linearizable: an OWNING primary
+        answers whatever its lease, from its indexes (an update in flight included)."""
         self.require_serving()
         self._check_index(cache, index)
         return self._led_filter(cache, self.ctx.data[cache].lookup(index, value))
@@ -266,13 +393,11 @@ class UpdatePath:
         out.pop(self.ctx.id, None)
         return {n: a for n, a in out.items() if a or n in isr}, isr, epoch
 
-    def _replicate(self, cache: str, p: int, key: bytes, value: bytes | None,
-                   counter: int, prev: int) -> None:
-        self._replicate_many(cache, p, [(key, value, counter)], prev)
-
-    def _send(self, addr: str | None, node: str, cache: str, p: int,
-              ups: list[tuple[bytes, bytes | None, int]], prev: int, epoch: int) -> object:
-        """One copy's replicate call: its answer, or the NodeError it raised."""
+    def _send(self, addr: str | None, node: str, cache: str, p: int, ups: list[Update], prev: int,
+              epoch: int, rid: RequestId | None) -> object:
+        """One copy's replicate call: its answer, or the NodeError it raised. No
+        update: a confirmation (``replicate_batch`` of nothing at ``prev``)."""
+        extra = {"rid": rid.wire()} if rid is not None else {}
         try:
             if addr is None:
                 raise Unavailable(f"{node} is not a live member")
@@ -280,24 +405,25 @@ class UpdatePath:
                 key, value, counter = ups[0]
                 return self.ctx.pool.call(addr, "replicate", timeout=REPLICATE_TIMEOUT, cache=cache, p=p,
                                           key=key, value=value, counter=counter, prev=prev,
-                                          primary=self.ctx.id, epoch=epoch)
+                                          primary=self.ctx.id, epoch=epoch, **extra)
             return self.ctx.pool.call(addr, "replicate_batch", timeout=REPLICATE_TIMEOUT * 4, cache=cache,
                                       p=p, updates=[list(u) for u in ups], prev=prev, primary=self.ctx.id,
-                                      epoch=epoch)
+                                      epoch=epoch, **extra)
         except NodeError as e:
             return e
 
-    def _fan_out(self, targets: dict[str, str | None], cache: str, p: int,
-                 ups: list[tuple[bytes, bytes | None, int]], prev: int, epoch: int) -> dict[str, object]:
+    def _fan_out(self, targets: dict[str, str | None], cache: str, p: int, ups: list[Update], prev: int,
+                 epoch: int, rid: RequestId | None) -> dict[str, object]:
         """Every copy's answer. With more than one copy (a move in progress: the backup
         and the MOVING or new copy) the calls go out at once, so a write waits for the
         slowest copy rather than for the sum of them; p's lock is held throughout, so
         each copy still sees p's updates one at a time, in counter order."""
         items = list(targets.items())
         if len(items) <= 1:
-            return {n: self._send(a, n, cache, p, ups, prev, epoch) for n, a in items}
-        futs = {n: self._pool.submit(self._send, a, n, cache, p, ups, prev, epoch) for n, a in items[1:]}
-        out = {items[0][0]: self._send(items[0][1], items[0][0], cache, p, ups, prev, epoch)}
+            return {n: self._send(a, n, cache, p, ups, prev, epoch, rid) for n, a in items}
+        futs = {n: self._pool.submit(self._send, a, n, cache, p, ups, prev, epoch, rid)
+                for n, a in items[1:]}
+        out = {items[0][0]: self._send(items[0][1], items[0][0], cache, p, ups, prev, epoch, rid)}
         for n, f in futs.items():
             out[n] = f.result()
         return out
@@ -305,17 +431,25 @@ class UpdatePath:
     def stop(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def _replicate_many(self, cache: str, p: int, ups: list[tuple[bytes, bytes | None, int]],
-                        prev: int) -> None:
+    def _replicate_many(self, cache: str, p: int, ups: list[Update], prev: int,
+                        rid: RequestId | None = None) -> None:
+        """(p's lock held) Send ``ups`` (applied here, after counter ``prev``) to every
+        copy; return once every in-sync copy applied them, else raise Unavailable (NOT
+        acknowledged). No update: a confirmation, sent to the in-sync copies only."""
         if self._limbo:
             self._settle_limbo(cache, p)
         targets, isr, epoch = self._targets(cache, p)
         admitting = self.ctx.repl.admitting.get((cache, p))
         if admitting is not None:
             isr.add(admitting)             # counts as in sync while it is admitted
+        if not ups:
+            targets = {n: a for n, a in targets.items() if n in isr}
+            what = f"confirmation of {cache}/{p} at #{prev}"
+        else:
+            what = f"update(s) {cache}/{p}#{ups[0][2]}..{ups[-1][2]}"
         failed: dict[str, str] = {}
         stale: str | None = None
-        for node, r in self._fan_out(targets, cache, p, ups, prev, epoch).items():
+        for node, r in self._fan_out(targets, cache, p, ups, prev, epoch, rid).items():
             if isinstance(r, NodeError):
                 if node in isr:
                     failed[node] = str(r)
@@ -330,29 +464,28 @@ class UpdatePath:
                 self.ctx.repl.copies.get((cache, p), {}).pop(node, None)
         if stale is not None:
             # a copy knows a newer epoch: this node may be deposed; never ack
-            raise Unavailable(f"update(s) {cache}/{p}#{ups[0][2]}..{ups[-1][2]} refused by "
-                              f"{stale}; NOT acknowledged")
+            raise Unavailable(f"{what} refused by {stale}; NOT acknowledged")
         if failed:
             self.ctx.metrics.inc("ferry_node_replication_failures_total", cache=cache)
-            what = f"update(s) {cache}/{p}#{ups[0][2]}..{ups[-1][2]}"
+            durable = "are durable" if ups else "is the copy"
             if admitting is not None:
                 # an admission's round trip is in flight (op_join_isr): no second change
                 # of the in-sync set now; the copy being admitted is taken out after it
                 if admitting in failed:
                     self.ctx.repl.spoiled.add((cache, p))
-                raise Unavailable(f"{what} are durable on {self.ctx.id} but not on "
+                raise Unavailable(f"{what} {durable} on {self.ctx.id} but not on "
                                   f"{', '.join(f'{n} ({w})' for n, w in failed.items())} while "
                                   f"{admitting} joins the in-sync set: NOT acknowledged, retry")
             try:
                 rec = self.control.alter_isr(cache, p, remove=sorted(failed))
             except NodeError as e:
-                raise Unavailable(f"{what} are durable on {self.ctx.id} but not on "
+                raise Unavailable(f"{what} {durable} on {self.ctx.id} but not on "
                                   f"{', '.join(f'{n} ({w})' for n, w in failed.items())}, and the "
                                   f"in-sync set could not shrink ({e}): NOT acknowledged, retry") from None
             log.warning("stage=replicate cache=%s partition=%d removed %s from the in-sync set "
                         "(epoch %d): %s", cache, p, ", ".join(sorted(failed)), rec.epoch,
                         "; ".join(f"{n}: {w}" for n, w in failed.items()))
-            if len(rec.isr) < self.ctx.cfg.min_in_sync:
+            if len(rec.isr) < self.ctx.cfg.min_in_sync and ups:
                 raise Unavailable(f"{what} are durable on {', '.join(rec.isr)} only, fewer than "
                                   f"cluster.min_in_sync = {self.ctx.cfg.min_in_sync}: NOT acknowledged")
 
@@ -450,34 +583,50 @@ class UpdatePath:
         knows: a replication from a deposed primary, or a DEMAND from a node whose view
         of who leads is out of date. A replication in the same term must also come from
         the record's primary. The term changes only with the primary: an in-sync change
-        alone refuses nobody."""
+        alone refuses nobody. A replication in a NEWER term while this node's map still
+        names it primary means another node leads p: this one stops serving it at once
+        (:meth:`term`), before its map catches up."""
         if epoch is None:
             return
         with self.ctx.map.lock:
             rec = self.ctx.map.map.parts[cache][p]
+            prim, term = rec.primary, rec.term
         if demand:
-            if epoch < rec.term:
+            if epoch < term:
                 raise StaleEpoch(f"DEMAND of {cache}/{p} from {sender} in primary epoch {epoch}; "
-                                 f"{self.ctx.id} knows primary epoch {rec.term}: refresh and demand again")
-        elif epoch < rec.term or (epoch == rec.term and rec.primary not in (None, sender)):
-            raise StaleEpoch(f"{self.ctx.id} knows {cache}/{p} in primary epoch {rec.term} (primary "
-                             f"{rec.primary}); {sender} sent primary epoch {epoch}")
+                                 f"{self.ctx.id} knows primary epoch {term}: refresh and demand again")
+        elif epoch < term or (epoch == term and prim not in (None, sender)):
+            raise StaleEpoch(f"{self.ctx.id} knows {cache}/{p} in primary epoch {term} (primary "
+                             f"{prim}); {sender} sent primary epoch {epoch}")
+        elif epoch > term and prim == self.ctx.id and sender != self.ctx.id:
+            if self._deposed.get((cache, p), -1) < epoch:
+                self._deposed[(cache, p)] = epoch
+                log.info("stage=replicate cache=%s partition=%d %s sent primary term %d (this map: "
+                         "%d, primary here): not serving it until the map catches up", cache, p,
+                         sender, epoch, term)
 
-    def op_replicate_batch(self, cache: str, p: int, updates: list[tuple[bytes, bytes | None, int]],
-                           prev: int, primary: str,
-                           epoch: int | None = None) -> str:
+    def op_replicate_batch(self, cache: str, p: int, updates: list[Update], prev: int, primary: str,
+                           epoch: int | None = None, rid: object = None) -> str:
         """Consecutive updates of one partition (a bulk load): applied one by one under one
-        hold of the partition lock; the first answer other than applied/buffered ends it."""
+        hold of the partition lock; the first answer other than applied/buffered ends it.
+        No update: a new primary confirming that this copy holds exactly its counter
+        ``prev`` ("applied"; "resync" when it does not: the copy re-syncs)."""
+        req = RequestId.parse(rid)
         mv = None
         r = "applied"
         try:
             with self.ctx.plock(cache, p):
                 self.check_epoch(cache, p, epoch, primary)
+                self.visible.forget(cache, p)          # a backup of p: it serves no read of p
                 data = self.ctx.data[cache]
-                if self.ctx.states.get(cache, p) == State.OWNING and data.counter(p) == prev \
+                st = self.ctx.states.get(cache, p)
+                if not updates:
+                    return self._confirmation(data, cache, p, prev, primary, st)
+                if st == State.OWNING and data.counter(p) == prev \
                         and all(u[2] == prev + 1 + i for i, u in enumerate(updates)):
                     data.apply_many(p, [(k, v, c) for k, v, c in updates])   # the common case
                     self.ctx.repl.last_applied[(cache, p)] = time.time()
+                    self.requests.record(cache, p, req, updates[0][2], updates[-1][2])
                     return "applied"
                 try:
                     for key, value, counter in updates:
@@ -488,6 +637,9 @@ class UpdatePath:
                         if r not in ("applied", "buffered"):
                             break
                         prev = counter
+                    else:
+                        self.requests.record(cache, p, req, updates[0][2], updates[-1][2],
+                                             moving=st == State.MOVING)
                 finally:
                     if mv is not None and isinstance(mv.sink, TempWalSink):
                         mv.sink.sync()
@@ -496,35 +648,63 @@ class UpdatePath:
             if mv is not None and mv.mode == "files":
                 self._movers().backpressure(mv, records=len(updates))
 
+    def _confirmation(self, data: CacheData, cache: str, p: int, prev: int, primary: str,
+                      st: State | None) -> str:
+        """(p's lock held) An empty replicate_batch: does this copy hold exactly the
+        primary's counter ``prev``? A MOVING copy has nothing to confirm."""
+        if st == State.MOVING:
+            return "buffered"
+        if st != State.OWNING:
+            return "absent"
+        cur = data.counter(p)
+        if cur != prev:
+            log.warning("stage=replicate cache=%s partition=%d confirmation by %s at %d: this copy "
+                        "is at %d; re-syncing", cache, p, primary, prev, cur)
+            self.requests.forget(cache, p)
+            self._movers().request_resync(cache, p, f"counter {cur} at the confirmation of {prev}")
+            return "resync"
+        return "applied"
+
     def op_replicate(self, cache: str, p: int, key: bytes, value: bytes | None, counter: int,
-                     prev: int, primary: str, epoch: int | None = None) -> str:
+                     prev: int, primary: str, epoch: int | None = None, rid: object = None) -> str:
+        req = RequestId.parse(rid)
         mv = None
         try:
             self.check_epoch(cache, p, epoch, primary)
-            r, mv = self._replicate_one(cache, p, key, value, counter, prev, primary)
+            r, mv = self._replicate_one(cache, p, key, value, counter, prev, primary, rid=req)
             return r
         finally:
             if mv is not None and mv.mode == "files":
                 self._movers().backpressure(mv)
 
     def _replicate_one(self, cache: str, p: int, key: bytes, value: bytes | None, counter: int,
-                       prev: int, primary: str, durable: bool = True) -> tuple[str, Move | None]:
+                       prev: int, primary: str, durable: bool = True,
+                       rid: RequestId | None = None) -> tuple[str, Move | None]:
         """One replicated update (the result, and the move of p if it is MOVING here).
-        ``durable=False``: a temp-WAL append is not yet synced; the caller syncs."""
+        ``durable=False``: a temp-WAL append is not yet synced; the caller syncs.
+        ``rid``: the request id of the client write, recorded once applied or buffered."""
         data = self.ctx.data[cache]
         mv = None
         with self.ctx.plock(cache, p):
+            self.visible.forget(cache, p)              # a backup of p: it serves no read of p
             st = self.ctx.states.get(cache, p)
             if st == State.MOVING:
                 mv = self.ctx.moves.running.get((cache, p))
                 if mv is not None and mv.mode == "files" and (mv.sink is not None or mv.direct):
-                    return self._movers().buffer_update(mv, cache, p, key, value, counter, prev,
-                                              durable=durable), mv
-                if mv is not None and mv.sink is not None:
+                    r = self._movers().buffer_update(mv, cache, p, key, value, counter, prev,
+                                                     durable=durable)
+                elif mv is not None and mv.sink is not None:
                     mv.sink.append(counter, key, value)
-                    return "buffered", mv
-                return "absent", mv
-            return self._apply_replicated(data, cache, p, key, value, counter, prev, primary, st), mv
+                    r = "buffered"
+                else:
+                    return "absent", mv
+                if r in ("applied", "buffered"):
+                    self.requests.record(cache, p, rid, counter, counter, moving=True)
+                return r, mv
+            r = self._apply_replicated(data, cache, p, key, value, counter, prev, primary, st)
+            if r == "applied":
+                self.requests.record(cache, p, rid, counter, counter)
+            return r, mv
 
     def _apply_replicated(self, data: CacheData, cache: str, p: int, key: bytes, value: bytes | None,
                           counter: int, prev: int, primary: str, st: State | None) -> str:
@@ -535,6 +715,7 @@ class UpdatePath:
         if cur != prev:
             log.warning("stage=replicate cache=%s partition=%d counter gap: have %d, primary %s "
                         "sent %d after %d; re-syncing", cache, p, cur, primary, counter, prev)
+            self.requests.forget(cache, p)
             self._movers().request_resync(cache, p, f"counter gap at {counter}")
             return "resync"
         data.apply(p, key, value, counter)
