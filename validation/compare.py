@@ -100,10 +100,13 @@ def digests(raw: "DataFrame",
         st = states.setdefault(key, PartitionState(*key))
         extra = {c: r[c] for c in LIVE_COLUMNS if live and c in r}
         st.replicas[r["node"]] = Replica(r["node"], r["n"], _digest(r["x"] or 0, r["s"] or 0),
-                                         len(r["problems"]), **extra)
+                                         sum(p["count"] or 1 for p in r["problems"]), **extra)
         for p in r["problems"]:
-            problems.append({"node": r["node"], "cache": r["cache"], "partition": r["partition"],
-                             "page": p["page"], "offset": p["offset"], "reason": p["reason"]})
+            row = {"node": r["node"], "cache": r["cache"], "partition": r["partition"],
+                   "page": p["page"], "offset": p["offset"], "reason": p["reason"]}
+            if (p["count"] or 1) > 1:         # the pages of a file past the listed ones
+                row["count"] = p["count"]
+            problems.append(row)
     for f in files:
         st = states.setdefault((f.cache, f.partition), PartitionState(f.cache, f.partition))
         if f.node not in st.replicas:
@@ -111,6 +114,19 @@ def digests(raw: "DataFrame",
     ordered = sorted(states.values(), key=lambda s: (s.cache, s.partition))
     problems.sort(key=lambda p: (p["cache"], p["partition"], p["node"], p["page"]))
     return ordered, problems
+
+
+def file_problem(f: PartitionFile) -> dict:
+    """The finding of a file the layout does not decode (``f.problem``), as a problem
+    row of the whole file."""
+    from .source import FILE_PAGE
+    return {"node": f.node, "cache": f.cache, "partition": f.partition, "page": FILE_PAGE,
+            "offset": 0, "reason": f.problem or ""}
+
+
+def corrupt_count(problems: list[dict]) -> int:
+    """Corrupt pages behind ``problems`` (a row past a file's listed ones counts many)."""
+    return sum(p.get("count", 1) for p in problems)
 
 
 def _digest(xor: int, total: int) -> str:

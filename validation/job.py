@@ -62,6 +62,9 @@ def run(spark: "SparkSession", files: list[PartitionFile], *, expected: str | No
     """Validate ``files`` (from ``layout.list_folders``) in ``spark``; or, with ``live``,
     the running cluster it plans (``files`` is then empty)."""
     t0 = time.monotonic()
+    # files the layout found but does not decode (a bad name): findings, not tasks
+    findings = [compare.file_problem(f) for f in files if f.problem]
+    files = [f for f in files if not f.problem]
     caches = set(live.partition_counts) if live else {f.cache for f in files}
     counts = dict(live.partition_counts if live else partition_counts(files))
     if isinstance(partitions, int):          # --partitions N: every cache has N
@@ -83,6 +86,7 @@ def run(spark: "SparkSession", files: list[PartitionFile], *, expected: str | No
         raw = raw.persist(StorageLevel.MEMORY_AND_DISK)
     try:
         states, problems = compare.digests(raw, files)
+        problems = findings + problems
         divergent_parts = {(s.cache, s.partition) for s in states if s.divergent}
         divergent: list[dict] = []
         if divergent_parts:

@@ -13,10 +13,12 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass
 
-from checkpoint.layout import parse_part_name
+from checkpoint.layout import parse_part_name, part_name
 
 from .errors import LayoutError
 
+# The partition column is a Spark int; no cluster has nearly that many partitions.
+MAX_PARTITION = 2**31 - 1
 CACHES_DIR = "caches"
 NODE_ID_FILE = "node.id"
 DEFAULT_CACHE = "default"
@@ -30,6 +32,9 @@ class PartitionFile:
     partition: int
     path: str
     size: int
+    # Why the file is not decoded (a partition number out of range, a name that is
+    # not the partition's file name): reported as a finding of the run.
+    problem: str | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -60,8 +65,20 @@ def _part_files(node: str, cache: str, folder: str) -> list[PartitionFile]:
         p = part_number(entry.name)
         if p is not None and entry.is_file():
             out.append(PartitionFile(node, cache, p, os.path.abspath(entry.path),
-                                     entry.stat().st_size))
+                                     entry.stat().st_size, _name_problem(entry.name, p)))
     return out
+
+
+def _name_problem(name: str, p: int) -> str | None:
+    """Why ``name`` (which parses as partition ``p``) is not decoded, or None."""
+    if p > MAX_PARTITION:
+        return (f"file name {name}: partition number {p} is above {MAX_PARTITION}, so it is "
+                "no partition of any cluster; the file was not decoded (move it out of the "
+                "folder)")
+    if name != part_name(p):
+        return (f"file name {name} is not the name of partition {p}'s file ({part_name(p)}); "
+                "the file was not decoded (rename it or move it out of the folder)")
+    return None
 
 
 def list_folder(data_dir: str) -> list[PartitionFile]:

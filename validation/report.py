@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from faults.fileio import atomic_write
 
-from .compare import PartitionState
+from .compare import PartitionState, corrupt_count
 from .errors import OutOfDiskError, ValidationError
 
 # The exact keys of the --json object, in order (the harness and `ferry demo` read them).
@@ -76,10 +76,15 @@ def summary(o: Outcome, max_lines: int = 10) -> str:
             lines.append(f"  counter mismatch {m['cache']}/{m['partition']}: {m['node']} at "
                          f"{m['snapshot']}, fenced at {m['counter']}")
     for p in o.corrupt_pages[:max_lines]:
-        lines.append(f"  corrupt page {p['page']} (offset {p['offset']}) of {p['node']} "
-                     f"{p['cache']}/{p['partition']}: {p['reason']}")
-    if len(o.corrupt_pages) > max_lines:
-        lines.append(f"  ... {len(o.corrupt_pages) - max_lines} more corrupt pages")
+        if "count" in p:
+            lines.append(f"  {p['count']} more corrupt pages of {p['node']} "
+                         f"{p['cache']}/{p['partition']}: {p['reason']}")
+        else:
+            lines.append(f"  corrupt page {p['page']} (offset {p['offset']}) of {p['node']} "
+                         f"{p['cache']}/{p['partition']}: {p['reason']}")
+    rest = corrupt_count(o.corrupt_pages[max_lines:])
+    if rest:
+        lines.append(f"  ... {rest} more corrupt pages")
     if o.expected is not None:
         e = o.expected
         lines.append(f"  expected ({e['rows']} rows): {e['missing']} missing, "
@@ -101,12 +106,13 @@ def render_html(o: Outcome) -> str:
     div = {(d["cache"], d["partition"]): d for d in o.divergent}
     corrupt: dict[tuple[str, int], int] = {}
     for p in o.corrupt_pages:
-        corrupt[(p["cache"], p["partition"])] = corrupt.get((p["cache"], p["partition"]), 0) + 1
+        at = (p["cache"], p["partition"])
+        corrupt[at] = corrupt.get(at, 0) + p.get("count", 1)
     out = [f"<!doctype html><meta charset='utf-8'><title>Ferry validation</title>"
            f"<style>{_STYLE}</style>"
            f"<h1>Ferry validation: {'PASSED' if o.passed else 'FAILED'}</h1>",
            f"<p>{len(o.states)} partitions, {o.entries} entries, {o.files} files, "
-           f"{len(o.corrupt_pages)} corrupt pages, {o.seconds:.1f} s</p>"]
+           f"{corrupt_count(o.corrupt_pages)} corrupt pages, {o.seconds:.1f} s</p>"]
     for cache in sorted({s.cache for s in o.states}):
         out.append(f"<h2>cache {e(cache)}</h2><table><tr><th>partition</th>"
                    + "".join(f"<th>{e(n)}</th>" for n in nodes)

@@ -21,9 +21,11 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 SOURCE_NAME = "ferry"
 
 # Raw rows: entries (problem NULL) and page problems (key, value ... NULL).
+# A problem row stands for ``count`` corrupt pages: 1, or (the last row of a file with
+# more than MAX_LISTED) every one past the listed ones.
 RAW_SCHEMA = ("node string, cache string, partition int, key binary, value binary, "
               "counter long, tombstone boolean, "
-              "problem struct<page: long, offset: long, reason: string>")
+              "problem struct<page: long, offset: long, reason: string, count: long>")
 
 # An Arrow batch is sent when it holds BATCH entries or BATCH_BYTES of keys and values:
 # large enough that the per-batch cost (one IPC message to the JVM) is small next to
@@ -33,6 +35,11 @@ BATCH_BYTES = 8 << 20
 
 # A page of a file that is not a partition file at all (bad meta page, unreadable).
 FILE_PAGE = -1
+# Corrupt pages listed per file; the rest are counted in one more row. A crafted meta
+# page over a sparse file made every page of it a problem row: a million rows went to
+# the driver (3 GB) and into the report (150 MB of JSON). Now a file costs at most this
+# many rows, whatever it holds.
+MAX_LISTED = 100
 
 
 class FerryDataSource(DataSource):
@@ -77,10 +84,16 @@ def decode_task(task: dict) -> Iterator[Any]:
     counters: list[int] = []
     tombs: list[bool] = []
     problems: list[dict] = []
+    unlisted: list[Any] = []          # [first problem past MAX_LISTED, last one, count]
 
     def on_error(problem: Any) -> None:
-        problems.append({"page": int(problem.page), "offset": int(problem.offset),
-                         "reason": str(problem.reason)})
+        if len(problems) < MAX_LISTED:
+            problems.append(_row(problem.page, problem.offset, problem.reason))
+        elif not unlisted:
+            unlisted.extend([problem, problem, 1])
+        else:
+            unlisted[1] = problem
+            unlisted[2] += 1
 
     def batch(n_entries: int, probs: list[dict]) -> "pa.RecordBatch":
         n = n_entries + len(probs)
@@ -111,8 +124,15 @@ def decode_task(task: dict) -> Iterator[Any]:
     except Exception as exc:  # noqa: BLE001 - a broken file must not stop the job
         # The decoder raises on what it cannot skip (missing file, bad meta page):
         # report it against the whole file and keep what was decoded before it.
-        problems.append({"page": FILE_PAGE, "offset": 0,
-                         "reason": f"{type(exc).__name__}: {exc}"})
+        problems.append(_row(FILE_PAGE, 0, f"{type(exc).__name__}: {exc}"))
+    if unlisted:
+        first, last, n = unlisted
+        if n == 1:
+            problems.append(_row(first.page, first.offset, first.reason))
+        else:
+            problems.append(_row(first.page, first.offset,
+                                 f"{n} more corrupt pages not listed (pages {first.page}.."
+                                 f"{last.page}); the first: {first.reason}", n))
     if keys or problems:
         yield batch(len(keys), problems)
 
@@ -120,5 +140,10 @@ def decode_task(task: dict) -> Iterator[Any]:
 COLUMNS = ["node", "cache", "partition", "key", "value", "counter", "tombstone", "problem"]
 
 
+def _row(page: int, offset: int, reason: str, count: int = 1) -> dict:
+    return {"page": int(page), "offset": int(offset), "reason": str(reason), "count": count}
+
+
 def problem_type(pa: Any) -> Any:
-    return pa.struct([("page", pa.int64()), ("offset", pa.int64()), ("reason", pa.string())])
+    return pa.struct([("page", pa.int64()), ("offset", pa.int64()), ("reason", pa.string()),
+                      ("count", pa.int64())])

@@ -260,3 +260,28 @@ def test_store_replicas_one_value_changed_through_the_store(spark, tmp_path) -> 
     (d,) = res["divergent"]
     assert (d["partition"], d["keys_total"]) == (2, 1)
     assert [(k["key"], k["kind"]) for k in d["keys"]] == [("key-2-77", "value")]
+
+
+def test_bad_files_cost_a_bounded_report_and_never_fail_the_job(spark, tmp_path) -> None:
+    """A crafted meta page over a sparse file (each page corrupt), a partition number
+    past the int column, a name that is not the partition's: findings, job goes on."""
+    from checkpoint.layout import encode_meta, seal
+    from validation.source import MAX_LISTED
+    dirs = two_nodes(tmp_path)
+    folder = os.path.join(dirs[1], "caches", "users")
+    meta = encode_meta(1, 4096, 50_000, 1)
+    seal(meta)
+    with open(os.path.join(folder, "part-1.bin"), "wb") as f:
+        f.write(meta)
+        f.truncate(50_000 * 4096)                  # 200 MB sparse
+    for name in ("part-99999999999.bin", "part-03.bin"):
+        shutil.copy(os.path.join(folder, "part-0.bin"), os.path.join(folder, name))
+    res = validate(dirs, spark=spark)
+    assert res["passed"] is False and res["partitions_checked"] == PARTS
+    crafted = [p for p in res["corrupt_pages"] if p["partition"] == 1]
+    assert len(crafted) == MAX_LISTED + 1 and crafted[-1]["count"] == 49_999 - MAX_LISTED
+    names = {p["partition"]: p["reason"] for p in res["corrupt_pages"] if p["page"] == -1}
+    assert "is above 2147483647" in names[99999999999]
+    assert "not the name of partition 3's file" in names[3]
+    assert {d["partition"] for d in res["divergent"]} == {1}   # part-3.bin still compared alike
+    assert len(json.dumps(res)) < 100_000
