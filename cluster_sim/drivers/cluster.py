@@ -12,12 +12,13 @@ peers and/or etcd, etcd members killed, a node's tmpfs disk filled) live in
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
 import sys
 from typing import Any
+
+from node.states import read_states
 
 from ..diskfull import SimSkipped
 from ..errors import ProcessError, SimError
@@ -269,11 +270,7 @@ class ClusterDriver(ClusterFaults, Driver):
         dirs = {n: self.data_dir(n) for n in self.procs}
         lost: dict[tuple[str, int], str] = {}
         for n, d in dirs.items():
-            try:
-                with open(os.path.join(d, "states.json")) as f:
-                    states = json.load(f)["caches"].get(cache.name, {})
-            except FileNotFoundError:
-                continue
+            states = read_states(d).get(cache.name, {})
             for p, st in states.items():
                 copies.append(Copy(n, d, cache.name, int(p), st))
                 if st == "LOST":

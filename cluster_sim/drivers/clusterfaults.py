@@ -25,7 +25,6 @@ the moves must retry and converge like any other.
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import threading
@@ -33,6 +32,8 @@ import time
 from typing import Any
 
 from checkpoint import part_name
+from node.errors import DataDirError
+from node.states import read_states
 
 from ..diskfull import Tmpfs
 from ..errors import ProcessError
@@ -264,9 +265,8 @@ def _unclean(data: str, cache: str, only: str | None = None) -> list[str]:
     replay; they restart), so only the partition whose transfer ran out of space is held
     to "not installed"."""
     try:
-        with open(os.path.join(data, "states.json")) as f:
-            states = json.load(f)["caches"].get(cache, {})
-    except (OSError, ValueError, KeyError):
+        states = read_states(data).get(cache, {})
+    except DataDirError:
         return []
     out = [f"partition {p} became {st} on a disk with no room for it" for p, st in states.items()
            if st == "OWNING"]

@@ -15,6 +15,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from node.states import read_states  # noqa: E402
+
 # One etcd (the control plane) per test, started on first use in the test's folder
 # (tests/node/conftest.py resets it around every test).
 _ETCD: dict[str, Any] = {"root": None, "cluster": None}
@@ -205,7 +207,7 @@ def offline_check(data_dirs: list[str], cache: str = "default") -> dict[int, dic
     from indexes import IndexStore
     copies: dict[int, list[tuple[str, int, dict[bytes, bytes]]]] = {}
     for d in data_dirs:
-        states = json.load(open(os.path.join(d, "states.json")))["caches"].get(cache, {})
+        states = read_states(d).get(cache, {})
         store = PartitionStore.open(os.path.join(d, "caches", cache), checkpoint_interval=None)
         idx = IndexStore.open(os.path.join(d, "indexes", cache))
         try:

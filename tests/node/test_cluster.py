@@ -12,6 +12,7 @@ import pytest
 
 from node import Client
 from node.errors import NodeError
+from node.states import read_states
 
 from nodeharness import NodeProc, offline_check, status, wait_settled, write_secret
 
@@ -176,5 +177,5 @@ def test_topology_changes_under_a_writer(tmp_path, nodes):
         if k not in w.unsure:
             from node import partition_of
             assert data[partition_of(k, 8)].get(k) == v
-    n3_states = json.load(open(os.path.join(n3.data, "states.json")))["caches"]["default"]
+    n3_states = read_states(n3.data)["default"]
     assert set(n3_states.values()) == {"EVICTED"}

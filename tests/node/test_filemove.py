@@ -11,6 +11,8 @@ import time
 
 import pytest
 
+from node.states import read_states
+
 import nodeharness
 from nodeharness import NodeProc, offline_check, status, wait_settled, write_secret
 from test_cluster import CONFIG, Writer, check_model, writes_during
@@ -151,7 +153,7 @@ def test_supplier_killed_mid_send_and_old_owner_mid_eviction(tmp_path, nodes):
         wait_exit(n2)
         # n3's first move pulls from n2, so n2 died before handing anything over: it
         # still holds copies that are no longer its own with n3 in the cluster
-        held = json.load(open(os.path.join(n2.data, "states.json")))["caches"]["default"]
+        held = read_states(n2.data)["default"]
         others = [p for p, s in held.items()
                   if s == "OWNING" and "n2" not in owners("default", int(p), ["n1", "n2", "n3"], 1)]
         assert others, f"n2 has nothing to evict when it returns: {held}"
@@ -166,7 +168,7 @@ def test_supplier_killed_mid_send_and_old_owner_mid_eviction(tmp_path, nodes):
         n2.start(wait=False, crash="owner.mid_eviction:1", trace=trace)
         wait_exit(n2)
         assert "owner.mid_eviction" in open(trace).read().split(), open(trace).read()
-        held = json.load(open(os.path.join(n2.data, "states.json")))["caches"]["default"]
+        held = read_states(n2.data)["default"]
         # not yet evicted: RENTING, or even OWNING on disk (StateTable.get shows the reconcile
         # loop a RENTING that is still being written, and it can reach the point first)
         assert all(held[p] in ("OWNING", "RENTING") for p in others), held
