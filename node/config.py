@@ -10,7 +10,7 @@ import os
 import re
 import tomllib
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Any, Mapping
 
 from faults import fileio
 
@@ -30,6 +30,9 @@ MAX_VALUE_LIMIT = MAX_FRAME - (64 << 10)
 # Below this the checkpointer would start its next run as soon as one ends: interval 0
 # once kept a core at 100% for ever (issue 24).
 MIN_CHECKPOINT_INTERVAL_S = 0.05
+# The largest whole-number setting: etcd's JSON, the metrics and the C code that meet
+# these values take 64-bit integers.
+MAX_WHOLE = 2**63 - 1
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 MAX_CONFIG_BYTES = 1 << 20
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
@@ -365,6 +368,47 @@ def with_overrides(cfg: NodeConfig, **changes: Any) -> NodeConfig:
     return validate(replace(cfg, **changes))
 
 
+def field_of(name: str) -> str | None:
+    """The NodeConfig field of a key as written in the file and in ``ferry cluster
+    settings`` (``transfer.rate_limit``), or of the field's own name; None if neither."""
+    for k, f in _KEYS.items():
+        if ".".join(k) == name:
+            return f
+    return name if name in NodeConfig.__dataclass_fields__ else None
+
+
+def apply_each(cfg: NodeConfig, changes: Mapping[str, Any]) -> tuple[NodeConfig, dict[str, str]]:
+    """Apply live setting changes one by one. ``changes`` maps a setting's name
+    (``transfer.rate_limit``) or its NodeConfig field (``transfer_rate_limit``) to the
+    new value. Each is checked on its own, on the config with the changes accepted so
+    far, so one malformed stored setting no longer holds back every other one; a
+    change that depends on another (``rebalance.min_moves`` above the old
+    ``max_moves``) is tried again after the others. Returns the new config and
+    ``{name as given: why refused}``."""
+    new = cfg
+    pending: dict[str, tuple[str, Any]] = {}
+    refused: dict[str, str] = {}
+    for name, value in changes.items():
+        fld = field_of(name)
+        if fld is None or fld in ("id", "data", "source", "caches"):
+            refused[name] = f"unknown setting {name!r}"
+        else:
+            pending[name] = (fld, value)
+    progress = True
+    while pending and progress:
+        progress = False
+        for name, (fld, value) in list(pending.items()):
+            try:
+                new = validate(replace(new, **{fld: value}))
+            except (ConfigError, TypeError, ValueError, OverflowError) as e:
+                refused[name] = str(e)
+                continue
+            del pending[name]
+            refused.pop(name, None)
+            progress = True
+    return new, refused
+
+
 def _key(fld: str) -> str:
     """The TOML name of a NodeConfig field (``transfer.rate_limit``), as users write it
     in the file and in ``ferry cluster settings set``."""
@@ -376,9 +420,10 @@ def _key(fld: str) -> str:
 
 def _whole(cfg: NodeConfig, fld: str, lo: int, hi: int | None, unit: str) -> None:
     v = getattr(cfg, fld)
+    top = MAX_WHOLE if hi is None else hi
     # bool is an int in Python; `true` is never a count
-    if not isinstance(v, int) or isinstance(v, bool) or v < lo or (hi is not None and v > hi):
-        rng = f"{lo}..{hi}" if hi is not None else f">= {lo}"
+    if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= top:
+        rng = f"{lo}..{hi}" if hi is not None else f">= {lo} (at most {MAX_WHOLE})"
         raise ConfigError(f"{_key(fld)} must be a whole number {rng} ({unit}), not {v!r}")
 
 

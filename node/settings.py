@@ -6,9 +6,10 @@ A value is checked the same way the node's config file is before it is stored.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
-from .config import NodeConfig, validate
+from .config import NodeConfig, apply_each, validate
 from .control import Etcd
 from .errors import ConfigError
 from .jsonvalue import Json, JsonDoc
@@ -29,22 +30,37 @@ def parse(name: str, raw: str) -> Json:
         if word not in _BOOLS:
             raise ConfigError(f"setting {name}: {raw!r} is not on/off (also true/false, 1/0, yes/no)")
         return _BOOLS[word]
-    try:
-        val: Json = raw if kind is str else kind(float(raw)) if kind is int and "." not in raw else kind(raw)
-    except ValueError:
-        raise ConfigError(f"setting {name}: {raw!r} is not a{'n integer' if kind is int else ' number'}") from None
-    if kind is int and isinstance(val, int) and str(val) != raw.strip().lstrip("+"):
-        raise ConfigError(f"setting {name}: {raw!r} is not a whole number")
+    val: Json = raw if kind is str else _number(name, raw, whole=kind is int)
     validate(replace(DEFAULTS, **{fld: val}))      # the same checks as the config file
     return val
+
+
+def _number(name: str, raw: str, *, whole: bool) -> int | float:
+    """``raw`` as a finite number (a whole one for a count): ``inf``, ``nan`` and
+    ``1e400`` are refused here, with the setting's name, not as a traceback."""
+    text = raw.strip()
+    try:
+        num = float(text)
+    except ValueError:
+        raise ConfigError(f"setting {name}: {raw!r} is not a{'n integer' if whole else ' number'}") from None
+    if not math.isfinite(num):
+        raise ConfigError(f"setting {name}: {raw!r} is not a finite number")
+    if not whole:
+        return num
+    try:
+        return int(text.lstrip("+"))      # exact, however many digits
+    except ValueError:
+        raise ConfigError(f"setting {name}: {raw!r} is not a whole number") from None
 
 
 def put(etcd: Etcd, prefix: str, name: str, raw: str) -> Json:
     val = parse(name, raw)
     # checked with the other stored settings too (rebalance.min_moves <= max_moves)
-    others = {SETTINGS[n]: d["value"] for n, d in current(etcd, prefix).items() if d["set"] and n != name}
+    # (a malformed stored one, refused by the nodes too, does not block this one)
+    others = {n: d["value"] for n, d in current(etcd, prefix).items() if d["set"] and n != name}
+    base, _refused = apply_each(DEFAULTS, others)
     try:
-        validate(replace(DEFAULTS, **others, **{SETTINGS[name]: val}))
+        validate(replace(base, **{SETTINGS[name]: val}))
     except ConfigError as e:
         raise ConfigError(f"setting {name} = {raw}: {e} (with the cluster's other settings)") from None
     etcd.put(f"{prefix}/settings/{name}", val)
