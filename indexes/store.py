@@ -216,11 +216,18 @@ class IndexStore:
         except keycodec.UnencodableValue as e:
             raise BadQueryError(f"index {name!r}: {e}") from None
 
-    def lookup(self, index: str, value: object) -> list[bytes]:
-        """Primary keys whose document has ``value`` at the index's field, sorted."""
+    def _dbs(self, partitions: Iterable[int] | None) -> list[object]:
+        """The ready partitions' databases; only those in ``partitions`` when given."""
+        ready = self._ready if partitions is None else self._ready.intersection(partitions)
+        return [self._env.partition_db(p, create=True) for p in sorted(ready)]
+
+    def lookup(self, index: str, value: object,
+               partitions: Iterable[int] | None = None) -> list[bytes]:
+        """Primary keys whose document has ``value`` at the index's field, sorted
+        (``partitions``: only theirs; a node answers for the ones it leads)."""
         _, idp = self._index(index)
         prefix = idp + self._encode(index, value)
-        dbs = [self._env.partition_db(p, create=True) for p in sorted(self._ready)]
+        dbs = self._dbs(partitions)
 
         def read(txn: lmdb.Transaction) -> list[bytes]:
             out = []
@@ -231,14 +238,17 @@ class IndexStore:
         return self._env.read(read)
 
     def range(self, index: str, lo: object = None, hi: object = None,
-              limit: int | None = None) -> list[tuple[object, bytes]]:
+              limit: int | None = None,
+              partitions: Iterable[int] | None = None) -> list[tuple[object, bytes]]:
         """(value, primary key) pairs with ``lo <= value < hi`` in index order (value,
         then primary key); ``None`` bounds are open. To bound by null itself, use
-        :meth:`lookup`."""
+        :meth:`lookup`. ``limit`` ends the scan after that many pairs; ``partitions``:
+        only theirs (a node answers for the ones it leads, and skips the others'
+        databases instead of reading and dropping their pairs)."""
         _, idp = self._index(index)
         lo_key = idp + (self._encode(index, lo) if lo is not None else b"")
         hi_key = idp + self._encode(index, hi) if hi is not None else _successor(idp)
-        dbs = [self._env.partition_db(p, create=True) for p in sorted(self._ready)]
+        dbs = self._dbs(partitions)
 
         def read(txn: lmdb.Transaction) -> list[tuple[object, bytes]]:
             its = [_between(txn.cursor(db=db), lo_key, hi_key) for db in dbs]
