@@ -16,15 +16,15 @@ import errno
 import logging
 import os
 import stat
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 from checkpoint import PartitionStore
 from faults import FerryError, fileio
 from checkpoint.pagefile import iter_entries
-from indexes import IndexDefinition, IndexStore
+from indexes import BadQueryError, IndexDefinition, IndexStore
 
 from .config import CacheConfig, NodeConfig
-from .errors import DataDirError
+from .errors import BadRequest, DataDirError
 from .states import State, StateTable
 
 log = logging.getLogger("ferry.node.storage")
@@ -302,11 +302,28 @@ class CacheData:
         return iter(self.store.scan(p))
 
     # -- indexes ------------------------------------------------------------------
-    def lookup(self, index: str, value: Any) -> list[bytes]:
-        return [k if isinstance(k, bytes) else k[-1] for k in self.indexes.lookup(index, value)]
+    def lookup(self, index: str, value: Any, partitions: Iterable[int] | None = None) -> list[bytes]:
+        """Keys whose document has ``value`` at ``index`` (``partitions``: only theirs).
+        A value no index holds (a list, a map, NaN) is the client's error:
+        :class:`BadRequest`, not an internal one with a traceback."""
+        try:
+            keys = self.indexes.lookup(index, value, partitions)
+        except BadQueryError as e:
+            raise BadRequest(f"lookup on {self.cache.name}.{index}: {e}") from None
+        return [k if isinstance(k, bytes) else k[-1] for k in keys]
 
-    def range(self, index: str, lo: Any, hi: Any, limit: int | None) -> list[Any]:
-        return list(self.indexes.range(index, lo, hi, limit))
+    def range(self, index: str, lo: Any, hi: Any, limit: int | None,
+              partitions: Iterable[int] | None = None) -> list[Any]:
+        """``[value, key]`` pairs with ``lo <= value < hi``; the scan ends after
+        ``limit`` of them and reads only ``partitions`` when given. Bounds no index
+        holds are :class:`BadRequest`, and so is a limit that is not a count."""
+        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool)
+                                  or limit < 0):
+            raise BadRequest(f"range limit must be a whole number >= 0, not {limit!r}")
+        try:
+            return list(self.indexes.range(index, lo, hi, limit, partitions))
+        except BadQueryError as e:
+            raise BadRequest(f"range on {self.cache.name}.{index}: {e}") from None
 
     def rebuild_index(self, p: int) -> None:
         self.indexes.rebuild(p, self.store)
