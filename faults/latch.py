@@ -149,14 +149,13 @@ class _Warnings:
         self._quiet: dict[Cause, int] = {}
         self.refused: dict[Cause, int] = {}     # requests refused, since the start
 
-    def report(self, cause: Cause, text: str, *, force: bool = False,
-               refusal: bool = False) -> None:
+    def report(self, cause: Cause, text: str, *, refusal: bool = False) -> None:
         now = time.monotonic()
         with self._lock:
             if refusal:
                 self.refused[cause] = self.refused.get(cause, 0) + 1
             last = self._last.get(cause)
-            if not force and last is not None and now - last < WARN_EVERY:
+            if last is not None and now - last < WARN_EVERY:
                 self._quiet[cause] = self._quiet.get(cause, 0) + 1
                 return
             self._last[cause] = now
@@ -217,7 +216,7 @@ class Latch:
         or when ``retry`` is False (the component cannot go on: the node needs a
         restart), which is logged as an ERROR once."""
         cause = cause_of(exc)
-        first = self.error is None or cause is not self.cause
+        first = self.error is None or cause is not self.cause   # a new failure
         if self.error is None:
             self.since = time.monotonic()
         self.error, self.cause = exc, cause
@@ -233,9 +232,10 @@ class Latch:
                           self.component, self.path, what, exc, RESTART,
                           exc_info=cause is None)
             return False
+        # at most one WARNING per cause and minute, whoever says it first (a refused
+        # request usually does): the latch's own line would say the same again
         WARNINGS.report(cause, f"{self.component} {self.path}: "
-                        f"{describe(cause, self.where, self.needed)}: {advice(cause)}",
-                        force=first)
+                        f"{describe(cause, self.where, self.needed)}: {advice(cause)}")
         return True
 
     def delay(self) -> float:
