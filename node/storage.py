@@ -20,6 +20,7 @@ from typing import Any, Iterable, Iterator
 
 from checkpoint import PartitionStore
 from faults import FerryError, fileio
+from faults.latch import Latch, cause_of
 from checkpoint.pagefile import iter_entries
 from indexes import BadQueryError, IndexDefinition, IndexStore
 
@@ -174,6 +175,11 @@ class CacheData:
                                              checkpoint_interval=cfg.checkpoint_interval_s)
         except (FerryError, OSError) as e:
             raise _start_error(e, cache.name, f"its partitions in {self.root}") from None
+        # Partitions whose index missed a change its data took (the index commit hit a
+        # full disk, a read-only file system, no descriptors after the data was
+        # logged): rebuilt from the data before the partition's next change.
+        self._behind: set[int] = set()
+        self._index_latch = Latch("index", self.index_root)
         try:
             os.makedirs(self.index_root, exist_ok=True)
             defs = [IndexDefinition(i.name, i.field, unique=i.unique) for i in cache.indexes]
@@ -201,6 +207,7 @@ class CacheData:
 
     def drop(self, p: int) -> None:
         self.indexes.drop(p)
+        self._behind.discard(p)
         if p in self.store.partitions():
             self.store.drop_partition(p)
         self.discard_partial(p)
@@ -226,19 +233,50 @@ class CacheData:
 
     def put(self, p: int, key: bytes, value: bytes | None) -> int:
         """Primary side: next counter, logged, applied to data and indexes."""
+        self._catch_up(p)
         old = self.store.get(p, key) if self.cache.indexes else None
         counter = self.store.put(p, key, value) if value is not None else self.store.remove(p, key)
         if self.cache.indexes:
-            self.indexes.apply(p, key, old, value)
+            self._index(p, self.indexes.apply, p, key, old, value)
         return int(counter)
 
     def apply(self, p: int, key: bytes, value: bytes | None, counter: int) -> bool:
         """Backup side: idempotent by counter."""
+        self._catch_up(p)
         old = self.store.get(p, key) if self.cache.indexes else None
         done = bool(self.store.apply(p, key, value, counter))
         if done and self.cache.indexes:
-            self.indexes.apply(p, key, old, value)
+            self._index(p, self.indexes.apply, p, key, old, value)
         return done
+
+    def _index(self, p: int, fn: Any, *args: Any) -> None:
+        """An index change that follows a data change of p. One the system refused (a
+        full disk ...) leaves p's index behind its data: noted, so p's next change
+        rebuilds it first (:meth:`_catch_up`), and raised."""
+        try:
+            fn(*args)
+        except Exception as e:
+            if cause_of(e) is not None:
+                self._behind.add(p)
+                self._index_latch.fail(e)
+            raise
+
+    def _catch_up(self, p: int) -> None:
+        """Before a change of p (the caller holds p's lock, so nothing else changes p
+        meanwhile): rebuild p's index from its data if a refused index change left it
+        behind. Raises (the change is refused too) while the cause lasts."""
+        if p not in self._behind:
+            return
+        try:
+            self.indexes.rebuild(p, self.store)
+        except Exception as e:
+            self._index_latch.fail(e)
+            raise
+        self._behind.discard(p)
+        log.info("stage=storage cache=%s partition=%d index rebuilt after a refused index "
+                 "change", self.cache.name, p)
+        if not self._behind:
+            self._index_latch.clear()
 
     def put_many(self, p: int, items: list[tuple[bytes, bytes]]) -> list[int]:
         """Primary side, bulk (partition lock held): the next counters, the data in ONE
@@ -263,6 +301,7 @@ class CacheData:
         data and the index commit leaves the index behind; the unclean start-up rebuilds
         it, a move starts over.) ``logged=False``: the data is not written to the node
         WAL (``PartitionStore.apply_many``); only for the temp-WAL replay of a move."""
+        self._catch_up(p)
         held = self.counter(p)
         todo = []
         for u in updates:                       # only what apply() would apply, in order
@@ -280,7 +319,8 @@ class CacheData:
         done = self.store.apply_many(p, todo, logged=logged)
         if self.cache.indexes:
             if all(done):
-                self.indexes.apply_many(p, [(k, o, v) for (k, v, _), o in zip(todo, olds)])
+                self._index(p, self.indexes.apply_many,
+                            p, [(k, o, v) for (k, v, _), o in zip(todo, olds)])
             else:   # not expected under the partition lock; the index must follow the data
                 log.warning("cache=%s partition=%d: %d of %d batched updates were not applied; "
                             "rebuilding the partition's index", self.cache.name, p,
@@ -327,12 +367,23 @@ class CacheData:
 
     def rebuild_index(self, p: int) -> None:
         self.indexes.rebuild(p, self.store)
+        self._behind.discard(p)
 
     # -- lifecycle ----------------------------------------------------------------
     def checkpoint(self) -> Any:
         return self.store.checkpoint()
 
     def close(self) -> None:
+        for p in sorted(self._behind):
+            # its index is behind its data: not ready, so the next start rebuilds it
+            try:
+                self.indexes.clear(p)
+            except Exception as e:  # noqa: BLE001 - still refused: say what to do
+                log.error("stage=storage cache=%s partition=%d: its index misses changes and "
+                          "could not be marked for a rebuild (%s); delete %s before the next "
+                          "start (the node rebuilds the indexes from the data)",
+                          self.cache.name, p, e, self.index_root)
+        self._index_latch.close()
         for part in (self.indexes, self.store):
             try:
                 part.close()
