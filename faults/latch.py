@@ -78,6 +78,9 @@ def _where(exc: BaseException) -> tuple[str | None, int | None]:
             return e.path, e.needed
         if isinstance(e, OSError) and e.filename is not None:
             return str(e.filename), None
+        path = getattr(e, "path", None)       # a Ferry error that names its file
+        if isinstance(path, str) and path:
+            return path, None
     return None, None
 
 

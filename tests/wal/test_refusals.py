@@ -139,3 +139,19 @@ def test_out_of_descriptors_refuses_a_cut_without_failing(tmp_path) -> None:
     assert out["failure"] == "None" and out["acked"][-1] == 99
     with Wal.open(d, segment_size=4096) as w:
         assert [int(r.payload[:6]) for r in w.read_from()] == out["acked"]
+
+
+def test_refusal_warning_names_the_log(tmp_path, caplog, monkeypatch) -> None:
+    from faults import latch
+    monkeypatch.setattr(latch, "WARNINGS", latch._Warnings())
+    layer = _ReadOnly()
+    with fileio.use(layer):
+        w = Wal.open(tmp_path / "log")
+        layer.ro = True
+        with pytest.raises(WriteRefusedError) as ei:
+            w.append(b"x")
+        assert latch.report_refusal(ei.value)
+        layer.ro = False
+        w.close()
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "ferry.storage"]
+    assert f"filesystem read-only at {tmp_path / 'log'}" in line
