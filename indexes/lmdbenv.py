@@ -1,12 +1,16 @@
-"""The one LMDB environment of an :class:`IndexStore`: opening with corruption checks,
-the map that grows on demand, and the named databases.
+"""The one LMDB environment of an :class:`IndexStore`: opening with corruption and
+layout-format checks, the map that grows on demand, and its databases.
 
-Layout (docs/indexes.md says why): the unnamed main database holds only the names of
-the named ones; ``meta`` holds the store's settings, index ids and per-partition
-ready markers; ``p/<partition>`` holds every index entry of one partition, keys
-prefixed by the index id. A partition's entries are thus one database: ``drop`` and
-the start of a rebuild empty it in one call, and a rebuild fills an empty database in
-key order, which is LMDB's append mode.
+Layout (docs/indexes.md says why): ``meta`` holds the store's layout format, settings,
+index ids and per-partition ready markers (indexes/meta.py); ``entries`` and ``long``
+hold every index entry of every partition, keyed by partition (indexes/entrydb.py).
+The number of partitions is not bounded by LMDB's named-database limit.
+
+An environment written in an older layout (format 1: one named database
+``p/<partition>`` per partition, which LMDB's ``max_dbs`` limited to 4,095
+partitions) is derived data in a shape this code does not read: it is deleted at
+open, its index definitions are kept, and every partition starts not ready, so the
+node rebuilds each from its data. A newer format is refused.
 
 LMDB does its own I/O through its memory map and write(2), so it is outside the
 ``faults.fileio`` seam. Its commit protocol is the durability boundary: the
@@ -14,6 +18,7 @@ environment is opened with sync on, so a commit that returned is on disk.
 """
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -23,27 +28,26 @@ import lmdb
 
 import faults
 
+from . import meta
+from .entrydb import EntryDbs, max_entry_key
 from .errors import IndexCorruptError, IndexStoreError, OutOfDiskError
 
 T = TypeVar("T")
+log = logging.getLogger("ferry.indexes")
 
 DATA_FILE = "data.mdb"
 LOCK_FILE = "lock.mdb"
 # Small start (sparse file; costs nothing) and doubling growth: a full map is a resize.
 INITIAL_MAP = 64 << 20
 MAX_MAP = 1 << 40
-# One named database per partition + meta. LMDB allocates per read transaction an
-# array of this size, so it is not set far above what a node needs.
-MAX_DBS = 4096
+# Named databases: meta, entries and long (LMDB allocates arrays of this size per
+# transaction, so it stays small: partitions are keys, not databases).
+MAX_DBS = 4
 
 # Below this much free space, an EIO from a commit is taken for a full disk.
 _LOW_SPACE = 16 << 20
 _CORRUPT = (lmdb.CorruptedError, lmdb.InvalidError, lmdb.PageNotFoundError,
             lmdb.VersionMismatchError, lmdb.PanicError, lmdb.BadValsizeError)
-
-
-def _partition_name(p: int) -> bytes:
-    return b"p/%d" % p
 
 
 class LmdbEnv:
@@ -54,7 +58,6 @@ class LmdbEnv:
                  reset_corrupt: bool = False) -> None:
         self.path = os.path.abspath(path)
         self.lock = threading.RLock()
-        self._dbs: dict[int, object] = {}
         try:
             os.makedirs(self.path, exist_ok=True)
         except OSError as e:
@@ -66,8 +69,15 @@ class LmdbEnv:
                 raise
             self._move_aside()
             self.env = self._open(map_size, max_dbs)
-        self.max_key = self.env.max_key_size()
         self.meta = self.env.open_db(b"meta")
+        kept = self._older_layout()
+        if kept is not None:
+            self.env = self._open(map_size, max_dbs)        # empty, this layout
+            self.meta = self.env.open_db(b"meta")
+            self.write(lambda txn: meta.put_settings(txn, self.meta, kept))
+        self.entries = EntryDbs(self.env)
+        # the longest entry key the indexer may make
+        self.max_key = max_entry_key(self.env.max_key_size())
 
     # -- opening ------------------------------------------------------------------
     def _open(self, map_size: int, max_dbs: int) -> lmdb.Environment:
@@ -91,12 +101,44 @@ class LmdbEnv:
             raise IndexCorruptError(data, f"file is {size} bytes but its last page ends at "
                                           f"{need} (truncated)")
         try:
-            with env.begin(write=True) as txn:  # opens (or creates) meta
-                env.open_db(b"meta", txn=txn)
+            with env.begin(write=True) as txn:  # opens (or creates) the databases
+                db = env.open_db(b"meta", txn=txn)
+                if meta.is_empty(txn, db):
+                    meta.put_format(txn, db)
+                if meta.layout_format(txn, db) == meta.FORMAT:
+                    EntryDbs(env, txn)
         except _CORRUPT as e:
             env.close()
             raise IndexCorruptError(data, f"{type(e).__name__}: {e}") from None
         return env
+
+    def _older_layout(self) -> dict[bytes, bytes] | None:
+        """None when the environment has this version's layout. When it has an older
+        one: its files are deleted (the env is closed) and its settings returned, to be
+        written into a new, empty environment. A newer layout is refused."""
+        data = os.path.join(self.path, DATA_FILE)
+        with self.env.begin() as txn:
+            fmt = meta.layout_format(txn, self.meta)
+            if fmt == meta.FORMAT:
+                return None
+            if fmt is not None and fmt > meta.FORMAT:
+                self.env.close()
+                raise IndexStoreError(
+                    f"index environment {data} has layout format {fmt}, newer than this "
+                    f"version's {meta.FORMAT}: it was written by a newer Ferry. Run that "
+                    "version, or delete the directory: the index is derived data, and every "
+                    "partition is rebuilt from its data")
+            kept = meta.settings(txn, self.meta)
+        self.env.close()
+        log.warning("stage=open index environment %s has layout format %s (one LMDB database "
+                    "per partition), not %d: deleted; its definitions are kept and every "
+                    "partition is rebuilt from its data", data, fmt, meta.FORMAT)
+        io = faults.fileio.layer()
+        for name in (DATA_FILE, LOCK_FILE):
+            if os.path.exists(os.path.join(self.path, name)):
+                io.unlink(os.path.join(self.path, name))
+        io.fsync_dir(self.path)
+        return kept
 
     def _move_aside(self) -> None:
         """Keep the corrupt file for inspection, start empty (every partition not ready)."""
@@ -110,7 +152,6 @@ class LmdbEnv:
 
     def close(self) -> None:
         with self.lock:
-            self._dbs.clear()
             self.env.close()
 
     # -- transactions -------------------------------------------------------------
@@ -170,24 +211,3 @@ class LmdbEnv:
 
     def map_size(self) -> int:
         return int(self.env.info()["map_size"])
-
-    # -- partition databases ------------------------------------------------------
-    def partition_db(self, p: int, *, create: bool) -> object | None:
-        """The handle of partition p's database (created when ``create``), else None."""
-        with self.lock:
-            db = self._dbs.get(p)
-            if db is not None:
-                return db
-            name = _partition_name(p)
-            if create:
-                db = self.write(lambda txn: self.env.open_db(name, txn=txn))
-            else:
-                exists = self.read(lambda txn: txn.get(name) is not None)
-                if not exists:
-                    return None
-                db = self.write(lambda txn: self.env.open_db(name, txn=txn, create=False))
-            self._dbs[p] = db
-            return db
-
-    def forget_db(self, p: int) -> None:
-        self._dbs.pop(p, None)

@@ -2,7 +2,7 @@
 
 Keys and values (values are UTF-8 JSON)::
 
-    b"format"          1
+    b"format"          2: the layout format of the environment (indexes/lmdbenv.py)
     b"codec"           "json" | "msgpack"
     b"indexes"         {"next_id": N, "defs": [{"id": i, "name": ..., "field": [...],
                         "unique": b, "on_bad": s, "type": t}, ...]}
@@ -10,9 +10,11 @@ Keys and values (values are UTF-8 JSON)::
 
 An index keeps its id while its definition is unchanged; a changed definition gets a
 new id, so entries written under the old one can never be mistaken for the new one.
-The fingerprint hashes the codec and the (id, definition) list: a ready marker holds
-only for the definitions it was built with, so changing them makes every partition
-not ready until rebuilt.
+The fingerprint hashes the layout format, the codec and the (id, definition) list: a
+ready marker holds only for the definitions (and the layout) it was built with, so
+changing them makes every partition not ready until rebuilt. (With the format in it, a
+Ferry that predates the format's check, opened on a store of a later layout, finds no
+partition ready instead of serving from databases that are not there.)
 """
 from __future__ import annotations
 
@@ -27,7 +29,9 @@ import xxhash
 from .definitions import IndexDefinition
 from .errors import IndexDefinitionError
 
-FORMAT = 1
+# 1: one LMDB database per partition; 2: every partition in one duplicate-sorted
+# database keyed by partition (indexes/entrydb.py).
+FORMAT = 2
 K_FORMAT = b"format"
 K_CODEC = b"codec"
 K_INDEXES = b"indexes"
@@ -47,7 +51,8 @@ class Schema:
 
     @property
     def fingerprint(self) -> str:
-        body = json.dumps([self.codec, [[self.ids[d.name], d.to_json()] for d in self.definitions]],
+        body = json.dumps([FORMAT, self.codec,
+                           [[self.ids[d.name], d.to_json()] for d in self.definitions]],
                           sort_keys=True).encode()
         return xxhash.xxh3_64_hexdigest(body)
 
@@ -55,6 +60,34 @@ class Schema:
 def _get_json(txn: lmdb.Transaction, db: object, key: bytes) -> Any:
     raw = txn.get(key, db=db)
     return None if raw is None else json.loads(raw)
+
+
+def layout_format(txn: lmdb.Transaction, db: object) -> int | None:
+    """The stored layout format; None when there is none. A store written before the
+    format was checked holds 1 (it always wrote its format with its definitions)."""
+    fmt = _get_json(txn, db, K_FORMAT)
+    if fmt is None and txn.get(K_INDEXES, db=db) is not None:
+        return 1
+    return fmt if isinstance(fmt, int) else 0
+
+
+def is_empty(txn: lmdb.Transaction, db: object) -> bool:
+    return not txn.cursor(db=db).first()
+
+
+def put_format(txn: lmdb.Transaction, db: object) -> None:
+    txn.put(K_FORMAT, json.dumps(FORMAT).encode(), db=db)
+
+
+def settings(txn: lmdb.Transaction, db: object) -> dict[bytes, bytes]:
+    """What outlives a change of layout: the codec and the definitions with their ids
+    (not the ready markers: the entries they vouch for are gone)."""
+    return {k: v for k in (K_CODEC, K_INDEXES) if (v := txn.get(k, db=db)) is not None}
+
+
+def put_settings(txn: lmdb.Transaction, db: object, kept: dict[bytes, bytes]) -> None:
+    for k, v in kept.items():
+        txn.put(k, v, db=db)
 
 
 def load_schema(txn: lmdb.Transaction, db: object) -> Schema | None:
@@ -94,7 +127,7 @@ def reconcile(stored: Schema | None, definitions: list[IndexDefinition] | None,
 
 
 def save_schema(txn: lmdb.Transaction, db: object, schema: Schema) -> None:
-    txn.put(K_FORMAT, json.dumps(FORMAT).encode(), db=db)
+    put_format(txn, db)
     txn.put(K_CODEC, json.dumps(schema.codec).encode(), db=db)
     body = {"next_id": schema.next_id,
             "defs": [dict(d.to_json(), id=schema.ids[d.name]) for d in schema.definitions]}
@@ -102,9 +135,11 @@ def save_schema(txn: lmdb.Transaction, db: object, schema: Schema) -> None:
 
 
 def put_ready(txn: lmdb.Transaction, db: object, p: int, fingerprint: str,
-              entries: int, bad: int) -> None:
+              entries: int, bad: int) -> dict[str, Any]:
+    """Write partition p's ready marker; returns it as stored."""
     body = {"fingerprint": fingerprint, "entries": entries, "bad": bad, "at": time.time()}
     txn.put(ready_key(p), json.dumps(body).encode(), db=db)
+    return body
 
 
 def ready_markers(txn: lmdb.Transaction, db: object) -> dict[int, dict[str, Any]]:

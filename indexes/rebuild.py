@@ -2,13 +2,14 @@
 
 Stages, each visible in progress reports:
 
-1. ``clear``: one commit deletes the ready marker and empties the partition's
-   database, so whatever an earlier, interrupted rebuild left is gone.
+1. ``clear``: one commit deletes the ready marker and the partition's entries, so
+   whatever an earlier, interrupted rebuild left is gone.
 2. ``scan``: one sequential pass over ``source.scan(partition)``; every value gives its
    entry keys to an :class:`ExternalSorter` (memory bounded by ``memory_limit``).
-3. ``load``: the sorted keys go to LMDB in batches with ``putmulti(append=True)``
-   (no key comparisons, pages filled left to right), one commit per batch. The crash
-   point ``demander.mid_index_rebuild`` follows every commit.
+3. ``load``: the sorted keys go to LMDB in batches, appended to the partition's own
+   sub-tree (no key comparisons but with its last key, pages filled left to right),
+   one commit per batch. The crash point ``demander.mid_index_rebuild`` follows every
+   commit.
 4. ``ready``: a last commit writes the ready marker. LMDB commits are ordered and
    synced, so the marker is durable only after every entry is.
 
@@ -20,7 +21,6 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from itertools import repeat
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol
 
 import lmdb
@@ -154,7 +154,6 @@ def load_streamed(store: Rebuildable, partition: int, built: StreamedKeys, *,
 def _load(store: Rebuildable, partition: int, sorter: ExternalSorter, res: RebuildResult,
           rep: Reporter, cancelled: Callable[[], bool], batch: int) -> None:
     env = store.env
-    db = env.partition_db(partition, create=True)
     rep.start("load", len(sorter))
     uniq = sorted(keycodec.index_prefix(store.schema.ids[d.name])
                   for d in store.definitions if d.unique)
@@ -166,14 +165,10 @@ def _load(store: Rebuildable, partition: int, sorter: ExternalSorter, res: Rebui
 
         def put(txn: lmdb.Transaction, keys: list[bytes] = keys,
                 extra: dict[bytes, bytes] = extra) -> tuple[int, int]:
-            # The pairs are streamed to putmulti, never held in a list: zip hands out
-            # one reused tuple when putmulti drops it at once, so no per-entry object
-            # is built (plain index keys carry the primary key and have empty data).
-            # Made inside put because a full map runs it again from the start.
-            data = map(extra.get, keys, repeat(b"")) if extra else repeat(b"")
-            # append=True skips a key equal to the last one: that is how a value the
-            # source gave twice is kept once (counted, not an error).
-            return txn.cursor(db=db).putmulti(zip(keys, data), append=True)
+            # Appended to the partition's entries, streamed to LMDB without a pair list
+            # (indexes/entrydb.py). A key equal to the last one is not added: that is
+            # how a value the source gave twice is kept once (counted, not an error).
+            return env.entries.load(txn, partition, keys, extra)
         consumed, added = env.write(put)
         res.duplicates += consumed - added
         res.entries += added

@@ -12,7 +12,7 @@ neither updated nor served from a partial index.
 from __future__ import annotations
 
 import heapq
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import lmdb
 
@@ -57,7 +57,9 @@ class IndexStore:
         stored by the last open; new or changed definitions make every partition not
         ready until rebuilt. ``codec``: "json" (default) or "msgpack" documents.
         ``reset_corrupt``: move a corrupt data file aside and start empty instead of
-        raising IndexCorruptError."""
+        raising IndexCorruptError. A store of an older layout starts empty (its
+        definitions kept, no partition ready); a newer one raises IndexStoreError.
+        ``max_dbs``: LMDB's named-database limit (the layout uses three)."""
         env = LmdbEnv(path, map_size=map_size, max_dbs=max_dbs, reset_corrupt=reset_corrupt)
         try:
             defs = None if definitions is None else list(definitions)
@@ -102,7 +104,7 @@ class IndexStore:
     @property
     def env(self) -> LmdbEnv:
         """The store's LMDB environment: rebuild and verify read and write a
-        partition's database through it."""
+        partition's entries through it (``env.entries``)."""
         return self._env
 
     def mark_ready(self, partition: int, entries: int, bad: int) -> None:
@@ -110,33 +112,30 @@ class IndexStore:
         committed before it)."""
         fp = self.schema.fingerprint
         env = self._env
-        env.write(lambda txn: meta.put_ready(txn, env.meta, partition, fp, entries, bad))
-        self._markers = env.read(lambda txn: meta.ready_markers(txn, env.meta))
+        # the one marker, not all of them read again: O(1) per partition made ready
+        self._markers[partition] = env.write(
+            lambda txn: meta.put_ready(txn, env.meta, partition, fp, entries, bad))
         self._ready.add(partition)
 
-    def _clear(self, partition: int, *, delete_db: bool) -> None:
+    def _clear(self, partition: int) -> None:
         """Remove the ready marker and every entry of the partition, in one commit:
         the marker never survives its entries."""
         env = self._env
         self._ready.discard(partition)
-        db = env.partition_db(partition, create=not delete_db)
 
         def clear(txn: lmdb.Transaction) -> None:
             txn.delete(meta.ready_key(partition), db=env.meta)
-            if db is not None:
-                txn.drop(db, delete=delete_db)
+            env.entries.clear(txn, partition)
         env.write(clear)
-        if delete_db:
-            env.forget_db(partition)
         self._markers.pop(partition, None)
 
     def clear(self, partition: int) -> None:
-        """Make the partition not ready and empty its database (a rebuild's first step)."""
-        self._clear(partition, delete_db=False)
+        """Make the partition not ready and delete its entries (a rebuild's first step)."""
+        self._clear(partition)
 
     def drop(self, partition: int) -> None:
         """Forget the partition's index entries (it was evicted or is about to move)."""
-        self._clear(partition, delete_db=True)
+        self._clear(partition)
 
     # -- the write path -------------------------------------------------------------
     def check(self, key: bytes, new_value: bytes | None) -> None:
@@ -165,41 +164,38 @@ class IndexStore:
         for key, old_value, new_value in updates:
             new, bad = self.indexer.entries(key, new_value)
             self.indexer.refuse(key, bad)
-            old_keys = {e.key for e in self.indexer.entries(key, old_value)[0]}
+            old = {e.key: e.data for e in self.indexer.entries(key, old_value)[0]}
             new_keys = {e.key for e in new}
-            add = [e for e in new if e.key not in old_keys]
-            gone = [k for k in old_keys if k not in new_keys]
+            add = [e for e in new if e.key not in old]
+            gone = [(k, d) for k, d in old.items() if k not in new_keys]
             if add or gone:
                 plan.append((key, add, gone))
         if not plan:
             return
-        env = self._env
-        db = env.partition_db(partition, create=True)
+        entries = self._env.entries
         unique = any(e.index.unique for _, add, _ in plan for e in add)
-        # Handles are opened before the write transaction: opening one needs its own.
-        others = [env.partition_db(p, create=True) for p in sorted(self._ready)] if unique else []
+        others = self._partitions(None) if unique else []
 
         def write(txn: lmdb.Transaction) -> None:
             for key, add, gone in plan:
-                for k in gone:
-                    txn.delete(k, db=db)
+                for k, data in gone:
+                    entries.delete(txn, partition, k, data)
                 for e in add:
                     if e.index.unique:      # sees this commit's earlier updates too
                         holder = self._holder(txn, e, key, others)
                         if holder is not None:
                             raise UniqueViolationError(e.index.name, e.value, key, holder)
-                    txn.put(e.key, e.data, db=db)
-        env.write(write)
+                    entries.put(txn, partition, e.key, e.data)
+        self._env.write(write)
 
-    @staticmethod
-    def _holder(txn: lmdb.Transaction, e: Entry, key: bytes, dbs: list[object]) -> bytes | None:
-        """Another primary key that holds e's value in any of ``dbs``."""
-        prefix = e.key[:e.head]
-        for db in dbs:
-            for k, data in _prefixed(txn.cursor(db=db), prefix):
-                pk = keycodec.parse_entry(k, data)[2]
-                if pk != key:
-                    return pk
+    def _holder(self, txn: lmdb.Transaction, e: Entry, key: bytes,
+                partitions: list[int]) -> bytes | None:
+        """Another primary key that holds e's value in any of ``partitions``."""
+        head = e.key[:e.head]
+        for k, data in self._env.entries.with_prefix(txn, partitions, head):
+            pk = keycodec.parse_entry(k, data)[2]
+            if pk != key:
+                return pk
         return None
 
     # -- queries ---------------------------------------------------------------------
@@ -216,10 +212,10 @@ class IndexStore:
         except keycodec.UnencodableValue as e:
             raise BadQueryError(f"index {name!r}: {e}") from None
 
-    def _dbs(self, partitions: Iterable[int] | None) -> list[object]:
-        """The ready partitions' databases; only those in ``partitions`` when given."""
+    def _partitions(self, partitions: Iterable[int] | None) -> list[int]:
+        """The ready partitions; only those in ``partitions`` when given."""
         ready = self._ready if partitions is None else self._ready.intersection(partitions)
-        return [self._env.partition_db(p, create=True) for p in sorted(ready)]
+        return sorted(ready)
 
     def lookup(self, index: str, value: object,
                partitions: Iterable[int] | None = None) -> list[bytes]:
@@ -227,14 +223,12 @@ class IndexStore:
         (``partitions``: only theirs; a node answers for the ones it leads)."""
         _, idp = self._index(index)
         prefix = idp + self._encode(index, value)
-        dbs = self._dbs(partitions)
+        parts = self._partitions(partitions)
+        entries = self._env.entries
 
         def read(txn: lmdb.Transaction) -> list[bytes]:
-            out = []
-            for db in dbs:
-                out.extend(keycodec.parse_entry(k, d)[2]
-                           for k, d in _prefixed(txn.cursor(db=db), prefix))
-            return sorted(out)
+            parse = keycodec.parse_entry
+            return sorted(parse(k, d)[2] for k, d in entries.with_prefix(txn, parts, prefix))
         return self._env.read(read)
 
     def range(self, index: str, lo: object = None, hi: object = None,
@@ -243,15 +237,17 @@ class IndexStore:
         """(value, primary key) pairs with ``lo <= value < hi`` in index order (value,
         then primary key); ``None`` bounds are open. To bound by null itself, use
         :meth:`lookup`. ``limit`` ends the scan after that many pairs; ``partitions``:
-        only theirs (a node answers for the ones it leads, and skips the others'
-        databases instead of reading and dropping their pairs)."""
+        only theirs (a node answers for the ones it leads, and skips the others' key
+        ranges instead of reading and dropping their pairs)."""
         _, idp = self._index(index)
         lo_key = idp + (self._encode(index, lo) if lo is not None else b"")
         hi_key = idp + self._encode(index, hi) if hi is not None else _successor(idp)
-        dbs = self._dbs(partitions)
+        parts = self._partitions(partitions)
+        entries = self._env.entries
 
         def read(txn: lmdb.Transaction) -> list[tuple[object, bytes]]:
-            its = [_between(txn.cursor(db=db), lo_key, hi_key) for db in dbs]
+            long = entries.any_long(txn)
+            its = [entries.items(txn, p, lo_key, hi=hi_key, long=long) for p in parts]
             out = []
             for k, d in heapq.merge(*its):
                 if limit is not None and len(out) >= limit:
@@ -262,10 +258,8 @@ class IndexStore:
         return self._env.read(read)
 
     def entry_count(self, partition: int) -> int:
-        db = self._env.partition_db(partition, create=False)
-        if db is None:
-            return 0
-        return int(self._env.read(lambda txn: txn.stat(db)["entries"]))
+        env = self._env
+        return env.read(lambda txn: env.entries.count(txn, partition))
 
     # -- rebuild and verify ------------------------------------------------------------
     def rebuild(self, partition: int, source: Source, *,
@@ -307,21 +301,3 @@ def _successor(prefix: bytes) -> bytes:
     """The smallest key above every key starting with ``prefix`` (prefix != all 0xFF)."""
     p = prefix.rstrip(b"\xff")
     return p[:-1] + bytes([p[-1] + 1])
-
-
-def _prefixed(cur: lmdb.Cursor, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-    if not cur.set_range(prefix):
-        return
-    for k, d in cur:
-        if not k.startswith(prefix):
-            return
-        yield k, d
-
-
-def _between(cur: lmdb.Cursor, lo: bytes, hi: bytes) -> Iterator[tuple[bytes, bytes]]:
-    if not cur.set_range(lo):
-        return
-    for k, d in cur:
-        if k >= hi:
-            return
-        yield k, d

@@ -1,14 +1,15 @@
 """Compare a partition's index entries with its data.
 
 Both sides are streams in key order: the entries the data gives (the rebuild's scan
-and external sort, so the same code decides what "expected" means) and the LMDB
-database read in chunks (the store's lock is held per chunk, not for the whole
-pass). A merge-join yields entries missing from the index and entries the index has
+and external sort, so the same code decides what "expected" means) and the
+partition's entries in LMDB, read in chunks (the store's lock is held per chunk,
+not for the whole pass). A merge-join yields entries missing from the index and entries the index has
 in excess; a missing and an extra entry of the same (index, primary key) are one
 entry pointing to the wrong value.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -103,26 +104,13 @@ class VerifyReport:
 
 
 def stored(store: Verifiable, partition: int) -> Iterator[tuple[bytes, bytes]]:
-    """Every stored (LMDB key, data) of the partition, in key order, read in chunks."""
+    """Every stored (entry key, data) of the partition, in key order, read in chunks."""
     env = store.env
-    db = env.partition_db(partition, create=False)
-    if db is None:
-        return
     after: bytes | None = None
     while True:
         def chunk(txn: lmdb.Transaction) -> list[tuple[bytes, bytes]]:
-            cur = txn.cursor(db=db)
-            ok = cur.first() if after is None else cur.set_range(after)
-            out: list[tuple[bytes, bytes]] = []
-            if not ok:
-                return out
-            for k, d in cur:
-                if k == after:
-                    continue
-                out.append((k, d))
-                if len(out) >= _CHUNK:
-                    break
-            return out
+            items = env.entries.items(txn, partition, after or b"", after=after is not None)
+            return list(itertools.islice(items, _CHUNK))
         got = env.read(chunk)
         if not got:
             return

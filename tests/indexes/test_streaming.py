@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from checkpoint import PartitionStore
 from indexes import IndexDefinition, IndexStore, PartitionFileSource, StreamingUnavailable
+from indexes.verify import stored
 
 PS = 1024
 P = 3
@@ -64,11 +65,7 @@ def _versions(root: str, seed: int, n: int, m: int) -> tuple[bytes, bytes]:
 
 
 def _entries(ix: IndexStore) -> list[tuple[bytes, bytes]]:
-    env = ix._env
-    db = env.partition_db(P, create=False)
-    if db is None:
-        return []
-    return env.read(lambda txn: list(txn.cursor(db=db)))
+    return list(stored(ix, P))
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -11,6 +11,7 @@ import pytest
 
 from checkpoint import PartitionStore
 from indexes import IndexDefinition, IndexStore, PartitionFileSource
+from indexes.verify import stored
 from node.move.stream import StreamFeed
 from transfer import Demander, Limits, PartitionStoreStorage, SupplierServer
 
@@ -25,9 +26,7 @@ def _doc(i: int, tag: str, pad: int) -> bytes:
 
 
 def _entries(ix: IndexStore, p: int) -> list[tuple[bytes, bytes]]:
-    env = ix._env
-    db = env.partition_db(p, create=False)
-    return [] if db is None else env.read(lambda txn: list(txn.cursor(db=db)))
+    return list(stored(ix, p))
 
 
 @pytest.mark.parametrize("pad", [60, 5000])       # inline values; overflow chains
