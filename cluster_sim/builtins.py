@@ -22,8 +22,11 @@ TTL = float(LEASE_TTL_S)    # the nodes' lease: the faults below last whole TTLs
 # WRITE_TIMEOUT_S) stalls one writer, not the workload, so the cut-off side keeps
 # being tried while the fault lasts
 PARTITIONED = WorkloadSpec(writers=3, ops=300, rate=20.0, keys=100)
+# The same pace with half the operations reads of any writer's keys, on fewer keys: each
+# key's history then has several processes and enough operations to be checked
+READS = WorkloadSpec(writers=3, ops=300, rate=20.0, keys=30, read_ratio=0.5)
 FAULT_SCENARIOS = ("net-cut", "long-cut", "controller-cut", "flapping", "etcd-member-loss",
-                   "control-plane-outage", "controller-kill")
+                   "control-plane-outage", "controller-kill", "etcd-cut-reads", "sigstop-reads")
 
 BUILTINS: dict[str, Scenario] = {
     "join": Scenario(
@@ -128,6 +131,22 @@ BUILTINS: dict[str, Scenario] = {
         nodes=("n1", "n2", "n3"), workload=PARTITIONED,
         events=(Event(120, "kill", CONTROLLER), Event(240, "restart", CONTROLLER, max_wait=4.0)),
         settle_timeout=60.0),
+    # -- linearizable reads: faults that depose a primary which clients still reach
+    "etcd-cut-reads": Scenario(
+        name="etcd-cut-reads",
+        description="n1 is cut from etcd (not from its peers or the clients) for 9 s under writes "
+                    "and reads through every node: its lease lapses and its primaries move; it must "
+                    "serve no read (nor acknowledge a write) once a successor may exist",
+        nodes=("n1", "n2", "n3"), workload=READS,
+        events=(Event(120, "cut-control", "n1"), Event(121, "heal", min_wait=9.0)),
+        roles={"supplier": "n1", "demander": "n2", "third": "n3"}, settle_timeout=60.0),
+    "sigstop-reads": Scenario(
+        name="sigstop-reads",
+        description="the controller's process is frozen (SIGSTOP) for 3 lease TTLs under writes and "
+                    "reads through every node: its lease ends, another node takes over; thawed, it "
+                    "must not serve a read or acknowledge a write on the lease it remembers",
+        nodes=("n1", "n2", "n3"), workload=READS,
+        events=(Event(120, "sigstop", CONTROLLER, duration_s=3 * TTL),), settle_timeout=60.0),
     "file-move": Scenario(
         name="file-move", driver="file-move",
         description="the seed's file move (temp WAL, transfer, index rebuild, replay, "

@@ -1,11 +1,14 @@
 """One run: a scenario under one seed and one crash plan.
 
   start processes (the crash plan only in the target's FERRY_CRASH)
-  -> writers run the seeded workload, the model records what was acknowledged
+  -> writers run the seeded workload, the model records what was acknowledged, the
+     history every operation (invocation, completion, outcome)
   -> topology events fire when the workload has issued ``at`` operations
   -> a process that kills itself at its crash point is restarted (without the plan)
   -> settle -> reads through every node (cluster) -> clean stop of every process
-  -> invariants on the data directories
+  -> invariants on the data directories, and the history checked for linearizability
+     (``linearizable``: every key a register; a failure names the smallest failing
+     sub-history and the faults around it)
 
 Everything after the driver's setup runs in a worker thread under the scenario's time
 budget; a run past it fails naming the step it was stuck in (:mod:`cluster_sim.budget`).
@@ -26,11 +29,17 @@ from typing import Any, Callable
 from .budget import GRACE_S, Budget
 from .drivers import ClusterDriver, Driver, FileMoveDriver
 from .errors import SimError
+from .history import READ, WRITE, History
 from .invariants import NAMES, check_all
+from .linearizable import check as check_linearizable
+from .linearizable import describe
 from .procs import read_trace
 from .scenario import CrashPlan, Scenario, validate
 from .timeline import Timeline
 from .workload import Model, generate
+
+LINEARIZABLE = "linearizable"
+FAULT_LOOKBACK_S = 5.0    # timeline marks this long before a failing sub-history are shown with it
 
 SAMPLE_S = 0.5
 
@@ -98,12 +107,12 @@ def run(scenario: Scenario, *, seed: int = 0, crash: CrashPlan | None = None,
     if workdir is not None:
         os.makedirs(workdir, exist_ok=True)     # --workdir may name a folder to create
     run_dir = tempfile.mkdtemp(prefix=f"sim-{s.name}-{seed}-", dir=workdir)
-    tl, model = Timeline(), Model()
+    tl, model, history = Timeline(), Model(), History()
     spec = s.crash.spec(seed) if s.crash else None
     t0 = time.monotonic()
     budget = Budget(s.budget())
     try:
-        driver = make_driver(s, seed, run_dir, tl, model, spec, net=net)
+        driver = make_driver(s, seed, run_dir, tl, model, spec, net=net, history=history)
     except Exception:
         shutil.rmtree(run_dir, ignore_errors=True)   # e.g. SimSkipped: no tmpfs here
         raise
@@ -133,7 +142,7 @@ def run(scenario: Scenario, *, seed: int = 0, crash: CrashPlan | None = None,
     problems = {} if budget.expired else out.problems
     error = out.error
     reached = sorted(read_trace(driver.trace))
-    invariants = {n: not problems.get(n, ["not checked"]) for n in NAMES}
+    invariants = {n: not problems.get(n, ["not checked"]) for n in (*NAMES, LINEARIZABLE)}
     for name, bad in driver.extra_checks().items():
         invariants[name] = not bad
         if bad:
@@ -190,8 +199,9 @@ def _work(driver: Driver, s: Scenario, model: Model, tl: Timeline, log: Callable
             driver.crashed.append("(at shutdown)")  # the armed point fired in the final stop
         budget.enter("checks")
         _recover_unclean(driver, codes)
+        lin = linearizability(driver.history, tl, driver.dir)
         layout = driver.layout()
-        out.problems = check_all(layout, model)
+        out.problems = check_all(layout, model) | {LINEARIZABLE: lin}
         if expected:
             model.expected_file(expected, layout.partitions, layout.cache)
     except Exception as e:  # noqa: BLE001 - a run that cannot finish is a failed cell, with why
@@ -229,16 +239,26 @@ def _drive(driver: Driver, s: Scenario, seed: int, model: Model, tl: Timeline,
     def writer(w: int) -> None:
         client = driver.client(w)
         interval = 1.0 / s.workload.rate if s.workload.rate > 0 else 0.0
+        history = driver.history
         try:
             for op in ops[w]:
                 while not stop.is_set() and not take_turn():
                     time.sleep(0.005)
                 if stop.is_set():
                     return
+                h = history.invoke(f"w{w}", READ if op.read else WRITE, op.key,
+                                   None if op.read else op.value)
                 try:
-                    model.ack(op, driver.apply(client, op))
-                except Exception:  # noqa: BLE001 - not returned: may or may not be there
-                    model.unsure(op)
+                    if op.read:
+                        history.ok(h, driver.read(client, op))
+                    else:
+                        model.ack(op, driver.apply(client, op))
+                        history.ok(h)
+                except Exception as e:  # noqa: BLE001 - not returned: may or may not be there
+                    if not op.read:
+                        model.unsure(op)
+                    history.failed(h, e)
+                history.via(h, driver.via(client))
                 if interval:
                     time.sleep(interval)
         finally:
@@ -281,6 +301,43 @@ def _drive(driver: Driver, s: Scenario, seed: int, model: Model, tl: Timeline,
         stop.set()
         for t in threads:
             t.join(60)
+
+
+def linearizability(history: History, tl: Timeline, run_dir: str | None = None) -> list[str]:
+    """The run's history checked key by key (:mod:`cluster_sim.linearizable`): for each
+    key that fails, its smallest failing sub-history and the timeline marks around it
+    (the faults in force). The history is written to ``history.jsonl`` in the run
+    folder (kept when the run fails)."""
+    ops = history.snapshot()
+    if run_dir is not None:
+        _dump(ops, os.path.join(run_dir, "history.jsonl"), tl.t0)
+    res = check_linearizable(ops)
+    tl.mark("-", "linearizable", f"{res.ops} operations on {res.keys} keys checked in {res.seconds:.2f}s: "
+            + ("ok" if res.ok else f"{len(res.failures)} key(s) not linearizable")
+            + (f"; gave up on {len(res.gave_up)}" if res.gave_up else ""))
+    out: list[str] = []
+    for kr in res.failures[:5]:
+        out.extend(describe(kr, tl.t0))
+        times = [o.call for o in kr.minimal] + [o.ret for o in kr.minimal if o.ret not in (None, float("inf"))]
+        lo, hi = min(times) - tl.t0 - FAULT_LOOKBACK_S, max(times) - tl.t0 + 1.0
+        around = [m for m in tl.marks if lo <= m.t <= hi and m.kind not in ("writes", LINEARIZABLE)]
+        out.append("  around it: " + ("; ".join(f"{m.t:.1f}s {m.node} {m.kind}"
+                                                 + (f" ({m.detail[:60]})" if m.detail else "")
+                                                 for m in around) or "no fault marked"))
+    if len(res.failures) > 5:
+        out.append(f"... and {len(res.failures) - 5} more keys")
+    return out
+
+
+def _dump(ops: list, path: str, t0: float) -> None:
+    import json
+    with open(path, "w") as f:
+        for o in ops:
+            f.write(json.dumps({"process": o.process, "kind": o.kind, "key": o.key.decode("utf-8", "replace"),
+                                "value": None if o.value is None else o.value.decode("utf-8", "replace"),
+                                "call": round(o.call - t0, 6),
+                                "ret": None if o.ret is None else round(o.ret - t0, 6),
+                                "status": o.status, "via": o.via, "error": o.error}) + "\n")
 
 
 def _recover_unclean(driver: Driver, codes: dict[str, int | None]) -> None:

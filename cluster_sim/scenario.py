@@ -27,7 +27,8 @@ from .errors import ScenarioError
 
 SIDES = ("supplier", "demander", "third")
 ACTIONS = ("join", "leave", "kill", "restart", "cut", "heal", "fill", "free",
-           "cut-control", "isolate", "flap", "kill-etcd", "restart-etcd", "pause", "unpause")
+           "cut-control", "isolate", "flap", "kill-etcd", "restart-etcd", "pause", "unpause",
+           "sigstop")
 # Events whose node is a process of the scenario (the others name a fault's target)
 NODE_ACTIONS = ("join", "leave", "kill", "restart")
 # Network partitions of one node (cluster driver): peers, control plane, both, flapping
@@ -70,6 +71,7 @@ class WorkloadSpec:
     value_size: tuple[int, int] = (40, 200)
     remove_ratio: float = 0.1
     preload: int = 0               # entries loaded before the clock starts (file-move)
+    read_ratio: float = 0.0        # share of each writer's operations that are reads (cluster)
 
 
 @dataclass(frozen=True)
@@ -206,6 +208,10 @@ def validate(s: Scenario) -> Scenario:
         raise bad(f"workload.distribution {w.distribution!r} is not one of {', '.join(DISTRIBUTIONS)}")
     if not 0 <= w.remove_ratio < 1:
         raise bad("workload.remove_ratio must be in [0, 1)")
+    if not 0 <= w.read_ratio < 1:
+        raise bad("workload.read_ratio must be in [0, 1)")
+    if w.read_ratio and s.driver != "cluster":
+        raise bad("workload.read_ratio needs the cluster driver (the file-move supplier serves no reads)")
     lo, hi = w.value_size
     if not 1 <= lo <= hi <= 64 << 10:
         raise bad("workload.value_size must be [lo, hi] with 1 <= lo <= hi <= 65536")
@@ -257,10 +263,10 @@ def _check_event(s: Scenario, e: Event, bad: Any) -> None:
     if s.driver != "cluster" and e.action in ("cut-control", "isolate", "flap", *ETCD_ACTIONS,
                                               *CONTAINER_ACTIONS):
         raise bad(f"{what}: needs the cluster driver")
-    if e.node == CONTROLLER and e.action not in (*PARTITION_ACTIONS, "kill", "restart",
+    if e.node == CONTROLLER and e.action not in (*PARTITION_ACTIONS, "kill", "restart", "sigstop",
                                                  *CONTAINER_ACTIONS):
         raise bad(f"{what}: {CONTROLLER} names a node for a cut, isolate, flap, kill, restart, "
-                  "pause or unpause")
+                  "sigstop, pause or unpause")
     if e.node.startswith("@") and e.node not in (CONTROLLER, LEADER):
         raise bad(f"{what}: {e.node!r} is not {CONTROLLER} or {LEADER}")
     if e.action in ETCD_ACTIONS:
@@ -272,6 +278,8 @@ def _check_event(s: Scenario, e: Event, bad: Any) -> None:
         raise bad(f"{what}: {LEADER} names an etcd member (kill-etcd, restart-etcd)")
     if e.action == "flap" and (e.duration_s <= 0 or e.period_s <= 0):
         raise bad(f"{what}: needs duration_s > 0 and period_s > 0")
+    if e.action == "sigstop" and (e.duration_s <= 0 or s.driver != "cluster"):
+        raise bad(f"{what}: needs duration_s > 0 and the cluster driver")
 
 
 # -- loading ------------------------------------------------------------------------------

@@ -3,6 +3,11 @@
 The workload is a fixed list of operations per writer, derived from the seed alone, so
 the same seed gives the same operations in the same order. Writers use disjoint keys
 (``w<writer>-...``): each key then has one writer, and its operations are ordered.
+With ``read_ratio`` > 0 that fraction of each writer's operations are reads, of any
+writer's keys (so a key's history has several processes: its writer and the readers);
+the writes are the same as without reads, in the same order (reads draw from a
+random stream of their own). Every operation, read or write, enters the run's history
+(:mod:`cluster_sim.history`), which the linearizability check reads.
 
 The model (Hypothesis-style: a model beside the real system) records per key the last
 *acknowledged* value (a put or remove whose call returned) and the values of later
@@ -33,9 +38,10 @@ ABSENT = None        # a removed or never-written key
 @dataclass(frozen=True)
 class Op:
     writer: int
-    seq: int                      # position in the writer's list
+    seq: int                      # a write: its place among the writer's writes; a read: in its list
     key: bytes
-    value: bytes | None           # None: remove
+    value: bytes | None           # None: remove (or a read)
+    read: bool = False            # a read of ``key`` (``value`` unused)
 
 
 def _value(rng: random.Random, key: bytes, seq: int, size: tuple[int, int]) -> bytes:
@@ -60,9 +66,15 @@ def generate(spec: WorkloadSpec, seed: int) -> list[list[Op]]:
     out: list[list[Op]] = []
     for w in range(spec.writers):
         rng = random.Random(f"ferry-sim:{seed}:{w}")
+        reads = random.Random(f"ferry-sim-reads:{seed}:{w}")
         live: set[bytes] = set()
         ops: list[Op] = []
-        for i in range(spec.ops):
+        i = 0                      # writes so far: their keys, values and seq as without reads
+        for pos in range(spec.ops):
+            if spec.read_ratio and reads.random() < spec.read_ratio:
+                other = reads.randrange(spec.writers)
+                ops.append(Op(w, pos, b"w%d-k%05d" % (other, _pick(reads, spec, i)), None, read=True))
+                continue
             key = b"w%d-k%05d" % (w, _pick(rng, spec, i))
             if key in live and rng.random() < spec.remove_ratio:
                 ops.append(Op(w, i, key, None))
@@ -70,6 +82,7 @@ def generate(spec: WorkloadSpec, seed: int) -> list[list[Op]]:
             else:
                 ops.append(Op(w, i, key, _value(rng, key, i, spec.value_size)))
                 live.add(key)
+            i += 1
         out.append(ops)
     return out
 

@@ -7,6 +7,7 @@ import secrets
 import time
 from typing import Any
 
+from ..history import History
 from ..invariants import Layout
 from ..procs import Proc
 from ..scenario import Event, Scenario
@@ -21,9 +22,10 @@ class Driver:
 
     def __init__(self, scenario: Scenario, seed: int, run_dir: str, timeline: Timeline,
                  model: Model, crash_spec: str | None,
-                 net: Any = None) -> None:
+                 net: Any = None, history: History | None = None) -> None:
         self.scenario, self.seed, self.dir = scenario, seed, run_dir
         self.timeline, self.model, self.crash_spec = timeline, model, crash_spec
+        self.history = history if history is not None else History()   # every client operation
         self.net = net        # multi-host mode (cluster_sim.netns.Netns) or None: loopback
         self.trace = os.path.join(run_dir, "crash-trace.txt")
         self.secret_file = os.path.join(run_dir, "cluster.secret")
@@ -75,6 +77,12 @@ class Driver:
         """Send ``op``; returns when acknowledged (with its counter and who routed and
         acknowledged it, when the driver knows); raises when not acknowledged."""
         raise NotImplementedError
+    def read(self, client: Any, op: Op) -> bytes | None:
+        """A read of ``op.key`` (None: absent); raises when it fails."""
+        raise NotImplementedError(f"the {type(self).__name__} serves no reads")
+    def via(self, client: Any) -> str:
+        """Where the client's last operation went (for the history), "" unknown."""
+        return ""
     def event(self, ev: Event) -> None: raise NotImplementedError
     def restart_after_crash(self, node: str) -> None: raise NotImplementedError
     def processes(self) -> dict[str, Proc]: raise NotImplementedError

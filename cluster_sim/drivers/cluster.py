@@ -149,6 +149,12 @@ class ClusterDriver(ClusterFaults, Driver):
     def apply(self, client: NodeClients, op: Op) -> Receipt:
         return client.apply(op)
 
+    def read(self, client: NodeClients, op: Op) -> bytes | None:
+        return client.read(op)
+
+    def via(self, client: NodeClients) -> str:
+        return client.via()
+
     # -- events ------------------------------------------------------------------------------
     def event(self, ev: Event) -> None:
         if self.fault_event(ev):
@@ -194,7 +200,7 @@ class ClusterDriver(ClusterFaults, Driver):
     # -- settle ------------------------------------------------------------------------------
     def status(self) -> dict[str, Any] | None:
         for n, p in self.procs.items():
-            if p.alive() and n not in self.left:
+            if p.alive() and n not in self.left and n not in self.freezer.frozen:
                 doc = self.status_of(n)
                 if doc is not None:
                     return doc
@@ -251,9 +257,10 @@ class ClusterDriver(ClusterFaults, Driver):
         self.timeline.mark("-", "writes", self.write_stats.summary())
         live = {n: self.address(n) for n in sorted(self.expected())}
         self.checks["reads_serve_last_acked"] = verify_reads(
-            live, self.secret_file, self.scenario.caches[0].name, self.model)
+            live, self.secret_file, self.scenario.caches[0].name, self.model, self.history)
 
     def stop(self) -> dict[str, int | None]:
+        self.freezer.thaw_all()           # a stopped process would wait for SIGCONT first
         self.convergence.cancel()
         # SIGTERM to all at once: stopping one by one would start moves we then cut.
         for n, p in self.procs.items():

@@ -6,6 +6,7 @@ Network (:mod:`.partitions`): ``cut NODE`` (from its peers; ``proxy = true``),
 ``flap NODE`` (isolate/heal every ``period_s`` for ``duration_s``). ``NODE`` may be
 ``@controller``: the controller when the event fires. etcd (:mod:`.etcdfaults`):
 ``kill-etcd [etcdK|@leader]`` and ``restart-etcd [...]`` (empty: every member).
+Processes (:mod:`.freeze`): ``sigstop NODE`` (SIGSTOP for ``duration_s``, then SIGCONT).
 
 Checks: after each end of a fault (``heal``, a flap's end, ``restart-etcd``) the
 cluster must converge within 3 lease TTLs (``converged_after_heal``,
@@ -40,6 +41,7 @@ from ..errors import ProcessError
 from ..scenario import CONTROLLER, Event
 from .convergence import CONVERGE_TTLS, ConvergenceWatch, map_problems, settled_problems
 from .etcdfaults import EtcdFaults
+from .freeze import Freezer
 from .partitions import Partitions
 
 REFUSAL_TIMEOUT_S = 30.0
@@ -79,8 +81,10 @@ class ClusterFaults:
         self._gone_watch = threading.Event()
         self.gone: dict[str, float] = {}            # node -> s from its etcd cut to its lease's end
         self.outages: list[list[float]] = []        # [start, end] with every etcd member down
+        self.freezer = Freezer(self)
 
     def cleanup_faults(self: Any) -> None:
+        self.freezer.thaw_all()
         self.convergence.cancel()
         self._gone_watch.set()
         self.partitions.stop()
@@ -108,7 +112,7 @@ class ClusterFaults:
     def fault_event(self: Any, ev: Event) -> bool:
         """Handle a fault event; False when ``ev`` is not one."""
         action, node = ev.action, self.resolve(ev.node)
-        if action in ("cut", "cut-control", "isolate", "flap", "kill-etcd"):
+        if action in ("cut", "cut-control", "isolate", "flap", "kill-etcd", "sigstop"):
             self.convergence.cancel()     # a new fault: the last heal's clock stops
         if action == "cut":
             self.partitions.cut_peers(node)
@@ -120,6 +124,8 @@ class ClusterFaults:
         elif action == "flap":
             self.partitions.flap(node, ev.duration_s, ev.period_s)
             self._heals += 1
+        elif action == "sigstop":
+            self.freezer.freeze(node, ev.duration_s)
         elif action == "heal":
             self._check_control_cuts()
             self.partitions.heal()
@@ -150,15 +156,15 @@ class ClusterFaults:
         return True
 
     def faults_busy(self: Any) -> bool:
-        """A fault still running by itself (a flap)."""
-        return self.partitions.flapping()
+        """A fault still running by itself (a flap, a frozen node)."""
+        return self.partitions.flapping() or self.freezer.busy()
 
     # -- control-plane cuts --------------------------------------------------------------
     def dropped_by(self: Any, node: str) -> str | None:
         """A running node whose map no longer has ``node`` as a member (its lease ended
         in etcd), or None."""
         for peer, p in self.procs.items():
-            if peer != node and p.alive():
+            if peer != node and p.alive() and peer not in self.freezer.frozen:
                 m = self.map_of(peer)
                 if m is not None and m.members and node not in m.members:
                     return peer

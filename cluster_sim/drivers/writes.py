@@ -1,5 +1,5 @@
-"""The cluster driver's clients: every write through one node's view of the map, and
-the read check after the run settled.
+"""The cluster driver's clients: every operation (write or read) through one node's
+view of the map, and the read check after the run settled.
 
 Each operation belongs to one node (``route``: by the writer and the operation's
 position, from the seed alone), and goes through a ``node.Client`` seeded with that
@@ -9,7 +9,10 @@ tried -- the minority side is exercised, and must not acknowledge. When it refus
 (``not_primary``, ``unavailable``) the client refreshes from the live members and
 retries within ``WRITE_TIMEOUT_S``; a node that is down is skipped for the next seed.
 A write that raised is "not acknowledged" (it may or may not be there); one that
-returned is acknowledged with the partition counter the node replied.
+returned is acknowledged with the partition counter the node replied. Reads go the same
+way (linearizable ``get``: the primary in that node's view, then wherever the client's
+retries lead). Every read of the final check enters the run's history too (process
+``final-<node>``), so the linearizability check also covers the end state.
 
 :class:`WriteStats` counts, per node, the writes it routed, and the puts/removes that
 node itself refused by error code (``unavailable`` from a primary whose lease is not
@@ -23,6 +26,7 @@ import time
 from collections import Counter
 from typing import Any, Callable
 
+from ..history import READ, History
 from ..workload import Model, Op, Receipt
 
 WRITE_TIMEOUT_S = 8.0      # a new primary is up about 1 lease TTL after its predecessor died
@@ -89,7 +93,8 @@ class NodeClients:
         self.stats = stats or WriteStats()
         self.clients: dict[str, tuple[str, Any]] = {}     # node -> (its address, client)
         self.names: dict[str, str] = {}                  # any address of a node -> node
-        self.answered = ""          # the node that answered this writer's last put/remove
+        self.answered = ""          # the node that answered this writer's last put/remove/get
+        self.routed = ""            # the node whose view routed it
 
     def _client(self, node: str) -> Any:
         from node import Client
@@ -115,7 +120,7 @@ class NodeClients:
         def counted(address: str, method: str, /, timeout: float | None = None, **args: Any) -> Any:
             try:
                 out = call(address, method, timeout=timeout, **args)
-                if method in ("put", "remove"):
+                if method in ("put", "remove", "get"):
                     self.answered = self.names.get(address, address)
                 return out
             except NodeError as e:
@@ -128,6 +133,7 @@ class NodeClients:
         node = route(self.nodes, op, self.up() if self.up else None)
         c = self._client(node)
         c.map = None            # this node's view: the map is fetched from it first
+        self.routed, self.answered = node, ""
         t0 = time.monotonic()
         try:
             if op.value is None:
@@ -138,14 +144,30 @@ class NodeClients:
         finally:
             self.stats.count(node, time.monotonic() - t0)
 
+    def read(self, op: Op) -> bytes | None:
+        """A linearizable read of ``op.key`` through the view of the node ``route`` picks."""
+        node = route(self.nodes, op, self.up() if self.up else None)
+        c = self._client(node)
+        c.map = None
+        self.routed, self.answered = node, ""
+        return c.get(self.cache, op.key)
+
+    def via(self) -> str:
+        """Where the last operation went: the routing node, and the one that answered."""
+        if self.answered and self.answered != self.routed:
+            return f"{self.routed}>{self.answered}"
+        return self.routed
+
     def close(self) -> None:
         for _, c in self.clients.values():
             c.close()
 
 
-def verify_reads(addresses: dict[str, str], secret_file: str, cache: str, model: Model) -> list[str]:
+def verify_reads(addresses: dict[str, str], secret_file: str, cache: str, model: Model,
+                 history: History | None = None) -> list[str]:
     """Through each node's client, every key the workload wrote reads as its last
-    acknowledged value (or a later unacknowledged one; absent after a remove)."""
+    acknowledged value (or a later unacknowledged one; absent after a remove). Each
+    read enters ``history`` (process ``final-<node>``)."""
     from node import Client
     problems: list[str] = []
     for n, addr in addresses.items():
@@ -153,12 +175,17 @@ def verify_reads(addresses: dict[str, str], secret_file: str, cache: str, model:
         with Client([addr, *others], secret_file=secret_file, timeout=WRITE_TIMEOUT_S) as c:
             bad = 0
             for key in sorted(model.keys()):
+                h = history.invoke(f"final-{n}", READ, key, via=n) if history is not None else None
                 try:
                     found = c.get(cache, key)
                 except Exception as e:  # noqa: BLE001 - a read that fails is the finding
                     why: str | None = f"{key!r}: read failed: {type(e).__name__}: {str(e)[:160]}"
+                    if h is not None:
+                        history.failed(h, e)
                 else:
                     why = model.check(key, found)
+                    if h is not None:
+                        history.ok(h, found)
                 if why:
                     bad += 1
                     if bad <= 10:
