@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import threading
 
 import pytest
@@ -102,6 +103,30 @@ def test_parallel_rebuild_equals_a_single_process_one(tmp_path, part_dir, worker
         assert seen[-1].stage == "load" or any(p.stage == "scan" and p.done == 6000 for p in seen)
     assert not os.path.exists(os.path.join(str(tmp_path / "par"), "scratch", "4")) or \
         not os.listdir(os.path.join(str(tmp_path / "par"), "scratch", "4"))
+    assert not _children()
+
+
+def test_parallel_rebuild_with_pipes_numbered_above_fd_setsize(tmp_path, part_dir) -> None:
+    """A node holding many partitions has more than 1,024 files open, so the pipes to
+    the scan workers get numbers select(2) refuses ("filedescriptor out of range in
+    select()"): the rebuild waits on them with poll(2)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1600:
+        pytest.skip(f"RLIMIT_NOFILE hard limit {hard}: cannot open fds above 1,024 here")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1600 if hard == resource.RLIM_INFINITY
+                                                 else min(hard, 4096), hard))
+    held: list[int] = []
+    try:
+        while not held or held[-1] <= 1030:
+            held.append(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
+        src = PartitionFileSource(part_dir)
+        with IndexStore.open(str(tmp_path / "par"), DEFS) as par:
+            b = par.rebuild(4, src, workers=2, memory_limit=100_000)
+            assert b.scanned == 6000 and par.ready(4) and b.runs >= 2
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     assert not _children()
 
 
