@@ -25,6 +25,7 @@ import json
 import struct
 import zlib
 from dataclasses import dataclass
+from typing import Collection
 
 HEADER = struct.Struct("<II")
 # No change set is near this; a length beyond it is a torn or damaged header, and
@@ -54,7 +55,7 @@ def encode(changes: list[Change]) -> bytes:
     return HEADER.pack(len(body), zlib.crc32(body)) + body
 
 
-def decode(buf: bytes, valid_state: frozenset[str] | set[str]) -> Decoded:
+def decode(buf: bytes, valid_state: Collection[str]) -> Decoded:
     """Every whole frame of ``buf`` in order; a torn tail is reported, not raised."""
     frames: list[list[Change]] = []
     off, n = 0, len(buf)
@@ -76,7 +77,7 @@ def decode(buf: bytes, valid_state: frozenset[str] | set[str]) -> Decoded:
     return Decoded(frames, off, n - off)
 
 
-def _parse(body: bytes, off: int, valid_state: frozenset[str] | set[str]) -> list[Change]:
+def _parse(body: bytes, off: int, valid_state: Collection[str]) -> list[Change]:
     try:
         items = json.loads(body)
     except (ValueError, RecursionError) as e:
