@@ -74,6 +74,8 @@ class LocalNode:
                 "--id", self.id, "--data", self.data, "--listen", self.address,
                 "--secret-file", self.cluster.secret_file,
                 "--control-plane", ",".join(self.cluster.control_plane)]
+        if self.cluster.initial_members:
+            args += ["--initial-members", ",".join(self.cluster.initial_members)]
         e = dict(os.environ)
         e["PYTHONPATH"] = ROOT + os.pathsep + e.get("PYTHONPATH", "")
         e.update(env or {})
@@ -136,7 +138,7 @@ class LocalCluster:
                  wal_sync: str = "group", index_workers: int | None = None,
                  index_offload: str | None = None, page_size: int | None = None,
                  lease_ttl: int = 3, control_plane: list[str] | None = None,
-                 stream_index: bool | None = None) -> None:
+                 stream_index: bool | None = None, caches: int = 1) -> None:
         self.root = os.path.abspath(root)
         os.makedirs(self.root, exist_ok=True)
         self.partitions, self.backups = partitions, backups
@@ -161,7 +163,14 @@ class LocalCluster:
                                    else f"\nindex_offload = {json.dumps(index_offload)}")
                                 + ("" if stream_index is None
                                    else f"\nstream_index = {json.dumps(stream_index)}")))
+            # more caches (no index), as many partitions each: "c2", "c3", ...
+            for i in range(2, caches + 1):
+                f.write(f'[[caches]]\nname = "c{i}"\npartitions = {partitions}\nbackups = {backups}\n')
+        self.caches = caches
         self.nodes: list[LocalNode] = []
+        # the nodes ``start`` begins with: each creates its own share of the partitions
+        # (``--initial-members``), so a new cluster moves nothing to settle
+        self.initial_members: list[str] = []
 
     # -- processes --------------------------------------------------------------------
     @property
@@ -173,7 +182,10 @@ class LocalCluster:
         return self._control_plane
 
     def start(self, n: int = 3) -> list[LocalNode]:
-        """Start ``n`` nodes (the first one creates the cluster) and wait until settled."""
+        """Start ``n`` nodes as the cluster's initial members (each creates its share of
+        the partitions) and wait until settled."""
+        if not self.nodes:
+            self.initial_members = [f"n{i + 1}" for i in range(n)]
         for _ in range(n):
             self.add_node(wait=False)
         self.wait_all_owning(timeout=120)

@@ -55,11 +55,15 @@ def node() -> None:
 @click.option("--log-level", help="DEBUG, INFO, WARNING ...")
 @click.option("--transfer-listen", help="HOST:PORT of the file supplier (default: listen host, any port).")
 @click.option("--rebalance-mode", type=click.Choice(["files", "messages"]), help="Rebalancing mode (default files).")
+@click.option("--initial-members", "initial_members", multiple=True,
+              help="Node ids a NEW cluster starts with, comma-separated or repeated: each creates "
+                   "its own share of the partitions, so nothing moves at start ([cluster] initial_members).")
 def start(config_path: str | None, node_id: str | None, data: str | None, listen: str | None,
           advertise: str | None, control_plane: tuple[str, ...], lease_ttl_s: int | None,
           secret_file: str | None,
           metrics_listen: str | None, partitions: int | None, backups: int | None,
-          log_level: str | None, transfer_listen: str | None, rebalance_mode: str | None) -> None:
+          log_level: str | None, transfer_listen: str | None, rebalance_mode: str | None,
+          initial_members: tuple[str, ...]) -> None:
     """Start a node; it runs until SIGTERM (graceful) or SIGINT."""
     from .errors import NodeError
     from .process import run
@@ -69,7 +73,8 @@ def start(config_path: str | None, node_id: str | None, data: str | None, listen
                           control_plane=tuple(u for x in control_plane for u in x.split(",") if u),
                           lease_ttl_s=lease_ttl_s, secret_file=secret_file, metrics_listen=metrics_listen,
                           log_level=log_level, transfer_listen=transfer_listen,
-                          rebalance_mode=rebalance_mode)
+                          rebalance_mode=rebalance_mode,
+                          initial_members=tuple(n for x in initial_members for n in x.split(",") if n))
         if partitions is not None or backups is not None:
             if cfg.source and len(cfg.caches) != 1:
                 raise cfgmod.ConfigError("--partitions/--backups apply to a single cache only")

@@ -11,12 +11,16 @@ partition, live members, pins): see :mod:`node.assignment`.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from .assignment import owners, ranked
 from .config import CacheConfig
 from .jsonvalue import Json, JsonDoc
+from .placement import Placement
 from .states import State
+
+PartKey = tuple[str, int]
 
 
 @dataclass
@@ -47,12 +51,33 @@ class PartRecord:
 
     @classmethod
     def from_json(cls, d: Json) -> "PartRecord":
-        if not isinstance(d, dict):
+        """Lenient: anything that is not a valid record reads as no record."""
+        try:
+            return cls.parse(d)
+        except ValueError:
             return cls()
+
+    @classmethod
+    def parse(cls, d: Json) -> "PartRecord":
+        """Strict: a record as the controller writes it, else ValueError saying why."""
+        if not isinstance(d, dict):
+            raise ValueError("a partition record must be an object")
         prim = d.get("primary")
-        return cls(prim if isinstance(prim, str) else None,
-                   tuple(x for x in d.get("isr", []) if isinstance(x, str)),
-                   int(d.get("epoch", 0)), bool(d.get("lost", False)), int(d.get("term", 0)))
+        if prim is not None and not isinstance(prim, str):
+            raise ValueError(f"primary {prim!r} is not a node id"[:120])
+        isr = d.get("isr", [])
+        if not isinstance(isr, list) or not all(isinstance(x, str) for x in isr):
+            raise ValueError("isr is not a list of node ids")
+        ints = []
+        for f in ("epoch", "term"):
+            v = d.get(f, 0)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{f} {v!r} is not a non-negative integer"[:120])
+            ints.append(v)
+        lost = d.get("lost", False)
+        if not isinstance(lost, bool):
+            raise ValueError("lost is not a boolean")
+        return cls(prim, tuple(isr), ints[0], lost, ints[1])
 
 
 class ClusterMap:
@@ -72,6 +97,50 @@ class ClusterMap:
         self.moves: list[JsonDoc] = []
         # manual reassignment by plans: cache -> partition -> owners (primary first)
         self.pins: dict[str, dict[int, list[str]]] = {c.name: {} for c in caches.values()}
+        # the mod revision of each record (0: none), for the controller's compare-and-swap
+        self.rec_mod: dict[str, list[int]] = {c.name: [0] * c.partitions for c in caches.values()}
+        self.creator: str | None = None        # the node that created the cluster (P/meta)
+        self.initial_members: tuple[str, ...] = ()   # a new cluster's initial members (P/meta)
+        # node -> partitions it reported or a record names (a superset: used to find the
+        # partitions a membership change touches without scanning them all)
+        self.node_parts: dict[str, set[PartKey]] = {}
+        # ideal owners by rendezvous hashing over the placeable members, per cache,
+        # changed by membership deltas only (node/placement.py)
+        self._placement: dict[str, Placement] = {}
+        self._placed: dict[str, tuple[int, int, int]] = {}   # cache -> members signature placed
+        self.members_changes = 0      # bumped by whoever changes ``members`` in place
+
+    def _members_sig(self) -> tuple[int, int, int]:
+        return (id(self.members), len(self.members), self.members_changes)
+
+    def placement(self, cache: str) -> Placement:
+        pl = self._placement.get(cache)
+        if pl is None:
+            cc = self.caches[cache]
+            pl = self._placement[cache] = Placement(cache, cc.partitions, cc.backups + 1)
+        sig = self._members_sig()
+        if self._placed.get(cache) != sig:
+            want = set(self.placeable())
+            if pl.members != want:
+                pl.update(want)
+            self._placed[cache] = sig
+        return pl
+
+    def refresh_placement(self) -> set[PartKey]:
+        """Bring every cache's ideal owners up to the members now; the partitions whose
+        ideal owners changed."""
+        want = set(self.placeable())
+        sig = self._members_sig()
+        out: set[PartKey] = set()
+        for cache in self.caches:
+            pl = self._placement.get(cache)
+            if pl is None:
+                pl = self.placement(cache)
+                out.update((cache, p) for p in range(pl.partitions))
+            elif pl.members != want:
+                out.update((cache, int(p)) for p in pl.update(want))
+            self._placed[cache] = sig
+        return out
 
     # -- queries ------------------------------------------------------------------
     def alive(self) -> list[str]:
@@ -93,11 +162,7 @@ class ClusterMap:
     def stale(self) -> dict[str, list[set[str]]]:
         """OWNING copies that are not in sync (after a restart, or a move's end before
         the primary admitted them): they count for nothing until they are."""
-        out: dict[str, list[set[str]]] = {}
-        for c, lst in self.parts.items():
-            out[c] = [{n for n, s in self.states[c][p].items() if s == State.OWNING.value and n not in r.isr}
-                      for p, r in enumerate(lst)]
-        return out
+        return {c: [self.stale_of(c, p) for p in range(len(lst))] for c, lst in self.parts.items()}
 
     def address(self, node: str | None) -> str | None:
         m = self.members.get(node) if node else None
@@ -110,6 +175,15 @@ class ClusterMap:
     def ideal(self, cache: str, p: int) -> list[str]:
         """Owners p should have, primary first: a plan's pin while every pinned node is
         live and not leaving, else rendezvous hashing."""
+        pin = self.pins.get(cache, {}).get(p)
+        if pin:
+            placeable = self.placeable()
+            if all(n in placeable for n in pin):
+                return list(pin)
+        return self.placement(cache).owners(p)
+
+    def ideal_slow(self, cache: str, p: int) -> list[str]:
+        """:meth:`ideal` by ranking every member (the reference the table is tested against)."""
         placeable = self.placeable()
         pin = self.pins.get(cache, {}).get(p)
         if pin and all(n in placeable for n in pin):
@@ -136,17 +210,49 @@ class ClusterMap:
         return node in self.parts[cache][p].isr
 
     # -- wire ---------------------------------------------------------------------
-    def to_wire(self) -> JsonDoc:
+    # The map goes out in pages of partitions (``get_map(start, count)``), numbered
+    # over every cache in order: a reply stays far below the 1 MiB frame at any
+    # partition count. :meth:`fetch` reads every page; one page is the whole map up to
+    # PAGE partitions.
+    PAGE = 2048
+
+    def total_partitions(self) -> int:
+        return sum(c.partitions for c in self.caches.values())
+
+    def _ranges(self, start: int, end: int) -> dict[str, tuple[int, int]]:
+        """cache -> (first, end) of its partitions in the global range [start, end)."""
+        out: dict[str, tuple[int, int]] = {}
+        base = 0
+        for name, c in self.caches.items():
+            lo, hi = max(start - base, 0), min(end - base, c.partitions)
+            if lo < hi:
+                out[name] = (lo, hi)
+            base += c.partitions
+        return out
+
+    def to_wire(self, start: int = 0, count: int | None = None) -> JsonDoc:
+        total = self.total_partitions()
+        end = total if count is None else min(total, start + max(0, count))
+        rng = self._ranges(start, end)
+        stale = self.stale_of
         return {
             "version": self.version, "epoch": self.epoch, "controller": self.controller,
             "members": [asdict(m) for m in self.members.values()],
             "caches": [c.to_wire() for c in self.caches.values()],
-            "states": self.states, "primaries": self.primaries,
-            "parts": {c: [r.to_json() for r in lst] for c, lst in self.parts.items()},
-            "stale": {c: [sorted(s) for s in lst] for c, lst in self.stale.items()},
-            "counters": self.counters, "moves": self.moves,
+            "total": total, "range": [start, end],
+            "offsets": {c: lo for c, (lo, _) in rng.items()},
+            "states": {c: self.states[c][lo:hi] for c, (lo, hi) in rng.items()},
+            "primaries": {c: [r.primary for r in self.parts[c][lo:hi]] for c, (lo, hi) in rng.items()},
+            "parts": {c: [r.to_json() for r in self.parts[c][lo:hi]] for c, (lo, hi) in rng.items()},
+            "stale": {c: [sorted(stale(c, p)) for p in range(lo, hi)] for c, (lo, hi) in rng.items()},
+            "counters": {c: self.counters[c][lo:hi] for c, (lo, hi) in rng.items()},
+            "moves": self.moves,
             "pins": {c: {str(p): o for p, o in d.items()} for c, d in self.pins.items()},
         }
+
+    def stale_of(self, cache: str, p: int) -> set[str]:
+        r = self.parts[cache][p]
+        return {n for n, s in self.states[cache][p].items() if s == State.OWNING.value and n not in r.isr}
 
     @classmethod
     def from_wire(cls, d: JsonDoc) -> "ClusterMap":
@@ -155,17 +261,58 @@ class ClusterMap:
         m.version, m.epoch = int(d["version"]), int(d["epoch"])
         m.controller = d.get("controller")
         m.members = {x["id"]: Member(**x) for x in d["members"]}
-        m.states = {c: [dict(x) for x in lst] for c, lst in d["states"].items()}
-        if "parts" in d:
-            m.parts = {c: [PartRecord.from_json(x) for x in lst] for c, lst in d["parts"].items()}
-        else:
-            for c, lst in d.get("primaries", {}).items():
-                m.parts[c] = [PartRecord(x, (x,) if x else ()) for x in lst]
-        m.counters = {c: [dict(x) for x in lst] for c, lst in d.get("counters", {}).items()} or m.counters
         m.moves = list(d.get("moves", []))
         for c, d2 in d.get("pins", {}).items():
             m.pins[c] = {int(p): list(o) for p, o in d2.items()}
+        m.merge_page(d)
+        return m
+
+    def merge_page(self, d: JsonDoc) -> None:
+        """Fill the partitions of one page (``to_wire(start, count)``) into this map."""
+        offsets = d.get("offsets", {})
+        for c, lst in d.get("states", {}).items():
+            lo = int(offsets.get(c, 0))
+            self.states[c][lo:lo + len(lst)] = [dict(x) for x in lst]
+        for c, lst in d.get("counters", {}).items():
+            lo = int(offsets.get(c, 0))
+            self.counters[c][lo:lo + len(lst)] = [dict(x) for x in lst]
+        if "parts" in d:
+            for c, lst in d["parts"].items():
+                lo = int(offsets.get(c, 0))
+                self.parts[c][lo:lo + len(lst)] = [PartRecord.from_json(x) for x in lst]
+        else:
+            for c, lst in d.get("primaries", {}).items():
+                lo = int(offsets.get(c, 0))
+                self.parts[c][lo:lo + len(lst)] = [PartRecord(x, (x,) if x else ()) for x in lst]
+
+    @classmethod
+    def fetch(cls, call: Callable[..., JsonDoc]) -> "ClusterMap":
+        """The whole map from a node, page by page: ``call(**args)`` is the ``get_map``
+        RPC. Pages may come from maps of different revisions (the map changes while
+        it is read); the result is a route table, corrected by ``not_primary`` answers."""
+        first = call(start=0, count=cls.PAGE)
+        m = cls.from_wire(first)
+        total = int(first.get("total", 0) or 0)
+        start = int(first.get("range", [0, total])[1]) if "range" in first else total
+        while start < total:
+            page = call(start=start, count=cls.PAGE)
+            m.merge_page(page)
+            m.epoch = min(m.epoch, int(page["epoch"]))
+            end = int(page["range"][1])
+            if end <= start:
+                break
+            start = end
         return m
 
     def clone(self) -> "ClusterMap":
-        return copy.deepcopy(self)
+        m = copy.copy(self)
+        m.members = {k: copy.copy(v) for k, v in self.members.items()}
+        m.states = {c: [dict(x) for x in lst] for c, lst in self.states.items()}
+        m.counters = {c: [dict(x) for x in lst] for c, lst in self.counters.items()}
+        m.parts = {c: list(lst) for c, lst in self.parts.items()}
+        m.rec_mod = {c: list(lst) for c, lst in self.rec_mod.items()}
+        m.pins = {c: {p: list(o) for p, o in d.items()} for c, d in self.pins.items()}
+        m.node_parts = {n: set(s) for n, s in self.node_parts.items()}
+        m.moves = list(self.moves)
+        m._placement, m._placed = {}, {}
+        return m

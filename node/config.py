@@ -76,6 +76,9 @@ class NodeConfig:
     lease_ttl_s: int = 3                  # the node's etcd lease: a node silent this long is failed
     lease_margin_s: float = 0.5           # a primary stops acknowledging this long before its lease may end
     min_in_sync: int = 1                  # writes are refused with fewer in-sync copies (docs/node.md)
+    # the members a new cluster starts with (like etcd's --initial-cluster): each
+    # creates its rendezvous share of the partitions, empty, so nothing moves at start
+    initial_members: tuple[str, ...] = ()
     metrics_listen: str | None = None     # "HOST:PORT" for Prometheus text; None = off
     log_level: str = "INFO"
     caches: tuple[CacheConfig, ...] = (CacheConfig(),)
@@ -193,6 +196,7 @@ _KEYS: dict[tuple[str, ...], str] = {
     ("control_plane", "lease_ttl_s"): "lease_ttl_s",
     ("control_plane", "lease_margin_s"): "lease_margin_s",
     ("cluster", "min_in_sync"): "min_in_sync",
+    ("cluster", "initial_members"): "initial_members",
     ("limits", "max_key_bytes"): "max_key_bytes",
     ("limits", "max_value_bytes"): "max_value_bytes",
 }
@@ -269,6 +273,13 @@ def load(path: str | None = None, **flags: Any) -> NodeConfig:
     if not isinstance(cp, (list, tuple)) or not all(isinstance(u, str) for u in cp):
         raise ConfigError(f"{where}: control_plane.endpoints must be a list of etcd client URLs")
     values["control_plane"] = tuple(u for x in cp for u in x.split(",") if u)
+    im = values.get("initial_members", ())
+    if isinstance(im, str):
+        im = [n for n in im.split(",") if n]
+    if isinstance(im, list):
+        im = tuple(n.strip() if isinstance(n, str) else n for x in im
+                   for n in (x.split(",") if isinstance(x, str) else [x]) if n != "")
+    values["initial_members"] = im
     for req in ("id", "data"):
         if not values.get(req):
             raise ConfigError(f"{where}: '{req}' is required (set it in the file or pass --{req})")
@@ -312,6 +323,10 @@ def validate(cfg: NodeConfig) -> NodeConfig:
     if not isinstance(cfg.min_in_sync, int) or isinstance(cfg.min_in_sync, bool) \
             or not 1 <= cfg.min_in_sync <= 9:
         raise ConfigError(f"cluster.min_in_sync must be 1..9, not {cfg.min_in_sync!r}")
+    im = cfg.initial_members
+    if not isinstance(im, (tuple, list)) or not all(isinstance(n, str) and _NAME.match(n) for n in im) \
+            or len(set(im)) != len(im) or len(im) > 10_000:
+        raise ConfigError(f"cluster.initial_members must be a list of distinct node ids, not {im!r}"[:200])
     if cfg.metrics_listen:
         parse_address(cfg.metrics_listen)
     if cfg.transfer_listen:

@@ -46,16 +46,52 @@ class PartitionLocks:
 _T = TypeVar("_T")
 
 
+class DirtySet:
+    """Partitions one consumer of the map (the reconcile loop, the controller) has yet
+    to look at again: filled from each map delta, drained whole by the consumer.
+    ``everything()`` asks for one pass over every partition (a start, an election)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._keys: set[PartKey] = set()
+        self._all = True
+
+    def add(self, keys: "set[PartKey] | list[PartKey]") -> None:
+        if keys:
+            with self._lock:
+                self._keys.update(keys)
+
+    def everything(self) -> None:
+        with self._lock:
+            self._all = True
+
+    def take(self) -> "set[PartKey] | None":
+        """The partitions to look at (None: every partition); empties the set."""
+        with self._lock:
+            if self._all:
+                self._all, self._keys = False, set()
+                return None
+            out, self._keys = self._keys, set()
+            return out
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+
 class MapHolder:
-    """The node's local copy of the cluster map. ``lock`` guards ``map`` (replaced
-    whole on each watch batch); ``changed`` is notified after each replacement, for
-    waiters on a controller's answer."""
+    """The node's local copy of the cluster map. ``lock`` guards ``map``, which the
+    watch thread changes in place by each batch's events (node/mapview.py): read or
+    iterate it under ``lock``. ``changed`` is notified after each batch, for waiters on
+    a controller's answer. ``dirty`` and ``controller_dirty`` collect the partitions each
+    batch touched, for the reconcile loop and the controller."""
 
     def __init__(self, m: ClusterMap) -> None:
         self.lock = threading.RLock()
         self.map = m
         self.changed = threading.Condition()
         self.pending_requests: set[str] = set()   # P/requests/... keys still in etcd
+        self.dirty = DirtySet()                   # for the reconcile loop
+        self.controller_dirty = DirtySet()        # for the controller, while elected
 
     def record(self, cache: str, p: int) -> PartRecord:
         with self.lock:
@@ -162,5 +198,5 @@ class NodeContext:
         return self.events.joined.is_set() and not self.events.stopping.is_set()
 
 
-__all__ = ["NodeContext", "PartitionLocks", "MapHolder", "Events", "Replication", "MoveTable",
+__all__ = ["NodeContext", "PartitionLocks", "MapHolder", "DirtySet", "Events", "Replication", "MoveTable",
            "PartKey"]

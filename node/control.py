@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterator, TypeVar
 from urllib.parse import urlparse
 
-from .errors import ConfigError, ControlPlaneDown, WatchCompacted
+from .errors import ConfigError, ControlPlaneDown, ControlPlaneError, LeaseGone, NodeError, WatchCompacted
 from .jsonvalue import Json, JsonDoc
 
 log = logging.getLogger("ferry.node.control")
@@ -101,6 +101,13 @@ class Etcd:
         self._cur = 0
 
     def _call(self, fn: Callable[[Etcd3Client], T]) -> T:
+        """``fn`` against each endpoint in turn. Every failure leaves as one of the
+        node's own errors, so no caller (a reporter thread, a controller round) dies of
+        an exception type it does not know: transport failures and "leader changed" /
+        "no leader" / timeouts as :class:`ControlPlaneDown` (retryable, after trying
+        every endpoint), an expired or unknown lease as :class:`LeaseGone`, anything
+        else etcd refuses (request too large, permission denied, a malformed answer) as
+        :class:`ControlPlaneError`."""
         from etcd3gw import exceptions as ex
         last: Exception | None = None
         n = len(self._clients)
@@ -120,8 +127,19 @@ class Etcd:
                 if any(w in msg for w in ("leader", "timed out", "unavailable", "stopped")):
                     last = e
                     continue
+                if "lease not found" in msg or "Not Found" in msg or "requested lease" in msg:
+                    raise LeaseGone(f"etcd: the lease is gone ({msg.strip()[:160]})") from None
+                raise ControlPlaneError(f"etcd refused the request: {msg.strip()[:200] or type(e).__name__}") from None
+            except NodeError:
                 raise
+            except (ValueError, KeyError, TypeError) as e:
+                raise ControlPlaneError(f"etcd sent an answer that cannot be read: {type(e).__name__}: "
+                                        f"{str(e)[:160]}") from None
         why = (str(last).strip() or type(last).__name__)[:200] if last else "no endpoint answered"
+        if "CERTIFICATE_VERIFY_FAILED" in why or "SSLError" in why or "certificate" in why.lower():
+            raise ControlPlaneDown(f"control plane (etcd at {', '.join(self.endpoints)}): TLS certificate "
+                                   f"verification failed: {why}; check the CA, certificate and key "
+                                   "configured for the control plane")
         raise ControlPlaneDown(f"control plane (etcd at {', '.join(self.endpoints)}) unreachable: "
                                f"{why}; is etcd running there?")
 
@@ -148,9 +166,9 @@ class Etcd:
         self.post("/kv/deleterange", {"key": _b64(key)})
 
     def txn(self, compare: list[JsonDoc], puts: list[tuple[str, Json, int]],
-            deletes: list[str] = ()) -> tuple[bool, int]:   # type: ignore[assignment]
-        """All of ``compare`` hold -> every put (key, value, lease) and delete; returns
-        (succeeded, revision)."""
+            deletes: list[str] = (), prefixes: list[str] = ()) -> tuple[bool, int]:   # type: ignore[assignment]
+        """All of ``compare`` hold -> every put (key, value, lease), delete and delete
+        of every key under each of ``prefixes``; returns (succeeded, revision)."""
         ops: list[JsonDoc] = []
         for k, v, lease in puts:
             put: JsonDoc = {"key": _b64(k), "value": _b64(json.dumps(v, sort_keys=True))}
@@ -158,6 +176,8 @@ class Etcd:
                 put["lease"] = str(lease)
             ops.append({"request_put": put})
         ops += [{"request_delete_range": {"key": _b64(k)}} for k in deletes]
+        ops += [{"request_delete_range": {"key": _b64(k), "range_end": _b64(_prefix_end(k))}}
+                for k in prefixes]
         r = self.post("/kv/txn", {"compare": compare, "success": ops})
         return bool(r.get("succeeded", False)), int(r["header"]["revision"])
 
@@ -188,8 +208,16 @@ class Etcd:
               idle: float = WATCH_IDLE_S) -> Iterator[tuple[int, list[tuple[str, str, KV | None]]]]:
         """(revision, [(type PUT/DELETE, key, KV or None)]) batches from ``start_revision``
         until the stream breaks or stays silent ``idle`` seconds (then it just ends: the
-        caller resumes from the last revision). Raises :class:`~node.errors.WatchCompacted` when etcd no
-        longer has ``start_revision``."""
+        caller resumes). Raises :class:`~node.errors.WatchCompacted` when etcd no longer
+        has ``start_revision``.
+
+        The revision of a batch is the mod revision of its **last event**, never the
+        response header's: a header names the store's revision when the response was
+        built, which can be far ahead of the events delivered so far (etcd sends a
+        backlog in several responses, each with the current header). Resuming from
+        header + 1 would skip the events in between; etcd's own Go client resumes from
+        the last event's revision + 1, as this does. Responses without events (the
+        creation, progress notifications) are not yielded."""
         c = self._clients[self._cur]
         req = {"create_request": {"key": _b64(prefix), "range_end": _b64(_prefix_end(prefix)),
                                   "start_revision": str(start_revision), "progress_notify": True}}
@@ -211,13 +239,15 @@ class Etcd:
                     raise WatchCompacted(int(res["compact_revision"]))
                 if res.get("canceled"):
                     return
-                rev = int(res.get("header", {}).get("revision", 0))
                 evs = []
+                last = 0
                 for e in res.get("events", []):
                     key, kv = _kv(e["kv"])
                     typ = e.get("type", "PUT")
                     evs.append((typ, key, kv if typ == "PUT" else None))
-                yield rev, evs
+                    last = max(last, kv.mod)
+                if evs:
+                    yield last, evs
         except (requests.RequestException, OSError, ValueError):
             return          # broken or idle: the caller resumes from its revision
         finally:
@@ -273,6 +303,8 @@ class Session:
             t0 = time.monotonic()
             try:
                 ttl = self.etcd.keepalive(lease)
+            except LeaseGone:
+                ttl = -1                # etcd no longer knows it: expired
             except ControlPlaneDown as e:
                 if self.valid() and self._valid_until - time.monotonic() < period * 2:
                     log.warning("stage=control lease %x keepalive failing (%s); fence in %.1fs",
@@ -307,23 +339,53 @@ class Session:
                 pass
 
 
-class View:
-    """Every key under ``prefix``, kept current; ``on_change(changed_keys)`` runs in
-    the watch thread after each batch of events (or after a full reload, with None)."""
+Event = tuple[str, "KV | None"]     # (key, its value now; None: deleted)
 
-    def __init__(self, etcd: Etcd, prefix: str, on_change: Callable[[set[str] | None], None]) -> None:
+
+class View:
+    """Every key under ``prefix``, kept current by a watch that resumes from the last
+    event it delivered. ``on_change(events)`` runs in the watch thread (or the
+    caller of :meth:`load`) after each batch with ``[(key, KV or None), ...]``: the
+    keys that changed and their values now (None: deleted). The first load delivers
+    every key; a reload after a compaction delivers only what differs from the copy
+    held (reload and diff), so a consumer that applies events in place stays exact."""
+
+    def __init__(self, etcd: Etcd, prefix: str, on_change: Callable[[list[Event]], None]) -> None:
         self.etcd, self.prefix, self.on_change = etcd, prefix, on_change
         self.kvs: dict[str, KV] = {}
+        # first path segment under the prefix ("members", "parts", ...) -> key -> KV
+        self._by_sub: dict[str, dict[str, KV]] = {}
         self.revision = 0
         self.lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.reloads = 0
+
+    def _sub(self, key: str) -> str:
+        rest = key[len(self.prefix) + 1:]
+        i = rest.find("/")
+        return rest if i < 0 else rest[:i]
+
+    def _set(self, key: str, kv: KV | None) -> None:
+        sub = self._by_sub.setdefault(self._sub(key), {})
+        if kv is None:
+            self.kvs.pop(key, None)
+            sub.pop(key, None)
+        else:
+            self.kvs[key] = kv
+            sub[key] = kv
 
     def load(self) -> None:
+        """Read everything (one range) and deliver what differs from the copy held."""
         rev, kvs = self.etcd.range_prefix(self.prefix)
         with self.lock:
-            self.kvs, self.revision = kvs, rev
-        self.on_change(None)
+            events: list[Event] = [(k, None) for k in self.kvs if k not in kvs]
+            events += [(k, v) for k, v in kvs.items() if self.kvs.get(k) != v]
+            for k, v in events:
+                self._set(k, v)
+            self.revision = rev
+            self.reloads += 1
+        self.on_change(events)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="control-watch", daemon=True)
@@ -332,33 +394,38 @@ class View:
     def stop(self) -> None:
         self._stop.set()
 
+    def apply(self, rev: int, evs: list[tuple[str, str, KV | None]]) -> list[Event]:
+        """Apply one watch batch (events at revisions up to ``rev``); the changes."""
+        with self.lock:
+            out: list[Event] = []
+            for typ, key, kv in evs:
+                v = None if typ == "DELETE" else kv
+                self._set(key, v)
+                out.append((key, v))
+            if rev > self.revision:
+                self.revision = rev
+        return out
+
     def _loop(self) -> None:
+        reload = not self.revision
         while not self._stop.is_set():
             try:
-                if not self.revision:
+                if reload:
                     self.load()
+                    reload = False
                 for rev, evs in self.etcd.watch(self.prefix, self.revision + 1, self._stop):
-                    changed: set[str] = set()
-                    with self.lock:
-                        for typ, key, kv in evs:
-                            if typ == "DELETE":
-                                self.kvs.pop(key, None)
-                            elif kv is not None:
-                                self.kvs[key] = kv
-                            changed.add(key)
-                        if rev > self.revision:
-                            self.revision = rev
+                    changed = self.apply(rev, evs)
                     if changed:
                         self.on_change(changed)
             except WatchCompacted:
-                log.info("stage=control watch fell behind a compaction; reloading")
-                self.revision = 0
+                log.info("stage=control watch fell behind a compaction; reloading and diffing")
+                reload = True
             except ControlPlaneDown as e:
                 log.debug("stage=control watch: %s", e)
                 self._stop.wait(0.2)
             except Exception:
                 log.exception("stage=control watch failed; reloading")
-                self.revision = 0
+                reload = True
                 self._stop.wait(0.2)
 
     def get(self, key: str) -> KV | None:
@@ -366,10 +433,11 @@ class View:
             return self.kvs.get(key)
 
     def items(self, sub: str) -> list[tuple[str, KV]]:
-        """(key without ``prefix/sub/``, KV) of every key under ``prefix/sub/``."""
+        """(key without ``prefix/sub/``, KV) of every key under ``prefix/sub/``; costs
+        the number of such keys, not of all keys."""
         head = f"{self.prefix}/{sub}/"
         with self.lock:
-            return [(k[len(head):], v) for k, v in self.kvs.items() if k.startswith(head)]
+            return [(k[len(head):], v) for k, v in self._by_sub.get(sub, {}).items() if k.startswith(head)]
 
 
 __all__ = ["Etcd", "Session", "View", "KV", "parse_endpoints"]

@@ -23,17 +23,36 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-from .assignment import ranked
-from .cluster_map import PartRecord
+from .assignment import owners, ranked
+from .cluster_map import ClusterMap, PartRecord
 from .config import CacheConfig
-from .control import Etcd, View
+from .control import KV, Etcd, View
 from .jsonvalue import Json, JsonDoc
 from .errors import BadRequest, NodeError, StaleEpoch, Unavailable
+from .mapview import map_from_keys
 from .states import State
 
+if TYPE_CHECKING:
+    from .context import MapHolder
+
 log = logging.getLogger("ferry.node.controller")
+
+
+class _NoLock:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *a: object) -> None:
+        return None
 TXN_BATCH = 48          # records per transaction (etcd's default --max-txn-ops is 128)
+# a new cluster with initial members: a partition's record waits this long for all of
+# its initial owners to report their (empty) copy, then is made with those that did
+INITIAL_WAIT_S = 15.0
+REQUEST_BATCH = 40      # requests per transaction: 2 compares + a put and a delete each
 
 
 def part_key(prefix: str, cache: str, p: int) -> str:
@@ -41,32 +60,47 @@ def part_key(prefix: str, cache: str, p: int) -> str:
 
 
 class Controller:
+    """The elected controller's decisions. It reads the cluster from a map kept by
+    the node's watch (``live``: the node's :class:`~node.context.MapHolder`, changed in
+    place by each batch, with ``controller_dirty`` naming the partitions each batch
+    touched), so a round looks only at partitions that changed: the cost of a round
+    is the size of the change, not of the cluster. Without ``live`` (tests, tools) it
+    builds a map from ``view`` at each round and looks at every partition."""
+
     def __init__(self, me: str, prefix: str, etcd: Etcd, view: View,
-                 caches: dict[str, CacheConfig], election_rev: int) -> None:
+                 caches: dict[str, CacheConfig], election_rev: int,
+                 live: "MapHolder | None" = None) -> None:
         self.me, self.prefix, self.etcd, self.view = me, prefix, etcd, view
         self.caches = caches
         self.election_rev = election_rev
+        self.live = live
         self.lock = threading.Lock()     # one decision at a time on this node
+        self.rounds = 0
+        self.looked_at = 0               # partitions looked at, over all rounds (a metric)
+        self._born = time.monotonic()
+        self._unborn: set[tuple[str, int]] = set()   # new partitions waiting for initial owners
 
-    # -- reading the view ---------------------------------------------------------
+    # -- reading the map ----------------------------------------------------------
     def _guard(self) -> JsonDoc:
         return Etcd.create_is(f"{self.prefix}/controller", self.election_rev)
 
-    def _members(self) -> JsonDoc:
-        return {k: v.value for k, v in self.view.items("members") if isinstance(v.value, dict)}
+    def _map(self) -> tuple["ClusterMap", "threading.RLock | _NoLock", set[tuple[str, int]] | None]:
+        """(the map, the lock that guards it, the partitions to look at: None = all)."""
+        if self.live is not None:
+            return self.live.map, self.live.lock, self.live.controller_dirty.take()
+        with self.view.lock:
+            kvs, rev = dict(self.view.kvs), self.view.revision
+        m, _, _ = map_from_keys(kvs, rev, self.prefix, self.caches.values())
+        return m, _NoLock(), None
 
-    def _owning(self) -> dict[tuple[str, int], set[str]]:
-        """(cache, p) -> live nodes reporting OWNING."""
-        out: dict[tuple[str, int], set[str]] = {}
-        members = self._members()
-        for node, kv in self.view.items("reports"):
-            if node not in members or not isinstance(kv.value, dict):
-                continue
-            for cache, parts in (kv.value.get("caches") or {}).items():
-                for ps, st in parts.items():
-                    if isinstance(st, list) and st and st[0] == State.OWNING.value:
-                        out.setdefault((cache, int(ps)), set()).add(node)
-        return out
+    def _snapshot(self) -> "ClusterMap":
+        m, _, _ = self._map() if self.live is None else (self.live.map, None, None)
+        return m
+
+    @staticmethod
+    def _owning_of(m: "ClusterMap", cache: str, p: int) -> set[str]:
+        """Live nodes reporting OWNING for (cache, p)."""
+        return {n for n, st in m.states[cache][p].items() if st == State.OWNING.value and n in m.members}
 
     def _record(self, cache: str, p: int) -> tuple[PartRecord | None, int]:
         kv = self.view.get(part_key(self.prefix, cache, p))
@@ -74,27 +108,44 @@ class Controller:
 
     # -- the periodic decision ----------------------------------------------------
     def decide(self) -> int:
-        """Bring every record in line with membership and reports; returns how many
-        records changed. Idempotent: run it on every change and once a second."""
+        """Bring the records of the partitions that changed (every record at the first
+        round) in line with membership and reports; returns how many records changed.
+        Idempotent: run it on every change and periodically."""
         with self.lock:
-            members = self._members()
-            owning = self._owning()
-            meta = self.view.get(f"{self.prefix}/meta")
-            creator = meta.value.get("created_by") if meta and isinstance(meta.value, dict) else None
+            m, lock, dirty = self._map()
             writes: list[tuple[str, int, PartRecord, PartRecord | None]] = []
-            for cache, cc in self.caches.items():
-                for p in range(cc.partitions):
-                    rec, mod = self._record(cache, p)
-                    new = self._next(cache, p, rec, members, owning.get((cache, p), set()), creator)
+            with lock:
+                members = m.members
+                creator = (m.creator, m.initial_members)
+                if dirty is not None:
+                    dirty |= self._unborn
+                self._unborn = set()
+                keys = ((c, p) for c, cc in self.caches.items() for p in range(cc.partitions)) \
+                    if dirty is None else sorted(dirty)
+                n = 0
+                for cache, p in keys:
+                    if cache not in self.caches:
+                        continue
+                    n += 1
+                    mod = m.rec_mod[cache][p]
+                    rec = m.parts[cache][p] if mod else None
+                    new = self._next(cache, p, rec, members, self._owning_of(m, cache, p), creator)
                     if new is not None:
                         writes.append((part_key(self.prefix, cache, p), mod, new, rec))
+                self.rounds += 1
+                self.looked_at += n
             done = 0
             for i in range(0, len(writes), TXN_BATCH):
                 chunk = writes[i:i + TXN_BATCH]
-                ok, _ = self.etcd.txn([self._guard()] + [Etcd.mod_is(k, mod) for k, mod, _, _ in chunk],
-                                      [(k, new.to_json(), 0) for k, _, new, _ in chunk])
+                try:
+                    ok, _ = self.etcd.txn([self._guard()] + [Etcd.mod_is(k, mod) for k, mod, _, _ in chunk],
+                                          [(k, new.to_json(), 0) for k, _, new, _ in chunk])
+                except NodeError:
+                    self._again(writes[i:])
+                    raise
                 if not ok:
                     log.info("stage=controller a record changed under this decision; next round")
+                    self._again(writes[i:])
                     return done
                 for k, _, new, old in chunk:
                     log.info("stage=controller %s: primary %s -> %s, in-sync %s -> %s, epoch %d%s",
@@ -104,13 +155,35 @@ class Controller:
                 done += len(chunk)
             return done
 
-    def _next(self, cache: str, p: int, rec: PartRecord | None, members: JsonDoc,
-              owning: set[str], creator: str | None) -> PartRecord | None:
+    def _again(self, writes: list[tuple[str, int, PartRecord, PartRecord | None]]) -> None:
+        """Writes not made: their partitions are looked at again next round."""
+        if self.live is not None:
+            head = len(self.prefix) + len("/parts/")
+            keys = []
+            for k, _, _, _ in writes:
+                cache, _, ps = k[head:].rpartition("/")
+                keys.append((cache, int(ps)))
+            self.live.controller_dirty.add(keys)
+
+    def _next(self, cache: str, p: int, rec: PartRecord | None, members: Mapping[str, object],
+              owning: set[str], creator: "tuple[str | None, tuple[str, ...]] | str | None") -> PartRecord | None:
         if rec is None:
             if not owning:
                 return None
+            made_by, initial = creator if isinstance(creator, tuple) else (creator, ())
+            if initial:
+                # a new cluster with initial members: each made its share, empty; every
+                # copy of a partition that never had a record is the same (no write was
+                # ever acknowledged without one), so all of them start in sync
+                want = owners(cache, p, initial, self.caches[cache].backups)
+                share = [n for n in want if n in owning]
+                if len(share) < len(want) and time.monotonic() - self._born < INITIAL_WAIT_S:
+                    self._unborn.add((cache, p))
+                    return None
+                if share:
+                    return PartRecord(share[0], tuple(share), 1, False, 1)
             # a new cluster: the node that created it made every partition
-            prim = creator if creator in owning else ranked(cache, p, sorted(owning))[0]
+            prim = made_by if made_by in owning else ranked(cache, p, sorted(owning))[0]
             return PartRecord(prim, (prim,), 1, False, 1)
         live_isr = [n for n in rec.isr if n in members and n in owning]
         isr = tuple(live_isr) if live_isr else rec.isr      # never empty the set
@@ -132,26 +205,123 @@ class Controller:
         Each is applied or refused, and deleted either way. Only as read: the write
         that applies one also compares the request's mod revision, so a request its
         node withdrew meanwhile (its wait ran out: ``ControlPlane.request``) or
-        replaced is never applied, whatever this view still shows."""
+        replaced is never applied, whatever this view still shows.
+
+        Batched: the requests of a round are checked against the map's records and
+        applied up to REQUEST_BATCH per transaction (each compared on its record's and
+        its own mod revision); a transaction that fails is redone request by request,
+        each against etcd itself, so one changed record costs only a retry."""
         n = 0
-        for key, kv in self.view.items("requests"):
+        planned: list[tuple[str, int, str, int, PartRecord, str]] = []
+        seen: set[str] = set()
+        refusals: list[tuple[str, int]] = []
+        for key, kv in sorted(self.view.items("requests")):
             full = f"{self.prefix}/requests/{key}"
-            req = kv.value if isinstance(kv.value, dict) else {}
             try:
-                cache, ps, node = key.split("/")
-                p = int(ps)
-                if req.get("op") == "alter_isr":
-                    self.alter_isr(cache, p, node, int(req["term"]), list(req.get("remove", [])),
-                                   list(req.get("add", [])), req_key=full, req_mod=kv.mod)
-                elif req.get("op") == "set_primary":
-                    self.set_primary(cache, p, node, req.get("previous"), req_key=full, req_mod=kv.mod)
-                else:
-                    raise BadRequest(f"unknown request {req!r}")
-                n += 1
+                plan = self._plan(key, kv)
             except (NodeError, ValueError, KeyError, TypeError) as e:
                 log.info("stage=controller request %s refused: %s", key, e)
-                self.etcd.txn([Etcd.mod_is(full, kv.mod)], [], [full])
+                refusals.append((full, kv.mod))
+                continue
+            if plan[2] in seen:
+                continue                 # one change of a record per round
+            seen.add(plan[2])
+            planned.append(plan)
+        for i in range(0, len(refusals), REQUEST_BATCH):
+            chunk = refusals[i:i + REQUEST_BATCH]
+            ok, _ = self.etcd.txn([Etcd.mod_is(k, mod) for k, mod in chunk], [], [k for k, _ in chunk])
+            if not ok:                   # one was withdrawn meanwhile: each on its own
+                for k, mod in chunk:
+                    self.etcd.txn([Etcd.mod_is(k, mod)], [], [k])
+        for i in range(0, len(planned), REQUEST_BATCH):
+            chunk = planned[i:i + REQUEST_BATCH]
+            with self.lock:
+                cmp = [self._guard()]
+                for req_key, req_mod, key, mod, _, _ in chunk:
+                    cmp += [Etcd.mod_is(key, mod), Etcd.mod_is(req_key, req_mod)]
+                ok, _ = self.etcd.txn(cmp, [(c[2], c[4].to_json(), 0) for c in chunk], [c[0] for c in chunk])
+            if ok:
+                for c in chunk:
+                    log.info("stage=controller %s (epoch %d)", c[5], c[4].epoch)
+                n += len(chunk)
+                continue
+            for req_key, req_mod, _, _, _, _ in chunk:
+                key = req_key[len(self.prefix) + len("/requests/"):]
+                kv = self.view.get(req_key)
+                if kv is None or kv.mod != req_mod:
+                    continue
+                try:
+                    self._apply_one(key, kv)
+                    n += 1
+                except (NodeError, ValueError, KeyError, TypeError) as e:
+                    log.info("stage=controller request %s refused: %s", key, e)
+                    self.etcd.txn([Etcd.mod_is(req_key, req_mod)], [], [req_key])
         return n
+
+    def _plan(self, key: str, kv: KV) -> tuple[str, int, str, int, PartRecord, str]:
+        """(request key, its mod, record key, the record's mod, the new record, what it
+        does) of one request, checked against the map; raises what refuses it."""
+        full = f"{self.prefix}/requests/{key}"
+        req = kv.value if isinstance(kv.value, dict) else {}
+        cache, ps, node = key.split("/")
+        p = int(ps)
+        self._check_partition(cache, p)
+        rec, mod = self._current(cache, p)
+        pkey = part_key(self.prefix, cache, p)
+        if req.get("op") == "alter_isr":
+            remove, add = list(req.get("remove", [])), list(req.get("add", []))
+            new = self._altered(cache, p, rec, node, int(req["term"]), remove, add)
+            return (full, kv.mod, pkey, mod, new,
+                    f"{cache}/{p} in-sync {list(rec.isr)} -> {list(new.isr)} at {node}'s request"
+                    + (f", removed {remove}" if remove else "") + (f", admitted {add}" if add else ""))
+        if req.get("op") == "set_primary":
+            previous = req.get("previous")
+            new = self._handed(cache, p, rec, node, previous if isinstance(previous, str) else None)
+            return (full, kv.mod, pkey, mod, new, f"hand-off of {cache}/{p}: primary {previous} -> {node}")
+        raise BadRequest(f"unknown request {req!r}"[:200])
+
+    def _apply_one(self, key: str, kv: KV) -> None:
+        full = f"{self.prefix}/requests/{key}"
+        req = kv.value if isinstance(kv.value, dict) else {}
+        cache, ps, node = key.split("/")
+        p = int(ps)
+        if req.get("op") == "alter_isr":
+            self.alter_isr(cache, p, node, int(req["term"]), list(req.get("remove", [])),
+                           list(req.get("add", [])), req_key=full, req_mod=kv.mod)
+        elif req.get("op") == "set_primary":
+            self.set_primary(cache, p, node, req.get("previous"), req_key=full, req_mod=kv.mod)
+        else:
+            raise BadRequest(f"unknown request {req!r}"[:200])
+
+    def _current(self, cache: str, p: int) -> tuple[PartRecord, int]:
+        """p's record and its mod revision as this controller's map shows it."""
+        if self.live is not None:
+            with self.live.lock:
+                return self.live.map.parts[cache][p], self.live.map.rec_mod[cache][p]
+        rec, mod = self._record(cache, p)
+        return rec or PartRecord(), mod
+
+    def _altered(self, cache: str, p: int, rec: PartRecord, primary: str, term: int,
+                 remove: list[str], add: list[str]) -> PartRecord:
+        if rec.term != term or rec.primary != primary:
+            raise StaleEpoch(f"{cache}/{p} is in term {rec.term} with primary {rec.primary}; "
+                             f"{primary} asked in term {term}")
+        members = self._live_members()
+        bad = [n for n in add if n not in members]
+        if bad:
+            raise Unavailable(f"cannot admit {', '.join(bad)} to {cache}/{p}: not a live member")
+        if primary in remove:
+            raise BadRequest("a primary cannot remove itself from the in-sync set")
+        isr = tuple([n for n in rec.isr if n not in remove] + [n for n in add if n not in rec.isr])
+        return PartRecord(rec.primary, isr, rec.epoch + 1, False, rec.term)
+
+    def _handed(self, cache: str, p: int, rec: PartRecord, node: str, previous: str | None) -> PartRecord:
+        if rec.primary != previous or node not in rec.isr or node not in self._live_members():
+            raise StaleEpoch(f"{cache}/{p}: {node} cannot take over from {previous} "
+                             f"(record: primary {rec.primary}, in sync {list(rec.isr)})")
+        if node not in self._owning_now(cache, p):
+            raise StaleEpoch(f"{cache}/{p}: {node} does not report OWNING")
+        return PartRecord(node, rec.isr, rec.epoch + 1, False, rec.term + 1)
 
     def alter_isr(self, cache: str, p: int, primary: str, term: int,
                   remove: list[str], add: list[str], req_key: str | None = None,
@@ -167,17 +337,8 @@ class Controller:
         with self.lock:
             kv = self.etcd.get(key)
             rec = PartRecord.from_json(kv.value) if kv else PartRecord()
-            if rec.term != term or rec.primary != primary:
-                raise StaleEpoch(f"{cache}/{p} is in term {rec.term} with primary {rec.primary}; "
-                                 f"{primary} asked in term {term}")
-            members = self._members()
-            bad = [n for n in add if n not in members]
-            if bad:
-                raise Unavailable(f"cannot admit {', '.join(bad)} to {cache}/{p}: not a live member")
-            if primary in remove:
-                raise BadRequest("a primary cannot remove itself from the in-sync set")
-            isr = tuple([n for n in rec.isr if n not in remove] + [n for n in add if n not in rec.isr])
-            new = PartRecord(rec.primary, isr, rec.epoch + 1, False, rec.term)
+            new = self._altered(cache, p, rec, primary, term, remove, add)
+            isr = new.isr
             ok, _ = self.etcd.txn([self._guard(), Etcd.mod_is(key, kv.mod if kv else 0)] + req,
                                   [(key, new.to_json(), 0)], [req_key] if req_key else [])
             if not ok:
@@ -202,12 +363,7 @@ class Controller:
         with self.lock:
             kv = self.etcd.get(key)
             rec = PartRecord.from_json(kv.value) if kv else PartRecord()
-            if rec.primary != previous or node not in rec.isr or node not in self._members():
-                raise StaleEpoch(f"{cache}/{p}: {node} cannot take over from {previous} "
-                                 f"(record: primary {rec.primary}, in sync {list(rec.isr)})")
-            if node not in self._owning().get((cache, p), set()):
-                raise StaleEpoch(f"{cache}/{p}: {node} does not report OWNING")
-            new = PartRecord(node, rec.isr, rec.epoch + 1, False, rec.term + 1)
+            new = self._handed(cache, p, rec, node, previous)
             ok, _ = self.etcd.txn([self._guard(), Etcd.mod_is(key, kv.mod if kv else 0)] + req,
                                   [(key, new.to_json(), 0)], [req_key] if req_key else [])
             if not ok and self._withdrawn(req_key, req_mod):
@@ -216,6 +372,20 @@ class Controller:
         if ok:
             log.info("stage=handoff %s/%d primary %s -> %s epoch=%d", cache, p, previous, node, new.epoch)
         return new if ok else None
+
+    def _live_members(self) -> dict[str, bool]:
+        """Live members -> leaving."""
+        if self.live is not None:
+            with self.live.lock:
+                return {n: mem.leaving for n, mem in self.live.map.members.items()}
+        return {k: bool(v.value.get("leaving")) for k, v in self.view.items("members")
+                if isinstance(v.value, dict)}
+
+    def _owning_now(self, cache: str, p: int) -> set[str]:
+        if self.live is not None:
+            with self.live.lock:
+                return self._owning_of(self.live.map, cache, p)
+        return self._owning_of(self._snapshot(), cache, p)
 
     @staticmethod
     def _request_guard(req_key: str | None, req_mod: int | None) -> list[JsonDoc]:
@@ -237,8 +407,7 @@ class Controller:
     def pin(self, plan: str, moves: list[JsonDoc]) -> int:
         """A plan: each named partition gets exactly the named owners (primary first).
         All or nothing: any bad entry refuses the whole plan. Returns the revision."""
-        members = self._members()
-        placeable = {n for n, v in members.items() if not v.get("leaving")}
+        placeable = {n for n, leaving in self._live_members().items() if not leaving}
         staged: list[tuple[str, Json, int]] = []
         for i, mv in enumerate(moves):
             cache, p, to = mv["cache"], mv["partition"], mv["to"]

@@ -141,6 +141,17 @@ class ControlPlaneDown(Unavailable):
     code = "control_plane"
 
 
+class LeaseGone(ControlPlaneDown):
+    """etcd no longer knows the lease (it expired): the node registers again."""
+    code = "control_plane"
+
+
+class ControlPlaneError(NodeError):
+    """etcd refused a request for a reason other than its availability (too large,
+    permission denied) or answered something that cannot be read."""
+    code = "control_plane_error"
+
+
 class WatchCompacted(NodeError):
     """etcd compacted the revision a watch resumes from: the watcher reloads the whole
     prefix (control.View does this itself; it never reaches a caller)."""

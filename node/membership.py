@@ -15,17 +15,19 @@ import time
 from typing import Callable
 
 from .cluster_map import PartRecord
-from .config import NodeConfig, with_overrides
+from .config import NodeConfig, apply_each
 from .context import NodeContext
-from .control import Etcd, Session, View
+from .control import KV, Etcd, Session, View
 from .controller import Controller, part_key
 from .errors import ConfigError, ControlPlaneDown, NodeError, OutcomeUnknown, Unavailable
-from .mapview import map_from_keys
+from .mapview import MapBuilder
+from .placement import Placement
 from .ports import Handlers
 from .states import State
 
 log = logging.getLogger("ferry.node.membership")
 REPORT_COALESCE_S = 0.02           # a state change is reported this soon (bursts coalesce)
+REPORT_TXN_OPS = 100               # report keys per etcd transaction (etcd's --max-txn-ops: 128)
 CONTROLLER_PERIOD_S = 0.5          # the controller re-decides at least this often
 START_TIMEOUT_S = 60.0             # a node waits this long for the control plane at start
 REQUEST_TIMEOUT_S = 3.0            # a request to the controller (in-sync change, hand-off)
@@ -75,6 +77,13 @@ class ControlPlane:
         self.controller: Controller | None = None   # while this node is elected
         self._report_lock = threading.Lock()
         self._last_settings: dict[str, object] | None = None
+        self.builder = MapBuilder(self.prefix, ctx.cfg.caches)
+        ctx.map.map, ctx.map.pending_requests = self.builder.map, self.builder.requests
+        # reports: what etcd holds for this node (under its lease), and the partitions
+        # whose state changed since (StateTable's hook): only those are written
+        self._sent: dict[tuple[str, int], list[object]] = {}
+        self._report_pending: set[tuple[str, int]] = set()
+        self._pending_lock = threading.Lock()
 
     def handlers(self) -> Handlers:
         return {"pin": self.op_pin}
@@ -86,7 +95,10 @@ class ControlPlane:
         START_TIMEOUT_S (a node started before its control plane comes up)."""
         cfg = self.ctx.cfg
         require_control_plane(cfg)
-        self.prefix = cfg.control_prefix
+        if self.prefix != cfg.control_prefix:
+            self.prefix = cfg.control_prefix
+            self.builder = MapBuilder(self.prefix, cfg.caches)
+            self.ctx.map.map, self.ctx.map.pending_requests = self.builder.map, self.builder.requests
         self.etcd = Etcd(cfg.control_plane)
         self.session = Session(self.etcd, cfg.lease_ttl_s, cfg.lease_margin_s, on_expired=self._reregister)
         self.ctx.session = self.session
@@ -115,9 +127,11 @@ class ControlPlane:
         caches = sorted((c.to_wire() for c in self.ctx.cfg.caches), key=lambda c: c["name"])
         fresh = not any(True for _ in self.ctx.states.items())
         salt = os.urandom(16).hex()
-        ok, _ = self.etcd.txn([Etcd.mod_is(meta_key, 0)],
-                              [(meta_key, {"caches": caches, "created_by": self.ctx.id, "secret_salt": salt,
-                                           "secret_check": _secret_check(self.ctx.secret, salt)}, 0)])
+        doc: dict[str, object] = {"caches": caches, "created_by": self.ctx.id, "secret_salt": salt,
+                                  "secret_check": _secret_check(self.ctx.secret, salt)}
+        if self.ctx.cfg.initial_members:
+            doc["initial_members"] = sorted(self.ctx.cfg.initial_members)
+        ok, _ = self.etcd.txn([Etcd.mod_is(meta_key, 0)], [(meta_key, doc, 0)])
         meta = self.etcd.get(meta_key)
         if meta is None or not isinstance(meta.value, dict):
             raise ConfigError(f"the control plane's {meta_key} is not a Ferry cluster record; "
@@ -133,26 +147,49 @@ class ControlPlane:
             raise ConfigError(f"node {self.ctx.id} has a different cache layout than the cluster "
                               f"({caches} != {have}); caches must match on every node")
         creator = meta.value.get("created_by") if meta else None
-        if fresh and creator == self.ctx.id:
-            # this node created the cluster (now, or before a crash that came before any
-            # partition record): it makes every partition
+        initial = meta.value.get("initial_members")
+        initial = sorted(str(n) for n in initial) if isinstance(initial, list) else []
+        if fresh and (self.ctx.id in initial or (not initial and creator == self.ctx.id)):
+            # a new cluster (no partition record yet: no write was ever acknowledged, so
+            # every copy of a partition is the same empty one). Without initial members
+            # the creator makes every partition (the others then pull theirs); with
+            # them, each makes its rendezvous share over the initial members
             rev, parts = self.etcd.range_prefix(f"{self.prefix}/parts/")
-            if not parts:
+            if not parts or initial:
+                n = 0
                 for cache, data in self.ctx.data.items():
-                    for p in range(data.cache.partitions):
+                    mine = range(data.cache.partitions) if not initial else \
+                        Placement.share(cache, data.cache.partitions, data.cache.backups + 1, initial, self.ctx.id)
+                    # (with initial members, a partition that has a record already is
+                    # pulled like any other: only record-less ones are new)
+                    mine = [p for p in mine if f"{self.prefix}/parts/{cache}/{p}" not in parts]
+                    for p in mine:
                         data.create(p)
-                    self.ctx.states.set_many([(cache, p, State.OWNING) for p in range(data.cache.partitions)],
-                                         reason="new cluster")
-                log.info("stage=join node=%s created the cluster", self.ctx.id)
+                    self.ctx.states.set_many([(cache, p, State.OWNING) for p in mine], reason="new cluster")
+                    n += len(mine)
+                log.info("stage=join node=%s created %d partition(s) of the new cluster%s", self.ctx.id, n,
+                         f" (its share among initial members {', '.join(initial)})" if initial else "")
 
     def _member_doc(self) -> dict[str, object]:
         return {"address": self.ctx.cfg.address, "transfer": self.ctx.transfer_address, "boot": self.ctx.boot,
                 "leaving": self.ctx.events.leaving.is_set()}
 
     def _register(self) -> None:
+        """Put this node's whole report, then its member key, under a new lease: the
+        controller never sees the member without the report (it removes an in-sync
+        copy whose node does not report OWNING)."""
         lease = self.session.grant()
-        ok, _ = self.etcd.txn([], [(f"{self.prefix}/members/{self.ctx.id}", self._member_doc(), lease),
-                                   (f"{self.prefix}/reports/{self.ctx.id}", self._report_doc(), lease)])
+        with self._report_lock:
+            with self._pending_lock:
+                self._report_pending.clear()
+            entries = self._entries()
+            keys = [(self._report_key(k), v, lease) for k, v in sorted(entries.items())]
+            member = (f"{self.prefix}/members/{self.ctx.id}", self._member_doc(), lease)
+            chunks = [keys[i:i + REPORT_TXN_OPS] for i in range(0, len(keys), REPORT_TXN_OPS)] or [[]]
+            chunks[-1].append(member)
+            for chunk in chunks:
+                self.etcd.txn([], chunk)
+            self._sent = dict(entries)
         self._registered_lease = lease
 
     def _reregister(self) -> None:
@@ -180,24 +217,70 @@ class ControlPlane:
             sess.stop(revoke=leave)
 
     # -- reports ------------------------------------------------------------------
+    # One key per partition held, ``P/reports/<node>/<cache>/<p>`` = [state, counter],
+    # under the node's lease; a state change writes that partition's key only, so a
+    # report costs the same at 16 partitions and at 100,000 and no key grows with them.
     def report(self) -> dict[str, dict[str, list[object]]]:
-        # every cache present, even with nothing held
         out: dict[str, dict[str, list[object]]] = {cache: {} for cache in self.ctx.data}
-        for (cache, p), s in self.ctx.states.items():
-            if s in (State.OWNING, State.MOVING, State.RENTING, State.LOST):
-                cnt = self.ctx.data[cache].counter(p) if s == State.OWNING else 0
-                out.setdefault(cache, {})[str(p)] = [s.value, cnt]
+        for (cache, p), e in self._entries().items():
+            out.setdefault(cache, {})[str(p)] = e
         return out
 
-    def _report_doc(self) -> dict[str, object]:
-        return {"boot": self.ctx.boot, "caches": self.report()}
+    def _entry(self, cache: str, p: int) -> list[object] | None:
+        s = self.ctx.states.get(cache, p)
+        if s in (State.OWNING, State.MOVING, State.RENTING, State.LOST):
+            return [s.value, self.ctx.data[cache].counter(p) if s == State.OWNING else 0]
+        return None
+
+    def _entries(self) -> dict[tuple[str, int], list[object]]:
+        out: dict[tuple[str, int], list[object]] = {}
+        for (cache, p), _ in self.ctx.states.items():
+            if cache in self.ctx.data:
+                e = self._entry(cache, p)
+                if e is not None:
+                    out[(cache, p)] = e
+        return out
+
+    def _report_key(self, k: tuple[str, int]) -> str:
+        return f"{self.prefix}/reports/{self.ctx.id}/{k[0]}/{k[1]}"
+
+    def report_changed(self, cache: str, p: int) -> None:
+        """The state of (cache, p) changed: its report key is written soon."""
+        with self._pending_lock:
+            self._report_pending.add((cache, p))
+        self.ctx.events.report_dirty.set()
 
     def put_report(self) -> None:
-        """Write this node's report now. The lock orders build and put: a report built
-        earlier never lands after one built later (the controller removes an in-sync
-        copy whose report does not say OWNING)."""
+        """Write the report keys of the partitions whose state changed, now. The lock
+        orders build and put: an entry built earlier never lands after one built later
+        (the controller removes an in-sync copy whose report does not say OWNING)."""
         with self._report_lock:
-            self.etcd.put(f"{self.prefix}/reports/{self.ctx.id}", self._report_doc(), lease=self.session.lease)
+            with self._pending_lock:
+                pending, self._report_pending = self._report_pending, set()
+            try:
+                puts: list[tuple[str, object, int]] = []
+                dels: list[str] = []
+                done: dict[tuple[str, int], list[object] | None] = {}
+                for k in sorted(pending):
+                    e = self._entry(*k) if k[0] in self.ctx.data else None
+                    if self._sent.get(k) == e:
+                        continue
+                    done[k] = e
+                    if e is None:
+                        dels.append(self._report_key(k))
+                    else:
+                        puts.append((self._report_key(k), e, self.session.lease))
+                for i in range(0, max(len(puts), len(dels)), REPORT_TXN_OPS // 2):
+                    self.etcd.txn([], puts[i:i + REPORT_TXN_OPS // 2], dels[i:i + REPORT_TXN_OPS // 2])
+            except BaseException:
+                with self._pending_lock:
+                    self._report_pending |= pending
+                raise
+            for k, e in done.items():
+                if e is None:
+                    self._sent.pop(k, None)
+                else:
+                    self._sent[k] = e
 
     def _reporter(self) -> None:
         while not self.ctx.events.stopping.is_set():
@@ -215,56 +298,55 @@ class ControlPlane:
                 self.ctx.events.stopping.wait(0.5)
 
     # -- the local map -------------------------------------------------------------
-    def _on_view_change(self, changed: set[str] | None) -> None:
-        """Rebuild the local map from the view (watch thread). Partition records only
-        move forward: a record this node got straight from the controller (its own
-        in-sync change) is newer than the watch event that follows it."""
-        v = self.view
-        with v.lock:
-            kvs = dict(v.kvs)
-            rev = v.revision
-        m, settings, requests = map_from_keys(kvs, rev, self.prefix, self.ctx.cfg.caches)
+    def _on_view_change(self, events: list[tuple[str, KV | None]]) -> None:
+        """Apply a batch of the view's changes to the local map, in place (watch
+        thread); the partitions it touched go to the reconcile loop and the controller."""
+        rev = self.view.revision if self.view is not None else 0
         with self.ctx.map.lock:
-            old = self.ctx.map.map
-            for cache, lst in m.parts.items():
-                for p, rec in enumerate(lst):
-                    if rec.primary != self.ctx.id and old.parts[cache][p].primary == self.ctx.id:
-                        # no longer primary: registrations of moving copies belong to the new
-                        # one, and a hand-off fence has done its job (left in place, it would
-                        # refuse writes if the role came back here within FENCE_SECONDS)
-                        self.ctx.repl.copies.pop((cache, p), None)
-                        self.ctx.repl.fenced.pop((cache, p), None)
-            self.ctx.map.map = m
-            self.ctx.map.pending_requests = requests
+            d = self.builder.apply(events, rev)
+            for cache, p, old, rec in d.records:
+                if rec.primary != self.ctx.id and old.primary == self.ctx.id:
+                    # no longer primary: registrations of moving copies belong to the new
+                    # one, and a hand-off fence has done its job (left in place, it would
+                    # refuse writes if the role came back here within FENCE_SECONDS)
+                    self.ctx.repl.copies.pop((cache, p), None)
+                    self.ctx.repl.fenced.pop((cache, p), None)
+        self.ctx.map.dirty.add(d.parts)
+        self.ctx.map.controller_dirty.add(d.parts)
         with self.ctx.map.changed:
             self.ctx.map.changed.notify_all()
-        self._apply_settings(settings)
+        if d.settings:
+            self._apply_settings(dict(self.builder.settings))
         # the controller decides on every change; an election (none, or just won) is
         # looked at at once
-        if self.controller is not None or m.controller in (None, self.ctx.id):
+        if self.controller is not None or self.builder.map.controller in (None, self.ctx.id):
             self.ctx.events.controller_wake.set()
-        self.ctx.wake()
+        if d.parts or d.members or d.controller:
+            self.ctx.wake()
 
     def _apply_settings(self, settings: dict[str, object]) -> None:
+        """Apply the stored cluster settings that differ from this node's, each on its
+        own (``config.apply_each``): a malformed one is logged once and does not hold
+        back the others."""
         changes: dict[str, object] = {}
         for name, val in settings.items():
             fld = SETTINGS.get(name)
             if fld is None:
                 continue
             if getattr(self.ctx.cfg, fld) != val:
-                changes[fld] = val
+                changes[name] = val
         if not changes or changes == self._last_settings:
             return
-        try:
-            new = with_overrides(self.ctx.cfg, **changes)
-        except (ConfigError, TypeError) as e:
-            log.error("stage=settings refused cluster setting(s) %s: %s", changes, e)
-            self._last_settings = changes
+        self._last_settings = changes
+        new, refused = apply_each(self.ctx.cfg, changes)
+        for name, why in refused.items():
+            log.error("stage=settings refused cluster setting %s = %r: %s", name, changes[name], why)
+        if new == self.ctx.cfg:
             return
         old, self.ctx.cfg = self.ctx.cfg, new
-        self._last_settings = changes
         self.on_settings(old, new)
-        log.info("stage=settings applied cluster settings %s", changes)
+        log.info("stage=settings applied cluster settings %s",
+                 {k: v for k, v in changes.items() if k not in refused})
 
     # -- the controller ----------------------------------------------------------------
     def _control_loop(self) -> None:
@@ -287,8 +369,10 @@ class ControlPlane:
                 mine = (kv is not None and isinstance(kv.value, dict) and kv.value.get("id") == self.ctx.id
                         and kv.value.get("boot") == self.ctx.boot and kv.lease == lease)
                 if mine and (self.controller is None or self.controller.election_rev != kv.create):
+                    self.ctx.map.controller_dirty.everything()
                     self.controller = Controller(self.ctx.id, self.prefix, self.etcd, self.view,
-                                                 {c.name: c for c in self.ctx.cfg.caches}, kv.create)
+                                                 {c.name: c for c in self.ctx.cfg.caches}, kv.create,
+                                                 live=self.ctx.map)
                     log.info("stage=controller node=%s is controller (election revision %d)",
                              self.ctx.id, kv.create)
                 elif not mine and self.controller is not None:
@@ -424,7 +508,8 @@ class ControlPlane:
 
     def finish_leave(self) -> None:
         try:
-            self.etcd.txn([], [], [f"{self.prefix}/members/{self.ctx.id}", f"{self.prefix}/reports/{self.ctx.id}"])
+            self.etcd.txn([], [], [f"{self.prefix}/members/{self.ctx.id}", f"{self.prefix}/reports/{self.ctx.id}"],
+                          prefixes=[f"{self.prefix}/reports/{self.ctx.id}/"])
         except NodeError as e:
             log.info("stage=leave waiting for the control plane: %s", e)
             return

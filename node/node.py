@@ -134,7 +134,13 @@ class Node:
     def _state_changed(self, cache: str, p: int, old: State | None, new: State) -> None:
         log.info("stage=state cache=%s partition=%d %s -> %s", cache, p, old.value if old else "absent", new.value)
         # (called while the context is being built, by nothing but later changes)
-        self.ctx.events.report_dirty.set()
+        control = getattr(self, "control", None)
+        if control is not None:
+            control.report_changed(cache, p)
+        else:
+            self.ctx.events.report_dirty.set()
+        self.ctx.map.dirty.add([(cache, p)])
+        self.ctx.wake()
 
     # -- lifecycle ----------------------------------------------------------------
     def start(self) -> None:
@@ -202,9 +208,14 @@ class Node:
                 "lease_valid": ctx.lease_valid(),
                 "settings": {name: getattr(ctx.cfg, fld) for name, fld in SETTINGS.items()}}
 
-    def op_get_map(self) -> dict[str, object]:
+    def op_get_map(self, start: int = 0, count: int | None = None) -> dict[str, object]:
+        """The map, or one page of its partitions (``ClusterMap.fetch`` reads them all);
+        at most ClusterMap.PAGE partitions per reply, whatever is asked."""
+        if not isinstance(start, int) or start < 0 or (count is not None and (not isinstance(count, int) or count < 0)):
+            raise BadRequest("get_map: start and count must be non-negative integers")
+        count = ClusterMap.PAGE if count is None else min(count, ClusterMap.PAGE)
         with self.ctx.map.lock:
-            return self.ctx.map.map.to_wire()
+            return self.ctx.map.map.to_wire(start, count)
 
     def op_leave(self, node: str | None = None) -> bool:
         """Asked of any node: that node (default this one) leaves gracefully."""

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Protocol
 
 from checkpoint import SnapshotBusyError
 from faults import crashpoint
 
 from .context import NodeContext, PartKey
+from .controller import INITIAL_WAIT_S
 from .errors import NodeError
 from .ports import IsrControl, MoveActions
 from .states import State
@@ -32,12 +34,27 @@ class Leaving(IsrControl, Protocol):
     def finish_leave(self) -> None: ...
 
 
+FULL_SWEEP_S = 30.0       # every partition is looked at this often, whatever the deltas say
+
+
 class Reconciler:
+    """Acts on the partitions the map's deltas name (``ctx.map.dirty``: a record, a
+    report or the ideal owners of p changed; a local state changed), plus the ones
+    whose last look left something to wait for, plus every partition once per
+    FULL_SWEEP_S as a safety net. A pass costs the size of the change, not of the
+    cluster."""
+
     def __init__(self, ctx: NodeContext, control: Leaving, movers: MoveActions) -> None:
         self.ctx = ctx
         self.control = control
         self.movers = movers
         self._isr_joins: set[PartKey] = set()   # copies asking their primary to count
+        self._again: set[PartKey] = set()       # to look at in the next pass too
+        # partitions assigned here that wait for a move slot, in the order they came
+        self._to_move: dict[PartKey, str] = {}
+        self._last_sweep = 0.0
+        self._born = time.monotonic()
+        self.looked_at = 0                      # partitions looked at, over all passes
 
     def run(self) -> None:
         while not self.ctx.events.stopping.is_set():
@@ -52,85 +69,142 @@ class Reconciler:
                 self.reconcile()
             except Exception:
                 log.exception("stage=reconcile failed")
+                self.ctx.map.dirty.everything()
+
+    def _keys(self) -> "set[PartKey] | None":
+        dirty = self.ctx.map.dirty.take()
+        now = time.monotonic()
+        if dirty is None or now - self._last_sweep >= FULL_SWEEP_S:
+            self._last_sweep = now
+            self._again.clear()
+            return None
+        dirty |= self._again
+        self._again = set()
+        return dirty
 
     def reconcile(self) -> None:
-        with self.ctx.map.lock:
-            m = self.ctx.map.map.clone()
         me = self.ctx.id
-        if me not in m.members:
-            return          # not registered (lease lost): act on nothing until registered again
-        for cache, data in self.ctx.data.items():
-            for p in range(data.cache.partitions):
-                key = (cache, p)
-                st = self.ctx.states.get(cache, p)
-                rec = m.parts[cache][p]
-                prim = rec.primary
-                ideal = m.ideal(cache, p)
-                # registered MOVING copies that died or left need no registration
-                regs = self.ctx.repl.copies.get(key)
-                if regs:
-                    for n in list(regs):
-                        if n not in m.members:
-                            regs.pop(n, None)
-                if key in self.ctx.moves.running:
-                    if me not in ideal and m.state(cache, p, me) == State.MOVING and prim != me:
-                        self.ctx.moves.running[key].cancelled = True
-                    continue
-                if st == State.OWNING and me not in rec.isr:
-                    if rec.lost or (prim is None and not rec.isr):
-                        continue
-                    if prim is None:
-                        continue        # waiting for an in-sync copy or the controller
-                    if key not in self._isr_joins:
-                        self._isr_joins.add(key)
-                        threading.Thread(target=self._join_isr, args=(cache, p), daemon=True).start()
-                    continue
-                if me in ideal:
-                    if st in (None, State.EVICTED, State.LOST):
-                        # (a LOST partition is reported by the controller's record; no
-                        # local state is needed for a copy this node never had)
-                        if prim is not None and prim != me:
-                            self.movers.start_move(cache, p, "assigned by the map")
-                    elif st == State.MOVING:
-                        self.movers.start_move(cache, p, "resuming after restart or resync")
-                    elif st == State.RENTING:
-                        self.evict(cache, p, "assigned again while renting: re-pull")
-                    elif (st == State.OWNING and ideal[0] == me and prim not in (me, None)
-                          and prim in m.members and key not in self.ctx.repl.handoffs
-                          and m.state(cache, p, prim) == State.OWNING):
-                        self.ctx.repl.handoffs.add(key)
-                        threading.Thread(target=self.movers.take_primary, args=(cache, p, prim),
-                                         daemon=True).start()
-                else:
-                    if st == State.MOVING:
-                        self.ctx.states.set(cache, p, State.EVICTED, reason="move cancelled: not assigned")
-                        with self.ctx.plock(cache, p):
-                            data.drop(p)
-                    elif st == State.OWNING and prim != me and ideal and all(
-                            n in rec.isr and m.state(cache, p, n) == State.OWNING for n in ideal):
-                        self.ctx.states.set(cache, p, State.RENTING, reason="new owners are in sync")
-                        self.evict(cache, p, "no longer an owner")
-                    elif st == State.RENTING:
-                        self.evict(cache, p, "finishing eviction")
+        with self.ctx.map.lock:
+            m = self.ctx.map.map
+            registered = me in m.members
+            members = set(m.members)
+        if not registered:
+            self.ctx.map.dirty.everything()    # not registered (lease lost): act on nothing
+            return                              # until registered again, then on everything
+        # registered MOVING copies that died or left need no registration
+        for regs in list(self.ctx.repl.copies.values()):
+            for n in list(regs):
+                if n not in members:
+                    regs.pop(n, None)
+        keys = self._keys()
+        if keys is None:
+            keys = {(c, p) for c, d in self.ctx.data.items() for p in range(d.cache.partitions)}
+        for key in sorted(keys):
+            if key[0] not in self.ctx.data:
+                continue
+            self.looked_at += 1
+            if self._one(*key):
+                self._again.add(key)
+        self._start_moves()
         if self.ctx.events.leaving.is_set() and not any(
                 s in (State.OWNING, State.MOVING, State.RENTING) for _, s in self.ctx.states.items()):
             self.control.finish_leave()
 
-    def evict(self, cache: str, p: int, why: str) -> None:
+    def _start_moves(self) -> None:
+        """Start the waiting moves while slots are free (in the order they came)."""
+        for key, why in list(self._to_move.items()):
+            if not self.movers.start_move(key[0], key[1], why):
+                if key in self.ctx.moves.running:
+                    del self._to_move[key]
+                    continue
+                return                          # no slot: the next pass tries again
+            del self._to_move[key]
+
+    def _one(self, cache: str, p: int) -> bool:
+        """Act on (cache, p); True when it should be looked at again next pass."""
+        me = self.ctx.id
+        key = (cache, p)
+        data = self.ctx.data[cache]
+        st = self.ctx.states.get(cache, p)
+        with self.ctx.map.lock:
+            m = self.ctx.map.map
+            rec = m.parts[cache][p]
+            unborn = (m.rec_mod[cache][p] == 0 and bool(m.initial_members) and m.creator == me
+                      and not any(s == State.OWNING.value and n in m.members
+                                  for n, s in m.states[cache][p].items()))
+            ideal = m.ideal(cache, p)
+            prim = rec.primary
+            prim_alive = prim in m.members
+            owning = {n for n in set(ideal) | ({prim} if prim else set())
+                      if m.states[cache][p].get(n) == State.OWNING.value}
+            my_reported = m.states[cache][p].get(me)
+        self._to_move.pop(key, None)            # put back below while it still applies
+        if unborn and st is None:
+            # a new cluster's partition none of its initial owners made (they did not
+            # come): the creator makes it, empty, once they had their time
+            if time.monotonic() - self._born < INITIAL_WAIT_S + 5.0:
+                return True
+            data.create(p)
+            self.ctx.states.set(cache, p, State.OWNING, reason="new cluster: its initial owners did not come")
+            return False
+        if key in self.ctx.moves.running:
+            if me not in ideal and my_reported == State.MOVING.value and prim != me:
+                self.ctx.moves.running[key].cancelled = True
+            return False                        # the move's end changes the state: a delta
+        if st == State.OWNING and me not in rec.isr:
+            if rec.lost or prim is None:
+                return False                    # waiting for an in-sync copy or the controller
+            if key not in self._isr_joins:
+                self._isr_joins.add(key)
+                threading.Thread(target=self._join_isr, args=(cache, p), daemon=True).start()
+            return False                        # the join's end marks p dirty
+        if me in ideal:
+            if st in (None, State.EVICTED, State.LOST):
+                # (a LOST partition is reported by the controller's record; no
+                # local state is needed for a copy this node never had)
+                if prim is not None and prim != me:
+                    self._to_move[key] = "assigned by the map"
+            elif st == State.MOVING:
+                self._to_move[key] = "resuming after restart or resync"
+            elif st == State.RENTING:
+                return not self.evict(cache, p, "assigned again while renting: re-pull")
+            elif st == State.OWNING and ideal[0] == me and prim not in (me, None) and prim_alive:
+                if key in self.ctx.repl.handoffs:
+                    return True                 # a hand-off in progress: look again
+                if prim in owning:
+                    self.ctx.repl.handoffs.add(key)
+                    threading.Thread(target=self.movers.take_primary, args=(cache, p, prim),
+                                     daemon=True).start()
+                    return True
+        else:
+            if st == State.MOVING:
+                self.ctx.states.set(cache, p, State.EVICTED, reason="move cancelled: not assigned")
+                with self.ctx.plock(cache, p):
+                    data.drop(p)
+            elif st == State.OWNING and prim != me and ideal and all(
+                    n in rec.isr and n in owning for n in ideal):
+                self.ctx.states.set(cache, p, State.RENTING, reason="new owners are in sync")
+                return not self.evict(cache, p, "no longer an owner")
+            elif st == State.RENTING:
+                return not self.evict(cache, p, "finishing eviction")
+        return False
+
+    def evict(self, cache: str, p: int, why: str) -> bool:
         """RENTING -> EVICTED: the file is deleted once no transfer reads it (else the
-        partition stays RENTING and the next reconcile tries again)."""
+        partition stays RENTING and the next reconcile tries again: False)."""
         if self.ctx.repl.in_use.get((cache, p)):
             log.info("stage=evict cache=%s partition=%d still being sent; eviction waits", cache, p)
-            return
+            return False
         with self.ctx.plock(cache, p):
             crashpoint("owner.mid_eviction")
             try:
                 self.ctx.data[cache].drop(p)
             except SnapshotBusyError:
                 log.info("stage=evict cache=%s partition=%d still being sent; eviction waits", cache, p)
-                return
+                return False
             self.ctx.states.set(cache, p, State.EVICTED, reason=why)
         log.info("stage=evict cache=%s partition=%d evicted: %s", cache, p, why)
+        return True
 
     def _join_isr(self, cache: str, p: int) -> None:
         key = (cache, p)
@@ -159,6 +233,7 @@ class Reconciler:
             log.info("stage=isr cache=%s partition=%d join failed: %s", cache, p, str(e)[:160])
         finally:
             self._isr_joins.discard(key)
+            self.ctx.map.dirty.add([key])
             self.ctx.wake()
 
 

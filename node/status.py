@@ -9,12 +9,12 @@ from .wire import Pool
 
 
 def collect(pool: Pool, seed: str) -> dict[str, Any]:
-    m = ClusterMap.from_wire(pool.call(seed, "get_map", timeout=5.0))
+    m = ClusterMap.fetch(lambda **a: pool.call(seed, "get_map", timeout=5.0, **a))
     # the controller's map is as new as any; ask it when the seed is someone else
     coord_addr = m.address(m.controller)
     if coord_addr and coord_addr != seed:
         try:
-            m = ClusterMap.from_wire(pool.call(coord_addr, "get_map", timeout=5.0))
+            m = ClusterMap.fetch(lambda **a: pool.call(coord_addr, "get_map", timeout=5.0, **a))
         except NodeError:
             pass
     moves: list[dict[str, Any]] = []

@@ -231,7 +231,7 @@ class ClusterDriver(ClusterFaults, Driver):
         """``node``'s own map (a ``ClusterMap``), None when it does not answer."""
         from node import ClusterMap
         try:
-            return ClusterMap.from_wire(self.pool.call(self.address(node), "get_map", timeout=5.0))
+            return ClusterMap.fetch(lambda **a: self.pool.call(self.address(node), "get_map", timeout=5.0, **a))
         except Exception:  # noqa: BLE001 - down or restarting
             return None
 

@@ -288,7 +288,7 @@ def test_settings_parse_and_validate():
     for name, raw, words in (("rebalance.protect", "maybe", "not on/off"),
                              ("rebalance.latency_target_ms", "-1", "latency_target_ms"),
                              ("rebalance.min_moves", "0", "rebalance.min_moves must be"),
-                             ("rebalance.max_moves", "1.5", "not an integer")):
+                             ("rebalance.max_moves", "1.5", "not (an integer|a whole number)")):
         with pytest.raises(ConfigError, match=words):
             parse(name, raw)
     with pytest.raises(ConfigError, match="at least rebalance.min_moves"):

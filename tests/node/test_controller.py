@@ -199,3 +199,54 @@ def test_the_view_follows_etcd_and_resumes_after_an_outage(tmp_path):
         v.stop()
     finally:
         c.stop()
+
+
+def test_a_new_cluster_with_initial_members_starts_every_copy_in_sync(etcd, monkeypatch):
+    """Each initial member made its rendezvous share, empty: a record waits for all of
+    its initial owners (up to INITIAL_WAIT_S), then names them all in sync, the ideal
+    primary first. Nothing has to move for the cluster to settle."""
+    import node.controller as ctlmod
+    from node.assignment import owners
+    init = ["a", "b", "c"]
+    etcd.put(f"{PREFIX}/meta", {"caches": [CACHE.to_wire()], "created_by": "a", "initial_members": init})
+    w = World.__new__(World)
+    w.etcd = etcd
+    w.view = View(etcd, PREFIX, lambda ch: None)
+    etcd.put(f"{PREFIX}/controller", {"id": "a", "boot": "b"})
+    w.ctl = Controller("a", PREFIX, etcd, w.view, {"default": CACHE}, etcd.get(f"{PREFIX}/controller").create)
+    share = {n: [p for p in range(4) if n in owners("default", p, init, 1)] for n in init}
+    w.member("a", owning=share["a"])
+    w.member("b", owning=share["b"])
+    # c has not reported yet: partitions it owns wait; the others are made at once
+    made = w.decide()
+    assert made == sum(1 for p in range(4) if "c" not in owners("default", p, init, 1))
+    for p in range(4):
+        want = owners("default", p, init, 1)
+        if "c" not in want:
+            assert w.rec(p) == PartRecord(want[0], tuple(want), 1, False, 1)
+    w.member("c", owning=share["c"])
+    w.decide()
+    for p in range(4):
+        want = owners("default", p, init, 1)
+        assert w.rec(p) == PartRecord(want[0], tuple(want), 1, False, 1)
+
+
+def test_initial_owners_that_never_come_are_not_waited_for_forever(etcd, monkeypatch):
+    import node.controller as ctlmod
+    from node.assignment import owners
+    init = ["a", "b", "c"]
+    etcd.put(f"{PREFIX}/meta", {"caches": [CACHE.to_wire()], "created_by": "a", "initial_members": init})
+    w = World.__new__(World)
+    w.etcd = etcd
+    w.view = View(etcd, PREFIX, lambda ch: None)
+    etcd.put(f"{PREFIX}/controller", {"id": "a", "boot": "b"})
+    w.ctl = Controller("a", PREFIX, etcd, w.view, {"default": CACHE}, etcd.get(f"{PREFIX}/controller").create)
+    w.member("a", owning=[p for p in range(4) if "a" in owners("default", p, init, 1)])
+    monkeypatch.setattr(ctlmod, "INITIAL_WAIT_S", 0.0)
+    w.decide()
+    for p in range(4):
+        want = owners("default", p, init, 1)
+        if "a" in want:
+            assert w.rec(p) == PartRecord("a", ("a",), 1, False, 1)   # made with who came
+        else:
+            assert etcd.get(part_key(PREFIX, "default", p)) is None     # nobody holds it yet
