@@ -1,4 +1,5 @@
-"""The replicated update path (the primary's and the backups' side) and reads.
+"""The replicated update path (the primary's side; the backups' is :mod:`node.backup`)
+and reads.
 
 A put/remove reaches the primary of its partition, which, holding the partition lock:
 
@@ -41,9 +42,10 @@ import contextlib
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Iterator
+from typing import Iterator
 
 from .assignment import partition_of
+from .backup import Backup, Update
 from .context import NodeContext, PartKey
 from .dedup import RequestId, Requests
 from .ports import Handlers, IsrControl, MoveActions
@@ -51,11 +53,8 @@ from .storage import CacheData
 from .visible import Visibility
 from .wire import as_bytes
 
-if TYPE_CHECKING:
-    from .move import Move
 from .errors import BadRequest, NodeError, NotPrimary, OutcomeUnknown, StaleEpoch, TooLarge, Unavailable
 from .states import State
-from .tempwal import TempWalSink
 
 log = logging.getLogger("ferry.node.updates")
 REPLICATE_TIMEOUT = 5.0
@@ -63,8 +62,6 @@ HANDOFF_WAIT_S = 1.0       # a write to a partition being handed off waits this 
 FANOUT_THREADS = 16        # replicate calls in flight at once beyond each writer's own
 MAX_BATCH = 1024          # items of one put_batch request (it must also fit one 1 MiB frame)
 LINEARIZABLE, STALE = "linearizable", "stale"     # the read consistencies of ``get``
-
-Update = tuple[bytes, "bytes | None", int]        # key, value (None: remove), counter
 
 
 class UpdatePath:
@@ -82,10 +79,7 @@ class UpdatePath:
         self._pool = ThreadPoolExecutor(max_workers=FANOUT_THREADS, thread_name_prefix="ferry-replicate")
         self.visible = Visibility()       # what reads of a primary may see
         self.requests = Requests()        # applied request ids, per partition
-        # partitions whose map names this node primary while a copy has shown it a newer
-        # primary term (a replicate from a new primary): p -> that term. It leads nothing
-        # there, even before its map shows the change.
-        self._deposed: dict[PartKey, int] = {}
+        self.backup = Backup(ctx, self.visible, self.requests, self._movers)
 
     def bind(self, movers: MoveActions) -> None:
         self.movers = movers
@@ -98,7 +92,7 @@ class UpdatePath:
     def handlers(self) -> Handlers:
         return {"put": self.op_put, "put_batch": self.op_put_batch, "get": self.op_get,
                 "remove": self.op_remove, "lookup": self.op_lookup, "range": self.op_range,
-                "replicate": self.op_replicate, "replicate_batch": self.op_replicate_batch,
+                "replicate": self.backup.op_replicate, "replicate_batch": self.backup.op_replicate_batch,
                 "join_isr": self.op_join_isr}
 
     # -- helpers ------------------------------------------------------------------
@@ -132,8 +126,8 @@ class UpdatePath:
                 return None
             if not self.ctx.lease_valid():
                 return None
-            if self._deposed.get((cache, p), -1) > term:
-                return None
+            if self.backup.newer_term(cache, p) > term:
+                return None     # a new primary's update reached this node before its map
         return term if self.ctx.states.get(cache, p) == State.OWNING else None
 
     def not_primary(self, cache: str, p: int) -> NodeError:
@@ -147,7 +141,7 @@ class UpdatePath:
                                    "control-plane lease is not valid (etcd unreachable?): not serving "
                                    "reads or writes of it. Retry on another node: once this lease has "
                                    "ended in etcd, the map names a new primary")
-            newer = self._deposed.get((cache, p), -1)
+            newer = self.backup.newer_term(cache, p)
             if newer > term:
                 return NotPrimary(f"node {self.ctx.id} was sent updates of {cache}/{p} in primary term "
                                   f"{newer} (its map: {term}): another node leads it; refresh the map")
@@ -579,145 +573,5 @@ class UpdatePath:
 
     def check_epoch(self, cache: str, p: int, epoch: int | None, sender: str, *,
                     demand: bool = False) -> None:
-        """Refuse a message carrying an older primary epoch (term) of p than this node
-        knows: a replication from a deposed primary, or a DEMAND from a node whose view
-        of who leads is out of date. A replication in the same term must also come from
-        the record's primary. The term changes only with the primary: an in-sync change
-        alone refuses nobody. A replication in a NEWER term while this node's map still
-        names it primary means another node leads p: this one stops serving it at once
-        (:meth:`term`), before its map catches up."""
-        if epoch is None:
-            return
-        with self.ctx.map.lock:
-            rec = self.ctx.map.map.parts[cache][p]
-            prim, term = rec.primary, rec.term
-        if demand:
-            if epoch < term:
-                raise StaleEpoch(f"DEMAND of {cache}/{p} from {sender} in primary epoch {epoch}; "
-                                 f"{self.ctx.id} knows primary epoch {term}: refresh and demand again")
-        elif epoch < term or (epoch == term and prim not in (None, sender)):
-            raise StaleEpoch(f"{self.ctx.id} knows {cache}/{p} in primary epoch {term} (primary "
-                             f"{prim}); {sender} sent primary epoch {epoch}")
-        elif epoch > term and prim == self.ctx.id and sender != self.ctx.id:
-            if self._deposed.get((cache, p), -1) < epoch:
-                self._deposed[(cache, p)] = epoch
-                log.info("stage=replicate cache=%s partition=%d %s sent primary term %d (this map: "
-                         "%d, primary here): not serving it until the map catches up", cache, p,
-                         sender, epoch, term)
-
-    def op_replicate_batch(self, cache: str, p: int, updates: list[Update], prev: int, primary: str,
-                           epoch: int | None = None, rid: object = None) -> str:
-        """Consecutive updates of one partition (a bulk load): applied one by one under one
-        hold of the partition lock; the first answer other than applied/buffered ends it.
-        No update: a new primary confirming that this copy holds exactly its counter
-        ``prev`` ("applied"; "resync" when it does not: the copy re-syncs)."""
-        req = RequestId.parse(rid)
-        mv = None
-        r = "applied"
-        try:
-            with self.ctx.plock(cache, p):
-                self.check_epoch(cache, p, epoch, primary)
-                self.visible.forget(cache, p)          # a backup of p: it serves no read of p
-                data = self.ctx.data[cache]
-                st = self.ctx.states.get(cache, p)
-                if not updates:
-                    return self._confirmation(data, cache, p, prev, primary, st)
-                if st == State.OWNING and data.counter(p) == prev \
-                        and all(u[2] == prev + 1 + i for i, u in enumerate(updates)):
-                    data.apply_many(p, [(k, v, c) for k, v, c in updates])   # the common case
-                    self.ctx.repl.last_applied[(cache, p)] = time.time()
-                    self.requests.record(cache, p, req, updates[0][2], updates[-1][2])
-                    return "applied"
-                try:
-                    for key, value, counter in updates:
-                        # a MOVING copy's temp WAL: written in order now, made durable
-                        # once for the whole batch below (still before the answer)
-                        r, mv = self._replicate_one(cache, p, key, value, counter, prev, primary,
-                                                    durable=False)
-                        if r not in ("applied", "buffered"):
-                            break
-                        prev = counter
-                    else:
-                        self.requests.record(cache, p, req, updates[0][2], updates[-1][2],
-                                             moving=st == State.MOVING)
-                finally:
-                    if mv is not None and isinstance(mv.sink, TempWalSink):
-                        mv.sink.sync()
-            return r
-        finally:
-            if mv is not None and mv.mode == "files":
-                self._movers().backpressure(mv, records=len(updates))
-
-    def _confirmation(self, data: CacheData, cache: str, p: int, prev: int, primary: str,
-                      st: State | None) -> str:
-        """(p's lock held) An empty replicate_batch: does this copy hold exactly the
-        primary's counter ``prev``? A MOVING copy has nothing to confirm."""
-        if st == State.MOVING:
-            return "buffered"
-        if st != State.OWNING:
-            return "absent"
-        cur = data.counter(p)
-        if cur != prev:
-            log.warning("stage=replicate cache=%s partition=%d confirmation by %s at %d: this copy "
-                        "is at %d; re-syncing", cache, p, primary, prev, cur)
-            self.requests.forget(cache, p)
-            self._movers().request_resync(cache, p, f"counter {cur} at the confirmation of {prev}")
-            return "resync"
-        return "applied"
-
-    def op_replicate(self, cache: str, p: int, key: bytes, value: bytes | None, counter: int,
-                     prev: int, primary: str, epoch: int | None = None, rid: object = None) -> str:
-        req = RequestId.parse(rid)
-        mv = None
-        try:
-            self.check_epoch(cache, p, epoch, primary)
-            r, mv = self._replicate_one(cache, p, key, value, counter, prev, primary, rid=req)
-            return r
-        finally:
-            if mv is not None and mv.mode == "files":
-                self._movers().backpressure(mv)
-
-    def _replicate_one(self, cache: str, p: int, key: bytes, value: bytes | None, counter: int,
-                       prev: int, primary: str, durable: bool = True,
-                       rid: RequestId | None = None) -> tuple[str, Move | None]:
-        """One replicated update (the result, and the move of p if it is MOVING here).
-        ``durable=False``: a temp-WAL append is not yet synced; the caller syncs.
-        ``rid``: the request id of the client write, recorded once applied or buffered."""
-        data = self.ctx.data[cache]
-        mv = None
-        with self.ctx.plock(cache, p):
-            self.visible.forget(cache, p)              # a backup of p: it serves no read of p
-            st = self.ctx.states.get(cache, p)
-            if st == State.MOVING:
-                mv = self.ctx.moves.running.get((cache, p))
-                if mv is not None and mv.mode == "files" and (mv.sink is not None or mv.direct):
-                    r = self._movers().buffer_update(mv, cache, p, key, value, counter, prev,
-                                                     durable=durable)
-                elif mv is not None and mv.sink is not None:
-                    mv.sink.append(counter, key, value)
-                    r = "buffered"
-                else:
-                    return "absent", mv
-                if r in ("applied", "buffered"):
-                    self.requests.record(cache, p, rid, counter, counter, moving=True)
-                return r, mv
-            r = self._apply_replicated(data, cache, p, key, value, counter, prev, primary, st)
-            if r == "applied":
-                self.requests.record(cache, p, rid, counter, counter)
-            return r, mv
-
-    def _apply_replicated(self, data: CacheData, cache: str, p: int, key: bytes, value: bytes | None,
-                          counter: int, prev: int, primary: str, st: State | None) -> str:
-        """The normal backup path (partition lock held): apply in counter order."""
-        if st != State.OWNING:
-            return "absent"
-        cur = data.counter(p)
-        if cur != prev:
-            log.warning("stage=replicate cache=%s partition=%d counter gap: have %d, primary %s "
-                        "sent %d after %d; re-syncing", cache, p, cur, primary, counter, prev)
-            self.requests.forget(cache, p)
-            self._movers().request_resync(cache, p, f"counter gap at {counter}")
-            return "resync"
-        data.apply(p, key, value, counter)
-        self.ctx.repl.last_applied[(cache, p)] = time.time()
-        return "applied"
+        """The copy's epoch check of a replication or DEMAND (:meth:`Backup.check_epoch`)."""
+        self.backup.check_epoch(cache, p, epoch, sender, demand=demand)

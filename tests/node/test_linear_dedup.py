@@ -119,7 +119,7 @@ def test_a_backup_that_becomes_primary_knows_what_it_applied(primary: Primary) -
     promoted, it answers the client's retry without applying the write again."""
     with primary.ctx.map.lock:
         primary.ctx.map.map.parts[CACHE][P] = PartRecord(BACKUP, (PRIMARY, BACKUP), EPOCH, False, TERM)
-    assert primary.up.op_replicate(CACHE, P, b"k", b"v1", 1, 0, primary=BACKUP, epoch=TERM,
+    assert primary.up.backup.op_replicate(CACHE, P, b"k", b"v1", 1, 0, primary=BACKUP, epoch=TERM,
                                    rid=rid(1)) == "applied"
     with pytest.raises(NotPrimary):
         primary.up.op_put(CACHE, b"k", b"v1", rid=rid(1))
@@ -138,10 +138,10 @@ def test_a_backup_that_resyncs_forgets_its_ids(primary: Primary) -> None:
         def request_resync(self, cache: str, p: int, why: str) -> None:
             pass
     primary.up.bind(Movers())                   # type: ignore[arg-type]
-    primary.up.op_replicate(CACHE, P, b"k", b"v1", 1, 0, primary=BACKUP, epoch=TERM, rid=rid(1))
+    primary.up.backup.op_replicate(CACHE, P, b"k", b"v1", 1, 0, primary=BACKUP, epoch=TERM, rid=rid(1))
     assert primary.up.requests.table(CACHE, P).seen(RequestId("c1", 1, 1)) == (1, 1)
     # a gap: this copy re-syncs, and its data will be the primary's, not what it applied
-    assert primary.up.op_replicate(CACHE, P, b"k", b"v9", 9, 8, primary=BACKUP, epoch=TERM) == "resync"
+    assert primary.up.backup.op_replicate(CACHE, P, b"k", b"v9", 9, 8, primary=BACKUP, epoch=TERM) == "resync"
     assert primary.up.requests.table(CACHE, P).seen(RequestId("c1", 1, 1)) is None
 
 

@@ -155,7 +155,7 @@ def test_a_replicate_in_a_newer_term_stops_the_reads_of_the_old_primary(primary:
     primary.up.op_put(CACHE, b"k", b"v1")
     assert get(primary) == b"v1"
     # the new primary's first update reaches this node before its map shows the change
-    r = primary.up.op_replicate(CACHE, P, b"k", b"v2", 2, 1, primary=BACKUP, epoch=TERM + 1)
+    r = primary.up.backup.op_replicate(CACHE, P, b"k", b"v2", 2, 1, primary=BACKUP, epoch=TERM + 1)
     assert r == "applied"
     with pytest.raises(NotPrimary) as e:
         get(primary)
@@ -216,8 +216,8 @@ def test_a_backup_answers_a_confirmation_by_its_counter(primary: Primary) -> Non
         def request_resync(self, cache: str, p: int, why: str) -> None:
             resynced.append(why)
     primary.up.bind(Movers())                   # type: ignore[arg-type]
-    assert primary.up.op_replicate_batch(CACHE, P, [], 0, primary=BACKUP, epoch=TERM) == "applied"
-    assert primary.up.op_replicate_batch(CACHE, P, [], 5, primary=BACKUP, epoch=TERM) == "resync"
+    assert primary.up.backup.op_replicate_batch(CACHE, P, [], 0, primary=BACKUP, epoch=TERM) == "applied"
+    assert primary.up.backup.op_replicate_batch(CACHE, P, [], 5, primary=BACKUP, epoch=TERM) == "resync"
     assert resynced and primary.data.counter(P) == 0
     primary.ctx.states.set(CACHE, P, State.MOVING, reason="test: a move")
-    assert primary.up.op_replicate_batch(CACHE, P, [], 5, primary=BACKUP, epoch=TERM) == "buffered"
+    assert primary.up.backup.op_replicate_batch(CACHE, P, [], 5, primary=BACKUP, epoch=TERM) == "buffered"
