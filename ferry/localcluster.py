@@ -186,8 +186,12 @@ class LocalCluster:
         the partitions) and wait until settled."""
         if not self.nodes:
             self.initial_members = [f"n{i + 1}" for i in range(n)]
-        for _ in range(n):
-            self.add_node(wait=False)
+        new = [LocalNode(self, f"n{len(self.nodes) + i + 1}") for i in range(n)]
+        self.nodes += new
+        for node in new:                 # all at once, as a cluster boots
+            node.start(wait=False)
+        for node in new:
+            node.wait_serving()
         self.wait_all_owning(timeout=120)
         return self.nodes
 

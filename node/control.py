@@ -274,6 +274,7 @@ class Session:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._renewing = threading.Event()
 
     def valid(self) -> bool:
         return time.monotonic() < self._valid_until
@@ -287,11 +288,33 @@ class Session:
         with self._lock:
             self.lease = lease
             self._valid_until = t0 + ttl - self.margin
+        # kept alive from now on: a registration that takes longer than the TTL (a node
+        # writing thousands of report keys) must not lose the lease it writes under
+        self.start()
         return lease
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="lease-keepalive", daemon=True)
+        with self._lock:
+            if self._thread is not None:
+                return
+            self._thread = threading.Thread(target=self._loop, name="lease-keepalive", daemon=True)
         self._thread.start()
+
+    def _expired(self) -> None:
+        """Run ``on_expired`` on a thread of its own, so keepalives of the lease it
+        grants go on meanwhile; one at a time."""
+        if self.on_expired is None or self._renewing.is_set():
+            return
+        self._renewing.set()
+
+        def run() -> None:
+            try:
+                self.on_expired()      # type: ignore[misc]
+            except Exception:
+                log.exception("stage=control re-registration failed; retrying")
+            finally:
+                self._renewing.clear()
+        threading.Thread(target=run, name="lease-renew", daemon=True).start()
 
     def _loop(self) -> None:
         # several keepalives per TTL, so one lost request does not cost the fence
@@ -323,11 +346,7 @@ class Session:
                         continue
                     self._valid_until = 0.0
                 log.warning("stage=control lease %x expired in etcd; registering again", lease)
-                if self.on_expired is not None:
-                    try:
-                        self.on_expired()
-                    except Exception:
-                        log.exception("stage=control re-registration failed; retrying")
+                self._expired()
 
     def stop(self, revoke: bool = False) -> None:
         self._stop.set()

@@ -51,7 +51,7 @@ class _NoLock:
 TXN_BATCH = 48          # records per transaction (etcd's default --max-txn-ops is 128)
 # a new cluster with initial members: a partition's record waits this long for all of
 # its initial owners to report their (empty) copy, then is made with those that did
-INITIAL_WAIT_S = 15.0
+INITIAL_WAIT_S = 30.0
 REQUEST_BATCH = 40      # requests per transaction: 2 compares + a put and a delete each
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
 from checkpoint import SnapshotBusyError
@@ -34,6 +35,7 @@ class Leaving(IsrControl, Protocol):
     def finish_leave(self) -> None: ...
 
 
+ACTIONS_AT_ONCE = 8      # in-sync joins and hand-offs in flight
 FULL_SWEEP_S = 30.0       # every partition is looked at this often, whatever the deltas say
 
 
@@ -54,7 +56,10 @@ class Reconciler:
         self._to_move: dict[PartKey, str] = {}
         self._last_sweep = 0.0
         self._born = time.monotonic()
-        self.looked_at = 0                      # partitions looked at, over all passes
+        self.looked_at = 0
+        # in-sync joins and hand-offs run here: a few at a time, not a thread each (a
+        # join of thousands of partitions would open thousands of connections at once)
+        self._pool = ThreadPoolExecutor(ACTIONS_AT_ONCE, thread_name_prefix="reconcile-action")                      # partitions looked at, over all passes
 
     def run(self) -> None:
         while not self.ctx.events.stopping.is_set():
@@ -156,7 +161,7 @@ class Reconciler:
                 return False                    # waiting for an in-sync copy or the controller
             if key not in self._isr_joins:
                 self._isr_joins.add(key)
-                threading.Thread(target=self._join_isr, args=(cache, p), daemon=True).start()
+                self._pool.submit(self._join_isr, cache, p)
             return False                        # the join's end marks p dirty
         if me in ideal:
             if st in (None, State.EVICTED, State.LOST):
@@ -173,8 +178,7 @@ class Reconciler:
                     return True                 # a hand-off in progress: look again
                 if prim in owning:
                     self.ctx.repl.handoffs.add(key)
-                    threading.Thread(target=self.movers.take_primary, args=(cache, p, prim),
-                                     daemon=True).start()
+                    self._pool.submit(self.movers.take_primary, cache, p, prim)
                     return True
         else:
             if st == State.MOVING:
