@@ -112,10 +112,14 @@ def _fail(e: Exception) -> None:
 @_seed
 @_secret
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document (schema in docs/node.md).")
-def status_cmd(seed: tuple[str, ...], secret_file: str | None, as_json: bool) -> None:
+@click.option("--partitions", "all_partitions", is_flag=True,
+              help="A row for every partition (by default, past 64, only those not settled).")
+@click.option("--partition", "one", metavar="CACHE/P", help="Only this partition (table and --json).")
+def status_cmd(seed: tuple[str, ...], secret_file: str | None, as_json: bool, all_partitions: bool,
+               one: str | None) -> None:
     """Nodes, topology version, partition states and moves in progress."""
     from .errors import NodeError
-    from .status import collect, render
+    from .status import collect, render, select
     from .wire import Pool, load_secret
     try:
         pool = Pool(load_secret(secret_file), role="client")
@@ -130,7 +134,12 @@ def status_cmd(seed: tuple[str, ...], secret_file: str | None, as_json: bool) ->
             raise last  # type: ignore[misc]
     except NodeError as e:
         _fail(e)
-    click.echo(json.dumps(doc, indent=1) if as_json else render(doc))
+    if one is not None:
+        try:
+            doc = select(doc, one)
+        except KeyError:
+            raise click.BadParameter(f"no partition {one!r} (CACHE/P, e.g. default/3)", param_hint="--partition")
+    click.echo(json.dumps(doc, indent=1) if as_json else render(doc, all_partitions=all_partitions))
 
 
 def _client(seed: tuple[str, ...], secret_file: str | None):  # type: ignore[no-untyped-def]

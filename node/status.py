@@ -54,11 +54,37 @@ def collect(pool: Pool, seed: str) -> dict[str, Any]:
     }
 
 
-def render(doc: dict[str, Any], *, width: int | None = None, color: bool | None = None) -> str:
-    """The status document as tables: nodes with their partitions by state, every
-    partition's primary, in-sync copies and epochs, the moves with stage, bytes, rate
-    and ETA. Colour only when stdout is a terminal (and ``color`` is not False); the
-    width is the terminal's, else 120 (``width`` overrides)."""
+SMALL = 64          # up to this many partitions, every one gets a row
+ROWS = 40           # else: at most this many rows, the partitions that are not settled
+
+
+def settled_part(part: dict[str, Any]) -> bool:
+    """Its ideal owners hold it OWNING, in sync, nothing else, the ideal primary leads."""
+    owners = part["owners"]
+    return (sorted(n for n, s in part["states"].items() if s == "OWNING") == sorted(owners)
+            and set(part["states"].values()) <= {"OWNING"} and bool(owners)
+            and part.get("primary") == owners[0]
+            and sorted(part.get("in_sync", owners)) == sorted(owners))
+
+
+def select(doc: dict[str, Any], partition: str) -> dict[str, Any]:
+    """The document with only ``CACHE/P``'s partition (KeyError when there is none)."""
+    cache, _, ps = partition.rpartition("/")
+    parts = [x for x in doc["partitions"] if x["cache"] == cache and str(x["partition"]) == ps]
+    if not parts:
+        raise KeyError(partition)
+    return dict(doc, partitions=parts, moves=[mv for mv in doc["moves"]
+                                              if mv.get("cache") == cache and str(mv.get("partition")) == ps])
+
+
+def render(doc: dict[str, Any], *, width: int | None = None, color: bool | None = None,
+           all_partitions: bool = False) -> str:
+    """The status document as tables: nodes with their partitions by state, the
+    partitions' primary, in-sync copies and epochs, the moves with stage, bytes, rate
+    and ETA. Past SMALL partitions, only the ones that are not settled get a row (at
+    most ROWS; ``all_partitions`` lists every one). Colour only when stdout is a
+    terminal (and ``color`` is not False); the width is the terminal's, else 120
+    (``width`` overrides)."""
     import io
     import shutil
     import sys
@@ -92,13 +118,17 @@ def render(doc: dict[str, Any], *, width: int | None = None, color: bool | None 
     for st in states:
         nodes.add_column(st, justify="right", style=style.get(st, ""))
     nodes.add_column("primary of", justify="right")
+    by_node: dict[str, dict[str, int]] = {}
+    prims: dict[str, int] = {}
+    for part in doc["partitions"]:           # one pass, whatever the number of nodes
+        for node_id, st in part["states"].items():
+            c = by_node.setdefault(node_id, {})
+            c[st] = c.get(st, 0) + 1
+        if part.get("primary"):
+            prims[part["primary"]] = prims.get(part["primary"], 0) + 1
     for n in doc["nodes"]:
-        counts = {st: 0 for st in states}
-        for part in doc["partitions"]:
-            st = part["states"].get(n["id"])
-            if st:
-                counts[st] += 1
-        prim = sum(1 for part in doc["partitions"] if part.get("primary") == n["id"])
+        counts = {st: by_node.get(n["id"], {}).get(st, 0) for st in states}
+        prim = prims.get(n["id"], 0)
         status = "[green]alive[/]" if n["alive"] else "[bold red]DEAD[/]"
         if n["leaving"]:
             status += " leaving"
@@ -108,10 +138,17 @@ def render(doc: dict[str, Any], *, width: int | None = None, color: bool | None 
                       *[str(counts[st]) if counts[st] else "" for st in states], str(prim))
     out.print(nodes)
 
-    parts = table(f"Partitions: {len(doc['partitions'])}")
+    rows = doc["partitions"]
+    title = f"Partitions: {len(rows)}"
+    if len(rows) > SMALL and not all_partitions:
+        unsettled = [x for x in rows if not settled_part(x)]
+        title += (f", {len(unsettled)} not settled" + (f" (the first {ROWS} shown)" if len(unsettled) > ROWS else "")
+                  + "; --partitions lists every one, --partition CACHE/P one")
+        rows = unsettled[:ROWS]
+    parts = table(title)
     for col in ("partition", "primary", "owners", "in-sync", "epoch", "primary epoch", "copies"):
         parts.add_column(col, justify="right" if "epoch" in col else "left")
-    for part in doc["partitions"]:
+    for part in rows:
         isr = part.get("in_sync", [])
         short = set(part["owners"]) - set(isr)
         copies = " ".join(f"{escape(n)}:[{style.get(st, '')}]{st}[/]" if style.get(st) else f"{escape(n)}:{st}"
@@ -161,5 +198,6 @@ def render(doc: dict[str, Any], *, width: int | None = None, color: bool | None 
                          str(a.get("baseline_ms") if a.get("baseline_ms") is not None else "-"))
         out.print(prot)
     if doc["lost"]:
-        out.print(f"[bold red]LOST partitions (no live OWNING copy): {escape(', '.join(doc['lost']))}[/]")
+        lost = doc["lost"] if len(doc["lost"]) <= ROWS else doc["lost"][:ROWS] + [f"... ({len(doc['lost'])} in all)"]
+        out.print(f"[bold red]LOST partitions (no live OWNING copy): {escape(', '.join(lost))}[/]")
     return "\n".join(line.rstrip() for line in buf.getvalue().rstrip("\n").splitlines())
