@@ -2,7 +2,7 @@
 
 Every key, its default and its meaning are listed in ``docs/node.md``. The cache layout
 (names, partition counts, backups, indexes) must be the same on every node of a cluster:
-the coordinator refuses a join whose caches differ.
+the cluster refuses (P/meta in etcd) a node whose caches differ.
 """
 from __future__ import annotations
 

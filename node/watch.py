@@ -13,7 +13,7 @@ A plan is a JSON file ``DATA/plans/<name>.json``::
 ``to`` names the B+1 owners, primary first. The node writes ``<name>.status`` next to
 it (JSON ``{"plan", "state", "reason", "updated"}``; state ``accepted``, ``running``,
 ``done`` or ``failed``). A malformed plan (not JSON, nested deeper than
-``MAX_PLAN_DEPTH``, larger than ``MAX_PLAN_BYTES``), or one the coordinator refuses
+``MAX_PLAN_DEPTH``, larger than ``MAX_PLAN_BYTES``), or one the controller refuses
 (unknown cache/partition/node, wrong owner count) is ``failed`` and changes nothing;
 its status is written, so it is not tried again at the next start. A plan is
 ``done`` when every named partition has exactly its named owners OWNING (nothing else
