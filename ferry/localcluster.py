@@ -278,7 +278,13 @@ class LocalCluster:
         try:
             for n in self.nodes:
                 if n.proc is not None and n.proc.poll() is None:
-                    out += pool.call(n.address, "moves_done", timeout=10.0)
+                    start = 0
+                    while True:      # in pages: a node keeps its last 4,096 moves
+                        page = pool.call(n.address, "moves_done", timeout=10.0, start=start, count=500)
+                        out += page
+                        start += len(page)
+                        if len(page) < 500:
+                            break
         finally:
             pool.close()
         return out

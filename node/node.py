@@ -237,9 +237,14 @@ class Node:
                 d.store.set_checkpoint_interval(new.checkpoint_interval_s)
         logging.getLogger().setLevel(getattr(logging, new.log_level.upper(), logging.INFO))
 
-    def op_moves_done(self) -> list[dict[str, object]]:
-        """Moves that ended OWNING on this node since it started (the last 4096)."""
-        return list(self.ctx.moves.done)
+    def op_moves_done(self, start: int = 0, count: int = MOVES_PAGE) -> list[dict[str, object]]:
+        """Moves that ended OWNING on this node since it started (the last 4096), oldest
+        first, ``count`` (at most MOVES_PAGE: a reply stays far below the frame) from
+        ``start``; fewer than asked means the end."""
+        if not isinstance(start, int) or not isinstance(count, int) or start < 0 or count < 0:
+            raise BadRequest("moves_done: start and count must be non-negative integers")
+        done = list(self.ctx.moves.done)
+        return done[start:start + min(count, MOVES_PAGE)]
 
     def op_moves(self) -> list[dict[str, object]]:
         return [mv.status(self.ctx.id) for mv in list(self.ctx.moves.running.values())]
@@ -279,6 +284,8 @@ class Node:
         for (cache, p), t in list(ctx.repl.last_applied.items()):
             m.set("ferry_node_replication_lag_seconds", now - t, cache=cache, partition=str(p))
 
+
+MOVES_PAGE = 500           # finished moves per moves_done reply (about 300 KB)
 
 CLIENT_METHODS = {"ping", "get_map", "put", "put_batch", "get", "remove", "lookup", "range", "moves",
                   "moves_done", "admission",
