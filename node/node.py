@@ -67,6 +67,9 @@ def claim_node_id(data: str, node_id: str) -> None:
                         "use that id or another data dir")
 
 
+MOVES_PAGE = 500           # finished moves per moves_done reply (about 300 KB)
+
+
 class Node:
     """One node process: builds the shared :class:`NodeContext` and the parts that use
     it (control plane, update path, reconcile loop, rebalancer), and owns only the
@@ -284,8 +287,6 @@ class Node:
         for (cache, p), t in list(ctx.repl.last_applied.items()):
             m.set("ferry_node_replication_lag_seconds", now - t, cache=cache, partition=str(p))
 
-
-MOVES_PAGE = 500           # finished moves per moves_done reply (about 300 KB)
 
 CLIENT_METHODS = {"ping", "get_map", "put", "put_batch", "get", "remove", "lookup", "range", "moves",
                   "moves_done", "admission",
