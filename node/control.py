@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterator, TypeVar
 from urllib.parse import urlparse
 
-from .errors import ConfigError, ControlPlaneDown, ControlPlaneError, LeaseGone, NodeError, WatchCompacted
+from .errors import (ConfigError, ControlPlaneDown, ControlPlaneError, ControlPlaneTLSError, LeaseGone,
+                     NodeError, WatchCompacted)
 from .jsonvalue import Json, JsonDoc
 
 log = logging.getLogger("ferry.node.control")
@@ -73,6 +74,16 @@ def _kv(item: JsonDoc) -> tuple[str, KV]:
     return (_unb64(item["key"]).decode(),
             KV(val, int(item.get("mod_revision", 0)), int(item.get("create_revision", 0)),
                int(item.get("lease", 0))))
+
+
+def _chain_text(e: BaseException | None) -> str:
+    """The messages of an exception and of every exception it came from."""
+    out, seen = [], set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        out.append(f"{type(e).__name__}: {e}")
+        e = e.__cause__ or e.__context__
+    return " <- ".join(out)
 
 
 def parse_endpoints(endpoints: list[str] | tuple[str, ...]) -> list[tuple[str, str, int]]:
@@ -136,10 +147,15 @@ class Etcd:
                 raise ControlPlaneError(f"etcd sent an answer that cannot be read: {type(e).__name__}: "
                                         f"{str(e)[:160]}") from None
         why = (str(last).strip() or type(last).__name__)[:200] if last else "no endpoint answered"
-        if "CERTIFICATE_VERIFY_FAILED" in why or "SSLError" in why or "certificate" in why.lower():
-            raise ControlPlaneDown(f"control plane (etcd at {', '.join(self.endpoints)}): TLS certificate "
-                                   f"verification failed: {why}; check the CA, certificate and key "
-                                   "configured for the control plane")
+        chain = _chain_text(last)
+        if "CERTIFICATE_VERIFY_FAILED" in chain or "certificate verify failed" in chain.lower():
+            why = chain[chain.lower().find("certificate verify failed"):][:160] or why
+        if "CERTIFICATE_VERIFY_FAILED" in why or "certificate verify failed" in why.lower():
+            # not a matter of waiting: say so at once instead of "unreachable" for 60 s
+            raise ControlPlaneTLSError(
+                f"control plane {', '.join(self.endpoints)}: TLS certificate verification failed "
+                f"({why[:160]}): the server's certificate is not signed by a CA this node trusts, "
+                "names another host, or has expired; check the CA file given for the control plane")
         raise ControlPlaneDown(f"control plane (etcd at {', '.join(self.endpoints)}) unreachable: "
                                f"{why}; is etcd running there?")
 

@@ -152,6 +152,12 @@ class ControlPlaneError(NodeError):
     code = "control_plane_error"
 
 
+class ControlPlaneTLSError(ConfigError):
+    """The control plane's TLS certificate cannot be verified: a setup error, not an
+    outage (a node stops at once with this message instead of waiting)."""
+    code = "config"
+
+
 class WatchCompacted(NodeError):
     """etcd compacted the revision a watch resumes from: the watcher reloads the whole
     prefix (control.View does this itself; it never reaches a caller)."""
