@@ -50,7 +50,7 @@ from .context import NodeContext, PartKey
 from .dedup import RequestId, Requests
 from .ports import Handlers, IsrControl, MoveActions
 from .storage import CacheData
-from .visible import Visibility
+from .visible import Tenure, Visibility
 from .wire import as_bytes
 
 from .errors import BadRequest, NodeError, NotPrimary, OutcomeUnknown, StaleEpoch, TooLarge, Unavailable
@@ -111,24 +111,32 @@ class UpdatePath:
         valid (the fence), no hand-off or validation fence is up, and no copy has shown
         this node a newer primary term. ``write=False`` (the index queries): an OWNING
         primary, whatever its lease."""
-        return self.term(cache, p, strict=write) is not None
+        if not write:
+            with self.ctx.map.lock:
+                prim = self.ctx.map.map.parts[cache][p].primary
+            return prim == self.ctx.id and self.ctx.states.get(cache, p) == State.OWNING
+        return self.tenure(cache, p) is not None
 
-    def term(self, cache: str, p: int, *, strict: bool = True) -> int | None:
-        """p's primary term when this node leads p now (see :meth:`leads`), else None."""
+    def tenure(self, cache: str, p: int) -> Tenure | None:
+        """(p's primary term, this node's lease) when this node may lead p now (see
+        :meth:`leads`), else None. The lease is part of it: a node whose lease ended
+        and that registered again may have been deposed meanwhile, before its map
+        shows it (:mod:`node.visible`: it confirms again)."""
         with self.ctx.map.lock:
             rec = self.ctx.map.map.parts[cache][p]
             prim, term = rec.primary, rec.term
         if prim != self.ctx.id:
             return None
-        if strict:
-            until = self.ctx.repl.fenced.get((cache, p))
-            if until is not None and time.monotonic() < until:
-                return None
-            if not self.ctx.lease_valid():
-                return None
-            if self.backup.newer_term(cache, p) > term:
-                return None     # a new primary's update reached this node before its map
-        return term if self.ctx.states.get(cache, p) == State.OWNING else None
+        until = self.ctx.repl.fenced.get((cache, p))
+        if until is not None and time.monotonic() < until:
+            return None
+        s = self.ctx.session
+        lease = s.lease if s is not None else 0
+        if s is None or not s.valid():
+            return None
+        if self.backup.newer_term(cache, p) > term:
+            return None         # a new primary's update reached this node before its map
+        return (term, lease) if self.ctx.states.get(cache, p) == State.OWNING else None
 
     def not_primary(self, cache: str, p: int) -> NodeError:
         with self.ctx.map.lock:
@@ -163,21 +171,21 @@ class UpdatePath:
         return self._write(cache, key, None, rid)
 
     @contextlib.contextmanager
-    def _leading(self, cache: str, p: int) -> Iterator[int]:
-        """Hold p's lock as its primary (yields p's primary term): refused before
+    def _leading(self, cache: str, p: int) -> Iterator[Tenure]:
+        """Hold p's lock as its primary (yields the tenure: :meth:`tenure`): refused before
         waiting for the lock (cheap redirect) and again under it. A hand-off's fence,
         met before the lock or set while this write queued for it (``op_handoff``
         queues on the same lock), is waited out once, outside the lock
         (:meth:`_await_handoff`)."""
         lock = self.ctx.plock(cache, p)
-        term: int | None = None
+        term: Tenure | None = None
         for last in (False, True):
             if not self.leads(cache, p):
                 self._await_handoff(cache, p)
                 if not self.leads(cache, p):
                     raise self.not_primary(cache, p)
             lock.acquire()
-            term = self.term(cache, p)
+            term = self.tenure(cache, p)
             if term is not None:
                 break
             lock.release()
@@ -212,7 +220,7 @@ class UpdatePath:
                 # the map's change notifies; an unfence does not: look again soon
                 self.ctx.map.changed.wait(0.01)
 
-    def _applied_before(self, cache: str, p: int, rid: RequestId | None, term: int) -> list[int] | None:
+    def _applied_before(self, cache: str, p: int, rid: RequestId | None, term: Tenure) -> list[int] | None:
         """(p's lock held, as primary) The counters a write with this request id got
         when it was applied, once that update is acknowledged (confirmed now if it is
         not: it is on this copy, and an earlier attempt may have failed after it
@@ -231,7 +239,7 @@ class UpdatePath:
         return list(got)
 
     def _acknowledge(self, cache: str, p: int, ups: list[Update], prev: int, rid: RequestId | None,
-                     term: int) -> None:
+                     term: Tenure) -> None:
         """(p's lock held) Updates now in this node's store: replicate them, then make
         them visible to reads. An error from here on may leave them applied: unknown."""
         self.requests.record(cache, p, rid, ups[0][2], ups[-1][2])
@@ -310,32 +318,34 @@ class UpdatePath:
             return self.visible.read(cache, p, data, key)
         if consistency != LINEARIZABLE:
             raise BadRequest(f"consistency must be {LINEARIZABLE!r} or {STALE!r}, not {consistency!r}")
-        term = self._read_term(cache, p)
+        term = self._read_tenure(cache, p)
         value = self.visible.read(cache, p, data, key)
-        if self.term(cache, p) != term:
+        if self.tenure(cache, p) != term:
+            # the lease ran out (or was renewed under another id), a fence or a newer
+            # term came while the value was read: a successor may already exist
             raise self.not_primary(cache, p)
         return value
 
-    def _read_term(self, cache: str, p: int) -> int:
-        """The term in which this node may serve a linearizable read of p: it leads p
-        (a fence is waited out as for a write) and its copy is confirmed in this term."""
-        term = self.term(cache, p)
+    def _read_tenure(self, cache: str, p: int) -> Tenure:
+        """The tenure in which this node may serve a linearizable read of p: it leads p
+        (a fence is waited out as for a write) and its copy is confirmed in it."""
+        term = self.tenure(cache, p)
         if term is None:
             self._await_handoff(cache, p)
-            term = self.term(cache, p)
+            term = self.tenure(cache, p)
             if term is None:
                 raise self.not_primary(cache, p)
         if self.visible.confirmed(cache, p) == term:
             return term
         with self.ctx.plock(cache, p):
-            term = self.term(cache, p)
+            term = self.tenure(cache, p)
             if term is None:
                 raise self.not_primary(cache, p)
             if self.visible.confirmed(cache, p) != term:
                 self._confirm(cache, p, term)
         return term
 
-    def _confirm(self, cache: str, p: int, term: int) -> None:
+    def _confirm(self, cache: str, p: int, term: Tenure) -> None:
         """(p's lock held) Make sure every in-sync copy holds exactly this node's copy of
         p: an empty replicate at p's counter to each (a copy whose counter differs
         answers ``resync``, and is taken out of the in-sync set like a copy that failed
@@ -344,7 +354,7 @@ class UpdatePath:
         self._replicate_many(cache, p, [], counter, None)
         self.visible.release(cache, p, term, counter)
         log.info("stage=replicate cache=%s partition=%d confirmed counter %d with the in-sync copies "
-                 "(primary term %d)", cache, p, counter, term)
+                 "(primary term %d, lease %x)", cache, p, counter, term[0], term[1])
 
     def _led_filter(self, cache: str, keys: list[bytes]) -> list[bytes]:
         parts = self.ctx.data[cache].cache.partitions

@@ -21,11 +21,14 @@ never waits: a key with an update in flight reads as its acknowledged value (the
 has not completed, so it may take effect after the read), and a failed update stays
 invisible until a later acknowledgement (or a confirmation, below) covers it.
 
-``confirmed`` is the primary term in which this node knows that its whole copy is on
-every in-sync copy: set by an acknowledged write or by a confirmation (an empty
-replicate to the in-sync copies, node/updates.py) in that term. A new primary confirms
-before it serves its first read: with more than one backup, the copy that became
-primary may hold an update another in-sync copy lacks.
+``confirmed`` is the tenure -- (primary term, control-plane lease) -- in which this
+node knows that its whole copy is on every in-sync copy: set by an acknowledged write
+or by a confirmation (an empty replicate to the in-sync copies, node/updates.py) in
+that tenure. A new primary confirms before it serves its first read: with more than one
+backup, the copy that became primary may hold an update another in-sync copy lacks.
+So does a node that registered again under a new lease (its old one ended: it may have
+been deposed meanwhile, and its map may not show it yet): an in-sync copy that knows a
+newer term refuses the confirmation.
 
 Cost on the write path: one store lookup of the old value per key (~2 us against a
 write of ~2 ms); nothing on the read path but two dict lookups.
@@ -37,6 +40,7 @@ from typing import Iterable
 from .storage import CacheData
 
 PartKey = tuple[str, int]
+Tenure = tuple[int, int]          # (primary term, control-plane lease id)
 
 
 class Visibility:
@@ -45,7 +49,7 @@ class Visibility:
 
     def __init__(self) -> None:
         self._held: dict[PartKey, dict[bytes, bytes | None]] = {}
-        self._confirmed: dict[PartKey, int] = {}
+        self._confirmed: dict[PartKey, Tenure] = {}
         self._acked: dict[PartKey, int] = {}      # the last acknowledged counter of p
 
     def hold(self, cache: str, p: int, data: CacheData, keys: Iterable[bytes]) -> None:
@@ -59,18 +63,18 @@ class Visibility:
             if k not in held:
                 held[k] = data.get(p, k)
 
-    def release(self, cache: str, p: int, term: int, counter: int) -> None:
-        """(p's lock held) The update of p at ``counter`` was acknowledged in ``term``
+    def release(self, cache: str, p: int, tenure: Tenure, counter: int) -> None:
+        """(p's lock held) The update of p at ``counter`` was acknowledged in ``tenure``
         (or the copy was confirmed at ``counter``): every held key of p is now
         acknowledged."""
         self._held.pop((cache, p), None)
-        self._confirmed[(cache, p)] = term
+        self._confirmed[(cache, p)] = tenure
         self._acked[(cache, p)] = counter
 
-    def acknowledged(self, cache: str, p: int, counter: int, term: int) -> bool:
+    def acknowledged(self, cache: str, p: int, counter: int, tenure: Tenure) -> bool:
         """Is the update of p at ``counter`` known to be on every in-sync copy, as far
-        as this node, primary in ``term``, knows?"""
-        return self._confirmed.get((cache, p)) == term and counter <= self._acked.get((cache, p), -1)
+        as this node, primary in ``tenure``, knows?"""
+        return self._confirmed.get((cache, p)) == tenure and counter <= self._acked.get((cache, p), -1)
 
     def read(self, cache: str, p: int, data: CacheData, key: bytes) -> bytes | None:
         """The value a read may return: the store's, unless an update of the key is not
@@ -84,7 +88,7 @@ class Visibility:
                 pass
         return value
 
-    def confirmed(self, cache: str, p: int) -> int | None:
+    def confirmed(self, cache: str, p: int) -> Tenure | None:
         return self._confirmed.get((cache, p))
 
     def held(self, cache: str, p: int) -> int:
@@ -98,4 +102,4 @@ class Visibility:
         self._acked.pop((cache, p), None)
 
 
-__all__ = ["Visibility"]
+__all__ = ["Visibility", "Tenure"]

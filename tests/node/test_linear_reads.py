@@ -23,7 +23,7 @@ import time
 import pytest
 
 from node.cluster_map import PartRecord
-from node.errors import UNKNOWN, ControlPlaneDown, NotPrimary, Unavailable
+from node.errors import UNKNOWN, ControlPlaneDown, NotPrimary, StaleEpoch, Unavailable
 from node.states import State
 
 from test_isr_admission import BACKUP, CACHE, COPY, EPOCH, P, PRIMARY, TERM, WAIT, Call, Primary
@@ -198,6 +198,22 @@ def test_a_confirmation_that_cannot_shrink_the_in_sync_set_fails_the_read(primar
     etcd_down(primary)
     with pytest.raises(Unavailable):
         get(primary)
+
+
+def test_a_node_that_registered_under_a_new_lease_confirms_again(primary: Primary) -> None:
+    """Its old lease ended (cut from etcd) and it registered again: it may have been
+    deposed meanwhile with its map not showing it yet. Found by the harness: such a node
+    served one stale read in the instant between its new lease and its map's catch-up;
+    now the in-sync copy that knows the newer term refuses the confirmation."""
+    primary.up.op_put(CACHE, b"k", b"v1")
+    assert get(primary) == b"v1"                        # confirmed under lease 1
+    primary.ctx.session.lease = 2                       # type: ignore[union-attr]
+    primary.peers.answers[BACKUP] = StaleEpoch(f"n2 knows default/0 in primary epoch {TERM + 1}")
+    with pytest.raises(Unavailable) as e:
+        get(primary)
+    assert "confirmation" in str(e.value) and "NOT acknowledged" in str(e.value)
+    del primary.peers.answers[BACKUP]                   # (not deposed after all)
+    assert get(primary) == b"v1"
 
 
 def test_a_primary_alone_in_sync_confirms_without_a_call(primary: Primary) -> None:
