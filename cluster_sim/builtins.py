@@ -22,9 +22,12 @@ TTL = float(LEASE_TTL_S)    # the nodes' lease: the faults below last whole TTLs
 # WRITE_TIMEOUT_S) stalls one writer, not the workload, so the cut-off side keeps
 # being tried while the fault lasts
 PARTITIONED = WorkloadSpec(writers=3, ops=300, rate=20.0, keys=100)
-# The same pace with half the operations reads of any writer's keys, on fewer keys: each
-# key's history then has several processes and enough operations to be checked
-READS = WorkloadSpec(writers=3, ops=300, rate=20.0, keys=30, read_ratio=0.5)
+# The same pace with half the operations reads of any writer's keys, on fewer keys, and
+# three processes that only read; every process through one node's view, as a client
+# that knows one node (writer i and reader i: node i). Each key's history has several
+# processes, and while the writer of a deposed node waits out its writes, the others go
+# on writing through the new primaries and its reader goes on reading through it
+READS = WorkloadSpec(writers=3, ops=300, rate=20.0, keys=30, read_ratio=0.5, readers=3, pinned=True)
 FAULT_SCENARIOS = ("net-cut", "long-cut", "controller-cut", "flapping", "etcd-member-loss",
                    "control-plane-outage", "controller-kill", "etcd-cut-reads", "sigstop-reads")
 

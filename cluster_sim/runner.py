@@ -246,7 +246,8 @@ def _drive(driver: Driver, s: Scenario, seed: int, model: Model, tl: Timeline,
                     time.sleep(0.005)
                 if stop.is_set():
                     return
-                h = history.invoke(f"w{w}", READ if op.read else WRITE, op.key,
+                process = f"w{w}" if w < s.workload.writers else f"r{w - s.workload.writers}"
+                h = history.invoke(process, READ if op.read else WRITE, op.key,
                                    None if op.read else op.value)
                 try:
                     if op.read:

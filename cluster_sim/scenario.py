@@ -72,6 +72,8 @@ class WorkloadSpec:
     remove_ratio: float = 0.1
     preload: int = 0               # entries loaded before the clock starts (file-move)
     read_ratio: float = 0.0        # share of each writer's operations that are reads (cluster)
+    readers: int = 0               # processes that only read, ``ops`` reads each (cluster)
+    pinned: bool = False           # each process through one node's view (process i: node i % n)
 
 
 @dataclass(frozen=True)
@@ -210,8 +212,11 @@ def validate(s: Scenario) -> Scenario:
         raise bad("workload.remove_ratio must be in [0, 1)")
     if not 0 <= w.read_ratio < 1:
         raise bad("workload.read_ratio must be in [0, 1)")
-    if w.read_ratio and s.driver != "cluster":
-        raise bad("workload.read_ratio needs the cluster driver (the file-move supplier serves no reads)")
+    if (w.read_ratio or w.readers) and s.driver != "cluster":
+        raise bad("workload.read_ratio and readers need the cluster driver (the file-move supplier "
+                  "serves no reads)")
+    if w.readers < 0:
+        raise bad("workload.readers must be >= 0")
     lo, hi = w.value_size
     if not 1 <= lo <= hi <= 64 << 10:
         raise bad("workload.value_size must be [lo, hi] with 1 <= lo <= hi <= 65536")

@@ -6,7 +6,9 @@ the same seed gives the same operations in the same order. Writers use disjoint 
 With ``read_ratio`` > 0 that fraction of each writer's operations are reads, of any
 writer's keys (so a key's history has several processes: its writer and the readers);
 the writes are the same as without reads, in the same order (reads draw from a
-random stream of their own). Every operation, read or write, enters the run's history
+random stream of their own). ``readers`` adds processes that only read (``ops`` reads
+each, of any writer's keys): a writer waits out a write the cluster cannot take yet,
+a reader goes on reading meanwhile. Every operation, read or write, enters the run's history
 (:mod:`cluster_sim.history`), which the linearizability check reads.
 
 The model (Hypothesis-style: a model beside the real system) records per key the last
@@ -37,7 +39,7 @@ ABSENT = None        # a removed or never-written key
 
 @dataclass(frozen=True)
 class Op:
-    writer: int
+    writer: int                   # its process: writers first, then the readers
     seq: int                      # a write: its place among the writer's writes; a read: in its list
     key: bytes
     value: bytes | None           # None: remove (or a read)
@@ -84,6 +86,11 @@ def generate(spec: WorkloadSpec, seed: int) -> list[list[Op]]:
                 live.add(key)
             i += 1
         out.append(ops)
+    for r in range(spec.readers):
+        rng = random.Random(f"ferry-sim-reader:{seed}:{r}")
+        out.append([Op(spec.writers + r, pos, b"w%d-k%05d" % (rng.randrange(spec.writers),
+                                                            _pick(rng, spec, pos)), None, read=True)
+                    for pos in range(spec.ops)])
     return out
 
 

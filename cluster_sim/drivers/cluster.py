@@ -144,7 +144,8 @@ class ClusterDriver(ClusterFaults, Driver):
         return NodeClients(nodes, lambda: {n: self.address(n) for n in nodes}, self.secret_file,
                            self.scenario.caches[0].name, self.write_stats,
                            advertised=lambda: {n: self.advertised(n) for n in nodes},
-                           up=lambda: {n for n, p in self.procs.items() if p.alive() and n not in self.left})
+                           up=lambda: {n for n, p in self.procs.items() if p.alive() and n not in self.left},
+                           pinned=self.scenario.workload.pinned)
 
     def apply(self, client: NodeClients, op: Op) -> Receipt:
         return client.apply(op)

@@ -34,11 +34,12 @@ CALL_TIMEOUT_S = 8.0       # one RPC (the node's own replication timeout is 5 s)
 SLOW_S = 1.0
 
 
-def route(nodes: list[str], op: Op, up: set[str] | None = None) -> str:
-    """The node whose view routes ``op``: spread over every node of the scenario; a
+def route(nodes: list[str], op: Op, up: set[str] | None = None, pinned: bool = False) -> str:
+    """The node whose view routes ``op``: spread over every node of the scenario, or
+    (``pinned``) always the same one per process, as a client that knows one node; a
     node not running (not joined yet, killed, left) passes its turn to the next one up
     (a cut-off node is running: it keeps its turn)."""
-    i = (op.seq + op.writer) % len(nodes)
+    i = (op.writer if pinned else op.seq + op.writer) % len(nodes)
     for k in range(len(nodes)):
         n = nodes[(i + k) % len(nodes)]
         if up is None or n in up:
@@ -85,9 +86,10 @@ class NodeClients:
     def __init__(self, nodes: list[str], addresses: Callable[[], dict[str, str]], secret_file: str,
                  cache: str, stats: WriteStats | None = None,
                  advertised: Callable[[], dict[str, str]] | None = None,
-                 up: Callable[[], set[str]] | None = None) -> None:
+                 up: Callable[[], set[str]] | None = None, pinned: bool = False) -> None:
         self.nodes = list(nodes)
         self.up = up
+        self.pinned = pinned
         self.addresses, self.advertised = addresses, advertised or addresses
         self.secret_file, self.cache = secret_file, cache
         self.stats = stats or WriteStats()
@@ -130,7 +132,7 @@ class NodeClients:
         return counted
 
     def apply(self, op: Op) -> Receipt:
-        node = route(self.nodes, op, self.up() if self.up else None)
+        node = route(self.nodes, op, self.up() if self.up else None, self.pinned)
         c = self._client(node)
         c.map = None            # this node's view: the map is fetched from it first
         self.routed, self.answered = node, ""
@@ -146,7 +148,7 @@ class NodeClients:
 
     def read(self, op: Op) -> bytes | None:
         """A linearizable read of ``op.key`` through the view of the node ``route`` picks."""
-        node = route(self.nodes, op, self.up() if self.up else None)
+        node = route(self.nodes, op, self.up() if self.up else None, self.pinned)
         c = self._client(node)
         c.map = None
         self.routed, self.answered = node, ""
