@@ -231,9 +231,15 @@ class _CountingHandler(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.INFO)
         self.counts: collections.Counter[str] = collections.Counter()
+        self.examples: dict[str, list[str]] = {}     # a few of each refusal / failure
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.counts[str(record.msg)[:60]] += 1
+        key = str(record.msg)[:60]
+        self.counts[key] += 1
+        if any(w in key for w in ("refused", "changed under", "withdrawn", "failed", "crashed")):
+            ex = self.examples.setdefault(key, [])
+            if len(ex) < 5:
+                ex.append(record.getMessage()[:300])
         if record.levelno >= logging.WARNING:
             sys.stderr.write(f"{record.name} {record.levelname} {record.getMessage()[:300]}\n")
 
@@ -305,6 +311,7 @@ def controller_node_main(a: argparse.Namespace) -> None:
                 "reloads": view.reloads if view else 0,
                 "map_epoch": epoch, "members": members,
                 "log": dict(handler.counts),
+                "log_examples": handler.examples,
             })
         elif op == "quit":
             ctx.events.stopping.set()
@@ -778,7 +785,8 @@ class Phase:
                 "watch_thread_cpu_s": round(c1["watch_cpu"] - c0["watch_cpu"], 3),
                 "process_cpu_s": round(c1["process_cpu"] - c0["process_cpu"], 3),
                 "rounds": c1["rounds"] - c0["rounds"], "partitions_looked_at": c1["looked_at"] - c0["looked_at"],
-                "requests": ctl_req, "log_lines": logs, "view_reloads": c1["reloads"]}
+                "requests": ctl_req, "log_lines": logs, "log_examples": c1.get("log_examples", {}),
+                "view_reloads": c1["reloads"]}
         out["simulated_members_requests"] = drv
         total = req_sum(drv, ctl_req)
         out["etcd_requests"] = {
@@ -827,6 +835,7 @@ def machine() -> dict[str, Any]:
             "node_uncommitted_files": len([x for x in git("status", "--porcelain", "node").splitlines() if x]),
             "node_tree_sha1": h.hexdigest()[:12],
             "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+            "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
             "etcd": (subprocess.run(["etcd", "--version"], capture_output=True, text=True).stdout.split("\n")[0]
                      if shutil.which("etcd") else "")}
 
@@ -972,6 +981,7 @@ def run(nodes: int = 1000, partitions: int = 100_000, caches: int = 2, backups: 
         grow["request_latency_s"] = ({"p50": round(lat[len(lat) // 2], 3), "p99": round(lat[int(len(lat) * 0.99)], 3),
                                       "max": round(lat[-1], 3)} if lat else {})
         result["add"] = grow
+        result["machine"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
         say(f"+{n_add} nodes done in {t_done:.1f} s: {moved} copies moved (minimum {minimum})")
         return result
     finally:
