@@ -1,0 +1,71 @@
+"""A real LocalCluster at many partitions: time from empty to settled, idle CPU, a join.
+
+    python bench/cluster_scale.py [--partitions 4096] [--caches 4] [--json]
+
+Starts 3 node processes (initial members, backups 1) with CACHES caches of PARTITIONS
+partitions each, on an embedded etcd, and reports: seconds from the start until every
+partition has its 2 ideal owners OWNING and in sync with the ideal primary leading;
+each node's CPU while idle (20 s, after 5 s of quiet) and RSS; then a 4th node joins
+and the seconds until everything is settled again, the moves it took and whether any
+partition was resynced (a copy sent back to MOVING). No data is loaded: this measures
+the control plane and the per-move fixed costs, not the transfer of bytes.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import psutil  # noqa: E402
+
+from ferry.localcluster import LocalCluster  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--partitions", type=int, default=4096, help="partitions per cache")
+    ap.add_argument("--caches", type=int, default=4)
+    ap.add_argument("--idle-s", type=float, default=20.0)
+    ap.add_argument("--join-timeout", type=float, default=1800.0)
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+    root = tempfile.mkdtemp(prefix="ferry-cluster-scale-")
+    out: dict[str, object] = {"partitions": a.partitions * a.caches, "caches": a.caches, "nodes": 3,
+                              "backups": 1, "cpus": os.cpu_count()}
+    with LocalCluster(root, partitions=a.partitions, backups=1, caches=a.caches, wal_sync="none") as c:
+        t0 = time.monotonic()
+        c.start(3)
+        out["settle_s"] = round(time.monotonic() - t0, 1)
+        time.sleep(5)
+        procs = [psutil.Process(n.proc.pid) for n in c.nodes if n.proc is not None]
+        cpu0 = [p.cpu_times() for p in procs]
+        t1 = time.monotonic()
+        time.sleep(a.idle_s)
+        cpu1 = [p.cpu_times() for p in procs]
+        dt = time.monotonic() - t1
+        out["idle_cpu_pct"] = [round(100 * ((y.user + y.system) - (x.user + x.system)) / dt, 1)
+                               for x, y in zip(cpu0, cpu1)]
+        out["rss_mb"] = [round(p.memory_info().rss / 2**20) for p in procs]
+        if not a.json:
+            print(json.dumps(out), flush=True)
+        t0 = time.monotonic()
+        c.add_node(wait=False)
+        c.wait_all_owning(timeout=a.join_timeout)
+        out["join_s"] = round(time.monotonic() - t0, 1)
+        out["join_moves"] = len([m for m in c.moves_done() if m.get("to") == "n4"])
+        resyncs = 0
+        for log in glob.glob(os.path.join(root, "n*.log")):
+            with open(log, errors="replace") as f:
+                resyncs += sum(1 for line in f if "OWNING -> MOVING" in line)
+        out["resyncs"] = resyncs
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
