@@ -27,9 +27,9 @@ Reads (``get``) are linearizable by default: the primary serves one only while i
 take writes (the same check: map, OWNING, no fence, lease valid, no copy has shown it
 a newer term), checked again after the value was read, and returns only acknowledged
 updates (:mod:`node.visible`: a key with an update in flight or not acknowledged reads
-as its last acknowledged value). A new primary confirms its copy with the in-sync
-copies (an empty ``replicate_batch``) before its first read. ``consistency="stale"``
-reads whatever an OWNING copy holds.
+as its last acknowledged value). A new primary, and a primary under a new lease,
+confirms its copy with the in-sync copies (an empty ``replicate_batch``) before its
+first read. ``consistency="stale"`` reads whatever an OWNING copy holds.
 
 Every client write carries a request id (:mod:`node.dedup`); a retry of one already
 applied is answered with its first outcome, never applied again. An error raised after
@@ -50,11 +50,10 @@ from .context import NodeContext, PartKey
 from .dedup import RequestId, Requests
 from .ports import Handlers, IsrControl, MoveActions
 from .storage import CacheData
-from .visible import Tenure, Visibility
-from .wire import as_bytes
-
 from .errors import BadRequest, NodeError, NotPrimary, OutcomeUnknown, StaleEpoch, TooLarge, Unavailable
 from .states import State
+from .visible import Tenure, Visibility
+from .wire import as_bytes
 
 log = logging.getLogger("ferry.node.updates")
 REPLICATE_TIMEOUT = 5.0
