@@ -24,10 +24,17 @@ Stages (one checkpoint at a time; install/drop/snapshot-open take the same lock)
 4. append   pages past the durable page count are sealed and written while the
             helper thread makes the WAL durable up to images_from: ONE fsync
             covers the undo images and every update up to the mark (WAL before data).
+            (Not when more partitions changed than half the store's open files
+            budget: their appended pages then go with stage 5, file by file.)
 5. write    the new meta page and the in-place pages, per file coalesced into
             pwritev runs of up to 1 MiB (crash point ``checkpoint.mid_write`` halfway
             through all pages), then one fsync per file.  Pages are sealed (CRC) as
-            written.  In stages 4 and 5 every 2 MiB written to a file is handed to the
+            written.  A file is written and fsynced through one descriptor, kept
+            open in between (files.py); once half the store's open files budget
+            of files are written and not yet fsynced, they are fsynced then, as a
+            group, and may be closed: what is durable before the marker is the
+            same, only fsyncs come in groups rather than all at the end.  In
+            stages 4 and 5 every 2 MiB written to a file is handed to the
             kernel's writeback at once (``sync_file_range``, writeback.py), so the
             device works while later pages are sealed and copied and the fsync waits
             only for the tail.  Only a hint: the kernel may write back any written
@@ -76,6 +83,7 @@ from .records import RecordType, encode_images, encode_marker
 from .writeback import WriteBehind
 
 if TYPE_CHECKING:
+    from .partition import Partition
     from .state import StoreState
 
 BATCH = 1 << 20          # bytes per pwritev run (at most; a store with a budget under
@@ -94,6 +102,8 @@ class CheckpointStats:
     first_change_image_bytes: int = 0   # their IMAGES payload bytes (logged by writers)
     preimages: int = 0           # saved to transfer snapshot delta files (same interval)
     bytes_written: int = 0       # partition file bytes
+    files: int = 0               # partition files written (one fsync each)
+    early_fsyncs: int = 0        # ... fsynced in a group before the last write (fd budget)
     writeback_ranges: int = 0    # write-behind starts handed to the kernel (writeback.py)
     wal_image_bytes: int = 0     # IMAGES payload bytes logged by the checkpoint (meta pages)
     images_from: int = 0         # WAL lsn at the cut (MARKER field)
@@ -148,19 +158,25 @@ def run(state: StoreState, checkpoint_id: int) -> CheckpointStats | None:
                 spans[pid] = (lo, mid, hi)
                 stats.overwritten += mid - lo + 1      # + the meta page
                 stats.appended += hi - mid
-            writer = _Writer(state, stats, len(keys) + len(changed), cut, syncer.done)
+            writer = _Writer(state, stats, len(keys) + len(changed), cut, syncer.done,
+                             syncer.join)
             stage("sort")
-            for pid, (_lo, mid, hi) in spans.items():
-                writer.write(pid, keys[mid:hi])
+            # More files than fit one group of unsynced files (half the open files
+            # budget): no appended pages ahead of the WAL fsync; each file is written
+            # whole after it, so it is fsynced once (in its group), not twice.
+            overlap = len(spans) < writer.group
+            if overlap:
+                for pid, (_lo, mid, hi) in spans.items():
+                    writer.write(pid, keys[mid:hi])
         finally:
             syncer.join()                     # undo images + updates <= mark durable
         writer.release()                      # held write-behind of the appended pages
         stats.stages["seal"] = writer.seal_s
         stats.stages["walsync_thread"] = syncer.seconds
         stage("append+walsync")
-        for pid, (lo, mid, _hi) in spans.items():
-            writer.write(pid, keys[lo:mid], head=new_metas[pid])
-        writer.fsync(changed)
+        for pid, (lo, mid, hi) in spans.items():
+            writer.write(pid, keys[lo:mid if overlap else hi], head=new_metas[pid])
+        writer.finish()
         stage("write")
         state.wal.append(encode_marker(mark, checkpoint_id, images_from), RecordType.MARKER,
                          wait=False)
@@ -248,22 +264,34 @@ class _Writer:
 
     With the real file layer a run goes out as one ``os.pwritev`` of the page buffers
     (no copy); a layer that overrides ``pwrite`` (the crash harness) gets one
-    ``pwrite`` of the run copied into a reused buffer, so it still sees every byte."""
+    ``pwrite`` of the run copied into a reused buffer, so it still sees every byte.
+
+    Every file written is fsynced through the descriptor that wrote it (it stays open
+    until then: files.py). Once ``group`` files (half the open files budget) are
+    written and not yet fsynced, they are fsynced at once, after the WAL fsync
+    (``wait_wal``; appended pages need nothing durable first, but like their
+    write-behind they wait for it: writeback.py), and may be closed."""
 
     def __init__(self, state: StoreState, stats: CheckpointStats, total: int,
-                 cut: dict[int, bytearray], gate) -> None:
+                 cut: dict[int, bytearray], gate, wait_wal) -> None:
         self.state, self.stats, self.total, self.cut = state, stats, total, cut
         self.gate = gate      # write-behind waits for the WAL fsync (writeback.py)
+        self.wait_wal = wait_wal
         self.io = fileio.layer()
         self.vector = type(self.io).pwrite is fileio.FileLayer.pwrite and hasattr(os, "pwritev")
         self.done, self.crashed = 0, False
         self.seal_s = 0.0
         self.behind: dict[int, WriteBehind] = {}
+        self.started = 0      # write-behind starts of files already fsynced
+        self.group = max(1, state.files.budget // 2)
+        self.unsynced: dict[int, Partition] = {}
+        self.synced: set[int] = set()
 
     def write(self, pid: int, keys: list[int], head: bytearray | None = None) -> None:
         """Seal and write the cut pages ``keys`` of partition ``pid`` (and ``head``)."""
         part = self.state.parts[pid]
-        fd = part.write_fd()
+        fd = part.write_fd()                  # open until its fsync (_sync)
+        self.unsynced[pid] = part
         ps = self.state.page_size
         behind = None
         if self.vector:       # real file layer: start writeback as we go (writeback.py)
@@ -296,16 +324,30 @@ class _Writer:
                 crashpoint("checkpoint.mid_write")
         if behind is not None:
             behind.flush()
+        if len(self.unsynced) >= self.group:
+            self.wait_wal()
+            self.stats.early_fsyncs += len(self.unsynced)
+            self._sync()
 
     def release(self) -> None:
         """The WAL fsync is done: start the write-behind it held back."""
         for behind in self.behind.values():
             behind.flush(force=True)
 
-    def fsync(self, pids) -> None:
-        self.stats.writeback_ranges = sum(b.started for b in self.behind.values())
-        for pid in pids:
-            self.io.fsync(self.state.parts[pid].write_fd())
+    def finish(self) -> None:
+        """fsync every file written and not fsynced yet."""
+        self._sync()
+        self.stats.writeback_ranges = self.started
+        self.stats.files = len(self.synced)
+
+    def _sync(self) -> None:
+        for pid, part in list(self.unsynced.items()):
+            behind = self.behind.pop(pid, None)   # its descriptor may be closed after
+            if behind is not None:
+                self.started += behind.started
+            part.fsync()
+            del self.unsynced[pid]
+            self.synced.add(pid)
 
 
 class _Syncer:

@@ -14,15 +14,16 @@ In-memory state (rebuilt at open by one sequential scan of the file):
 Every change of a page goes through :meth:`writable`, :meth:`_alloc` or :meth:`_free`,
 which first hand the page's bytes at the last checkpoint cut to the store's undo-image
 log when this is the page's first change since that cut (``checkpoint/undo.py``).
+
+The file is read and written through the store's :class:`~checkpoint.files.FileCache`
+(``files.py``): no descriptor is held between uses, each read pins the file for its
+syscall, and the checkpointer's writes keep it open until their fsync.
 """
 from __future__ import annotations
 
 import heapq
-import os
 from array import array
 from typing import TYPE_CHECKING, Iterator
-
-from faults import fileio
 
 from . import page as pg
 from .accel import key_scan_accel
@@ -30,6 +31,7 @@ from .chain import chain_limit, chain_link_problem
 from .check import check_page
 from .decode import page_entries
 from .errors import CorruptPageError
+from .files import FileCache
 from .keyindex import KeyIndex
 from .keyscan import iter_page_keys, scan_key_hashes
 from .layout import (ENTRY, F_OVERFLOW, F_TOMBSTONE, HDR, HEADER, OFF_TYPE, PTR, SLOT,
@@ -46,8 +48,9 @@ SCAN_BATCH = 16384       # keys handed to KeyIndex.add_many at a time by the ope
 
 
 class Partition:
-    def __init__(self, pid: int, path: str, mem: PageMemory, undo: ImageLog | None = None) -> None:
-        self.pid, self.path, self.mem, self.undo = pid, path, mem, undo
+    def __init__(self, pid: int, path: str, mem: PageMemory, undo: ImageLog | None,
+                 files: FileCache) -> None:
+        self.pid, self.mem, self.undo, self.files = pid, mem, undo, files
         self.page_size = mem.page_size
         meta = read_meta(path)
         if meta.page_size != self.page_size:
@@ -56,8 +59,7 @@ class Partition:
         if meta.partition != pid:
             raise CorruptPageError(path, 0, 0, f"meta names partition {meta.partition}, "
                                                f"file name says {pid}")
-        self.fd = os.open(path, os.O_RDONLY)
-        self._wfd: int | None = None
+        self.file = files.file(path)
         self.page_count = meta.page_count      # in memory (grows as pages are allocated)
         self.file_pages = meta.page_count      # durable in the file (meta of the last checkpoint)
         self.counter = meta.counter            # latest applied update counter
@@ -74,23 +76,37 @@ class Partition:
         self.inline_max = pg.inline_limit(self.page_size)
         try:
             # page 0 as in the file: the meta page's undo image at the next checkpoint
-            self.meta_bytes = os.pread(self.fd, self.page_size, 0)
+            # (its first open also records which inode the partition's file is)
+            self.meta_bytes = files.pread(self.file, self.page_size, 0)
             self._scan()
         except BaseException:
-            os.close(self.fd)
+            files.close(self.file)
             raise
 
+    @property
+    def path(self) -> str:
+        return self.file.path
+
+    @path.setter
+    def path(self, path: str) -> None:
+        """The store renamed the file (install): the same inode under a new name."""
+        self.files.rename(self.file, path)
+
+    def pread(self, n: int, offset: int) -> bytes:
+        """``n`` bytes of the file from ``offset`` (the file pinned for the read)."""
+        return self.files.pread(self.file, n, offset)
+
     def write_fd(self) -> int:
-        """The file opened for the checkpointer's writes (through the file-I/O seam)."""
-        if self._wfd is None:
-            self._wfd = fileio.layer().open(self.path, os.O_RDWR)
-        return self._wfd
+        """The file opened for the checkpointer's writes (through the file-I/O seam); it
+        counts as written, and stays open, until :meth:`fsync`."""
+        return self.files.write_fd(self.file)
+
+    def fsync(self) -> None:
+        """fsync what was written through :meth:`write_fd` (nothing when nothing was)."""
+        self.files.fsync(self.file)
 
     def close(self) -> None:
-        os.close(self.fd)
-        if self._wfd is not None:
-            fileio.layer().close(self._wfd)
-            self._wfd = None
+        self.files.close(self.file)
 
     # -- open-time scan ----------------------------------------------------------
     def _scan(self) -> None:
@@ -150,8 +166,9 @@ class Partition:
     def _load(self, index: int):
         def load() -> bytearray:
             buf = self.mem.take()
-            if os.preadv(self.fd, [buf], index * self.page_size) != self.page_size:
-                buf = bytearray(os.pread(self.fd, self.page_size, index * self.page_size))
+            files, f = self.files, self.file
+            if files.preadv(f, [buf], index * self.page_size) != self.page_size:
+                buf = bytearray(files.pread(f, self.page_size, index * self.page_size))
             reason = check_page(buf, index, self.page_size)
             if reason:
                 raise CorruptPageError(self.path, index, index * self.page_size, reason)
@@ -399,7 +416,7 @@ class Partition:
         flush page memory.  Safe under the store lock: a page that is not resident is
         clean and not being written by the checkpointer (cut pages stay resident)."""
         ps = self.page_size
-        raw = memoryview(os.pread(self.fd, n * ps, first * ps))
+        raw = memoryview(self.files.pread(self.file, n * ps, first * ps))
         out: list[tuple[bytes, bytes]] = []
         for j in range(n):
             index = first + j

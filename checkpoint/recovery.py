@@ -11,7 +11,8 @@
    still writing sit between its mark and its marker - and the meta images of a
    checkpoint that did not complete) is written back in WAL order, the EARLIEST image
    of a page winning; listed FREE pages are rewritten as empty FREE pages; each file is
-   fsynced.  Every file is now exactly as of the last marker - torn pages of an
+   fsynced before it is closed (at most the store's open files budget are open at
+   once).  Every file is now exactly as of the last marker - torn pages of an
    interrupted checkpoint included, whether they had an image (they are overwritten)
    or not (appended: past the restored page count).  Images of pages no checkpoint
    overwrote since write the bytes the file already holds.
@@ -25,6 +26,7 @@
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator, NamedTuple
 
 from faults import fileio
@@ -64,12 +66,13 @@ def recover(state: StoreState, wal_sync: str, segment_size: int,
         mark, images_from, barrier, dropped = _first_pass(wal)
         for pid in dropped:
             delete_partition_file(state.partition_path(pid))
-        rolled_back = rollback(state.dir, _images_after(wal, images_from), barrier)
+        rolled_back = rollback(state.dir, _images_after(wal, images_from), barrier,
+                               max_open=state.files.budget)
         for name in sorted(os.listdir(state.dir)):
             pid = parse_part_name(name)
             if pid is not None:
                 state.parts[pid] = Partition(pid, os.path.join(state.dir, name), state.mem,
-                                             state.undo)
+                                             state.undo, state.files)
         state.wal = wal
         state.prev_mark = mark
         replayed = _replay(state, wal, mark, barrier, checkpoint)
@@ -149,12 +152,15 @@ def pending_undo(wal_dir: str) -> list[tuple[int, bytes]]:
     return list(_images_after(reader, images_from))
 
 
-def rollback(directory: str, undo: Iterable[tuple[int, bytes]], barrier: dict[int, int]) -> int:
+def rollback(directory: str, undo: Iterable[tuple[int, bytes]], barrier: dict[int, int], *,
+             max_open: int = 64) -> int:
     """Write the undo images back in WAL order, only the earliest image of each page
     (step 4); returns the number of pages restored.  Images older than an INSTALL/DROP
-    of their partition belong to a replaced file."""
+    of their partition belong to a replaced file.  At most ``max_open`` files are open
+    at once: past that the least recently written one is fsynced, then closed (so no
+    write is left without its fsync), and opened again if a later image needs it."""
     io = fileio.layer()
-    fds: dict[int, int] = {}
+    fds: OrderedDict[int, int] = OrderedDict()
     done: set[int] = set()
     try:
         for lsn, payload in undo:
@@ -166,7 +172,15 @@ def rollback(directory: str, undo: Iterable[tuple[int, bytes]], barrier: dict[in
                 path = os.path.join(directory, part_name(im.partition))
                 if not os.path.exists(path):
                     continue
+                if len(fds) >= max(1, max_open):
+                    _old, old_fd = fds.popitem(last=False)
+                    try:
+                        io.fsync(old_fd)
+                    finally:
+                        io.close(old_fd)
                 fd = fds[im.partition] = io.open(path, os.O_RDWR)
+            else:
+                fds.move_to_end(im.partition)
             base = im.partition << 32
             for index, buf in im.pages:
                 if base | index not in done:

@@ -2,7 +2,9 @@
 
 A snapshot is fixed at the checkpoint with update counter C that opened it: the live
 file's first ``page_count`` pages as they were at C.  The sender reads the live file
-(sendfile) and reports progress with :meth:`TransferSnapshot.mark_sent`.  Page ``i``
+(sendfile) through :meth:`TransferSnapshot.fileno`, the store's descriptor of it, which
+the store keeps open (pinned in its open files, ``files.py``) until the snapshot
+closes, and reports progress with :meth:`TransferSnapshot.mark_sent`.  Page ``i``
 with ``i < page_count`` and ``i >= sent_offset // page_size`` (not fully sent yet) is
 saved to the delta file (:meth:`save_preimages`), at most once per page, with its
 bytes at C, before any checkpoint can overwrite it: when a writer first changes it
@@ -51,8 +53,10 @@ class TransferSnapshot:
     """An open transfer snapshot of one partition (see module doc)."""
 
     def __init__(self, partition: int, path: str, page_size: int, page_count: int,
-                 counter: int, on_close: Callable[[TransferSnapshot], None]) -> None:
+                 counter: int, on_close: Callable[[TransferSnapshot], None], *,
+                 fd: int = -1) -> None:
         self.partition, self.path = partition, path
+        self._file_fd = fd                   # the live file, open until close (the store's)
         self.page_size, self.page_count, self.counter = page_size, page_count, counter
         self.size_bytes = page_size * page_count
         self.delta_path = path + SUFFIX
@@ -76,6 +80,12 @@ class TransferSnapshot:
     @property
     def sent_offset(self) -> int:
         return self._sent
+
+    def fileno(self) -> int:
+        """The live file's descriptor (read-only, shared: read it at explicit offsets,
+        pread/sendfile, never by its file position), open until :meth:`close`;
+        -1 after it, or when the snapshot was made without one."""
+        return self._file_fd
 
     def preimages(self) -> Iterator[tuple[int, bytes]]:
         """(page index, page bytes at C) of every page overwritten before it was sent."""
@@ -103,12 +113,16 @@ class TransferSnapshot:
             if self._closed:
                 return
             self._closed = True
-            self._io.close(self._fd)
-            try:
-                self._io.unlink(self.delta_path)
-            except FileNotFoundError:
-                pass
-        self._on_close(self)
+            self._file_fd = -1                # the store's: released by on_close, not closed here
+        try:
+            with self._lock:
+                self._io.close(self._fd)
+                try:
+                    self._io.unlink(self.delta_path)
+                except FileNotFoundError:
+                    pass
+        finally:
+            self._on_close(self)
 
     def __enter__(self) -> TransferSnapshot:
         return self

@@ -10,7 +10,8 @@ Locks (why two): ``cond`` is the store lock - every change of ``parts``, page me
 and the undo log happens under it, and writers wait on it for room in page memory or
 for a checkpoint. ``ckpt_lock`` serialises what must not overlap a checkpoint's writes
 to the files: a checkpoint, an install, a drop and a snapshot's open; it is taken
-before ``cond``, never after.
+before ``cond``, never after. ``files`` (the open partition files, ``files.py``) has a
+lock of its own, taken last.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING
 from faults import fileio
 
 from .errors import OutOfDiskError, PartitionNotFoundError
+from .files import FileCache
 from .layout import encode_meta, part_name
 from .memory import PageMemory
 from .partition import Partition
@@ -39,6 +41,7 @@ class StoreState:
     page_size: int
     mem: PageMemory
     undo: ImageLog
+    files: FileCache = field(default_factory=FileCache)   # open partition files, by budget
     parts: dict[int, Partition] = field(default_factory=dict)
     cond: threading.Condition = field(
         default_factory=lambda: threading.Condition(threading.Lock()))   # the store lock
@@ -75,7 +78,7 @@ class StoreState:
             path = self.partition_path(pid)
             fileio.atomic_write(path, bytes(encode_meta(pid, self.page_size, 1, 0)),
                                 error=OutOfDiskError)
-            part = self.parts[pid] = Partition(pid, path, self.mem, self.undo)
+            part = self.parts[pid] = Partition(pid, path, self.mem, self.undo, self.files)
         return part
 
     def batch_buffer(self) -> bytearray:

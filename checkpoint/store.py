@@ -15,6 +15,10 @@ waits until its record is durable (group commit).  Writers
 wait before changing anything while dirty + in-checkpoint pages exceed
 ``WAIT_FRACTION`` of the page-memory budget; a checkpoint starts at
 ``CHECKPOINT_FRACTION``.
+
+Open files: partition files are opened on demand and at most ``open_files``
+descriptors of them are open at once, least recently used closed first, never one in
+use or written since its last fsync (``files.py``).
 """
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ from faults.latch import RESTART, Latch, advice, describe
 from . import checkpointer, dwb, recovery
 from .check import check_page
 from .errors import CheckpointError, SnapshotBusyError, StoreClosedError
+from .files import FileCache, PageFile
 from .layout import MAX_VALUE, valid_page_size
 from .memory import PageMemory
 from .page import max_key
@@ -55,9 +60,13 @@ class PartitionStore:
     @classmethod
     def open(cls, path: str, *, page_size: int = 4096, memory_budget: int = 64 << 20,
              wal_sync: str = "group", checkpoint_interval: float | None = 60.0,
-             wal_segment_size: int = 64 << 20) -> PartitionStore:
+             wal_segment_size: int = 64 << 20, open_files: int | None = None) -> PartitionStore:
+        """Open (recovering) the store in ``path``. ``open_files``: at most this many
+        descriptors of partition files open at once (None: 1,024 or a quarter of the
+        soft RLIMIT_NOFILE, whichever is smaller; at least 4)."""
         if not valid_page_size(page_size):
             raise CheckpointError(f"page size {page_size} is not a power of two in 1 KiB..64 KiB")
+        files = FileCache(open_files)
         self = object.__new__(cls)
         self.dir = os.path.abspath(path)
         os.makedirs(self.dir, exist_ok=True)
@@ -69,7 +78,8 @@ class PartitionStore:
         # What the checkpointer and recovery share with the store (state.py); the
         # names below are the same objects, for the store's own code.
         self.state = state = StoreState(self.dir, page_size, self.mem, self.undo,
-                                        snapshots=snapshots)
+                                        files=files, snapshots=snapshots)
+        self.files = files
         self.parts: dict[int, Partition] = state.parts
         self._cond = state.cond                  # the store lock
         self._ckpt_lock = state.ckpt_lock        # one checkpoint / install / drop at a time
@@ -282,7 +292,8 @@ class PartitionStore:
         with self._cond:
             out = self.mem.stats()
             out["index_entries"] = sum(len(p.index) for p in self.parts.values())
-            return out
+        out.update(self.files.stats())
+        return out
 
     # -- checkpoints -------------------------------------------------------------
     def checkpoint(self) -> checkpointer.CheckpointStats | None:
@@ -433,7 +444,7 @@ class PartitionStore:
             raise CheckpointError(f"{src_path}: partition {meta.partition} / page size "
                                   f"{meta.page_size} cannot be installed as partition "
                                   f"{partition} of a store with {self.page_size}-byte pages")
-        return Partition(partition, src_path, self.mem, self.undo)
+        return Partition(partition, src_path, self.mem, self.undo, self.files)
 
     def install_partition(self, partition: int, src_path: str,
                           prepared: Partition | None = None) -> None:
@@ -465,7 +476,7 @@ class PartitionStore:
                 self._forget(partition)
                 dst = self.partition_path(partition)
                 io.replace(src_path, dst)
-                part.path = dst           # the open fd follows the inode; later opens use dst
+                part.path = dst           # the same inode: later opens use dst
                 io.fsync_dir(self.dir)
                 self.parts[partition] = part
                 self._cond.notify_all()
@@ -494,19 +505,34 @@ class PartitionStore:
 
     # -- transfer snapshots ------------------------------------------------------
     def open_transfer_snapshot(self, partition: int) -> TransferSnapshot:
-        """Force a checkpoint and fix a copy-on-write snapshot at its counter C."""
+        """Force a checkpoint and fix a copy-on-write snapshot at its counter C. The
+        partition's file stays open (pinned) until the snapshot closes:
+        ``snap.fileno()`` is its descriptor, for the sender."""
         with self._ckpt_lock:
             self._check_open()
             if partition in self._snapshots:
                 raise SnapshotBusyError(f"partition {partition} already has an open transfer "
                                         "snapshot; close it first")
             self._checkpoint_locked()
-            with self._cond:
-                part = self._part(partition)
-                snap = TransferSnapshot(partition, part.path, self.page_size, part.file_pages,
-                                        part.ckpt_counter, self._snapshot_closed)
-                self._snapshots[partition] = snap
-                self._save_changed_pages(part, snap)
+            snap: TransferSnapshot | None = None
+            try:
+                with self._cond:
+                    part = self._part(partition)
+                    file = part.file
+                    fd = self.files.pin(file)
+                    try:
+                        snap = TransferSnapshot(partition, part.path, self.page_size,
+                                                part.file_pages, part.ckpt_counter,
+                                                lambda s: self._snapshot_closed(s, file), fd=fd)
+                    except BaseException:
+                        self.files.unpin(file)
+                        raise
+                    self._snapshots[partition] = snap
+                    self._save_changed_pages(part, snap)
+            except BaseException:
+                if snap is not None:
+                    snap.close()          # unregistered, the file unpinned
+                raise
             return snap
 
     def _save_changed_pages(self, part: Partition, snap: TransferSnapshot) -> None:
@@ -518,12 +544,13 @@ class PartitionStore:
         ps = self.page_size
         indexes = sorted(k - lo for k in self.mem.dirty if lo <= k < lo + snap.page_count)
         for index in indexes:
-            self.undo.preimages += snap.save_preimages([(index, os.pread(part.fd, ps, index * ps))])
+            self.undo.preimages += snap.save_preimages([(index, part.pread(ps, index * ps))])
 
-    def _snapshot_closed(self, snap: TransferSnapshot) -> None:
+    def _snapshot_closed(self, snap: TransferSnapshot, file: PageFile) -> None:
         with self._cond:
             if self._snapshots.get(snap.partition) is snap:
                 del self._snapshots[snap.partition]
+        self.files.unpin(file)
 
     def check_page(self, buf: bytes, index: int) -> str | None:
         return check_page(buf, index, self.page_size)

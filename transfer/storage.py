@@ -36,7 +36,9 @@ class Snapshot:
     """One partition as of counter C, as the supplier sends it.
 
     ``size`` is what the demander ends with (page_count * page_size for page files, the
-    file size for plain files); ``fd`` is open on the live file for sendfile."""
+    file size for plain files); ``fd`` is open on the live file for sendfile (read at
+    explicit offsets only). ``owns_fd``: :meth:`close` closes it; False when it is the
+    store's, pinned open by the store's snapshot until ``_close`` releases it."""
     partition: int
     path: str
     fd: int
@@ -53,14 +55,15 @@ class Snapshot:
     # pre-images (plain files), where a write during the send would tear the copy.
     changed: Callable[[], str | None] = lambda: None
     _close: Callable[[], None] = field(default=lambda: None, repr=False)
+    owns_fd: bool = True
 
     def close(self) -> None:
+        fd, self.fd = self.fd, -1
         try:
             self._close()
         finally:
-            if self.fd >= 0:
-                os.close(self.fd)
-                self.fd = -1
+            if fd >= 0 and self.owns_fd:
+                os.close(fd)
 
 
 class TransferStorage(Protocol):
@@ -166,6 +169,10 @@ class StoreSnapshot(Protocol):
 
     def mark_sent(self, offset: int) -> None: ...
 
+    def fileno(self) -> int:
+        """The live file's descriptor, kept open by the store until :meth:`close`."""
+        ...
+
     def preimages(self) -> Iterator[tuple[int, bytes]]: ...
 
     @property
@@ -234,17 +241,19 @@ class PartitionStoreStorage:
                 raise Busy(f"partition {partition} is being sent to another demander ({e}); retry later",
                            partition=partition) from None
             raise TransferError(f"cannot snapshot partition {partition}: {e}", partition=partition) from None
-        try:
-            # the store's own file; still never a FIFO to wait on or a link to follow
-            fd = safefs.open_beneath(os.path.dirname(str(snap.path)), (), os.path.basename(str(snap.path)))
-        except (OSError, UnsafePath) as e:
+        # The store's own descriptor of the file, pinned open until snap.close(): no
+        # second open (the store keeps its open files within a budget), and the very
+        # inode the store reads and checkpoints (it refuses a file replaced behind it).
+        fd = snap.fileno()
+        if fd < 0:
             snap.close()
-            why = e.reason if isinstance(e, UnsafePath) else e.strerror
-            raise TransferError(f"cannot open {snap.path}: {why}", partition=partition) from None
+            raise TransferError(f"cannot send {snap.path}: the store's snapshot holds no open "
+                                "file", partition=partition)
         return Snapshot(partition, str(snap.path), fd, snap.page_count * snap.page_size,
                         snap.page_size, snap.page_count, snap.counter,
                         mark_sent=snap.mark_sent, preimages=snap.preimages,
-                        preimage_count=lambda: snap.preimage_count, _close=snap.close)
+                        preimage_count=lambda: snap.preimage_count, _close=snap.close,
+                        owns_fd=False)
 
     def check_page(self, buf: bytes, page_index: int, page_size: int) -> str | None:
         return self._check_page(buf, page_index, page_size)

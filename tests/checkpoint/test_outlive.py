@@ -227,6 +227,9 @@ CHILD = textwrap.dedent("""
         acked[k.decode()] = p
     put(0, b"first")
     s.create_partition(1)
+    if sys.argv[3] == "trim":
+        s.checkpoint()                       # nothing left for the background one
+        s.files.trim()                       # no idle partition file the store could close
     hog = []
     while True:                              # every descriptor the process may have
         try:
@@ -251,13 +254,26 @@ CHILD = textwrap.dedent("""
 
 def test_out_of_descriptors_refuses_then_serves_again(tmp_path) -> None:
     store = str(tmp_path / "store")
-    r = subprocess.run([sys.executable, "-c", CHILD, store, ROOT], capture_output=True,
+    r = subprocess.run([sys.executable, "-c", CHILD, store, ROOT, "trim"], capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["refused"] == "Cause.OUT_OF_FDS"
     assert out["failure"] == "None" and "after" in out["acked"]
     assert "out of file descriptors" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_out_of_descriptors_closes_an_idle_partition_file_first(tmp_path) -> None:
+    """With every descriptor taken, a checkpoint's open of a partition file closes an
+    idle one of the store's own and tries again: nothing is refused."""
+    store = str(tmp_path / "store")
+    r = subprocess.run([sys.executable, "-c", CHILD, store, ROOT, "keep"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["refused"] is None and out["failure"] == "None"
+    assert {"first", "needs-a-checkpoint", "refused", "after"} <= set(out["acked"])
+    assert "Traceback" not in r.stderr
     with PartitionStore.open(store, checkpoint_interval=None) as s:
         for k, p in out["acked"].items():
             assert s.get(p, k.encode()) == b"v" * 200
