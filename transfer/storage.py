@@ -159,6 +159,22 @@ class DirectoryStorage:
         return d
 
 
+def _not_beneath(path: str, fd: int) -> str | None:
+    """Why ``fd`` must not be sent as ``path`` (a link or no regular file at that name,
+    or not the inode it names), or None."""
+    try:
+        st = os.lstat(path)
+    except OSError as e:
+        return e.strerror or str(e)
+    if not stat.S_ISREG(st.st_mode):
+        return (f"{path} is {safefs.kind(st.st_mode)}, not a regular file (links are not "
+                "followed out of the data directory)")
+    held = os.fstat(fd)
+    if (st.st_dev, st.st_ino) != (held.st_dev, held.st_ino):
+        return f"{path} is no longer the file the store holds"
+    return None
+
+
 class StoreSnapshot(Protocol):
     """A copy-on-write snapshot of one partition at its counter (checkpoint's
     TransferSnapshot)."""
@@ -243,12 +259,13 @@ class PartitionStoreStorage:
             raise TransferError(f"cannot snapshot partition {partition}: {e}", partition=partition) from None
         # The store's own descriptor of the file, pinned open until snap.close(): no
         # second open (the store keeps its open files within a budget), and the very
-        # inode the store reads and checkpoints (it refuses a file replaced behind it).
+        # inode the store reads and checkpoints. Still never sent through a link: the
+        # name in the store's directory must be that inode, a regular file.
         fd = snap.fileno()
-        if fd < 0:
+        why = "the store's snapshot holds no open file" if fd < 0 else _not_beneath(str(snap.path), fd)
+        if why is not None:
             snap.close()
-            raise TransferError(f"cannot send {snap.path}: the store's snapshot holds no open "
-                                "file", partition=partition)
+            raise TransferError(f"cannot send {snap.path}: {why}", partition=partition)
         return Snapshot(partition, str(snap.path), fd, snap.page_count * snap.page_size,
                         snap.page_size, snap.page_count, snap.counter,
                         mark_sent=snap.mark_sent, preimages=snap.preimages,

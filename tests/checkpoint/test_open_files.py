@@ -457,3 +457,26 @@ def _check(store: str, seed: int, acked: int) -> None:
     for name in os.listdir(store):
         if name.startswith("part-") and name.endswith(".bin"):
             assert verify(os.path.join(store, name)) == []
+
+
+def test_a_partition_file_reached_through_a_link_is_not_sent(tmp_path) -> None:
+    """The supplier sends the store's own descriptor, but never a file the store
+    reached through a symlink in its directory (as when it opened the file itself)."""
+    from transfer import PartitionStoreStorage, TransferError
+    _store(tmp_path, 3).close()
+    d = str(tmp_path / "s")
+    outside = str(tmp_path / "outside.bin")
+    os.replace(os.path.join(d, "part-1.bin"), outside)
+    os.symlink(outside, os.path.join(d, "part-1.bin"))
+    s = PartitionStore.open(d, page_size=1024, checkpoint_interval=None, wal_sync="none",
+                            open_files=MIN_BUDGET)
+    try:
+        storage = PartitionStoreStorage(s)
+        with pytest.raises(TransferError, match="symlink"):
+            storage.open_snapshot("default", 1)
+        assert s.parts[1].file.pins == 0
+        s.open_transfer_snapshot(1).close()               # nothing left open or busy
+        snap = storage.open_snapshot("default", 2)        # the others are sent
+        snap.close()
+    finally:
+        s.close()
