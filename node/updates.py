@@ -447,9 +447,6 @@ class UpdatePath:
             isr.add(admitting)             # counts as in sync while it is admitted
         if not ups:
             targets = {n: a for n, a in targets.items() if n in isr}
-            what = f"confirmation of {cache}/{p} at #{prev}"
-        else:
-            what = f"update(s) {cache}/{p}#{ups[0][2]}..{ups[-1][2]}"
         failed: dict[str, str] = {}
         stale: str | None = None
         for node, r in self._fan_out(targets, cache, p, ups, prev, epoch, rid).items():
@@ -465,6 +462,10 @@ class UpdatePath:
                 failed[node] = f"answered {r!r}"
             if r in ("absent", "resync"):
                 self.ctx.repl.copies.get((cache, p), {}).pop(node, None)
+        if stale is None and not failed:
+            return
+        what = (f"update(s) {cache}/{p}#{ups[0][2]}..{ups[-1][2]}" if ups
+                else f"confirmation of {cache}/{p} at #{prev}")
         if stale is not None:
             # a copy knows a newer epoch: this node may be deposed; never ack
             raise Unavailable(f"{what} refused by {stale}; NOT acknowledged")
