@@ -121,9 +121,11 @@ class UpdatePath:
         :meth:`leads`), else None. The lease is part of it: a node whose lease ended
         and that registered again may have been deposed meanwhile, before its map
         shows it (:mod:`node.visible`: it confirms again)."""
-        with self.ctx.map.lock:
-            rec = self.ctx.map.map.parts[cache][p]
-            prim, term = rec.primary, rec.term
+        # No map lock: a record is never changed, only replaced whole (node/mapview.py),
+        # and taking one out of its list is atomic. Every read takes this twice, and the
+        # lock is the one the watch thread and every writer take too.
+        rec = self.ctx.map.map.parts[cache][p]
+        prim, term = rec.primary, rec.term
         if prim != self.ctx.id:
             return None
         until = self.ctx.repl.fenced.get((cache, p))
