@@ -2,9 +2,10 @@
 
 A snapshot is fixed at the checkpoint with update counter C that opened it: the live
 file's first ``page_count`` pages as they were at C.  The sender reads the live file
-(sendfile) through :meth:`TransferSnapshot.fileno`, the store's descriptor of it, which
-the store keeps open (pinned in its open files, ``files.py``) until the snapshot
-closes, and reports progress with :meth:`TransferSnapshot.mark_sent`.  Page ``i``
+(sendfile) through the store's descriptor of it, :meth:`TransferSnapshot.fileno`,
+which the store keeps open (pinned in its open files, ``files.py``) until the snapshot
+closes (the transfer storage sends from a duplicate of it, a reference of its own),
+and reports progress with :meth:`TransferSnapshot.mark_sent`.  Page ``i``
 with ``i < page_count`` and ``i >= sent_offset // page_size`` (not fully sent yet) is
 saved to the delta file (:meth:`save_preimages`), at most once per page, with its
 bytes at C, before any checkpoint can overwrite it: when a writer first changes it

@@ -36,9 +36,7 @@ class Snapshot:
     """One partition as of counter C, as the supplier sends it.
 
     ``size`` is what the demander ends with (page_count * page_size for page files, the
-    file size for plain files); ``fd`` is open on the live file for sendfile (read at
-    explicit offsets only). ``owns_fd``: :meth:`close` closes it; False when it is the
-    store's, pinned open by the store's snapshot until ``_close`` releases it."""
+    file size for plain files); ``fd`` is open on the live file for sendfile."""
     partition: int
     path: str
     fd: int
@@ -55,15 +53,14 @@ class Snapshot:
     # pre-images (plain files), where a write during the send would tear the copy.
     changed: Callable[[], str | None] = lambda: None
     _close: Callable[[], None] = field(default=lambda: None, repr=False)
-    owns_fd: bool = True
 
     def close(self) -> None:
-        fd, self.fd = self.fd, -1
         try:
             self._close()
         finally:
-            if fd >= 0 and self.owns_fd:
-                os.close(fd)
+            if self.fd >= 0:
+                os.close(self.fd)
+                self.fd = -1
 
 
 class TransferStorage(Protocol):
@@ -257,20 +254,25 @@ class PartitionStoreStorage:
                 raise Busy(f"partition {partition} is being sent to another demander ({e}); retry later",
                            partition=partition) from None
             raise TransferError(f"cannot snapshot partition {partition}: {e}", partition=partition) from None
-        # The store's own descriptor of the file, pinned open until snap.close(): no
-        # second open (the store keeps its open files within a budget), and the very
-        # inode the store reads and checkpoints. Still never sent through a link: the
-        # name in the store's directory must be that inode, a regular file.
+        # A duplicate of the store's own descriptor, which the snapshot pins open: the
+        # very inode the store reads and checkpoints, no open by name. The send holds
+        # its own reference, so nothing the store closes (its open files budget, a
+        # store closed under a send) takes the file from under sendfile. Still never
+        # sent through a link: the name in the store's directory must be that inode.
         fd = snap.fileno()
         why = "the store's snapshot holds no open file" if fd < 0 else _not_beneath(str(snap.path), fd)
+        if why is None:
+            try:
+                fd = os.dup(fd)
+            except OSError as e:
+                why = e.strerror or str(e)
         if why is not None:
             snap.close()
             raise TransferError(f"cannot send {snap.path}: {why}", partition=partition)
         return Snapshot(partition, str(snap.path), fd, snap.page_count * snap.page_size,
                         snap.page_size, snap.page_count, snap.counter,
                         mark_sent=snap.mark_sent, preimages=snap.preimages,
-                        preimage_count=lambda: snap.preimage_count, _close=snap.close,
-                        owns_fd=False)
+                        preimage_count=lambda: snap.preimage_count, _close=snap.close)
 
     def check_page(self, buf: bytes, page_index: int, page_size: int) -> str | None:
         return self._check_page(buf, page_index, page_size)

@@ -142,35 +142,54 @@ def _churn(s: PartitionStore, skip: int = -1) -> None:
 
 
 def test_a_file_pinned_by_an_open_snapshot_is_not_closed(tmp_path) -> None:
-    """The transfer storage sends from the store's descriptor: while the snapshot is
-    open it stays open on that file through any churn, the snapshot's close does not
-    close it (the store's), and releases it to the cache."""
+    """While a snapshot is open its file stays open in the store through any churn;
+    the transfer storage sends from a duplicate of that descriptor (the very inode),
+    and the snapshot's close releases the pin to the cache."""
     from transfer import PartitionStoreStorage
     s = _store(tmp_path, 30)
     try:
         path = s.partition_path(0)
         snap = PartitionStoreStorage(s).open_snapshot("default", 0)
         file = s.parts[0].file
-        assert file.pins == 1 and snap.fd == file.rfd
+        pinned = file.rfd
+        assert file.pins == 1 and pinned >= 0 and snap.fd not in (pinned, -1)
         for _ in range(3):
             _churn(s, skip=0)
             s.put(0, b"k0", b"changed")                   # a pre-image, a write fd
             s.checkpoint()
-            assert file.rfd == snap.fd and file.pins == 1
-            assert os.fstat(snap.fd).st_ino == os.stat(path).st_ino
+            assert file.rfd == pinned and file.pins == 1
+            assert os.fstat(pinned).st_ino == os.fstat(snap.fd).st_ino == os.stat(path).st_ino
         st = s.stats()
         assert st["open_files"] <= MIN_BUDGET + 1 and st["file_closes"] > 60, st
         at_c = os.pread(snap.fd, snap.size, 0)             # what sendfile would send
         assert len(at_c) >= snap.size
-        fd = snap.fd
         snap.close()
         assert snap.fd == -1 and file.pins == 0
-        if file.rfd == fd:
-            os.fstat(fd)                                   # still open: the store's
         _churn(s, skip=0)
         assert file.rfd == -1 and s.stats()["open_files"] <= MIN_BUDGET
     finally:
         s.close()
+
+
+def test_a_send_keeps_its_file_when_the_store_closes_under_it(tmp_path) -> None:
+    """The store's close ends its snapshots and closes every file; a send still under
+    way reads the same file through its own descriptor (never a number the store
+    closed and something else may have reopened)."""
+    from transfer import PartitionStoreStorage
+    s = _store(tmp_path, 8)
+    path = s.partition_path(2)
+    snap = PartitionStoreStorage(s).open_snapshot("default", 2)
+    try:
+        s.close()
+        others = [os.open(s.partition_path(p), os.O_RDONLY) for p in range(8) if p != 2]
+        try:
+            assert os.fstat(snap.fd).st_ino == os.stat(path).st_ino
+            assert os.pread(snap.fd, 1024, 0) == open(path, "rb").read(1024)
+        finally:
+            for fd in others:
+                os.close(fd)
+    finally:
+        snap.close()
 
 
 def test_snapshot_fileno_is_the_pinned_file_until_close(tmp_path) -> None:
