@@ -75,9 +75,10 @@ def run(cfg: NodeConfig) -> int:
 
 def raise_open_files_limit(log: logging.Logger) -> int:
     """Raise the soft limit of open files (RLIMIT_NOFILE) to the hard limit and log
-    it; returns the soft limit in force. A node keeps a file or two per partition it
-    holds plus sockets per transfer and peer, and the usual soft default of 1,024 is
-    reached at a few hundred partitions; the hard limit is the operator's (systemd
+    it; returns the soft limit in force. Partition files are open on demand within a
+    budget of a quarter of this limit per cache (at most 1,024, checkpoint/files.py);
+    the rest is for sockets per transfer and peer, the WAL and the indexes. The hard
+    limit is the operator's (systemd
     ``LimitNOFILE=``, limits.conf), as Kafka and Elasticsearch ask operators for.
     A hard limit of "unlimited" is capped at the kernel's ``fs.nr_open``, above which
     Linux refuses any soft limit."""
