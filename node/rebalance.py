@@ -120,6 +120,7 @@ class Rebalancer:
             with self.ctx.plock(mv.cache, mv.p):
                 with self.ctx.moves.lock:
                     self.ctx.moves.running.pop((mv.cache, mv.p), None)
+            self.ctx.map.dirty.add([(mv.cache, mv.p)])     # what comes after the move
             self.ctx.wake()
 
     def buffer_update(self, mv: Move, cache: str, p: int, key: bytes, value: bytes | None,
@@ -223,3 +224,4 @@ class Rebalancer:
             log.info("stage=handoff cache=%s partition=%d from %s failed: %s", cache, p, prim, e)
         finally:
             self.ctx.repl.handoffs.discard((cache, p))
+            self.ctx.map.dirty.add([(cache, p)])

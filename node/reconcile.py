@@ -155,7 +155,7 @@ class Reconciler:
         if key in self.ctx.moves.running:
             if me not in ideal and my_reported == State.MOVING.value and prim != me:
                 self.ctx.moves.running[key].cancelled = True
-            return False                        # the move's end changes the state: a delta
+            return True                         # looked at again until the move has ended
         if st == State.OWNING and me not in rec.isr:
             if rec.lost or prim is None:
                 return False                    # waiting for an in-sync copy or the controller

@@ -367,16 +367,26 @@ class UpdatePath:
         answers whatever its lease, from its indexes (an update in flight included)."""
         self.require_serving()
         self._check_index(cache, index)
-        return self._led_filter(cache, self.ctx.data[cache].lookup(index, value))
+        return self._led_filter(cache, self.ctx.data[cache].lookup(index, value, self._led(cache)))
 
     def op_range(self, cache: str, index: str, lo: object, hi: object,
                  limit: int | None = None) -> list[list[object]]:
         self.require_serving()
         self._check_index(cache, index)
         parts = self.ctx.data[cache].cache.partitions
-        rows = self.ctx.data[cache].range(index, lo, hi, None)
+        led = self._led(cache)
+        # only the partitions this node leads are read, and the scan stops at the limit
+        rows = self.ctx.data[cache].range(index, lo, hi, limit or None, partitions=led)
         out = [list(r) for r in rows if self.leads(cache, partition_of(r[-1], parts), write=False)]
         return out[:limit] if limit else out
+
+    def _led(self, cache: str) -> list[int]:
+        """The partitions of ``cache`` this node leads now."""
+        me = self.ctx.id
+        with self.ctx.map.lock:
+            recs = self.ctx.map.map.parts[cache]
+            mine = [p for p, r in enumerate(recs) if r.primary == me]
+        return [p for p in mine if self.leads(cache, p, write=False)]
 
     def _check_index(self, cache: str, index: object) -> None:
         if cache not in self.ctx.data:
