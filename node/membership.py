@@ -424,7 +424,10 @@ class ControlPlane:
         the revision of the put, for a caller that must assume the worst until its map
         is at or past that revision without the key."""
         key = f"{self.prefix}/requests/{cache}/{p}/{self.ctx.id}"
-        rev = self.etcd.put(key, doc, lease=self.session.lease)
+        # a one-operation transaction, not a plain put: etcd before 3.4.27 / 3.5.10 costs a
+        # plain put under a lease time proportional to the keys on that lease (every report
+        # key of this node), which a put inside a transaction does not pay (etcd #15993)
+        _, rev = self.etcd.txn([], [(key, doc, self.session.lease)])
         what = f"{doc.get('op')} of {cache}/{p}"
         m = self.ctx.map
 

@@ -125,10 +125,13 @@ class Controller:
 
 
 class _LeaseGranter:
-    """The one etcd call a Session makes to be valid: a lease granted for an hour."""
+    """What a Session asks of etcd: a lease granted for an hour, and kept alive."""
 
     def grant(self, ttl: int) -> tuple[int, int]:
         return 1, 3600
+
+    def keepalive(self, lease: int) -> int:
+        return 3600
 
 
 # -- the node under test -----------------------------------------------------------------
