@@ -149,6 +149,9 @@ class Scenario:
     transfer_rate: int = 0         # [transfer] rate_limit of every node, bytes/s (0: none)
     settle_timeout: float = 90.0
     control_plane_members: int = 1 # etcd members of the run's control plane (cluster)
+    # the nodes started first are the cluster's initial members (--initial-members):
+    # each creates its share of the partitions, so nothing moves before the workload
+    initial_members: bool = False
     time_budget: float = 0.0       # seconds for the whole run; 0: budget() computes one
     description: str = ""
 

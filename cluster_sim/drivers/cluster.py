@@ -84,6 +84,8 @@ class ClusterDriver(ClusterFaults, Driver):
             if node in self.proxies:
                 argv += ["--advertise", self.advertised(node)]
             argv += ["--control-plane", ",".join(self.control_plane_for(node))]
+            if self.scenario.initial_members:
+                argv += ["--initial-members", ",".join(self.scenario.nodes)]
             make = getattr(self.net, "proc", Proc)      # container mode: a container per life
             self.procs[node] = make(node, argv, os.path.join(self.dir, f"{node}.log"),
                                     trace=self.trace, crash=self.crash_for(node), prefix=self.prefix(node))

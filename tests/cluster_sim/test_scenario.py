@@ -182,3 +182,24 @@ def test_model_keeps_the_counters_of_acknowledged_writes() -> None:
     assert len(bad) == 1 and "counter 8" in bad[0] and "acknowledged by n3, routed by n3" in bad[0]
     m.ack(Op(1, 1, b"b", b"y"))                        # no counter (file-move driver): not kept
     assert len(m.acks) == 3
+
+
+def test_initial_members_reach_every_node_started_first(tmp_path) -> None:
+    """A scenario with initial_members starts its first nodes as the cluster's initial
+    members (each creates its share: nothing moves before the workload)."""
+    from cluster_sim.drivers.cluster import ClusterDriver
+    from cluster_sim.scenario import from_dict
+    s = from_dict({"name": "big", "nodes": ["n1", "n2", "n3"], "initial_members": True,
+                   "caches": [{"name": "default", "partitions": 4096, "backups": 1}]})
+    assert s.initial_members and s.caches[0].partitions == 4096
+    assert from_dict({"name": "small"}).initial_members is False
+    d = ClusterDriver.__new__(ClusterDriver)
+    d.scenario, d.procs, d.proxies, d.config, d.secret_file, d.dir = s, {}, {}, "c.toml", "secret", str(tmp_path)
+    d.ports = {"n1": 1}
+    d.trace, d.crash_for, d.prefix = False, (lambda n: None), (lambda n: "")
+    d.data_dir = lambda n: str(tmp_path / n)
+    d.host = lambda n: "127.0.0.1"
+    d.control_plane_for = lambda n: ["http://127.0.0.1:2379"]
+    d.net = None
+    argv = d._proc("n1").argv
+    assert argv[argv.index("--initial-members") + 1] == "n1,n2,n3"
