@@ -25,6 +25,7 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING
 
 from .assignment import owners, ranked
@@ -40,14 +41,6 @@ if TYPE_CHECKING:
     from .context import MapHolder
 
 log = logging.getLogger("ferry.node.controller")
-
-
-class _NoLock:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *a: object) -> None:
-        return None
 TXN_BATCH = 48          # records per transaction (etcd's default --max-txn-ops is 128)
 # a new cluster with initial members: a partition's record waits this long for all of
 # its initial owners to report their (empty) copy, then is made with those that did
@@ -84,18 +77,17 @@ class Controller:
     def _guard(self) -> JsonDoc:
         return Etcd.create_is(f"{self.prefix}/controller", self.election_rev)
 
-    def _map(self) -> tuple["ClusterMap", "threading.RLock | _NoLock", set[tuple[str, int]] | None]:
+    def _view_map(self) -> "ClusterMap":
+        """A map built from the whole view (no live map: tests, tools)."""
+        with self.view.lock:
+            kvs, rev = dict(self.view.kvs), self.view.revision
+        return map_from_keys(kvs, rev, self.prefix, self.caches.values())[0]
+
+    def _map(self) -> tuple["ClusterMap", "AbstractContextManager[object]", set[tuple[str, int]] | None]:
         """(the map, the lock that guards it, the partitions to look at: None = all)."""
         if self.live is not None:
             return self.live.map, self.live.lock, self.live.controller_dirty.take()
-        with self.view.lock:
-            kvs, rev = dict(self.view.kvs), self.view.revision
-        m, _, _ = map_from_keys(kvs, rev, self.prefix, self.caches.values())
-        return m, _NoLock(), None
-
-    def _snapshot(self) -> "ClusterMap":
-        m, _, _ = self._map() if self.live is None else (self.live.map, None, None)
-        return m
+        return self._view_map(), nullcontext(), None
 
     @staticmethod
     def _owning_of(m: "ClusterMap", cache: str, p: int) -> set[str]:
@@ -116,7 +108,6 @@ class Controller:
             writes: list[tuple[str, int, PartRecord, PartRecord | None]] = []
             with lock:
                 members = m.members
-                creator = (m.creator, m.initial_members)
                 if dirty is not None:
                     dirty |= self._unborn
                 self._unborn = set()
@@ -129,7 +120,8 @@ class Controller:
                     n += 1
                     mod = m.rec_mod[cache][p]
                     rec = m.parts[cache][p] if mod else None
-                    new = self._next(cache, p, rec, members, self._owning_of(m, cache, p), creator)
+                    new = self._next(cache, p, rec, members, self._owning_of(m, cache, p),
+                                     m.creator, m.initial_members)
                     if new is not None:
                         writes.append((part_key(self.prefix, cache, p), mod, new, rec))
                 self.rounds += 1
@@ -166,11 +158,10 @@ class Controller:
             self.live.controller_dirty.add(keys)
 
     def _next(self, cache: str, p: int, rec: PartRecord | None, members: Mapping[str, object],
-              owning: set[str], creator: "tuple[str | None, tuple[str, ...]] | str | None") -> PartRecord | None:
+              owning: set[str], made_by: str | None, initial: tuple[str, ...]) -> PartRecord | None:
         if rec is None:
             if not owning:
                 return None
-            made_by, initial = creator if isinstance(creator, tuple) else (creator, ())
             if initial:
                 # a new cluster with initial members: each made its share, empty; every
                 # copy of a partition that never had a record is the same (no write was
@@ -306,8 +297,7 @@ class Controller:
         if rec.term != term or rec.primary != primary:
             raise StaleEpoch(f"{cache}/{p} is in term {rec.term} with primary {rec.primary}; "
                              f"{primary} asked in term {term}")
-        members = self._live_members()
-        bad = [n for n in add if n not in members]
+        bad = [n for n in add if not self._is_member(n)]
         if bad:
             raise Unavailable(f"cannot admit {', '.join(bad)} to {cache}/{p}: not a live member")
         if primary in remove:
@@ -316,7 +306,7 @@ class Controller:
         return PartRecord(rec.primary, isr, rec.epoch + 1, False, rec.term)
 
     def _handed(self, cache: str, p: int, rec: PartRecord, node: str, previous: str | None) -> PartRecord:
-        if rec.primary != previous or node not in rec.isr or node not in self._live_members():
+        if rec.primary != previous or node not in rec.isr or not self._is_member(node):
             raise StaleEpoch(f"{cache}/{p}: {node} cannot take over from {previous} "
                              f"(record: primary {rec.primary}, in sync {list(rec.isr)})")
         if node not in self._owning_now(cache, p):
@@ -381,11 +371,17 @@ class Controller:
         return {k: bool(v.value.get("leaving")) for k, v in self.view.items("members")
                 if isinstance(v.value, dict)}
 
+    def _is_member(self, node: str) -> bool:
+        if self.live is not None:
+            return node in self.live.map.members        # one dict lookup: no lock needed
+        kv = self.view.get(f"{self.prefix}/members/{node}")
+        return kv is not None and isinstance(kv.value, dict)
+
     def _owning_now(self, cache: str, p: int) -> set[str]:
         if self.live is not None:
             with self.live.lock:
                 return self._owning_of(self.live.map, cache, p)
-        return self._owning_of(self._snapshot(), cache, p)
+        return self._owning_of(self._view_map(), cache, p)
 
     @staticmethod
     def _request_guard(req_key: str | None, req_mod: int | None) -> list[JsonDoc]:

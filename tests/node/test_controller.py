@@ -201,19 +201,24 @@ def test_the_view_follows_etcd_and_resumes_after_an_outage(tmp_path):
         c.stop()
 
 
-def test_a_new_cluster_with_initial_members_starts_every_copy_in_sync(etcd, monkeypatch):
-    """Each initial member made its rendezvous share, empty: a record waits for all of
-    its initial owners (up to INITIAL_WAIT_S), then names them all in sync, the ideal
-    primary first. Nothing has to move for the cluster to settle."""
-    import node.controller as ctlmod
-    from node.assignment import owners
-    init = ["a", "b", "c"]
+def _initial_world(etcd: Etcd, init: list[str]) -> World:
+    """A World whose cluster record names ``init`` as its initial members."""
     etcd.put(f"{PREFIX}/meta", {"caches": [CACHE.to_wire()], "created_by": "a", "initial_members": init})
     w = World.__new__(World)
     w.etcd = etcd
     w.view = View(etcd, PREFIX, lambda ch: None)
     etcd.put(f"{PREFIX}/controller", {"id": "a", "boot": "b"})
     w.ctl = Controller("a", PREFIX, etcd, w.view, {"default": CACHE}, etcd.get(f"{PREFIX}/controller").create)
+    return w
+
+
+def test_a_new_cluster_with_initial_members_starts_every_copy_in_sync(etcd, monkeypatch):
+    """Each initial member made its rendezvous share, empty: a record waits for all of
+    its initial owners (up to INITIAL_WAIT_S), then names them all in sync, the ideal
+    primary first. Nothing has to move for the cluster to settle."""
+    from node.assignment import owners
+    init = ["a", "b", "c"]
+    w = _initial_world(etcd, init)
     share = {n: [p for p in range(4) if n in owners("default", p, init, 1)] for n in init}
     w.member("a", owning=share["a"])
     w.member("b", owning=share["b"])
@@ -235,12 +240,7 @@ def test_initial_owners_that_never_come_are_not_waited_for_forever(etcd, monkeyp
     import node.controller as ctlmod
     from node.assignment import owners
     init = ["a", "b", "c"]
-    etcd.put(f"{PREFIX}/meta", {"caches": [CACHE.to_wire()], "created_by": "a", "initial_members": init})
-    w = World.__new__(World)
-    w.etcd = etcd
-    w.view = View(etcd, PREFIX, lambda ch: None)
-    etcd.put(f"{PREFIX}/controller", {"id": "a", "boot": "b"})
-    w.ctl = Controller("a", PREFIX, etcd, w.view, {"default": CACHE}, etcd.get(f"{PREFIX}/controller").create)
+    w = _initial_world(etcd, init)
     w.member("a", owning=[p for p in range(4) if "a" in owners("default", p, init, 1)])
     monkeypatch.setattr(ctlmod, "INITIAL_WAIT_S", 0.0)
     w.decide()
