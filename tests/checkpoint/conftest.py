@@ -1,10 +1,12 @@
 from __future__ import annotations
 
 import os
+import uuid
 
 import pytest
 
 from checkpoint import PartitionStore
+from tests.tmpfs import mounted
 
 
 @pytest.fixture
@@ -60,15 +62,5 @@ def pytest_generate_tests(metafunc) -> None:
 @pytest.fixture
 def small_fs(tmp_path):
     """A real 8 MiB tmpfs (disk-full tests); skips where mounting is not permitted."""
-    import subprocess
-    import uuid
-    mnt = tmp_path / f"tmpfs-{uuid.uuid4().hex[:6]}"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {r.stderr.strip()}")
-    try:
+    with mounted(tmp_path / f"tmpfs-{uuid.uuid4().hex[:6]}", 8) as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)

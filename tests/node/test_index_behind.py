@@ -8,27 +8,19 @@ from __future__ import annotations
 import errno
 import json
 import os
-import subprocess
 
 import pytest
 
 from faults.latch import Cause, cause_of
 from node.config import CacheConfig, IndexConfig, NodeConfig
 from node.storage import CacheData
+from tests.tmpfs import mounted
 
 
 @pytest.fixture
 def index_fs(tmp_path):
-    mnt = tmp_path / "indexes" / "c"
-    mnt.mkdir(parents=True)
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {r.stderr.strip()}")
-    try:
+    with mounted(tmp_path / "indexes" / "c", 16) as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def _doc(i: int) -> bytes:
