@@ -222,9 +222,9 @@ def bench_checkpoint(tmp: str, entries: int, trials: int, large_entries: int,
     t_upd, plain_upd = min(upd_t), min(upd_plain)
 
     # copy-on-write cost: same kind of round, once without and once with a snapshot
-    # (since session 3 the pre-images are saved by the updates' first changes, so the
+    # (the pre-images are saved by the updates' first changes, so the
     # round - updates + checkpoint - is timed too)
-    # Session 4: the order alternates per rep.  Each round logs ~34 MB of WAL, so every
+    # The order alternates per rep.  Each round logs ~34 MB of WAL, so every
     # other checkpoint reclaims a 64 MiB WAL segment (its "marker" stage: unlink +
     # directory fsync, 30-40 ms on this disk); with a fixed order that cost always
     # fell on the "with" checkpoints.  Each checkpoint's marker stage is reported.

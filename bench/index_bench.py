@@ -44,7 +44,7 @@ the file's batches, already read) and ``rebuild`` (``IndexStore.rebuild`` from t
 partition file in one process: scan + feed + sort + load), in microseconds per entry,
 and the ratios python/c. N: 200,000 and 20,000 (``--quick``: 30,000 and 3,000).
 
-``--load``: instead, the rebuild's sort + load stage (session 6), same documents and
+``--load``: instead, the rebuild's sort + load stage, same documents and
 sizes, with one index on "city" (``plain``) and with a unique index on "i" added
 (``unique``). Per case, each in its own process, alternated, best of two:
 ``memory`` (the default budget: all keys in memory, one sort, putmulti streamed

@@ -9,7 +9,7 @@ Two figures, interleaved C/Python, best and median of ``--repeat`` runs:
 - ``partition_open``: ``PartitionStore.prepare_install`` (the demander's install scan;
   a reopen does the same) of a partition file of 1 KiB values written by a real store,
   in four settings: ``pure`` (FERRY_PAGE_ACCEL=0: no C at all), ``page_accel`` (the
-  C page decoder only: session 5's state), ``tuples`` (decoder and key index in C,
+  C page decoder only), ``tuples`` (decoder and key index in C,
   the decoder's per-key tuples hashed by ``_keyaccel.scan_pages``: commit 52a0516)
   and ``all`` (the decoder hashes keys straight from the read chunk:
   ``_pageaccel.scan_keys``, no per-key Python object), plus two floors:

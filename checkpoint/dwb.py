@@ -1,4 +1,4 @@
-"""LEGACY (format of session 1): the double-write file ``<store>/checkpoint.dwb``.
+"""LEGACY (the first checkpoint format): the double-write file ``<store>/checkpoint.dwb``.
 
 Checkpoints now log undo images to the node WAL instead (checkpointer.py); recovery
 still applies a complete double-write file that a crash of the old version left.
