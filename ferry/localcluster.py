@@ -68,8 +68,11 @@ class LocalNode:
         self.data = os.path.join(cluster.root, node_id)
         self.log = os.path.join(cluster.root, f"{node_id}.log")
         self.proc: subprocess.Popen[bytes] | None = None
+        self._env: dict[str, str] | None = None
+        self._port_retries = 0
 
     def start(self, wait: bool = True, env: dict[str, str] | None = None) -> "LocalNode":
+        self._env = env
         args = [sys.executable, "-m", "ferry", "node", "start", "--config", self.cluster.config,
                 "--id", self.id, "--data", self.data, "--listen", self.address,
                 "--secret-file", self.cluster.secret_file,
@@ -89,6 +92,14 @@ class LocalNode:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
+                if self._port_taken() and self._port_retries < 3:
+                    # the port picked was taken meanwhile (another node's transfer
+                    # supplier, started at the same time, bound an ephemeral port):
+                    # the same node again on another one
+                    self._port_retries += 1
+                    self.address = f"127.0.0.1:{free_port()}"
+                    self.start(wait=False, env=self._env)
+                    continue
                 raise RuntimeError(f"node {self.id} exited with status {self.proc.returncode}; see {self.log}")
             try:
                 with open(self.log, errors="replace") as f:
@@ -98,6 +109,13 @@ class LocalNode:
                 pass
             time.sleep(0.1)
         raise RuntimeError(f"node {self.id} did not start in {timeout}s; see {self.log}")
+
+    def _port_taken(self) -> bool:
+        try:
+            with open(self.log, errors="replace") as f:
+                return "Address already in use" in f.read()
+        except OSError:
+            return False
 
     def stop(self, timeout: float = 30.0) -> int | None:
         if self.proc is None or self.proc.poll() is not None:
