@@ -18,8 +18,8 @@ entries are the writes it still waits for.
 Bounded: at most ``MAX_CLIENTS`` clients per partition (the least recently seen goes
 first) and ``MAX_PER_CLIENT`` entries per client. What it does not cover (docs/node.md,
 "Request ids"): the table is in memory (a node that restarts forgets it), and a copy
-whose data a move replaced keeps no entry from before the move once an update reached
-it during the move (the first one clears the table).
+whose data a move replaced keeps no entry from before the move's last attempt (each
+attempt clears the table as it begins: ``UpdatePath.copy_replaced``).
 """
 from __future__ import annotations
 

@@ -51,6 +51,8 @@ class Rebalancer:
         # rate; the engine asks for the replay rate through its context's callable
         self.admission = Admission(ctx, self.recv_limits)
         self.engine.ctx.replay_rate_limit = self.admission.replay_limit
+        # a move attempt replaces p's copy: the request ids it held describe other data
+        self.engine.ctx.replaced = leader.copy_replaced
         # messages mode, primary side: session -> (entries at C, opened at)
         self.sessions: dict[str, tuple[list[tuple[bytes, bytes | None, int]], float]] = {}
 

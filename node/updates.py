@@ -593,6 +593,15 @@ class UpdatePath:
             self.ctx.repl.admitting.pop(key, None)
         return "resync" if spoiled else "ok"
 
+    def copy_replaced(self, cache: str, p: int) -> None:
+        """(p's lock held) A move attempt begins to replace this node's copy of p: the
+        request ids recorded for it (an earlier attempt's buffered updates, the copy it
+        had before) describe data the new copy may not hold, so none may answer a
+        retry: an attempt that starts over from a new primary would otherwise keep the
+        ids of updates the old primary never got acknowledged, and answer a retry of
+        one "applied" at a counter the new history gave to another write."""
+        self.requests.forget(cache, p)
+
     def check_epoch(self, cache: str, p: int, epoch: int | None, sender: str, *,
                     demand: bool = False) -> None:
         """The copy's epoch check of a replication or DEMAND (:meth:`Backup.check_epoch`)."""

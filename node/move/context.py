@@ -37,6 +37,10 @@ class MoveContext:
     scan_pool: ScanPool | None = None
     replay_rate_limit: Callable[[], int] = lambda: 0   # records/s, 0 = unlimited (live)
     retry_s: float = 0.5                     # pause between two attempts of a move
+    # (p's lock held) an attempt begins to replace p's copy here: the host forgets what
+    # it knew of the data the copy held until now (the node: its request ids, which an
+    # earlier attempt may have recorded for updates the new source never had)
+    replaced: Callable[[str, int], None] = lambda cache, p: None
     # the streaming install: p's index built while its file arrives (node/move/stream.py);
     # off: rebuilt from the installed file after the install (the fallback either way).
     # The node takes it from ``[rebalance] stream_index`` (off by default: slower on 2

@@ -117,6 +117,7 @@ class MoveEngine:
         with ctx.plock(cache, p):
             if state is not None and ctx.states.get(cache, p) != state:
                 ctx.states.set(cache, p, state, reason="move (files)")
+            ctx.replaced(cache, p)
             if mv.sink is not None:
                 mv.sink.close()
                 mv.sink = None

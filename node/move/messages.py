@@ -69,6 +69,7 @@ def messages_once(ctx: "MoveContext", mv: Move, data: PartitionData, supply: Ent
     with ctx.plock(cache, p):
         if ctx.states.get(cache, p) != State.MOVING:
             ctx.states.set(cache, p, State.MOVING, reason="move")
+        ctx.replaced(cache, p)
         data.drop(p)
         data.create(p)
         sink = mv.sink = MemorySink()

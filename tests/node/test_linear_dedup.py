@@ -145,6 +145,42 @@ def test_a_backup_that_resyncs_forgets_its_ids(primary: Primary) -> None:
     assert primary.up.requests.table(CACHE, P).seen(RequestId("c1", 1, 1)) is None
 
 
+def test_each_move_attempt_forgets_the_ids_of_the_copy_it_replaces(primary: Primary) -> None:
+    """This node pulls p from the primary BACKUP. Its first attempt buffers an update
+    carrying a client's id; that primary is deposed before it acknowledges it, and the
+    next attempt copies the new primary's history, in which counter 4 is another write.
+    Kept, the id would answer the client's retry "applied at 4" (two writes
+    acknowledged at one counter, and the retried value never stored)."""
+    from node.move.progress import Move
+    from node.rebalance import Rebalancer
+    reb = Rebalancer(primary.ctx, primary.control, primary.up)   # type: ignore[arg-type]
+    primary.up.bind(reb)
+    with primary.ctx.map.lock:
+        primary.ctx.map.map.parts[CACHE][P] = PartRecord(BACKUP, (BACKUP,), EPOCH, False, TERM)
+    mv = Move(CACHE, P, mode="files", source=BACKUP)
+    primary.ctx.moves.running[(CACHE, P)] = mv
+    table = primary.up.requests.table
+    try:
+        primary.up.requests.record(CACHE, P, RequestId("c1", 9, 9), 2, 2)     # the copy before
+        reb.engine.prepare(mv)                                   # attempt 1: MOVING, a temp WAL
+        assert primary.ctx.states.get(CACHE, P) == State.MOVING
+        assert table(CACHE, P).seen(RequestId("c1", 9, 9)) is None
+        assert primary.up.backup.op_replicate(CACHE, P, b"k", b"lost", 4, 3, primary=BACKUP,
+                                              epoch=TERM, rid=rid(1)) == "buffered"
+        assert table(CACHE, P).seen(RequestId("c1", 1, 1)) == (4, 4)
+        reb.engine.prepare(mv)                                   # attempt 2, no update yet
+        assert table(CACHE, P).seen(RequestId("c1", 1, 1)) is None
+        # the ids the current attempt buffers are kept
+        assert primary.up.backup.op_replicate(CACHE, P, b"k", b"kept", 5, 4, primary=BACKUP,
+                                              epoch=TERM, rid=rid(2)) == "buffered"
+        assert table(CACHE, P).seen(RequestId("c1", 2, 2)) == (5, 5)
+    finally:
+        primary.ctx.moves.running.pop((CACHE, P), None)
+        if mv.sink is not None:
+            mv.sink.destroy()
+        reb.stop()
+
+
 # -- the client --------------------------------------------------------------------------------
 class FakeNode:
     """An RPC server answering get_map with one member (itself, primary of every
