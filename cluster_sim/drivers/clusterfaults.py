@@ -117,6 +117,7 @@ class ClusterFaults:
         if action == "cut":
             self.partitions.cut_peers(node)
         elif action in ("cut-control", "isolate"):
+            self._mark_led(node)
             (self.partitions.cut_control if action == "cut-control" else self.partitions.isolate)(node)
             self._gone_watch.clear()
             threading.Thread(target=self._await_gone, args=(node, time.monotonic()),
@@ -154,6 +155,16 @@ class ClusterFaults:
         else:
             return False
         return True
+
+    def _mark_led(self: Any, node: str) -> None:
+        """Mark how many partitions ``node`` leads as it is cut off (its own map): a
+        node that leads none has no write of its own to refuse while cut."""
+        m = self.map_of(node)
+        if m is None:
+            return
+        led = sum(1 for recs in m.parts.values() for r in recs if r.primary == node)
+        total = sum(len(recs) for recs in m.parts.values())
+        self.timeline.mark(node, "leads", f"{led} of {total} partitions as it is cut off")
 
     def faults_busy(self: Any) -> bool:
         """A fault still running by itself (a flap, a frozen node)."""
