@@ -31,6 +31,9 @@ REPORT_TXN_OPS = 100               # report keys per etcd transaction (etcd's --
 CONTROLLER_PERIOD_S = 0.5          # the controller re-decides at least this often
 START_TIMEOUT_S = 60.0             # a node waits this long for the control plane at start
 REQUEST_TIMEOUT_S = 3.0            # a request to the controller (in-sync change, hand-off)
+# an admission to the in-sync set waits up to this long while the control plane makes
+# progress (a busy controller, not a missing one); under the joining copy's 10 s call
+ADMISSION_PATIENCE_S = 8.0
 CATCH_UP_S = 1.0                   # a request applied as its wait ran out: the map has this long to show it
 
 # live, cluster-wide settings (P/settings/<name>) -> NodeConfig field
@@ -409,13 +412,19 @@ class ControlPlane:
 
     # -- requests to the controller, through etcd ---------------------------------------------
     def request(self, cache: str, p: int, doc: dict[str, object], done: Callable[[PartRecord], bool],
-                timeout: float = REQUEST_TIMEOUT_S) -> PartRecord:
+                timeout: float = REQUEST_TIMEOUT_S, patience: float = 0.0) -> PartRecord:
         """Leave a request for the controller at ``P/requests/<cache>/<p>/<me>`` and wait
         until the map shows a record for which ``done(record)`` holds; that record is in
         this node's map on return. Refused (the controller deleted the request without
         such a record), or the control plane unreachable when it is put: Unavailable.
 
-        Not answered in ``timeout``: the request is withdrawn (deleted only if it is
+        ``patience`` (seconds, 0: none): when ``timeout`` runs out while the control
+        plane is making progress (a live controller, and the map moved on during the
+        wait: the controller is busy, not missing), wait another ``timeout``, up to
+        ``patience`` in all; a busy controller then works through its queue instead of
+        finding every request withdrawn and put again.
+
+        Not answered in time: the request is withdrawn (deleted only if it is
         still the one put here, by its mod revision), so it can never be applied later
         (the controller applies a request only as it read it). If the controller decided
         it just before, the record in etcd says how (:meth:`_decided`). If the
@@ -442,9 +451,21 @@ class ControlPlane:
                                   "see the controller's log")
             return None
 
-        rec = m.wait_for(look, time.monotonic() + timeout)
-        if rec is not None:
-            return rec
+        start = time.monotonic()
+        seen = max(m.map.epoch, rev)          # the request's own put is no progress
+        deadline = start + timeout
+        while True:
+            rec = m.wait_for(look, deadline)
+            if rec is not None:
+                return rec
+            now = time.monotonic()
+            with m.lock:
+                busy = m.map.epoch > seen and m.map.controller in m.map.members
+                seen = m.map.epoch
+            if not busy or now - start >= patience:
+                break
+            deadline = min(start + patience, now + timeout)
+        timeout = time.monotonic() - start
         # out of time: withdraw it (outside the map's condition: the watch thread needs it)
         try:
             withdrawn, _ = self.etcd.txn([Etcd.mod_is(key, rev)], [], [key])
@@ -496,10 +517,13 @@ class ControlPlane:
         with self.ctx.map.lock:
             epoch, term = self.ctx.map.map.parts[cache][p].epoch, self.ctx.map.map.parts[cache][p].term
         rm, ad = set(remove), set(add)
+        # an admission runs outside p's lock (writes go on): it may wait for a busy
+        # controller; a removal holds the lock of a write that waits for it: it may not
         return self.request(cache, p, {"op": "alter_isr", "term": term, "remove": sorted(rm),
                                        "add": sorted(ad)},
                             lambda r: r.epoch > epoch and not (rm & set(r.isr)) and ad <= set(r.isr)
-                            and r.primary == self.ctx.id)
+                            and r.primary == self.ctx.id,
+                            patience=ADMISSION_PATIENCE_S if ad and not rm else 0.0)
 
     # -- leave --------------------------------------------------------------------------
     def start_leave(self) -> None:

@@ -204,13 +204,16 @@ class Rebalancer:
     def op_unfence(self, cache: str, p: int) -> bool:
         return self.ctx.repl.fenced.pop((cache, p), None) is not None
 
-    def take_primary(self, cache: str, p: int, prim: str) -> None:
+    def take_primary(self, cache: str, p: int, prim: str) -> bool:
+        """Take p's primary role from ``prim`` (fence, compare counters, the controller's
+        hand-off). True when this node leads p now; False when it did not happen (the
+        reason is logged; the reconcile loop asks again later, backing off)."""
         addr = self.ctx.map.address(prim)
+        ok = False
         try:
             theirs = self.ctx.pool.call(addr, "handoff", cache=cache, p=p, to=self.ctx.id)
             with self.ctx.plock(cache, p):
                 mine = self.ctx.data[cache].counter(p)
-            ok = False
             if mine == theirs:
                 try:
                     self.control.request(cache, p, {"op": "set_primary", "previous": prim},
@@ -227,3 +230,4 @@ class Rebalancer:
         finally:
             self.ctx.repl.handoffs.discard((cache, p))
             self.ctx.map.dirty.add([(cache, p)])
+        return ok

@@ -17,6 +17,7 @@ from typing import Protocol
 from checkpoint import SnapshotBusyError
 from faults import crashpoint
 
+from .backoff import Backoff
 from .context import NodeContext, PartKey
 from .controller import INITIAL_WAIT_S
 from .errors import NodeError
@@ -37,6 +38,8 @@ class Leaving(IsrControl, Protocol):
 
 ACTIONS_AT_ONCE = 8      # in-sync joins and hand-offs in flight
 FULL_SWEEP_S = 30.0       # every partition is looked at this often, whatever the deltas say
+RETRY_BASE_S = 0.25       # a failed in-sync join or hand-off is asked again after this,
+RETRY_CAP_S = 15.0        # doubling on each failure up to this (node/backoff.py)
 
 
 class Reconciler:
@@ -51,6 +54,7 @@ class Reconciler:
         self.control = control
         self.movers = movers
         self._isr_joins: set[PartKey] = set()   # copies asking their primary to count
+        self.backoff: Backoff[PartKey] = Backoff(RETRY_BASE_S, RETRY_CAP_S)   # failed joins, hand-offs
         self._again: set[PartKey] = set()       # to look at in the next pass too
         # partitions assigned here that wait for a move slot, in the order they came
         self._to_move: dict[PartKey, str] = {}
@@ -159,6 +163,8 @@ class Reconciler:
         if st == State.OWNING and me not in rec.isr:
             if rec.lost or prim is None:
                 return False                    # waiting for an in-sync copy or the controller
+            if not self.backoff.ready(key):
+                return True                     # its last join failed: not yet
             if key not in self._isr_joins:
                 self._isr_joins.add(key)
                 self._pool.submit(self._join_isr, cache, p)
@@ -177,8 +183,10 @@ class Reconciler:
                 if key in self.ctx.repl.handoffs:
                     return True                 # a hand-off in progress: look again
                 if prim in owning:
+                    if not self.backoff.ready(key):
+                        return True             # its last hand-off failed: not yet
                     self.ctx.repl.handoffs.add(key)
-                    self._pool.submit(self.movers.take_primary, cache, p, prim)
+                    self._pool.submit(self._hand_off, cache, p, prim)
                     return True
         else:
             if st == State.MOVING:
@@ -210,13 +218,30 @@ class Reconciler:
         log.info("stage=evict cache=%s partition=%d evicted: %s", cache, p, why)
         return True
 
+    def _hand_off(self, cache: str, p: int, prim: str) -> None:
+        try:
+            ok = self.movers.take_primary(cache, p, prim)
+        except Exception:
+            ok = False
+            log.exception("stage=handoff cache=%s partition=%d crashed", cache, p)
+        if ok:
+            self.backoff.succeeded((cache, p))
+        else:
+            wait = self.backoff.failed((cache, p))
+            log.info("stage=handoff cache=%s partition=%d asked again in %.1fs (failure %d)",
+                     cache, p, wait, self.backoff.failures((cache, p)))
+
     def _join_isr(self, cache: str, p: int) -> None:
         key = (cache, p)
+        ok = counted = False
         try:
             with self.ctx.map.lock:
                 prim = self.ctx.map.map.parts[cache][p].primary
                 addr = self.ctx.map.map.address(prim)
-            if addr is None or prim == self.ctx.id:
+            if prim == self.ctx.id:
+                ok = True
+                return
+            if addr is None:
                 return
             # the controller keeps in the set only copies that report OWNING: the report
             # must be in etcd before the primary admits this copy
@@ -233,9 +258,16 @@ class Reconciler:
                     self.evict(cache, p, "out-of-sync copy of a partition owned elsewhere")
             else:
                 log.info("stage=isr cache=%s partition=%d admitted to the in-sync set by %s", cache, p, prim)
+            ok = True
         except NodeError as e:
-            log.info("stage=isr cache=%s partition=%d join failed: %s", cache, p, str(e)[:160])
+            counted = True
+            log.info("stage=isr cache=%s partition=%d join failed (asked again in %.1fs): %s", cache, p,
+                     self.backoff.failed(key), str(e)[:160])
         finally:
+            if ok:
+                self.backoff.succeeded(key)
+            elif not counted:
+                self.backoff.failed(key)     # no primary to ask yet
             self._isr_joins.discard(key)
             self.ctx.map.dirty.add([key])
             self.ctx.wake()

@@ -220,3 +220,46 @@ def test_a_withdrawal_that_cannot_reach_etcd_leaves_the_outcome_unknown(node_a, 
     world.view.load()
     assert world.ctl.handle_requests() == 1
     assert world.rec(P).isr == ("a", "b")
+
+
+# -- patience: a busy controller is waited for, a missing one is not ----------------------------
+def test_a_patient_request_waits_for_a_busy_controller(node_a, world, etcd):   # noqa: F811
+    """The controller answers only after 3 waits' worth of time, while the control
+    plane keeps moving (other keys change): the request is not withdrawn but applied."""
+    import threading
+    stop = threading.Event()
+
+    def busy() -> None:           # other nodes' traffic: the map moves on meanwhile
+        i = 0
+        while not stop.wait(SHORT / 4):
+            i += 1
+            etcd.put(f"{PREFIX}/reports/b/default/1", ["OWNING", i])
+
+    def controller() -> None:
+        time.sleep(3 * SHORT)
+        world.view.load()
+        world.ctl.handle_requests()
+
+    threads = [threading.Thread(target=busy), threading.Thread(target=controller)]
+    for t in threads:
+        t.start()
+    try:
+        t0 = time.monotonic()
+        rec = node_a.request("default", P, admit(), admitted(), timeout=SHORT, patience=10 * SHORT)
+        assert 3 * SHORT <= time.monotonic() - t0 < 10 * SHORT
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert rec == PartRecord("a", ("a", "b"), 2, False, 1) == world.rec(P)
+    assert racing(node_a).withdrawals == 0 and etcd.get(REQ_A) is None
+
+
+def test_a_patient_request_is_withdrawn_when_nothing_moves(node_a, world, etcd):   # noqa: F811
+    """No controller round and no other change: the first wait's end withdraws it, as
+    without patience (a missing controller is not waited for)."""
+    t0 = time.monotonic()
+    with pytest.raises(Unavailable, match="withdrawn"):
+        node_a.request("default", P, admit(), admitted(), timeout=SHORT, patience=20 * SHORT)
+    assert SHORT <= time.monotonic() - t0 < 2 * SHORT
+    assert racing(node_a).withdrawals == 1 and etcd.get(REQ_A) is None
