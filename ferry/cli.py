@@ -69,7 +69,7 @@ def main() -> None:
     except Exception as e:
         # A FerryError is an error on purpose: its message says what, where and what to
         # do. One a command did not turn into its own output still gets one line, not
-        # a traceback (issue 24); anything else is a bug and keeps its traceback.
+        # a traceback; anything else is a bug and keeps its traceback.
         from faults import FerryError
         if not isinstance(e, FerryError):
             raise

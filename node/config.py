@@ -27,8 +27,8 @@ MAX_VALUE_BYTES = 512 * 1024
 # of the frame is kept for the key and the request's own fields.
 MAX_FRAME = 1 << 20
 MAX_VALUE_LIMIT = MAX_FRAME - (64 << 10)
-# Below this the checkpointer would start its next run as soon as one ends: interval 0
-# once kept a core at 100% for ever (issue 24).
+# Below this the checkpointer would start its next run as soon as one ends: an interval
+# of 0 keeps a core at 100% for ever.
 MIN_CHECKPOINT_INTERVAL_S = 0.05
 # The largest whole-number setting: etcd's JSON, the metrics and the C code that meet
 # these values take 64-bit integers.

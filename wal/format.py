@@ -7,7 +7,7 @@ Written out in prose in ``docs/formats.md`` ("Write-ahead log"). Summary:
   else), so a name that does not round-trip is not a segment.
 * It starts with a 32-byte header: magic ``FWAL``, format version, flags, sequence,
   first LSN, the CRC the chain continues from, and a CRC32C of the header itself.
-* Then frames, back to back, no padding. Version 2 (written since session 3)::
+* Then frames, back to back, no padding. Version 2 (still read)::
 
       length u32 | lsn u64 | type u16 | reserved u16 (0) | payload[length] | check u32
 
@@ -28,7 +28,7 @@ Written out in prose in ``docs/formats.md`` ("Write-ahead log"). Summary:
   with the previous frame's ``crc``: one CRC call per frame, as the CRC fields of the
   frames before are not covered.
 
-* Version 3 (written since session 4): version 2, whose reserved field is ``flags``.
+* Version 3 (written by this build): version 2, whose reserved field is ``flags``.
   ``flags`` 0 is a plain frame (as in version 2); :data:`FLAG_BATCH` a *batch frame*
   (``append_many``, like RocksDB's WriteBatch): ``count`` records with LSNs
   ``lsn .. lsn + count - 1`` and one type, body ``count u32 | lengths u32[count] |

@@ -41,9 +41,9 @@ self-tuned target). One appender, or a batch that shrinks, never waits: the targ
 follows the last batch size down at once.
 
 Measured on 2 shared vCPUs (load 5-9, 16 appending threads, 3 interleaved runs each):
-43-51 us of process CPU per acknowledged append and 9.3-13.4k acknowledgements/s
-(session 2's code: 46-58 us, 7.0-9.0k/s in the same hour); group/always with 16
-threads 4.8-9.7x (session 2's code: 4.8-6.7x): CPU, not the disk, is the bound.
+43-51 us of process CPU per acknowledged append and 9.3-13.4k acknowledgements/s;
+group/always with 16 threads 4.8-9.7x: CPU, not the disk, is the bound
+(docs/benchmarks.md, `bench/wal_bench.py`).
 
 Closing and failure: whoever stops the committer sets ``_stopping`` and then drains
 the queue; a joiner queues and then checks ``_stopping`` (taking its ticket back if it

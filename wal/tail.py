@@ -18,7 +18,7 @@ after the damaged bytes, so if it was ever acknowledged, so were they -- then th
 damage is not a write that never reached the disk but bytes changed after they were
 written, and cutting there would drop acknowledged records silently. Shape alone
 cannot tell: a value of 2000 zero bytes with one byte flipped holds whole zeroed
-sectors, exactly like a torn write (issue 24). So anything else is corruption, to be
+sectors, exactly like a torn write. So anything else is corruption, to be
 looked at (``ferry wal verify``) and cut on purpose (``ferry wal repair``).
 
 "Checks out" here means a frame whose own check holds over its own bytes, seeded by

@@ -1,5 +1,4 @@
-"""Random flips in a partition file: a corruption error, never a silently different page
-(issue 24).
+"""Random flips in a partition file: a corruption error, never a silently different page.
 
 One file is written by a real store (small and large values, values of zeros, an
 overflow chain, tombstones, a page size of 4 KiB); hypothesis then flips one byte in

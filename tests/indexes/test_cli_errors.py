@@ -1,4 +1,4 @@
-"""``ferry index`` with wrong paths and bad arguments (issue 24): a clear one-line
+"""``ferry index`` with wrong paths and bad arguments: a clear one-line
 error and no side effects, never a traceback or an index created where none was."""
 from __future__ import annotations
 

@@ -62,7 +62,7 @@ def test_verify_clean_then_corrupt_then_repair(tmp_path, py_env, python) -> None
     assert r.returncode == 0 and 0 < rep["records"] < 100
 
 
-# -- things that are not segment files (issue 24) ----------------------------------------
+# -- things that are not segment files ------------------------------------------------
 # One line on stderr that says what is wrong, where and what to do; exit status 2 (not
 # corruption of the log's bytes: a person has to move something); never a traceback.
 

@@ -132,7 +132,7 @@ CASES = [
 ]
 
 
-# -- issue 24: zero runs ------------------------------------------------------------------
+# -- zero runs ---------------------------------------------------------------------------
 # ack-0, a value of 2000 zero bytes, then ack-1 .. ack-<after>, all in one segment.
 def zero_log(after: int, zeros: bytes = bytes(2000), segment_size: int = 1 << 20) -> Log:
     return Log((b"ack-0", zeros) + tuple(b"ack-%d" % i for i in range(1, after + 1)),

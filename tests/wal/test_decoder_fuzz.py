@@ -1,4 +1,4 @@
-"""Random damage to whole logs: corrupt or torn, never a silent drop (issue 24).
+"""Random damage to whole logs: corrupt or torn, never a silent drop.
 
 Hypothesis writes a log (format versions 1, 2 and 3; plain and batch frames; payloads
 with long zero runs, which are what made a flipped byte look like a torn write), flips
