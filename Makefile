@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 ACCEL_INPUTS := $(VENV)/.accel-inputs
 
-.PHONY: demo test test-quick bench clean sysdeps sysdeps-demo FORCE
+.PHONY: demo test test-quick lint bench clean sysdeps sysdeps-demo FORCE
 # sysdeps must finish before the build inputs are read (it may install a header)
 .NOTPARALLEL:
 
@@ -40,8 +40,12 @@ demo: sysdeps-demo $(STAMP)
 	$(VENV)/bin/ferry demo
 
 # system packages first: the editable install compiles the C accelerators with gcc
-test: sysdeps $(STAMP)
+test: sysdeps $(STAMP) lint
 	$(PY) -m pytest -n 2 -q
+
+# ruff, as configured in pyproject.toml ([tool.ruff])
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
 
 sysdeps:
 	./scripts/system-deps test

@@ -109,7 +109,7 @@ def stored(store: Verifiable, partition: int) -> Iterator[tuple[bytes, bytes]]:
     after: bytes | None = None
     while True:
         def chunk(txn: lmdb.Transaction) -> list[tuple[bytes, bytes]]:
-            items = env.entries.items(txn, partition, after or b"", after=after is not None)
+            items = env.entries.items(txn, partition, after or b"", after=after is not None)  # noqa: B023 - called at once, in this iteration
             return list(itertools.islice(items, _CHUNK))
         got = env.read(chunk)
         if not got:

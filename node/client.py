@@ -72,7 +72,7 @@ class Client:
             addrs = [a for a in addrs if a != avoid] + [avoid]
         for addr in addrs:
             try:
-                m = ClusterMap.fetch(lambda **a: self.pool.call(addr, "get_map", timeout=5.0, **a))
+                m = ClusterMap.fetch(lambda **a: self.pool.call(addr, "get_map", timeout=5.0, **a))  # noqa: B023 - called at once, in this iteration
             except AuthFailed:
                 raise       # a wrong secret is not a reason to try elsewhere
             except NodeError as e:

@@ -9,7 +9,6 @@ change, a finished move) and at least once a second.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol

@@ -107,7 +107,7 @@ def read_map(settings: LiveSettings) -> tuple["ClusterMap", list[str], str]:
     try:
         for seed in seeds:
             try:
-                return ClusterMap.fetch(lambda **a: pool.call(seed, "get_map", **a)), seeds, secret_file
+                return ClusterMap.fetch(lambda **a: pool.call(seed, "get_map", **a)), seeds, secret_file  # noqa: B023 - called at once, in this iteration
             except AuthFailed as exc:
                 raise WrongSecret(f"node {seed} refused the secret in {secret_file}: it is not "
                                   f"this cluster's secret ({exc})") from exc

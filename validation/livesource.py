@@ -135,7 +135,7 @@ class _PartitionCheck:
         from node import ClusterMap
         for seed in self.seeds:
             try:
-                m = ClusterMap.fetch(lambda **a: self.pool.call(seed, "get_map", timeout=5.0, **a))
+                m = ClusterMap.fetch(lambda **a: self.pool.call(seed, "get_map", timeout=5.0, **a))  # noqa: B023 - called at once, in this iteration
             except Exception:  # noqa: BLE001 - that seed is down: ask the next
                 continue
             rec = m.parts[self.cache][self.p]

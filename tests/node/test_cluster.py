@@ -4,7 +4,6 @@ owner, indexes agree with data, and each partition has B+1 OWNING copies."""
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 

@@ -6,7 +6,6 @@ header + 1 after a stream breaks loses every event between the last one delivere
 and the header; the View resumes from the last delivered event's revision + 1."""
 from __future__ import annotations
 
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 

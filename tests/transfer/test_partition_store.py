@@ -193,7 +193,7 @@ def test_received_file_is_read_and_checked_once(stores, monkeypatch) -> None:
     scans: list[str] = []
     # the install's scan: iter_page_keys, or the hashed scan (keyscan.scan_key_hashes)
     for mod, name in ((partition_mod, "iter_page_keys"), (partition_mod, "scan_key_hashes")):
-        def counting(path, *args, _real=getattr(mod, name), **kw):
+        def counting(path, *args, _real=getattr(mod, name), **kw):  # noqa: B008 - binds the real function at definition
             scans.append(os.path.basename(path))
             return _real(path, *args, **kw)
         monkeypatch.setattr(mod, name, counting)

@@ -11,7 +11,6 @@ torn tail, and the store's open cut it, with ``zeros`` and ``ack-1`` .. ``ack-49
 """
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
