@@ -7,6 +7,12 @@ slower still (every request withdrawn at its deadline, then put again). So a key
 action failed waits before the next try: ``base`` after the first failure, doubling up
 to ``cap``, with "equal jitter" (half of the wait fixed, half random), so thousands of
 partitions that failed together do not come back together. A success forgets the key.
+
+A failure is remembered with the state it happened in (``token``: for a partition, its
+record and this node's lease): once that state is different (a new primary or epoch,
+a new lease after a cut healed), the key is ready at once and its count starts over,
+so a node that comes back asks again without waiting out a wait grown while nothing
+could succeed.
 """
 from __future__ import annotations
 
@@ -26,21 +32,28 @@ class Backoff(Generic[K]):
         self.base, self.cap = base, cap
         self._rand, self._clock = rand, clock
         self._lock = threading.Lock()
-        self._keys: dict[K, tuple[float, int]] = {}      # key -> (not before, failures)
+        # key -> (not before, failures, the token of the last failure)
+        self._keys: dict[K, tuple[float, int, Hashable]] = {}
 
-    def ready(self, key: K) -> bool:
-        """May the action of ``key`` run now?"""
+    def ready(self, key: K, token: Hashable = None) -> bool:
+        """May the action of ``key`` run now? At once when ``token`` differs from the
+        last failure's (the count starts over)."""
         with self._lock:
             at = self._keys.get(key)
+            if at is not None and at[2] != token:
+                del self._keys[key]
+                return True
         return at is None or self._clock() >= at[0]
 
-    def failed(self, key: K) -> float:
-        """The action of ``key`` failed: returns how long it now waits."""
+    def failed(self, key: K, token: Hashable = None) -> float:
+        """The action of ``key`` failed in the state ``token``: returns how long it
+        now waits."""
         with self._lock:
-            n = self._keys.get(key, (0.0, 0))[1] + 1
+            last = self._keys.get(key)
+            n = last[1] + 1 if last is not None and last[2] == token else 1
             full = min(self.cap, self.base * 2 ** min(n - 1, 30))
             wait = full / 2 + self._rand() * full / 2
-            self._keys[key] = (self._clock() + wait, n)
+            self._keys[key] = (self._clock() + wait, n, token)
         return wait
 
     def succeeded(self, key: K) -> None:
@@ -49,7 +62,8 @@ class Backoff(Generic[K]):
 
     def failures(self, key: K) -> int:
         with self._lock:
-            return self._keys.get(key, (0.0, 0))[1]
+            at = self._keys.get(key)
+        return at[1] if at is not None else 0
 
     def __len__(self) -> int:
         with self._lock:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Protocol
+from typing import Hashable, Protocol
 
 from checkpoint import SnapshotBusyError
 from faults import crashpoint
@@ -38,7 +38,7 @@ class Leaving(IsrControl, Protocol):
 ACTIONS_AT_ONCE = 8      # in-sync joins and hand-offs in flight
 FULL_SWEEP_S = 30.0       # every partition is looked at this often, whatever the deltas say
 RETRY_BASE_S = 0.25       # a failed in-sync join or hand-off is asked again after this,
-RETRY_CAP_S = 15.0        # doubling on each failure up to this (node/backoff.py)
+RETRY_CAP_S = 10.0        # doubling on each failure up to this (node/backoff.py)
 
 
 class Reconciler:
@@ -146,6 +146,10 @@ class Reconciler:
             owning = {n for n in set(ideal) | ({prim} if prim else set())
                       if m.states[cache][p].get(n) == State.OWNING.value}
             my_reported = m.states[cache][p].get(me)
+        # what a failed join or hand-off of p is remembered with: a new record or a new
+        # lease (a cut healed) makes p ready to ask again at once (node/backoff.py)
+        sess = self.ctx.session
+        token = (prim, rec.epoch, sess.lease if sess is not None else 0)
         self._to_move.pop(key, None)            # put back below while it still applies
         if unborn and st is None:
             # a new cluster's partition none of its initial owners made (they did not
@@ -162,11 +166,11 @@ class Reconciler:
         if st == State.OWNING and me not in rec.isr:
             if rec.lost or prim is None:
                 return False                    # waiting for an in-sync copy or the controller
-            if not self.backoff.ready(key):
+            if not self.backoff.ready(key, token):
                 return True                     # its last join failed: not yet
             if key not in self._isr_joins:
                 self._isr_joins.add(key)
-                self._pool.submit(self._join_isr, cache, p)
+                self._pool.submit(self._join_isr, cache, p, token)
             return False                        # the join's end marks p dirty
         if me in ideal:
             if st in (None, State.EVICTED, State.LOST):
@@ -182,10 +186,10 @@ class Reconciler:
                 if key in self.ctx.repl.handoffs:
                     return True                 # a hand-off in progress: look again
                 if prim in owning:
-                    if not self.backoff.ready(key):
+                    if not self.backoff.ready(key, token):
                         return True             # its last hand-off failed: not yet
                     self.ctx.repl.handoffs.add(key)
-                    self._pool.submit(self._hand_off, cache, p, prim)
+                    self._pool.submit(self._hand_off, cache, p, prim, token)
                     return True
         else:
             if st == State.MOVING:
@@ -217,7 +221,7 @@ class Reconciler:
         log.info("stage=evict cache=%s partition=%d evicted: %s", cache, p, why)
         return True
 
-    def _hand_off(self, cache: str, p: int, prim: str) -> None:
+    def _hand_off(self, cache: str, p: int, prim: str, token: Hashable = None) -> None:
         try:
             ok = self.movers.take_primary(cache, p, prim)
         except Exception:
@@ -226,11 +230,11 @@ class Reconciler:
         if ok:
             self.backoff.succeeded((cache, p))
         else:
-            wait = self.backoff.failed((cache, p))
+            wait = self.backoff.failed((cache, p), token)
             log.info("stage=handoff cache=%s partition=%d asked again in %.1fs (failure %d)",
                      cache, p, wait, self.backoff.failures((cache, p)))
 
-    def _join_isr(self, cache: str, p: int) -> None:
+    def _join_isr(self, cache: str, p: int, token: Hashable = None) -> None:
         key = (cache, p)
         ok = counted = False
         try:
@@ -261,12 +265,12 @@ class Reconciler:
         except NodeError as e:
             counted = True
             log.info("stage=isr cache=%s partition=%d join failed (asked again in %.1fs): %s", cache, p,
-                     self.backoff.failed(key), str(e)[:160])
+                     self.backoff.failed(key, token), str(e)[:160])
         finally:
             if ok:
                 self.backoff.succeeded(key)
             elif not counted:
-                self.backoff.failed(key)     # no primary to ask yet
+                self.backoff.failed(key, token)     # no primary to ask yet
             self._isr_joins.discard(key)
             self.ctx.map.dirty.add([key])
             self.ctx.wake()

@@ -41,6 +41,20 @@ def test_a_key_is_ready_again_after_its_wait_and_forgotten_on_success() -> None:
     assert b.failed("k") == pytest.approx(0.75)  # from the start again
 
 
+def test_a_failure_in_another_state_starts_over_and_a_new_state_is_ready_at_once() -> None:
+    """The token is the state a failure happened in (a partition's record and the
+    node's lease): a key whose state changed is ready at once, and counts anew."""
+    clock = Clock()
+    b = Backoff(1.0, 8.0, rand=lambda: 1.0, clock=clock)
+    for _ in range(3):
+        b.failed("k", ("n2", 5, 0xA))
+    assert b.failures("k") == 3 and not b.ready("k", ("n2", 5, 0xA))
+    assert b.ready("k", ("n2", 6, 0xA))          # a new epoch: at once, forgotten
+    assert b.failures("k") == 0
+    assert b.failed("k", ("n2", 6, 0xB)) == pytest.approx(1.0)
+    assert b.failed("k", ("n2", 6, 0xC)) == pytest.approx(1.0)   # another lease: 1st again
+
+
 def test_many_failures_do_not_overflow() -> None:
     b = Backoff(0.1, 30.0, rand=lambda: 1.0)
     for _ in range(2000):
