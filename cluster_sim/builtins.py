@@ -36,7 +36,7 @@ BUILTINS: dict[str, Scenario] = {
         name="join", description="two nodes under writes; a third joins and pulls its share",
         nodes=("n1", "n2"), workload=WorkloadSpec(ops=240),
         events=(Event(60, "join", "n3"),), settle_timeout=60.0,
-        # n2 gives partitions away too; n1 (the coordinator) is the third node
+        # n2 gives partitions away too; n1 (the first node, usually the controller) is the third node
         roles={"supplier": "n2", "demander": "n3", "third": "n1"}),
     "leave": Scenario(
         name="leave", description="three nodes under writes; n3 leaves gracefully",
@@ -86,7 +86,7 @@ BUILTINS: dict[str, Scenario] = {
         workload=WorkloadSpec(ops=300, rate=60.0),
         events=(Event(90, "cut", "n3"), Event(91, "heal", min_wait=2 * TTL)),
         roles={"supplier": "n3", "demander": "n1", "third": "n2"}, settle_timeout=90.0),
-    # -- partitions and the control plane (issue 19); every write goes through one
+    # -- partitions and the control plane; every write goes through one
     # node's view, the cut-off one included, and a heal must converge within 3 TTLs
     "long-cut": Scenario(
         name="long-cut",

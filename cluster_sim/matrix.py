@@ -1,10 +1,13 @@
 """The matrix: every crash point x the side it hits x K seeds, one run per cell.
 
-:data:`PLAN` says which scenario reaches a point on which side. Today the file-based
-move runs in the ``file-move`` driver (cluster_sim/mover); node/ reaches the points of
-its message-based moves (after_demand, before_owning, after_owning), eviction, WAL and
-checkpointer. When node/ moves partitions file-based (issue 7), point the demander
-entries at ``join`` and nothing else changes.
+:data:`PLAN` says which scenario reaches a point on which side. The ``supplier.*`` and
+``demander.*`` points run in the ``file-move`` driver (cluster_sim/mover: a supplier
+process and a demander process that runs the node's move engine, node/move/), which reaches
+``supplier.mid_preimages`` and a rate-limited transfer; ``owner.mid_eviction`` and the
+third side of the WAL and checkpointer points run through nodes (``join``,
+``kill-restart``). node/ moves partitions file-based with the same engine, so
+``--scenario join`` (:func:`plan_cells`) runs every point on each role of ``join``
+through the nodes' own moves.
 
 The Nth hit a crash fires on comes from the seed (:func:`default_nth`) for points hit
 many times per run, so seeds explore different moments; a failing cell prints the one
@@ -83,7 +86,7 @@ class Cell:
         return replay_command(self.scenario, self.point, self.nth, self.side, self.seed)
 
     def to_json(self) -> dict[str, Any]:
-        """One cell of ``ferry sim matrix --json`` (the issue's schema: exactly these keys)."""
+        """One cell of ``ferry sim matrix --json`` (exactly these keys; docs/harness.md, "CLI")."""
         return {"point": self.point, "side": self.side, "seed": self.seed, "passed": self.passed,
                 "seconds": self.seconds, "replay": self.replay}
 
@@ -108,7 +111,8 @@ class MatrixResult:
 def plan_cells(points: list[str], sides: list[str], seeds: list[int],
                scenario: str | None = None, faults: list[str] | tuple[str, ...] = ()) -> list[Cell]:
     """The cells to run. ``scenario`` replaces the plan: every point on each of the
-    scenario's sides (for a user's own scenario, or ``join`` once issue 7 lands).
+    scenario's sides (a user's own scenario, or ``join``: the points through node/'s
+    own file moves).
     ``faults``: fault scenarios to run once per seed, without a crash plan."""
     cells = []
     for name in faults:

@@ -13,8 +13,8 @@ Two drivers run scenarios (see :mod:`cluster_sim.runner`):
   the control plane, both, flapping; etcd members killed and restarted).
 - ``file-move``: the seed's file-based move between two processes (supplier, demander)
   with the real transfer, checkpoint, wal and indexes parts (cluster_sim/mover), the
-  harness being the client. When node/ moves partitions file-based (issue 7) the
-  ``cluster`` scenarios reach the same crash points through nodes.
+  harness being the client. node/ moves partitions file-based with the same engine
+  (node/move/), so the ``cluster`` scenarios reach the same crash points through nodes.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Partitions and the control plane (issue 19): a minority node isolated for 5 lease
+"""Partitions and the control plane: a minority node isolated for 5 lease
 TTLs, the controller isolated, a flapping node, an etcd member lost, all of etcd down,
 and the controller SIGKILLed under writes. Each run sends writes through every node
 (the cut-off one too), keeps the counters the puts returned, reads every key through
@@ -15,7 +15,7 @@ import cluster_sim
 from cluster_sim import load_scenario
 from cluster_sim.timeline import Mark
 
-ISSUE_19 = ("long-cut", "controller-cut", "flapping", "etcd-member-loss", "control-plane-outage")
+PARTITION_SCENARIOS = ("long-cut", "controller-cut", "flapping", "etcd-member-loss", "control-plane-outage")
 PARTITION_CHECKS = ("counters_unique", "reads_serve_last_acked", "converged_after_heal")
 
 
@@ -41,7 +41,7 @@ def _routed_via(r: cluster_sim.RunResult, node: str) -> int:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [1, 2])
-@pytest.mark.parametrize("name", ISSUE_19)
+@pytest.mark.parametrize("name", PARTITION_SCENARIOS)
 def test_fault_scenario_loses_nothing_and_converges(tmp_path, name: str, seed: int) -> None:
     r = cluster_sim.run(load_scenario(name), seed=seed, workdir=str(tmp_path))
     assert r.passed, (r.problems, r.error, r.dir)

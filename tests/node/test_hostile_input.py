@@ -1,4 +1,4 @@
-"""Hostile input to the node (issue 24, items 3 and 4): bad settings, bad flags, data
+"""Hostile input to the node: bad settings, bad flags, data
 dirs that cannot be used, damaged files in a data dir, plans that try to exhaust the
 node, requests that cannot fit a frame. Each case must end in ONE line that says what
 is wrong, where and what to do (exit status 2 for a process), never a traceback, a

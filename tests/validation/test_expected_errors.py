@@ -1,5 +1,5 @@
-"""``ferry validate --expected`` with files it cannot use, and Spark errors in messages
-(issue 24, item 4): an error of ONE line naming the file, the column and an example,
+"""``ferry validate --expected`` with files it cannot use, and Spark errors in messages:
+an error of ONE line naming the file, the column and an example,
 exit status 2, never a mismatch (1) or a Java stack trace."""
 from __future__ import annotations
 

@@ -1,13 +1,14 @@
-"""Issue 24, item 1, one level below the node: a flipped byte in an acknowledged value
-of zeros must not be cut as a torn tail.
+"""A flipped byte in an acknowledged value of zeros, one level below the node, is
+corruption, never a torn tail to cut.
 
 A child process opens a node's store as ``node/storage.py`` does
 (``PartitionStore.open``, checkpoints an hour apart, group commit), creates 4
 partitions, puts ``ack-0``, ``zeros`` (2000 zero bytes), ``ack-1`` .. ``ack-49`` (each
 acknowledged: ``put`` returns after the group commit's fsync) and is killed with
 SIGKILL. One byte inside the zero run of the ``zeros`` frame in the first segment of
-the node WAL is flipped. Before the fix ``ferry wal verify`` exited 0 calling it a
-torn tail, and the store's open cut it, with ``zeros`` and ``ack-1`` .. ``ack-49``.
+the node WAL is flipped. ``ferry wal verify`` reports it as corruption (exit 1, not a
+torn tail), and the store refuses to open rather than cut the log there (which would
+drop ``zeros`` and ``ack-1`` .. ``ack-49``).
 """
 from __future__ import annotations
 

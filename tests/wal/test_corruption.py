@@ -4,9 +4,9 @@ helper that damages, opens (which repairs only torn tails), reads, appends, re-r
 The rule under test (docs/formats.md, "Torn tail vs corruption"): damage may be called
 a torn tail only when it is in the last segment AND no valid frame follows it; a frame
 that checks out after the damage was written after it, and may have been acknowledged.
-The second half of the table is issue 24's case: a value of 2000 zero bytes with one
-byte flipped looked like "a sector the disk never wrote" and 49 acknowledged records
-after it were cut as a torn tail."""
+The second half of the table is a value of 2000 zero bytes with one byte flipped: it
+looks like "a sector the disk never wrote", but the 49 acknowledged records after it
+make it corruption, never a torn tail to cut."""
 from __future__ import annotations
 
 import os
