@@ -63,7 +63,7 @@ class RunResult:
     exit_codes: dict[str, int | None] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        """The schema of ``ferry sim run --json`` (the issue's): exactly these keys."""
+        """The schema of ``ferry sim run --json`` (docs/harness.md): exactly these keys."""
         return {"passed": self.passed, "invariants": self.invariants, "seed": self.seed}
 
     def details(self) -> dict[str, Any]:

@@ -159,7 +159,8 @@ class Etcd:
             raise ControlPlaneTLSError(
                 f"control plane {', '.join(self.endpoints)}: TLS certificate verification failed "
                 f"({why[:160]}): the server's certificate is not signed by a CA this node trusts, "
-                "names another host, or has expired; check the CA file given for the control plane")
+                "names another host, or has expired (the node verifies against the CA bundle of "
+                "Python's requests; the environment's REQUESTS_CA_BUNDLE is not read)")
         raise ControlPlaneDown(f"control plane (etcd at {', '.join(self.endpoints)}) unreachable: "
                                f"{why}; is etcd running there?")
 

@@ -1,8 +1,9 @@
 """The node's watchdog observers: its config file (settings that can change live) and
 its ``DATA/plans/`` folder (manual reassignment of partitions).
 
-Live settings: ``[transfer] rate_limit`` and ``concurrency``, ``[checkpoint]
-interval_s``, ``log_level``, ``[rebalance] replay_rate_limit``. Any other change is
+Live settings (``node.membership.SETTINGS``): ``[transfer] rate_limit`` and
+``concurrency``, ``[rebalance] replay_rate_limit``, ``protect``, ``latency_target_ms``,
+``min_moves`` and ``max_moves``, ``[checkpoint] interval_s``, ``log_level``. Any other change is
 logged as needing a restart and not applied. A config that does not load (bad TOML,
 bad value) is logged and changes nothing.
 

@@ -1,5 +1,5 @@
 """The quick matrix (every placed point, one seed, supplier and demander sides) passes,
-and its JSON has exactly the issue's schema."""
+and its JSON has exactly the documented schema (docs/harness.md)."""
 from __future__ import annotations
 
 import json

@@ -56,8 +56,8 @@ def test_cut_link_mid_transfer_resumes_after_heal(tmp_path) -> None:
 
 
 @pytest.mark.slow
-def test_coordinator_killed_mid_eviction_resumes_from_the_members_map(tmp_path) -> None:
-    # Regression: n1 (coordinator) SIGKILLed while evicting restarts within the failure
+def test_first_node_killed_mid_eviction_resumes_from_the_members_map(tmp_path) -> None:
+    # n1 (the first node) SIGKILLed while evicting restarts within the failure
     # timeout; it used to bootstrap at an older map epoch than the members held, and the
     # primary hand-offs of the partitions it gave away never completed.
     s = cluster_sim.load_scenario("join")
