@@ -1,4 +1,4 @@
-"""Import-graph checks for the packages' layering (STYLE.md item 1).
+"""Import-graph checks for the packages' layering.
 
 `module_cycles(package_dir)` reads every module of one package with `ast` (nothing is
 imported) and returns the import circles among its modules. Every import counts: a

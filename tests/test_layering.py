@@ -1,5 +1,5 @@
 """Each package's modules import each other without a circle and without taking a
-private name from one another (STYLE.md item 1; tests/layering.py reads the source).
+private name from one another (tests/layering.py reads the source; docs/architecture.md, "Packages and imports").
 checkpoint/ has its own, stricter test (tests/checkpoint/test_layering.py)."""
 from __future__ import annotations
 

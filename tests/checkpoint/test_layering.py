@@ -1,4 +1,4 @@
-"""checkpoint/'s modules import each other as a DAG (STYLE.md item 1), with no back door.
+"""checkpoint/'s modules import each other as a DAG, with no back door.
 
 The store hands its shared state (checkpoint/state.py) to the checkpointer, recovery and
 the undo log explicitly; they never import the store, not even for type hints, and no

@@ -1,4 +1,4 @@
-"""The page layout module and the C header generated from it agree (STYLE.md item 14)."""
+"""The page layout module and the C header generated from it agree."""
 from __future__ import annotations
 
 import importlib.util

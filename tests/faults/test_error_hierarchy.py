@@ -1,4 +1,4 @@
-"""One error hierarchy (STYLE.md item 5): every error a package defines lives in its
+"""One error hierarchy: every error a package defines lives in its
 ``errors.py`` and subclasses faults' ``FerryError`` through the package's base error
 (``WalError``, ``TransferError``, ``IndexStoreError`` ...).
 
