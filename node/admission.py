@@ -18,9 +18,9 @@ A rebalance starts at START_LOADED x ``min_moves`` (one move, about REF_RECV_BPS
 with the defaults), and the admission thread ticks at once: it asks the nodes the first
 move touches for their latency, and with no foreground writes anywhere lifts the level
 to the maximum within milliseconds; under writes the level grows from there only while
-the latency stays within target. (Measured, docs/benchmarks.md "Pacing the join", 8
-writers on 2 cores: half speed at the start, the old rule, took 2.9-3.6x the idle p99
-during the join; a receive paced to 40 MB/s, 1.7-1.8x.)
+the latency stays within target. (Measured, docs/benchmarks.md, `bench/rebalance_fg.py`, 8
+writers on 2 cores: starting at half speed takes 2.9-3.6x the idle p99
+during the join; a receive paced to 40 MB/s 1.7-1.8x.)
 
 What the level sets, and why those levers (a 2-core machine, docs/benchmarks.md):
 

@@ -106,7 +106,7 @@ class NodeConfig:
     # the streaming install: a files move builds p's index keys while its file arrives
     # (node/move/stream.py); off: rebuilt from the installed file (docs/rebalancing.md).
     # Off by default: on 2 cores it made every join slower (1.3-1.8x at 1-64 KiB values,
-    # docs/benchmarks.md "Quiet-machine pass"); the decode competes with the receive.
+    # docs/benchmarks.md, `bench/rebalance_bench.py`); the decode competes with the receive.
     stream_index: bool = False
     max_key_bytes: int = MAX_KEY_BYTES
     max_value_bytes: int = MAX_VALUE_BYTES

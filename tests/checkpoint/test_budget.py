@@ -13,7 +13,7 @@ from checkpoint.memory import MIN_PAGES
 
 # Beside page memory and the key index: scan / checkpoint batches (1/32 of the budget),
 # page bookkeeping, C-heap slack.  Measured ~0.4 MiB with a 2 MiB budget (the baseline
-# is an empty store already open; docs/benchmarks.md, "Checkpoint").
+# is an empty store already open; docs/benchmarks.md, `bench/rss_probe.py`).
 FIXED_OVERHEAD = 2 << 20
 # the probe is a bench helper (bench/checkpoint_bench.py runs it too), not part of checkpoint/
 PROBE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
