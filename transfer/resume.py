@@ -97,10 +97,12 @@ class Receiving:
             off = idx * self.chunk_size
             if off + length <= size and checksum(os.pread(self.fd, length, off)) == s:
                 self.held[idx] = (length, s)
-        self._jfd = safefs.open_existing(self.journal_path, os.O_WRONLY | os.O_APPEND, self.io)
-        if self._jfd is None:          # replaced by something else meanwhile: start over
+        jfd = safefs.open_existing(self.journal_path, os.O_WRONLY | os.O_APPEND, self.io)
+        if jfd is None:                # replaced by something else meanwhile: start over
             self.held.clear()
             self._new_journal()
+        else:
+            self._jfd = jfd
 
     def _parse(self, raw: bytes) -> list[tuple[int, int, int]] | None:
         if len(raw) < _HEAD.size:
@@ -128,10 +130,11 @@ class Receiving:
                                 error=OutOfDiskError)
         except OSError as e:
             raise _disk_error(e, tmp, None) from e      # ENOSPC at the fsync too
-        self._jfd = safefs.open_existing(self.journal_path, os.O_WRONLY | os.O_APPEND, self.io)
-        if self._jfd is None:
+        jfd = safefs.open_existing(self.journal_path, os.O_WRONLY | os.O_APPEND, self.io)
+        if jfd is None:
             raise UnsafePath(f"{self.journal_path} was replaced right after it was written; "
                              "something keeps planting files in this directory")
+        self._jfd = jfd
 
     @staticmethod
     def stored_chunk_size(target: str) -> int | None:
@@ -227,7 +230,7 @@ class Receiving:
 
 
 def _read_all(fd: int) -> bytes:
-    parts = []
+    parts: list[bytes] = []
     while True:
         b = os.read(fd, 1 << 20)
         if not b:
