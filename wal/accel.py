@@ -14,7 +14,7 @@ import os
 from typing import Callable
 
 try:
-    from . import _accel
+    from . import _accel  # type: ignore[attr-defined]  # optional C extension, no stub
 except ImportError:           # not built (no compiler): the pure-Python path runs
     _accel = None
 

@@ -73,6 +73,8 @@ SYNC_THREADS = 1
 class SyncTarget(Protocol):
     """What the committer uses of the log (``Wal`` implements it)."""
 
+    _failed: BaseException | None     # the latched failure, None while the log is fine
+
     def write_records(self, payloads: list[bytes], types: list[int]) -> int:
         """Under the lock: write queued records; their last LSN (raises like appends)."""
 

@@ -25,7 +25,7 @@ import itertools
 import os
 import threading
 import time
-from typing import Iterator, Protocol, Sequence
+from typing import Generator, Iterator, Protocol, Sequence
 
 from .decoder import BlockState, RawRecord, Record, Stop, as_record, decode_block
 from .errors import CorruptRecordError, WalError
@@ -38,9 +38,13 @@ _BAD = (Stop.BAD_CRC, Stop.BAD_LSN, Stop.BAD_BODY)   # a whole frame that is not
 
 
 class _Seg(Protocol):
-    seq: int
-    first_lsn: int
-    path: str
+    # read-only: SegmentFile is a frozen dataclass
+    @property
+    def seq(self) -> int: ...
+    @property
+    def first_lsn(self) -> int: ...
+    @property
+    def path(self) -> str: ...
 
 
 class Source(Protocol):
@@ -51,6 +55,9 @@ class Source(Protocol):
     def end(self, seg: _Seg, fd: int) -> int: ...
 
     def complete(self, seg: _Seg) -> bool: ...
+
+    def progressed(self) -> None:
+        """A record was read: a polling source polls soon again."""
 
     def wait(self, next_lsn: int, timeout: float) -> bool:
         """Wait up to ``timeout`` s for news; False when the source is closed."""
@@ -134,7 +141,7 @@ class Follower:
     def __next__(self) -> Record:
         return next(self._it)
 
-    def batches(self) -> Iterator[list[RawRecord]]:
+    def batches(self) -> Generator[list[RawRecord], None, None]:
         """The records as non-empty lists of ``(lsn, type, payload)`` tuples, in order,
         as they are decoded (a tuple compares equal to the :class:`Record` it stands for)."""
         return self._gen
@@ -183,7 +190,7 @@ def _locate(source: Source, start: int | None) -> tuple[_Seg, int] | None:
 
 
 def _batches(source: Source, start: int | None, follow: bool, timeout: float | None,
-             stop: threading.Event) -> Iterator[list[RawRecord]]:
+             stop: threading.Event) -> Generator[list[RawRecord], None, None]:
     last_progress = time.monotonic()
 
     def keep_waiting(next_lsn: int) -> bool:
@@ -242,8 +249,8 @@ def _batches(source: Source, start: int | None, follow: bool, timeout: float | N
                     why = "segment ends inside a frame" if not bad else \
                         classify_tail(pending, off, _rebased(state), version) or "CRC mismatch"
                     raise CorruptRecordError(seg.path, off, why)
-                why = classify_tail(pending, off, _rebased(state), version)
-                if why is not None:
+                corrupt = classify_tail(pending, off, _rebased(state), version)
+                if corrupt is not None:
                     if confirm != off:
                         # Read in two parts: a crashed writer's torn tail may have been
                         # cut and written over in between. Read it again from here, in
@@ -251,7 +258,7 @@ def _batches(source: Source, start: int | None, follow: bool, timeout: float | N
                         confirm = off
                         pending, state = b"", BlockState()
                         continue
-                    raise CorruptRecordError(seg.path, off, why)
+                    raise CorruptRecordError(seg.path, off, corrupt)
                 pending = b""       # torn or still being written: re-read next time
                 state = BlockState()
                 if not keep_waiting(lsn):

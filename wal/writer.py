@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import struct
 import threading
-from typing import Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import faults
 from faults import crashpoint, translate_os_error
@@ -27,6 +27,9 @@ from .format import (CHECK, FRAME_HEADER_SIZE, HEADER_SIZE, VERSION, encode_batc
                      encode_frames, encode_typed_frames)
 from .groupcommit import GroupCommitter
 from .segments import DirLock, OpenSegment, create_segment, remove_temp_files
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer    # bytes, or a batch frame's array of lengths
 
 _ACK = {"none": 0, "always": 1, "group": 2}     # what append(wait=True) does after writing
 # Every this many bytes written to a segment, the sync thread fsyncs it in the
@@ -117,11 +120,11 @@ class SegmentWriter:
         sf = create_segment(self.path, last.seq + 1, tail.next_lsn, tail.crc, self._io)
         return recovery.Tail(tail.segments + [sf], HEADER_SIZE, tail.crc, tail.next_lsn)
 
-    def _joined_write(self, fd: int, parts: tuple[bytes, ...]) -> int:
+    def _joined_write(self, fd: int, parts: Sequence[Buffer]) -> int:
         """writev for a file layer that has none (tests' layers): join, then write."""
         return self._io.write(fd, b"".join(parts))
 
-    def _write_parts(self, seg: OpenSegment, parts: tuple[bytes, ...], size: int) -> None:
+    def _write_parts(self, seg: OpenSegment, parts: Sequence[Buffer], size: int) -> None:
         """Write one frame given as ``parts`` (``size`` bytes in all) with one writev;
         a short or failed writev is finished, or its error translated, by :meth:`_write`."""
         try:
