@@ -18,7 +18,7 @@ from .errors import BadDocument, IndexDefinitionError
 try:  # orjson parses a 100-byte document ~5x faster than json; optional.
     import orjson as _orjson
 except ImportError:  # pragma: no cover - depends on the environment
-    _orjson = None
+    _orjson = None  # type: ignore[assignment]  # checked for None before each use
 
 # orjson accepts a subset of what json accepts and parses it identically, so a
 # document it parses needs no second opinion (see _json_loads); None without orjson.
@@ -135,7 +135,7 @@ class IndexDefinition:
 
 
 class Entry(NamedTuple):
-    index: IndexDefinition
+    index: IndexDefinition  # type: ignore[assignment]  # the field shadows tuple.index
     key: bytes        # LMDB key
     data: bytes       # LMDB data (empty unless the key holds a hash)
     head: int         # len(index id + encoded value): key[:head] is the lookup prefix
@@ -143,7 +143,7 @@ class Entry(NamedTuple):
 
 
 class Bad(NamedTuple):
-    index: IndexDefinition
+    index: IndexDefinition  # type: ignore[assignment]  # the field shadows tuple.index
     reason: str
 
 

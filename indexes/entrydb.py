@@ -72,12 +72,12 @@ class EntryDbs:
     """The two databases' handles, and every read and write of entries (each within a
     transaction the caller holds)."""
 
-    def __init__(self, env: lmdb.Environment, txn: lmdb.Transaction | None = None) -> None:
+    def __init__(self, env: lmdb.Environment, txn: lmdb.Transaction[bytes] | None = None) -> None:
         self.plain = env.open_db(ENTRIES, txn=txn, dupsort=True)
         self.long = env.open_db(LONG, txn=txn)
 
     # -- writes ---------------------------------------------------------------------------
-    def load(self, txn: lmdb.Transaction, p: int, keys: list[bytes],
+    def load(self, txn: lmdb.Transaction[bytes], p: int, keys: list[bytes],
              extra: dict[bytes, bytes]) -> tuple[int, int]:
         """Add sorted ``keys`` (their data in ``extra``, empty when absent) after every
         entry the partition holds; returns (consumed, added). A key equal to one
@@ -93,13 +93,13 @@ class EntryDbs:
             ((pk + k, extra[k]) for k in keys if k in extra), overwrite=False)
         return c1 + c2, a1 + a2
 
-    def put(self, txn: lmdb.Transaction, p: int, key: bytes, data: bytes) -> None:
+    def put(self, txn: lmdb.Transaction[bytes], p: int, key: bytes, data: bytes) -> None:
         if data:
             txn.put(partition_key(p) + key, data, db=self.long)
         else:
             txn.put(partition_key(p), key, db=self.plain, dupdata=False)
 
-    def delete(self, txn: lmdb.Transaction, p: int, key: bytes, data: bytes) -> None:
+    def delete(self, txn: lmdb.Transaction[bytes], p: int, key: bytes, data: bytes) -> None:
         """Delete an entry (``data``: the entry's data as the indexer makes it, which
         says where it is); an absent one is no error."""
         if data:
@@ -107,7 +107,7 @@ class EntryDbs:
         else:
             txn.delete(partition_key(p), key, db=self.plain)
 
-    def clear(self, txn: lmdb.Transaction, p: int) -> None:
+    def clear(self, txn: lmdb.Transaction[bytes], p: int) -> None:
         """Delete every entry of the partition."""
         pk = partition_key(p)
         cur = txn.cursor(db=self.plain)
@@ -124,18 +124,18 @@ class EntryDbs:
                 delete()                     # and on to the next key
 
     # -- reads ----------------------------------------------------------------------------
-    def count(self, txn: lmdb.Transaction, p: int) -> int:
+    def count(self, txn: lmdb.Transaction[bytes], p: int) -> int:
         pk = partition_key(p)
         cur = txn.cursor(db=self.plain)
         n = cur.count() if cur.set_key(pk) else 0
         return n + sum(1 for _ in self._long(txn, pk, b"", None, None))
 
-    def any_long(self, txn: lmdb.Transaction) -> bool:
+    def any_long(self, txn: lmdb.Transaction[bytes]) -> bool:
         """Whether any partition has an entry with data (a query skips ``long``
         when none has: the usual case)."""
         return bool(txn.stat(self.long)["entries"])
 
-    def with_prefix(self, txn: lmdb.Transaction, partitions: Iterable[int],
+    def with_prefix(self, txn: lmdb.Transaction[bytes], partitions: Iterable[int],
                     prefix: bytes) -> Iterator[Item]:
         """Every (entry key, data) starting with ``prefix`` (non-empty) in the
         partitions, in key order per partition (not across them): a lookup's and a
@@ -152,7 +152,7 @@ class EntryDbs:
             if any_long:
                 yield from self._long(txn, pk, prefix, None, prefix)
 
-    def items(self, txn: lmdb.Transaction, p: int, start: bytes = b"", *,
+    def items(self, txn: lmdb.Transaction[bytes], p: int, start: bytes = b"", *,
               hi: bytes | None = None, prefix: bytes | None = None,
               after: bool = False, long: bool = True) -> Iterator[Item]:
         """The partition's (entry key, data) in key order, from ``start`` on (past it
@@ -172,7 +172,7 @@ class EntryDbs:
             return iter(merged)
         return (it for it in merged if it[0] != start)
 
-    def _plain(self, txn: lmdb.Transaction, pk: bytes, start: bytes, hi: bytes | None,
+    def _plain(self, txn: lmdb.Transaction[bytes], pk: bytes, start: bytes, hi: bytes | None,
                prefix: bytes | None) -> Iterator[Item]:
         cur = txn.cursor(db=self.plain)
         # (LMDB refuses an empty value to seek to: the first one is set_key's)
@@ -183,7 +183,7 @@ class EntryDbs:
                 return
             yield k, b""
 
-    def _long(self, txn: lmdb.Transaction, pk: bytes, start: bytes, hi: bytes | None,
+    def _long(self, txn: lmdb.Transaction[bytes], pk: bytes, start: bytes, hi: bytes | None,
               prefix: bytes | None) -> Iterator[Item]:
         cur = txn.cursor(db=self.long)
         if not cur.set_range(pk + start):

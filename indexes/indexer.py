@@ -14,6 +14,10 @@ from .errors import BadDocument, BadValueError
 _CACHED = (int, float, str)
 _CACHE_MAX = 1 << 16
 
+# one index's spec in Indexer._fast (described there)
+_Spec = tuple[str | None, tuple[str, ...], dict[object, tuple[type, bytes, int]],
+              IndexDefinition, int, str | None]
+
 
 class Indexer:
     """Turns (primary key, stored value) into index entries for a set of definitions."""
@@ -28,8 +32,8 @@ class Indexer:
         # feed's per-index specs: (top-level field name or None, path, encoding cache
         # {value: (type, prefix + encoded value, max primary key length)}, definition,
         # id, type); the cache is shared by feed and feed_many.
-        self._fast = [(path[0] if len(path) == 1 else None, path, {}, d, iid, want)
-                      for d, iid, path, want in self._compiled]
+        self._fast: list[_Spec] = [(path[0] if len(path) == 1 else None, path, {}, d, iid, want)
+                                   for d, iid, path, want in self._compiled]
         self._top_level = all(len(path) == 1 for _d, _i, path, _w in self._compiled)
         # See definitions.fast_json_loads: a document orjson parses needs no json pass.
         self._fast_loads = fast_json_loads if codec == "json" else None
@@ -180,7 +184,7 @@ class Indexer:
                     on_bad(pk, bad)
                 n += 1
             return n
-        feed, one, specs = self.feed, self._one, self._fast
+        feed, one, fast = self.feed, self._one, self._fast
         missing = MISSING
         n = 0
         for pk, raw in items:
@@ -195,7 +199,7 @@ class Indexer:
                     on_bad(pk, bad)
                 continue
             bad = None
-            for spec in specs:
+            for spec in fast:
                 v = doc.get(spec[0], missing)
                 try:
                     got = spec[2].get(v)

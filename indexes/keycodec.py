@@ -107,7 +107,7 @@ def encode_value(v: object) -> bytes:
     """The order-preserving encoding of one scalar; UnencodableValue otherwise."""
     t = type(v)
     if t is str:
-        return _text(_STR, v.encode("utf-8", "surrogatepass"))  # type: ignore[union-attr]
+        return _text(_STR, v.encode("utf-8", "surrogatepass"))  # type: ignore[attr-defined]
     if t is int:
         if not INT_MIN <= v <= INT_MAX:  # type: ignore[operator]
             raise UnencodableValue(f"integer {v} is outside [-2**63, 2**64)")
@@ -122,7 +122,7 @@ def encode_value(v: object) -> bytes:
     if t is bool:
         return _TRUE if v else _FALSE
     if t is bytes or t is bytearray or t is memoryview:
-        return _text(_BYT, bytes(v))      # type: ignore[arg-type]
+        return _text(_BYT, bytes(v))      # type: ignore[call-overload]
     if isinstance(v, bool):
         return _TRUE if v else _FALSE
     if isinstance(v, int):

@@ -155,7 +155,7 @@ class LmdbEnv:
             self.env.close()
 
     # -- transactions -------------------------------------------------------------
-    def write(self, fn: Callable[[lmdb.Transaction], T]) -> T:
+    def write(self, fn: Callable[[lmdb.Transaction[bytes]], T]) -> T:
         """Run ``fn`` in a write transaction and commit; a full map is grown and ``fn``
         run again from the start (the aborted attempt left nothing)."""
         with self.lock:
@@ -193,7 +193,7 @@ class LmdbEnv:
             return False
         return st.f_bavail * st.f_frsize < _LOW_SPACE
 
-    def read(self, fn: Callable[[lmdb.Transaction], T]) -> T:
+    def read(self, fn: Callable[[lmdb.Transaction[bytes]], T]) -> T:
         with self.lock:
             try:
                 with self.env.begin(write=False) as txn:

@@ -57,12 +57,12 @@ class Schema:
         return xxhash.xxh3_64_hexdigest(body)
 
 
-def _get_json(txn: lmdb.Transaction, db: object, key: bytes) -> Any:
+def _get_json(txn: lmdb.Transaction[bytes], db: lmdb._Database, key: bytes) -> Any:
     raw = txn.get(key, db=db)
     return None if raw is None else json.loads(raw)
 
 
-def layout_format(txn: lmdb.Transaction, db: object) -> int | None:
+def layout_format(txn: lmdb.Transaction[bytes], db: lmdb._Database) -> int | None:
     """The stored layout format; None when there is none. A store written before the
     format was checked holds 1 (it always wrote its format with its definitions)."""
     fmt = _get_json(txn, db, K_FORMAT)
@@ -71,26 +71,26 @@ def layout_format(txn: lmdb.Transaction, db: object) -> int | None:
     return fmt if isinstance(fmt, int) else 0
 
 
-def is_empty(txn: lmdb.Transaction, db: object) -> bool:
+def is_empty(txn: lmdb.Transaction[bytes], db: lmdb._Database) -> bool:
     return not txn.cursor(db=db).first()
 
 
-def put_format(txn: lmdb.Transaction, db: object) -> None:
+def put_format(txn: lmdb.Transaction[bytes], db: lmdb._Database) -> None:
     txn.put(K_FORMAT, json.dumps(FORMAT).encode(), db=db)
 
 
-def settings(txn: lmdb.Transaction, db: object) -> dict[bytes, bytes]:
+def settings(txn: lmdb.Transaction[bytes], db: lmdb._Database) -> dict[bytes, bytes]:
     """What outlives a change of layout: the codec and the definitions with their ids
     (not the ready markers: the entries they vouch for are gone)."""
     return {k: v for k in (K_CODEC, K_INDEXES) if (v := txn.get(k, db=db)) is not None}
 
 
-def put_settings(txn: lmdb.Transaction, db: object, kept: dict[bytes, bytes]) -> None:
+def put_settings(txn: lmdb.Transaction[bytes], db: lmdb._Database, kept: dict[bytes, bytes]) -> None:
     for k, v in kept.items():
         txn.put(k, v, db=db)
 
 
-def load_schema(txn: lmdb.Transaction, db: object) -> Schema | None:
+def load_schema(txn: lmdb.Transaction[bytes], db: lmdb._Database) -> Schema | None:
     stored = _get_json(txn, db, K_INDEXES)
     if stored is None:
         return None
@@ -126,7 +126,7 @@ def reconcile(stored: Schema | None, definitions: list[IndexDefinition] | None,
     return Schema(codec or (stored.codec if stored else "json"), tuple(definitions), ids, next_id)
 
 
-def save_schema(txn: lmdb.Transaction, db: object, schema: Schema) -> None:
+def save_schema(txn: lmdb.Transaction[bytes], db: lmdb._Database, schema: Schema) -> None:
     put_format(txn, db)
     txn.put(K_CODEC, json.dumps(schema.codec).encode(), db=db)
     body = {"next_id": schema.next_id,
@@ -134,7 +134,7 @@ def save_schema(txn: lmdb.Transaction, db: object, schema: Schema) -> None:
     txn.put(K_INDEXES, json.dumps(body).encode(), db=db)
 
 
-def put_ready(txn: lmdb.Transaction, db: object, p: int, fingerprint: str,
+def put_ready(txn: lmdb.Transaction[bytes], db: lmdb._Database, p: int, fingerprint: str,
               entries: int, bad: int) -> dict[str, Any]:
     """Write partition p's ready marker; returns it as stored."""
     body = {"fingerprint": fingerprint, "entries": entries, "bad": bad, "at": time.time()}
@@ -142,7 +142,7 @@ def put_ready(txn: lmdb.Transaction, db: object, p: int, fingerprint: str,
     return body
 
 
-def ready_markers(txn: lmdb.Transaction, db: object) -> dict[int, dict[str, Any]]:
+def ready_markers(txn: lmdb.Transaction[bytes], db: lmdb._Database) -> dict[int, dict[str, Any]]:
     out: dict[int, dict[str, Any]] = {}
     cur = txn.cursor(db=db)
     if cur.set_range(READY_PREFIX):

@@ -163,7 +163,7 @@ def _load(store: Rebuildable, partition: int, sorter: ExternalSorter, res: Rebui
         if uniq:
             last = unique_conflicts(keys, extra, uniq, last, res, MAX_SAMPLES)
 
-        def put(txn: lmdb.Transaction, keys: list[bytes] = keys,
+        def put(txn: lmdb.Transaction[bytes], keys: list[bytes] = keys,
                 extra: dict[bytes, bytes] = extra) -> tuple[int, int]:
             # Appended to the partition's entries, streamed to LMDB without a pair list
             # (indexes/entrydb.py). A key equal to the last one is not added: that is

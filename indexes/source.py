@@ -45,6 +45,7 @@ class PartitionFileSource:
         if not os.path.exists(path):
             raise IndexStoreError(f"partition file {path} does not exist")
         for e in iter_entries(path, include_tombstones=False):
+            assert e.value is not None       # only a tombstone has no value
             yield e.key, e.value
 
     def scan_batches(self, partition: int) -> Iterator[list[tuple[bytes, bytes]]]:

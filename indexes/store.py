@@ -123,7 +123,7 @@ class IndexStore:
         env = self._env
         self._ready.discard(partition)
 
-        def clear(txn: lmdb.Transaction) -> None:
+        def clear(txn: lmdb.Transaction[bytes]) -> None:
             txn.delete(meta.ready_key(partition), db=env.meta)
             env.entries.clear(txn, partition)
         env.write(clear)
@@ -176,7 +176,7 @@ class IndexStore:
         unique = any(e.index.unique for _, add, _ in plan for e in add)
         others = self._partitions(None) if unique else []
 
-        def write(txn: lmdb.Transaction) -> None:
+        def write(txn: lmdb.Transaction[bytes]) -> None:
             for key, add, gone in plan:
                 for k, data in gone:
                     entries.delete(txn, partition, k, data)
@@ -188,7 +188,7 @@ class IndexStore:
                     entries.put(txn, partition, e.key, e.data)
         self._env.write(write)
 
-    def _holder(self, txn: lmdb.Transaction, e: Entry, key: bytes,
+    def _holder(self, txn: lmdb.Transaction[bytes], e: Entry, key: bytes,
                 partitions: list[int]) -> bytes | None:
         """Another primary key that holds e's value in any of ``partitions``."""
         head = e.key[:e.head]
@@ -226,7 +226,7 @@ class IndexStore:
         parts = self._partitions(partitions)
         entries = self._env.entries
 
-        def read(txn: lmdb.Transaction) -> list[bytes]:
+        def read(txn: lmdb.Transaction[bytes]) -> list[bytes]:
             parse = keycodec.parse_entry
             return sorted(parse(k, d)[2] for k, d in entries.with_prefix(txn, parts, prefix))
         return self._env.read(read)
@@ -245,10 +245,10 @@ class IndexStore:
         parts = self._partitions(partitions)
         entries = self._env.entries
 
-        def read(txn: lmdb.Transaction) -> list[tuple[object, bytes]]:
+        def read(txn: lmdb.Transaction[bytes]) -> list[tuple[object, bytes]]:
             long = entries.any_long(txn)
             its = [entries.items(txn, p, lo_key, hi=hi_key, long=long) for p in parts]
-            out = []
+            out: list[tuple[object, bytes]] = []
             for k, d in heapq.merge(*its):
                 if limit is not None and len(out) >= limit:
                     break

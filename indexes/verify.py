@@ -108,7 +108,7 @@ def stored(store: Verifiable, partition: int) -> Iterator[tuple[bytes, bytes]]:
     env = store.env
     after: bytes | None = None
     while True:
-        def chunk(txn: lmdb.Transaction) -> list[tuple[bytes, bytes]]:
+        def chunk(txn: lmdb.Transaction[bytes]) -> list[tuple[bytes, bytes]]:
             items = env.entries.items(txn, partition, after or b"", after=after is not None)  # noqa: B023 - called at once, in this iteration
             return list(itertools.islice(items, _CHUNK))
         got = env.read(chunk)
@@ -141,9 +141,10 @@ def verify(store: Verifiable, partition: int, source: Source, *,
                 e = next(exp, None)
                 continue
             if a is None or (e is not None and e[0] < a[0]):
+                assert e is not None                   # the loop runs while e or a is left
                 rep.expected += 1
                 _keep(missing, e, max_details, rep, "missing_count")
-                last_e, e = e[0], next(exp, None)      # type: ignore[index]
+                last_e, e = e[0], next(exp, None)
             elif e is None or a[0] < e[0]:
                 rep.indexed += 1
                 _keep(extra, a, max_details, rep, "extra_count")
