@@ -235,6 +235,7 @@ class Latch:
                           self.component, self.path, what, exc, RESTART,
                           exc_info=cause is None)
             return False
+        assert cause is not None                 # else it is permanent, above
         # at most one WARNING per cause and minute, whoever says it first (a refused
         # request usually does): the latch's own line would say the same again
         WARNINGS.report(cause, f"{self.component} {self.path}: "

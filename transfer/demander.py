@@ -83,7 +83,8 @@ class _Fetch(DataStage):
 
     def __init__(self, d: Demander, cache: str, partition: int,
                  progress: Callable[[Progress], None], priority: int, reserve_extra: int) -> None:
-        self.d, self.cache, self.partition = d, cache, partition
+        self.d: Demander = d      # the data stage sees it as a ReceiveSettings
+        self.cache, self.partition = cache, partition
         self.progress, self.priority, self.reserve_extra = progress, priority, reserve_extra
         self.stages = Stages()
         self.conn: Conn | None = None
@@ -177,6 +178,7 @@ class _Fetch(DataStage):
 
     # -- stages ------------------------------------------------------------------
     def _demand(self) -> None:
+        assert self.conn is not None      # connected by run() before this stage
         target = self.d.storage.target_path(self.cache, self.partition)
         if not os.path.isdir(os.path.dirname(target)):
             os.makedirs(os.path.dirname(target), exist_ok=True)
@@ -190,6 +192,7 @@ class _Fetch(DataStage):
                     Demand(self.cache, self.partition, self.priority, chunk, held).to_body())
 
     def _manifest(self) -> None:
+        assert self.conn is not None      # connected by run() before this stage
         while True:
             frame = read_frame(self.conn, expect=[FrameType.QUEUED, FrameType.MANIFEST])
             if frame.type == FrameType.QUEUED:
@@ -220,7 +223,7 @@ class _Fetch(DataStage):
 
     def _accept(self) -> None:
         m, rec = self.m, self.rec
-        assert m is not None and rec is not None
+        assert m is not None and rec is not None and self.conn is not None
         self.reused = sum(m.chunk_span(i)[1] for i in m.skip)
         self.done = self.reused
         have = os.fstat(rec.fd).st_blocks * 512
@@ -255,7 +258,7 @@ class _Fetch(DataStage):
 
     def _verify(self) -> None:
         m, rec = self.m, self.rec
-        assert m is not None and rec is not None
+        assert m is not None and rec is not None and self.conn is not None
         for attempt in range(self.d.max_resends + 1):
             bad = []
             for i in range(m.chunk_count):

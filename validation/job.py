@@ -153,12 +153,14 @@ def validate_outcome(dirs: list[str], *, master: str | None = DEFAULT_MASTER,
     if expected is not None and not os.path.exists(expected):
         raise ExpectedFileError(f"expected file {expected} does not exist")
     own = spark is None
-    if own:
+    if spark is None:
         if master is None and "PYSPARK_GATEWAY_PORT" not in os.environ:
             master = DEFAULT_MASTER      # not under spark-submit: nobody chose a master
         spark = start(master or "", conf=conf)
     try:
-        if not is_local(spark.sparkContext.master):
+        spark_master = spark.sparkContext.master
+        assert spark_master is not None          # a SparkContext does not start without one
+        if not is_local(spark_master):
             ship_decoder(spark, live=plan is not None or expected is not None)
         outcome = run(spark, files, expected=expected, max_keys=max_keys, export=export,
                       partitions=partitions, live=plan)

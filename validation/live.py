@@ -141,7 +141,9 @@ def read_raw(spark: "SparkSession", live: LivePlan) -> "DataFrame":
     from .livesource import SOURCE_NAME, LiveDataSource
     from .session import is_local
 
-    if not is_local(spark.sparkContext.master):
+    spark_master = spark.sparkContext.master
+    assert spark_master is not None              # a SparkContext does not start without one
+    if not is_local(spark_master):
         _ship_secret(spark, live.secret_file)
     spark.dataSource.register(LiveDataSource)
     slots = spark.sparkContext.defaultParallelism

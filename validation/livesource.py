@@ -38,7 +38,7 @@ import stat
 import tempfile
 import threading
 import time
-from typing import Any, Iterator
+from typing import Any, Generator, Iterator
 
 from pyspark.sql.datasource import DataSource
 
@@ -165,7 +165,7 @@ class _PartitionCheck:
         yield _marker(self.primary or "", self.cache, self.p, None, None,
                       f"not validated after {ATTEMPTS} attempts: {why}")
 
-    def _snapshot(self, fence: dict, *, last: bool) -> Iterator[Any]:
+    def _snapshot(self, fence: dict, *, last: bool) -> Generator[Any, None, bool]:
         """One attempt at counter C; False (nothing yielded) when it must be retried."""
         C = int(fence["counter"])
         isr: list[str] = list(fence["isr"])
