@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import TypedDict
 
 from faults import crashpoint
 from indexes import Progress as IndexProgress
@@ -61,6 +62,12 @@ TAIL = 64                  # records left when the switch to the direct path hap
 FETCH_GIVE_UP_S = 60.0     # every supplier failing this long restarts the whole move
 CHECKPOINT_TIMEOUT_S = 120.0
 BACKPRESSURE_MAX_S = 0.5  # below the primary's replicate timeout (5 s) by far
+
+
+class _FetchOpts(TypedDict, total=False):
+    """The Demander settings a node configures (absent: the Demander's default)."""
+    chunk_size: int
+    margin: int
 
 
 class MoveEngine:
@@ -119,6 +126,8 @@ class MoveEngine:
                 ctx.states.set(cache, p, state, reason="move (files)")
             ctx.replaced(cache, p)
             if mv.sink is not None:
+                # only the files mode prepares: never the messages mode's MemorySink
+                assert isinstance(mv.sink, TempWalSink)
                 mv.sink.close()
                 mv.sink = None
             mv.direct, mv.gap, mv.replayed = False, None, 0
@@ -212,8 +221,11 @@ class MoveEngine:
         storage = PartitionStoreStorage({cache: data.store})
         ctx.locator.check_files(cache, p)
         pool = ctx.scan_pool
-        opts: dict[str, int] = {k: v for k, v in (("chunk_size", ctx.chunk_size), ("margin", ctx.margin))
-                                if v is not None}
+        opts: _FetchOpts = {}
+        if ctx.chunk_size is not None:
+            opts["chunk_size"] = ctx.chunk_size
+        if ctx.margin is not None:
+            opts["margin"] = ctx.margin
 
         def progress(pr: Progress) -> None:
             if pool is not None and pr.total and pool.wants(pr.total):

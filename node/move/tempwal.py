@@ -25,7 +25,7 @@ import shutil
 import struct
 import threading
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Generator, Iterator
 
 from faults import fileio
 from wal import Follower, RawRecord, Wal, WalClosedError
@@ -186,7 +186,7 @@ class TempWalCursor:
         self.next = lsn                   # LSN of the next record to return
         self.from_disk = 0                # records read from disk (the rest: from memory)
         self._follower: Follower | None = None
-        self._batches: Iterator[list[RawRecord]] | None = None
+        self._batches: Generator[list[RawRecord], None, None] | None = None
         self._held: list[tuple[int, int, bytes]] = []
         self._at = 0
 
@@ -224,6 +224,7 @@ class TempWalCursor:
         if self._follower is None:
             self._follower = self.sink.wal.follow(self.next)
             self._batches = self._follower.batches()
+        assert self._batches is not None  # made with the follower
         while True:
             if self._at >= len(self._held):
                 # the record is written: the follower yields it without waiting
@@ -241,4 +242,5 @@ class TempWalCursor:
     def close(self) -> None:
         if self._follower is not None:
             self._follower.close()
+            assert self._batches is not None  # made with the follower
             self._batches.close()         # releases the segment's file descriptor
