@@ -155,12 +155,13 @@ def _run(root: str, *, entries: int, partitions: int, nodes: int, spark: DemoSpa
                                     "value": None if v is None else v.decode()}) + "\n")
         dirs = sorted(os.path.join(root, d) for d in os.listdir(root)
                       if os.path.isfile(os.path.join(root, d, "node.id")))
-        v = spark.validate("Spark validation", dirs, reading="reading the partition files",
-                           expected=expected)
-        summary["validation"] = {"passed": v["passed"], "partitions_checked": v["partitions_checked"],
-                                 "entries": v["entries"], "divergent": v["divergent"],
-                                 "corrupt_pages": v["corrupt_pages"], "expected": v.get("expected"),
-                                 "seconds": v["seconds"], "spark_start_seconds": v["spark_start_seconds"]}
+        res = spark.validate("Spark validation", dirs, reading="reading the partition files",
+                             expected=expected)
+        summary["validation"] = {"passed": res["passed"], "partitions_checked": res["partitions_checked"],
+                                 "entries": res["entries"], "divergent": res["divergent"],
+                                 "corrupt_pages": res["corrupt_pages"], "expected": res.get("expected"),
+                                 "seconds": res["seconds"],
+                                 "spark_start_seconds": res["spark_start_seconds"]}
     else:
         summary["validation"] = dict(SKIPPED)
     summary["seconds"] = round(time.monotonic() - t0, 1)

@@ -33,7 +33,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import click
 
@@ -53,12 +53,12 @@ class DemoHost:
     forwards every update of p before acknowledging it), and the one supplier serves
     every file."""
 
-    def __init__(self, call: Callable[[int, dict[str, object]], dict[str, object]], transfer: str) -> None:
+    def __init__(self, call: Callable[[int, dict[str, object]], dict[str, Any]], transfer: str) -> None:
         self.call, self.transfer = call, transfer
 
     def register(self, primary: str, cache: str, p: int) -> int:
         from .demo_wire import DemoFrame
-        return int(self.call(DemoFrame.SUBSCRIBE, {"partitions": [p]})["c"])   # type: ignore[call-overload]
+        return int(self.call(DemoFrame.SUBSCRIBE, {"partitions": [p]})["c"])
 
     def primary(self, cache: str, p: int) -> tuple[str, str]:
         return "supplier", "control"
@@ -105,7 +105,7 @@ class DemoDemander:
         client_handshake(conn, self.secret, role=role)
         return conn
 
-    def call(self, ftype: int, body: dict[str, object] | None = None) -> dict[str, object]:
+    def call(self, ftype: int, body: dict[str, object] | None = None) -> dict[str, Any]:
         from transfer.frames import read_frame, write_frame
         from .demo_wire import DemoFrame
         # The moves run in threads and share the control connection: without the lock
@@ -130,7 +130,7 @@ class DemoDemander:
             for mv in self.moves.values():
                 mv.gap = f"replica stream ended: {e!r}"
 
-    def move(self, p: int) -> dict[str, object]:
+    def move(self, p: int) -> dict[str, Any]:
         """One move, start to OWNING (the engine's stages), as its summary."""
         mv = self.moves[p] = Move(CACHE, p, mode="files")
         try:
@@ -153,8 +153,10 @@ def _start_supplier(root: str, secret_file: str, entries: int, partitions: int, 
          "--entries", str(entries), "--partitions", str(partitions), "--secret-file", secret_file,
          "--port-file", port_file, "--rate", str(rate)],
         stdout=subprocess.PIPE, text=True)
+    out = proc.stdout
+    assert out is not None                # stdout=PIPE
     with ui.counter("entries loaded", entries) as report:
-        for line in proc.stdout:          # loading progress, then "serving"
+        for line in out:                  # loading progress, then "serving"
             ev = json.loads(line)
             if ev["event"] == "loading":
                 report(ev["done"])
@@ -163,7 +165,7 @@ def _start_supplier(root: str, secret_file: str, entries: int, partitions: int, 
                 break
     if proc.poll() is not None:
         raise click.ClickException(f"supplier process exited with status {proc.returncode}")
-    threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
+    threading.Thread(target=lambda: [None for _ in out], daemon=True).start()
     with open(port_file) as f:
         return proc, json.load(f)
 

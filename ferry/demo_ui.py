@@ -184,15 +184,16 @@ class MovesView:
             self.rows.setdefault(r.key, None)
             self.stages[r.key] = r.stage
             return
-        fields = {"stage": r.stage,
-                  "size": f"{mb(r.bytes)}/{mb(r.bytes_total)}" if r.bytes_total else "",
-                  "rate": f"{r.rate_bps / 1e6:.1f} MB/s" if r.rate_bps else "",
-                  "eta": f"eta {r.eta_s:.1f}s" if r.eta_s is not None else ""}
+        fields: dict[str, Any] = {"stage": r.stage,
+                                  "size": f"{mb(r.bytes)}/{mb(r.bytes_total)}" if r.bytes_total else "",
+                                  "rate": f"{r.rate_bps / 1e6:.1f} MB/s" if r.rate_bps else "",
+                                  "eta": f"eta {r.eta_s:.1f}s" if r.eta_s is not None else ""}
         total = r.bytes_total or None
-        if r.key not in self.rows or self.rows[r.key] is None:
+        task = self.rows.get(r.key)
+        if task is None:
             self.rows[r.key] = self.prog.add_task(label, total=total, completed=r.bytes, **fields)
         else:
-            self.prog.update(self.rows[r.key], description=label, total=total, completed=r.bytes,
+            self.prog.update(task, description=label, total=total, completed=r.bytes,
                              **fields)
         self.stages[r.key] = r.stage
 
@@ -203,6 +204,7 @@ class MovesView:
             self.ui.note(f"move {self.labels.get(key, key)}: OWNING")
             return
         task = self.rows[key]
+        assert task is not None                  # with a Progress, _show added every row's task
         t = self.prog.tasks[[x.id for x in self.prog.tasks].index(task)]
         total = t.total or 1
         self.prog.update(task, total=total, completed=total, stage="OWNING", rate="", eta="")
@@ -214,7 +216,7 @@ class MovesView:
         if self.prog is None:
             self.ui.note(f"{self.overall_name}: {done}/{total}")
             return
-        fields = {"stage": "", "size": f"{done}/{total}", "rate": "", "eta": ""}
+        fields: dict[str, Any] = {"stage": "", "size": f"{done}/{total}", "rate": "", "eta": ""}
         if self.overall is None:
             self.overall = self.prog.add_task(self.overall_name, total=total, completed=done, **fields)
         else:

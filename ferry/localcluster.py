@@ -248,7 +248,7 @@ class LocalCluster:
         return Client(self.seeds, secret_file=self.secret_file, timeout=timeout)
 
     def load(self, entries: int, *, value_size: int = 64, threads: int = 8, start: int = 0,
-             progress: Callable[[int, int], None] | None = None) -> dict[bytes, bytes]:
+             progress: Callable[[int, int], None] | None = None) -> int:
         """Put ``entries`` keys ``key-<i>`` (:func:`key_of`) with JSON values ``{"i",
         "city", "pad"}`` of about ``value_size`` bytes (:func:`value_of`) from
         ``threads`` clients, in ``put_batch`` requests (``Client.put_many``).
