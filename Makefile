@@ -43,9 +43,10 @@ demo: sysdeps-demo $(STAMP)
 test: sysdeps $(STAMP) lint
 	$(PY) -m pytest -n 2 -q
 
-# ruff, as configured in pyproject.toml ([tool.ruff])
+# ruff and mypy, as configured in pyproject.toml ([tool.ruff], [tool.mypy])
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 sysdeps:
 	./scripts/system-deps test

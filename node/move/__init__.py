@@ -1,4 +1,4 @@
-"""The move of one partition, written once (STYLE.md item 12): a staged engine with
+"""The move of one partition, written once: a staged engine with
 typed ports, hosted by the node (:mod:`node.filemove`), the two-process demo
 (``ferry demo --two-process``) and the harness's ``file-move`` driver
 (:mod:`cluster_sim.mover`), so every crash cell runs the code the node runs.
