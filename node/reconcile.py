@@ -38,7 +38,8 @@ class Leaving(IsrControl, Protocol):
 ACTIONS_AT_ONCE = 8      # in-sync joins and hand-offs in flight
 FULL_SWEEP_S = 30.0       # every partition is looked at this often, whatever the deltas say
 RETRY_BASE_S = 0.25       # a failed in-sync join or hand-off is asked again after this,
-RETRY_CAP_S = 10.0        # doubling on each failure up to this (node/backoff.py)
+RETRY_CAP_S = 2.0         # doubling on each failure up to this (node/backoff.py): short, so
+                          # a copy whose peers come back (nothing in etcd changed) asks soon
 
 
 class Reconciler:

@@ -257,6 +257,7 @@ class ClusterDriver(ClusterFaults, Driver):
 
     def after_settle(self) -> None:
         """Every node's view reads every key as the model says (nodes still running)."""
+        self.convergence.finish()         # the last heal's verdict, before anything stops
         self.timeline.mark("-", "writes", self.write_stats.summary())
         live = {n: self.address(n) for n in sorted(self.expected())}
         self.checks["reads_serve_last_acked"] = verify_reads(

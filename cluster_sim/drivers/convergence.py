@@ -100,13 +100,26 @@ class ConvergenceWatch:
         self.seconds: list[float] = []          # time to converge after each heal
         self._cancel = threading.Event()
         self._thread: threading.Thread | None = None
+        self._started = 0.0
 
     def start(self, why: str) -> None:
         self.cancel()
+        self._started = time.monotonic()
         self._cancel = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(why, self._cancel),
                                         name="convergence", daemon=True)
         self._thread.start()
+
+    def finish(self) -> None:
+        """The run is settled and about to stop: let the watch of the last heal come
+        to its verdict (converged and stable, or past its limit) instead of cutting it
+        short; a run that stops first would leave a heal neither marked converged nor
+        late."""
+        t = self._thread
+        if t is not None and t.is_alive():
+            left = self._started + self.within + STABLE_S + 2 * POLL_S - time.monotonic()
+            t.join(max(0.0, left))
+        self.cancel()
 
     def cancel(self) -> None:
         """Another fault began (or the run stops): this heal's clock no longer counts."""
