@@ -465,16 +465,16 @@ class ControlPlane:
             if not busy or now - start >= patience:
                 break
             deadline = min(start + patience, now + timeout)
-        timeout = time.monotonic() - start
+        waited = time.monotonic() - start
         # out of time: withdraw it (outside the map's condition: the watch thread needs it)
         try:
             withdrawn, _ = self.etcd.txn([Etcd.mod_is(key, rev)], [], [key])
         except NodeError as e:
-            raise OutcomeUnknown(f"no answer from the controller to {what} in {timeout:.1f}s, and "
+            raise OutcomeUnknown(f"no answer from the controller to {what} in {waited:.1f}s, and "
                                  f"the request could not be withdrawn ({str(e)[:120]}): it may "
                                  "still be applied", key=key, rev=rev) from None
         if withdrawn:
-            raise Unavailable(f"no answer from the controller to {what} in {timeout:.1f}s (no "
+            raise Unavailable(f"no answer from the controller to {what} in {waited:.1f}s (no "
                               "controller, or etcd unreachable); the request was withdrawn")
         return self._decided(cache, p, key, rev, what, done)
 
