@@ -199,11 +199,11 @@ def run(state: StoreState, checkpoint_id: int) -> CheckpointStats | None:
             state.cond.notify_all()
     with state.cond:
         for pid, (count, counter) in metas.items():
-            part = state.parts.get(pid)
-            if part is not None and part.meta_bytes is old_metas[pid]:   # not replaced meanwhile
-                part.ckpt_counter = max(part.ckpt_counter, counter)
-                part.file_pages = max(part.file_pages, count)
-                part.meta_bytes = bytes(new_metas[pid])
+            live = state.parts.get(pid)
+            if live is not None and live.meta_bytes is old_metas[pid]:   # not replaced meanwhile
+                live.ckpt_counter = max(live.ckpt_counter, counter)
+                live.file_pages = max(live.file_pages, count)
+                live.meta_bytes = bytes(new_metas[pid])
         state.cond.notify_all()
     stats.pages = stats.appended + stats.overwritten
     stats.seconds = time.perf_counter() - t0

@@ -80,10 +80,10 @@ T_META, T_DATA, T_OVERFLOW, T_FREE = (int(t) for t in PageType)
 class PageHeader(NamedTuple):
     """The 16-byte header of a page, by name."""
     crc: int
-    index: int
+    index: int  # type: ignore[assignment]  # a field may shadow tuple.index; mypy cannot say so
     type: int
     flags: int
-    count: int          # DATA: slots; OVERFLOW: payload bytes
+    count: int  # type: ignore[assignment]  # shadows tuple.count, as above. DATA: slots; OVERFLOW: payload bytes
     aux: int            # DATA: heap start; OVERFLOW: next page of the chain (0: end)
 
 

@@ -212,7 +212,7 @@ def use_accelerator(on: bool) -> bool:
 
 def accelerator() -> str | None:
     """What runs the write path's byte work: ``"c"`` or None (pure Python)."""
-    return "c" if insert is not insert_py else None   # type: ignore[comparison-overlap]
+    return "c" if insert is not insert_py else None
 
 
 chain_pages = chain_pages_py

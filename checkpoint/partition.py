@@ -305,6 +305,7 @@ class Partition:
         old = None if pos < 0 else self.index.loc_at(pos)
         if value is None and old is None:
             return                            # removing an absent key stores nothing
+        flags: int
         if value is None:
             flags, vlen, stored = EntryFlag.TOMBSTONE, 0, b""
         elif 15 + len(key) + len(value) <= self.inline_max:
@@ -420,9 +421,10 @@ class Partition:
         out: list[tuple[bytes, bytes]] = []
         for j in range(n):
             index = first + j
-            buf = self.mem.peek(page_key(self.pid, index))
-            if buf is not None:
-                buf = bytes(buf)   # reading a chain below may evict and reuse this buffer
+            resident = self.mem.peek(page_key(self.pid, index))
+            buf: bytes | memoryview
+            if resident is not None:
+                buf = bytes(resident)   # reading a chain below may evict and reuse this buffer
             else:
                 buf = raw[j * ps:(j + 1) * ps]
                 reason = check_page(buf, index, ps)

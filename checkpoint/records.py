@@ -26,6 +26,7 @@ from __future__ import annotations
 import enum
 import struct
 from dataclasses import dataclass
+from typing import Sequence
 
 _UPDATE = struct.Struct("<IQBH")
 _MARKER = struct.Struct("<QQQ")
@@ -95,7 +96,8 @@ class Images:
     free: list[int]                    # pages to restore as empty FREE pages
 
 
-def encode_images(partition: int, page_size: int, pages: list[tuple[int, bytes | memoryview]],
+def encode_images(partition: int, page_size: int,
+                  pages: Sequence[tuple[int, bytes | bytearray | memoryview]],
                   free: list[int]) -> bytes:
     n, f = len(pages), len(free)
     index = struct.pack(f"<{n + f}I", *[i for i, _ in pages], *free)

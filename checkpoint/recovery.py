@@ -64,8 +64,8 @@ def recover(state: StoreState, wal_sync: str, segment_size: int,
     wal = Wal.open(os.path.join(state.dir, "wal"), segment_size=segment_size, sync=wal_sync)
     try:
         mark, images_from, barrier, dropped = _first_pass(wal)
-        for pid in dropped:
-            delete_partition_file(state.partition_path(pid))
+        for gone in dropped:
+            delete_partition_file(state.partition_path(gone))
         rolled_back = rollback(state.dir, _images_after(wal, images_from), barrier,
                                max_open=state.files.budget)
         for name in sorted(os.listdir(state.dir)):

@@ -140,7 +140,8 @@ class TransferSnapshot:
             if self._closed:
                 return 0
             first_unsent = self._sent // self.page_size
-            out, need = [], []
+            out: list[bytes | bytearray | memoryview] = []
+            need: list[int] = []
             for i, page in pages:
                 if first_unsent <= i < self.page_count and i not in self._saved:
                     out.append(_REC.pack(i, crc32c.crc32c(page)))

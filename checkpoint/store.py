@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 import threading
 from contextlib import contextmanager
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, overload
 
 from typing import TYPE_CHECKING
 
@@ -54,6 +54,33 @@ WAIT_FRACTION = 0.75
 
 
 class PartitionStore:
+    # Set by open(), the only constructor (see there for what each one is).
+    dir: str
+    page_size: int
+    dwb_path: str
+    mem: PageMemory
+    undo: ImageLog
+    state: StoreState
+    files: FileCache
+    parts: dict[int, Partition]
+    _cond: threading.Condition
+    _ckpt_lock: threading.RLock
+    _snapshots: dict[int, TransferSnapshot]
+    _callbacks: list[Callable[[dict[int, int]], None]]
+    _checkpoint_id: int
+    _closed: bool
+    _failure: BaseException | None
+    _latch: Latch
+    _wal_sync: str
+    max_key: int
+    last_stats: checkpointer.CheckpointStats | None
+    replayed: int
+    rolled_back: int
+    _wake: threading.Event
+    _interval: float | None
+    _retime: bool
+    _thread: threading.Thread
+
     def __init__(self) -> None:   # use PartitionStore.open
         raise TypeError("use PartitionStore.open(path, ...)")
 
@@ -80,22 +107,22 @@ class PartitionStore:
         self.state = state = StoreState(self.dir, page_size, self.mem, self.undo,
                                         files=files, snapshots=snapshots)
         self.files = files
-        self.parts: dict[int, Partition] = state.parts
+        self.parts = state.parts
         self._cond = state.cond                  # the store lock
         self._ckpt_lock = state.ckpt_lock        # one checkpoint / install / drop at a time
         self._snapshots = snapshots
-        self._callbacks: list[Callable[[dict[int, int]], None]] = []
+        self._callbacks = []
         self._checkpoint_id = 0
         self._closed = False
         # The background checkpointer's failure, re-raised to writers while it lasts:
         # a full disk, a read-only file system or no descriptors left is retried (with
         # back-off, once the cause may be gone) and cleared by a checkpoint that
         # succeeds; any other failure stays until the store is reopened.
-        self._failure: BaseException | None = None
+        self._failure = None
         self._latch = Latch("checkpointer", self.dir)
         self._wal_sync = wal_sync
         self.max_key = max_key(page_size)
-        self.last_stats: checkpointer.CheckpointStats | None = None
+        self.last_stats = None
         opened = recovery.recover(state, wal_sync, wal_segment_size, self._checkpoint_locked)
         self.replayed = opened.replayed
         self.rolled_back = opened.rolled_back      # pages restored from undo images at open
@@ -111,10 +138,10 @@ class PartitionStore:
     def put(self, partition: int, key: bytes, value: bytes) -> int:
         if not isinstance(value, (bytes, bytearray)):
             raise TypeError("value must be bytes")
-        return self._update(partition, key, bytes(value), None)  # type: ignore[return-value]
+        return self._update(partition, key, bytes(value), None)
 
     def remove(self, partition: int, key: bytes) -> int:
-        return self._update(partition, key, None, None)  # type: ignore[return-value]
+        return self._update(partition, key, None, None)
 
     def apply(self, partition: int, key: bytes, value: bytes | None, counter: int) -> bool:
         """Apply an update that carries its counter (replication, temp-WAL replay);
@@ -215,7 +242,14 @@ class PartitionStore:
         if value is not None and len(value) > MAX_VALUE:
             raise CheckpointError(f"value of {len(value)} bytes exceeds the limit of {MAX_VALUE}")
 
+    @overload
+    def _update(self, pid: int, key: bytes, value: bytes | None, counter: None) -> int: ...
+    @overload
+    def _update(self, pid: int, key: bytes, value: bytes | None, counter: int) -> int | None: ...
+
     def _update(self, pid: int, key: bytes, value: bytes | None, counter: int | None) -> int | None:
+        """Apply one update; its counter (the next one when ``counter`` is None), or
+        None when ``counter`` is given and at or below the partition's counter."""
         self._check_sizes(key, value)
         with self._cond:
             self._admit()
@@ -266,7 +300,7 @@ class PartitionStore:
                     return
                 entries = part.scan_range(index, min(batch, part.page_count - index))
             index += batch
-            yield from entries  # type: ignore[misc]
+            yield from entries
 
     def counter(self, partition: int) -> int:
         with self._cond:
