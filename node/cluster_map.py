@@ -95,7 +95,8 @@ class ClusterMap:
         self.parts: dict[str, list[PartRecord]] = {
             c.name: [PartRecord() for _ in range(c.partitions)] for c in caches.values()}
         self.moves: list[JsonDoc] = []
-        # manual reassignment by plans: cache -> partition -> owners (primary first)
+        # owners pinned by reassignment plans (node/reassign.py): cache -> partition ->
+        # owners (primary first)
         self.pins: dict[str, dict[int, list[str]]] = {c.name: {} for c in caches.values()}
         # the mod revision of each record (0: none), for the controller's compare-and-swap
         self.rec_mod: dict[str, list[int]] = {c.name: [0] * c.partitions for c in caches.values()}
