@@ -50,6 +50,15 @@ BUILTINS: dict[str, Scenario] = {
         # may leave partitions LOST until n2 is back, and writes to them wait 20 s each
         events=(Event(60, "kill", "n2"), Event(120, "restart", "n2", max_wait=4.0)),
         roles={"supplier": "n1", "demander": "n2", "third": "n3"}, settle_timeout=60.0),
+    "restart-catchup": Scenario(
+        name="restart-catchup",
+        description="three nodes with 2,400 preloaded entries (files of ~100 pages); n2 is "
+                    "SIGKILLed under writes and comes back: its stale copies catch up by "
+                    "a delta of the pages that changed",
+        nodes=("n1", "n2", "n3"), caches=(CacheSpec(partitions=4),),
+        workload=WorkloadSpec(ops=200, rate=40.0, keys=400, preload=2400, value_size=(500, 900)),
+        events=(Event(40, "kill", "n2"), Event(100, "restart", "n2", max_wait=4.0)),
+        roles={"supplier": "n1", "demander": "n2", "third": "n3"}, settle_timeout=60.0),
     "join-under-load": Scenario(
         name="join-under-load", description="two writers, more keys; n3 then n4 join",
         nodes=("n1", "n2"), caches=(CacheSpec(partitions=16),),

@@ -27,11 +27,20 @@ POINTS: dict[str, str] = {
                                "exists; nothing is sent. The delta is removed at restart.",
     "supplier.mid_send": "Part of the file is on the wire; the demander holds verified "
                          "chunks durably and resumes from them.",
+    "supplier.mid_delta_send": "A delta fetch: some ranges of changed pages are on the "
+                               "wire; the demander's temp file holds its base and part of "
+                               "them, nothing installed; it demands again (a new delta).",
     "supplier.mid_preimages": "All file data is sent, pre-images partly: the demander has "
                               "not installed anything and re-demands.",
     # -- demander -----------------------------------------------------------------
     "demander.after_demand": "The partition is MOVING and its temp WAL exists (buffering "
                              "started before the DEMAND); nothing received yet.",
+    "demander.mid_base_copy": "A delta fetch copies this node's older copy into the temp "
+                              "file (no journal records): the installed copy is untouched; "
+                              "the restart copies it again.",
+    "demander.mid_delta_receive": "A delta fetch received some ranges into the temp file "
+                                  "over its base; nothing recorded for resume, nothing "
+                                  "installed: the restart demands a new delta.",
     "demander.mid_receive": "A temp file with some verified chunks and their durable "
                             "record; nothing installed. (Messages mode: some supply "
                             "batches applied to the MOVING partition; the restart drops "

@@ -108,6 +108,10 @@ class NodeConfig:
     # Off by default: on 2 cores it made every join slower (1.3-1.8x at 1-64 KiB values,
     # docs/benchmarks.md, `bench/rebalance_bench.py`); the decode competes with the receive.
     stream_index: bool = False
+    # delta catch-up: a copy that still holds an older file of p fetches only the pages
+    # that differ (transfer.delta), unless more than delta_limit of them do
+    delta: bool = True
+    delta_limit: float = 0.5
     max_key_bytes: int = MAX_KEY_BYTES
     max_value_bytes: int = MAX_VALUE_BYTES
     source: str | None = field(default=None, compare=False)   # the TOML file, if any
@@ -191,6 +195,8 @@ _KEYS: dict[tuple[str, ...], str] = {
     ("rebalance", "index_offload"): "index_offload",
     ("rebalance", "index_offload_min_bytes"): "index_offload_min_bytes",
     ("rebalance", "stream_index"): "stream_index",
+    ("rebalance", "delta"): "delta",
+    ("rebalance", "delta_limit"): "delta_limit",
     ("control_plane", "endpoints"): "control_plane",
     ("control_plane", "prefix"): "control_prefix",
     ("control_plane", "lease_ttl_s"): "lease_ttl_s",
@@ -370,6 +376,12 @@ def validate(cfg: NodeConfig) -> NodeConfig:
     _whole(cfg, "index_offload_min_bytes", 0, None, "bytes")
     if not isinstance(cfg.stream_index, bool):
         raise ConfigError(f"rebalance.stream_index must be true or false, not {cfg.stream_index!r}")
+    if not isinstance(cfg.delta, bool):
+        raise ConfigError(f"rebalance.delta must be true or false, not {cfg.delta!r}")
+    if isinstance(cfg.delta_limit, bool) or not isinstance(cfg.delta_limit, (int, float)) or \
+            not 0.0 <= cfg.delta_limit <= 1.0:
+        raise ConfigError(f"rebalance.delta_limit must be a fraction 0..1 of a partition's pages, "
+                          f"not {cfg.delta_limit!r}")
     from checkpoint import max_key
     _whole(cfg, "max_key_bytes", 1, max_key(cfg.page_size),
            f"bytes: a key must fit in one {cfg.page_size}-byte data page")

@@ -127,7 +127,8 @@ def node_move_engine(ctx: NodeContext, recv_limits: Limits, scan_pool: ScanPool 
         stopping=ctx.events.stopping, metrics=ctx.metrics, entries=NodeEntrySupply(ctx),
         tmpwal_sync="none" if ctx.cfg.wal_sync == "none" else "group",
         recv_limits=recv_limits, transfer_timeout=30.0, scan_pool=scan_pool,
-        replay_rate_limit=lambda: ctx.cfg.replay_rate_limit, stream_index=ctx.cfg.stream_index)   # cfg is replaced on a live change
+        replay_rate_limit=lambda: ctx.cfg.replay_rate_limit, stream_index=ctx.cfg.stream_index,
+        delta=ctx.cfg.delta, delta_limit=ctx.cfg.delta_limit)   # cfg is replaced on a live change
     engine = MoveEngine(mctx)
     engine.supplier_load = load
     return engine

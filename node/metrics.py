@@ -41,6 +41,8 @@ METRICS: dict[str, tuple[Kind, str, tuple[str, ...]]] = {
     "ferry_node_replication_lag_seconds": ("gauge", "Seconds since a backup partition last applied an update.", ("cache", "partition")),
     "ferry_node_moves_done_total": ("counter", "Partitions that reached OWNING through a move.", ("cache",)),
     "ferry_node_move_bytes_total": ("counter", "Bytes received by moves (files: on the wire; messages: keys and values).", ("cache",)),
+    "ferry_node_moves_by_copy_total": ("counter", "Files moves that reached OWNING by how the file came: full, resume (chunks held from an earlier attempt) or delta (only the pages that differ from the copy held here).", ("cache", "copy")),
+    "ferry_node_delta_pages_total": ("counter", "Pages of delta moves that reached OWNING: sent (differed) or kept (the copy held here had them).", ("cache", "kind")),
     "ferry_node_moves_in_progress": ("gauge", "Moves running on this node.", ()),
     "ferry_node_moves_by_stage": ("gauge", "Moves running on this node by stage.", ("stage",)),
     "ferry_node_move_stage_seconds": ("summary", "Time moves spent in each stage.", ("stage",)),

@@ -168,9 +168,12 @@ def render(doc: dict[str, Any], *, width: int | None = None, color: bool | None 
             replayed = f"{mv.get('replayed', 0)}"
             if mv.get("mode") == "files":
                 replayed += f" ({mv.get('replay_rate', 0)}/s, ingest {mv.get('ingest_rate', 0)}/s)"
+            copy = mv.get("copy") or {}
+            how = (f" (delta: {copy.get('pages_sent')} of {copy.get('pages')} pages)"
+                   if copy.get("mode") == "delta" else "")
             moves.add_row(f"{escape(mv['cache'])}/{mv['partition']}",
                           f"{escape(str(mv['from']))} -> {escape(str(mv['to']))}",
-                          escape(f"[{mv.get('mode', 'messages')}] {mv['stage']}"),
+                          escape(f"[{mv.get('mode', 'messages')}] {mv['stage']}{how}"),
                           f"{mv['bytes'] / 1e6:.1f}/{mv['bytes_total'] / 1e6:.1f}",
                           f"{mv.get('rate_bps', 0) / 1e6:.1f}", str(mv.get("backlog", 0)), replayed,
                           f"{mv['eta_s']}s" if mv.get("eta_s") is not None else "?")

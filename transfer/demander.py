@@ -14,6 +14,7 @@ import contextlib
 
 import logging
 import os
+import stat
 import time
 from typing import Callable
 
@@ -24,7 +25,9 @@ from .errors import (ChecksumError, FrameError, OutOfDiskError, PageCheckError, 
                      RemoteError, TransferError)
 from .frames import ErrorCode, FrameType, read_frame, send_error, write_frame
 from .limits import Limits
-from .messages import Demand, Manifest, Priority, Queued, Resend, check_cache, check_partition
+from . import delta
+from .messages import (BASE_PER_FRAME, Base, Demand, Manifest, Priority, Queued, Resend,
+                       check_cache, check_partition)
 from .result import FetchResult, Progress, free_bytes
 from .receive import DataStage, ReceiveObserver
 from .resume import Receiving, checksum
@@ -55,7 +58,8 @@ class Demander:
                  chunk_size: int = DEFAULT_CHUNK, timeout: float = 60.0,
                  margin: int = DEFAULT_MARGIN, max_resends: int = 3,
                  sync_bytes: int = 32 << 20, splice: bool = True,
-                 observer: ReceiveObserver | None = None) -> None:
+                 observer: ReceiveObserver | None = None, delta: bool = True,
+                 delta_limit: int = 500) -> None:
         self.storage = storage
         self.peer = peer
         self.secret = secret
@@ -68,6 +72,8 @@ class Demander:
         self.sync_bytes = sync_bytes
         self.splice = splice
         self.observer = observer
+        self.delta = delta                # offer this side's older copy as a delta base
+        self.delta_limit = delta_limit    # permille of the pages a delta may send at most
 
     def fetch(self, partition: int, *, cache: str = DEFAULT_CACHE,
               progress: Callable[[Progress], None] | None = None,
@@ -100,6 +106,10 @@ class _Fetch(DataStage):
         self.prepared = None     # the storage's checked install (prepare_install), if any
         # told of the temp file's pages (page files only: plain files have no pages)
         self.observer = d.observer if d.storage.verifies_pages else None
+        self.base: bytes | None = None      # the digests of the base's pages (a delta fetch)
+        self.base_page_size = 0
+        self.mode = "full"
+        self.delta_refused = ""
 
     def _tell(self) -> None:
         total = self.m.size if self.m else 0
@@ -118,6 +128,8 @@ class _Fetch(DataStage):
                     held.enter_context(self.d.limits.slots.acquire(self.priority))
                 self.release_slot = held.close
                 self._tell()
+                with self.stages.stage("base", **ctx):
+                    self._open()
                 with self.stages.stage("connect", **ctx):
                     self.conn = self.d._connect()
                     self.conn.set_timeout(self.d.timeout)
@@ -145,9 +157,12 @@ class _Fetch(DataStage):
             if self.conn is not None:
                 self.conn.close()
         assert self.m is not None
-        res = FetchResult(self.partition, self.cache, self.m.size, self.wire, self.reused,
-                          time.perf_counter() - t0, True, self.m.counter, self.preimages,
-                          self.resent, dict(self.stages.seconds), self.spliced)
+        m = self.m
+        res = FetchResult(self.partition, self.cache, m.size, self.wire, self.reused,
+                          time.perf_counter() - t0, True, m.counter, self.preimages,
+                          self.resent, dict(self.stages.seconds), self.spliced, self.mode,
+                          m.page_count if self.d.storage.verifies_pages else 0,
+                          m.delta_pages if m.delta else 0, self.delta_refused)
         log.info("demander: partition %s installed from %s: %s bytes, %s over the wire, %.1f MB/s",
                  self.partition, self.d.peer, res.bytes, res.bytes_wire, res.mb_per_s)
         return res
@@ -177,8 +192,10 @@ class _Fetch(DataStage):
                     self.stages.current, self.partition, self.d.peer, reason)
 
     # -- stages ------------------------------------------------------------------
-    def _demand(self) -> None:
-        assert self.conn is not None      # connected by run() before this stage
+    def _open(self) -> None:
+        """The temp file: resumed from the chunks an earlier fetch verified, else (a
+        delta fetch) filled with this side's installed copy of the partition, whose page
+        digests are offered as the base."""
         target = self.d.storage.target_path(self.cache, self.partition)
         if not os.path.isdir(os.path.dirname(target)):
             os.makedirs(os.path.dirname(target), exist_ok=True)
@@ -186,10 +203,43 @@ class _Fetch(DataStage):
             target = self.d.storage.target_path(self.cache, self.partition)
         chunk = Receiving.stored_chunk_size(target) or self.d.chunk_size
         self.rec = Receiving(target, chunk, sync_bytes=self.d.sync_bytes)
+        if self.rec.held:
+            self.mode = "resume"
+            return
+        page_size = getattr(self.d.storage, "base_page_size", None)
+        if not (self.d.delta and self.d.storage.verifies_pages and page_size is not None):
+            return
+        try:
+            # the installed copy, only if it is a regular file (never through a link,
+            # never waiting on a FIFO)
+            src = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            return                              # nothing held here: a full fetch
+        try:
+            if not stat.S_ISREG(os.fstat(src).st_mode):
+                return
+            ps = page_size(self.cache)
+            digests = delta.copy_base(src, self.rec.fd, ps, io=self.rec.io)
+        except OSError as e:
+            raise self.rec.write_error(e, None) from e
+        finally:
+            os.close(src)
+        if digests:
+            self.base, self.base_page_size = digests, ps
+
+    def _demand(self) -> None:
+        assert self.conn is not None and self.rec is not None   # connected and opened by run()
         held = self.rec.held_checksums()
         self.offered = held
+        base = self.base or b""
+        pages = len(base) // delta.DIGEST
         write_frame(self.conn, FrameType.DEMAND,
-                    Demand(self.cache, self.partition, self.priority, chunk, held).to_body())
+                    Demand(self.cache, self.partition, self.priority, self.rec.chunk_size, held,
+                           pages, self.base_page_size, self.d.delta_limit).to_body())
+        step = BASE_PER_FRAME * delta.DIGEST
+        for lo in range(0, len(base), step):
+            write_frame(self.conn, FrameType.BASE,
+                        Base(lo // delta.DIGEST, base[lo:lo + step]).to_body())
 
     def _manifest(self) -> None:
         assert self.conn is not None      # connected by run() before this stage
@@ -210,6 +260,18 @@ class _Fetch(DataStage):
         if m.size > m.page_count * m.page_size:
             raise FrameError(ErrorCode.PROTOCOL, f"manifest size {m.size} exceeds its "
                              f"{m.page_count} pages of {m.page_size} bytes")
+        self.delta_refused = m.delta_refused
+        if m.delta:
+            if self.base is None or m.page_size != self.base_page_size:
+                raise FrameError(ErrorCode.PROTOCOL, "a delta MANIFEST answers a DEMAND that "
+                                 "offered no base of that page size")
+            self.mode = "delta"
+            self.expected = {}
+            self.m = m
+            return
+        if self.base is not None:
+            log.info("demander: partition %s: the whole file follows (%s)", self.partition,
+                     m.delta_refused or "the supplier offers no delta")
         # chunk -> checksum at C: the held ones the supplier confirmed (skip), then each
         # sent chunk's from its CHUNK frame.
         self.expected: dict[int, int] = {}
@@ -224,7 +286,8 @@ class _Fetch(DataStage):
     def _accept(self) -> None:
         m, rec = self.m, self.rec
         assert m is not None and rec is not None and self.conn is not None
-        self.reused = sum(m.chunk_span(i)[1] for i in m.skip)
+        self.reused = (sum(m.chunk_span(i)[1] for i in m.skip) if not m.delta
+                       else (m.page_count - m.delta_pages) * m.page_size)
         self.done = self.reused
         have = os.fstat(rec.fd).st_blocks * 512
         needed = max(0, m.size - have) + self.reserve_extra + self.d.margin
@@ -237,6 +300,8 @@ class _Fetch(DataStage):
         if self.observer is not None:
             self.observer.begin(rec.tmp_path, m.page_size, m.page_count, m.chunk_size, m.counter)
             ps = m.page_size
+            if m.delta and self.base:        # the base's pages: already in the file
+                self.observer.pages_written(0, min(m.page_count, len(self.base) // delta.DIGEST))
             for i in sorted(m.skip):         # held from an earlier fetch: already in the file
                 off, n = m.chunk_span(i)
                 self.observer.pages_written(off // ps, -(-(off + n) // ps))
@@ -248,7 +313,10 @@ class _Fetch(DataStage):
         self.suspect: set[int] = set()
         self.fresh: set[int] = set()       # chunks received in this fetch
         try:
-            self._read_data(acknowledge=True)
+            if m.delta:
+                self._read_ranges()
+            else:
+                self._read_data(acknowledge=True)
         except RemoteError as e:
             if e.code == ErrorCode.SOURCE_CHANGED:
                 raise ChecksumError(f"the supplier's file changed during the transfer: {e.reason}",
@@ -259,6 +327,14 @@ class _Fetch(DataStage):
     def _verify(self) -> None:
         m, rec = self.m, self.rec
         assert m is not None and rec is not None and self.conn is not None
+        if m.delta:
+            assert self.base is not None
+            self._verify_ranges(self.base)
+            self.done = m.size
+            self._tell()
+            self.release_slot()
+            self._check_pages()
+            return
         for attempt in range(self.d.max_resends + 1):
             bad = []
             for i in range(m.chunk_count):

@@ -55,6 +55,8 @@ class FrameType(IntEnum):
     RESEND = 17
     APPLIED = 18
     RECEIVED = 19
+    BASE = 20        # delta fetch: the demander's page digests
+    RANGE = 21       # delta fetch: raw pages follow
     # any protocol
     ERROR = 63
 

@@ -22,6 +22,11 @@ MIN_CHUNK = 64 * 1024
 MAX_CHUNK = 64 * 1024 * 1024
 MAX_CHUNKS = (1 << 20) // 12 - 1024  # a DEMAND's held list (12 bytes a chunk) must fit one frame
 MAX_PARTITION = 2**31 - 1
+# A delta fetch's BASE list: at most this many page digests in all (16 bytes each: 64
+# MiB for 16 GiB of 4 KiB pages), and per BASE frame (512 KiB of digests).
+MAX_BASE_PAGES = 1 << 22
+BASE_PER_FRAME = 1 << 15
+MAX_RANGES = 1 << 22
 _CACHE_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _HELD = struct.Struct("<IQ")
 
@@ -72,13 +77,24 @@ class Demand:
     priority: int = Priority.REBALANCE
     chunk_size: int = 1 << 20
     held: dict[int, int] = field(default_factory=dict)   # chunk index -> checksum
+    # A delta fetch: the demander holds ``base_pages`` pages of ``base_page_size`` bytes
+    # of an older copy; their digests follow in BASE frames. A delta is used only if at
+    # most ``delta_limit`` permille of the snapshot's pages must travel.
+    base_pages: int = 0
+    base_page_size: int = 0
+    delta_limit: int = 500
 
     TYPE = FrameType.DEMAND
 
     def to_body(self) -> dict[str, Any]:
         held = b"".join(_HELD.pack(i, s) for i, s in sorted(self.held.items()))
-        return {"cache": self.cache, "partition": self.partition, "priority": int(self.priority),
-                "chunk_size": self.chunk_size, "held": held}
+        body: dict[str, Any] = {"cache": self.cache, "partition": self.partition,
+                                "priority": int(self.priority), "chunk_size": self.chunk_size,
+                                "held": held}
+        if self.base_pages:
+            body.update(base_pages=self.base_pages, base_page_size=self.base_page_size,
+                        delta_limit=self.delta_limit)
+        return body
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> "Demand":
@@ -91,8 +107,54 @@ class Demand:
         if len(raw) % _HELD.size or len(raw) // _HELD.size > MAX_CHUNKS:
             raise FrameError(ErrorCode.PROTOCOL, "DEMAND held list is malformed")
         held = {i: s for i, s in _HELD.iter_unpack(raw)}
+        base = _int(body, "base_pages", 0, MAX_BASE_PAGES) if "base_pages" in body else 0
+        base_ps = _int(body, "base_page_size", 1, 1 << 24) if base else 0
+        limit = _int(body, "delta_limit", 0, 1000) if base else 500
+        if base and held:
+            raise FrameError(ErrorCode.PROTOCOL, "DEMAND offers both held chunks and a delta base")
         return cls(cache, partition, _int(body, "priority", 0, 255),
-                   check_chunk_size(_int(body, "chunk_size")), held)
+                   check_chunk_size(_int(body, "chunk_size")), held, base, base_ps, limit)
+
+
+@dataclass(frozen=True)
+class Base:
+    """Demander -> supplier after a DEMAND with ``base_pages``: the digests
+    (transfer.delta, 16 bytes each) of its base's pages ``first ..``, in order; the
+    frames cover pages 0 .. base_pages - 1 exactly."""
+    first: int
+    digests: bytes
+
+    TYPE = FrameType.BASE
+
+    def to_body(self) -> dict[str, Any]:
+        return {"first": self.first, "digests": self.digests}
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> "Base":
+        raw = _bytes(body, "digests")
+        if not raw or len(raw) % 16 or len(raw) // 16 > BASE_PER_FRAME:
+            raise FrameError(ErrorCode.PROTOCOL, f"BASE frame of {len(raw)} digest bytes: "
+                             f"1..{BASE_PER_FRAME} digests of 16 bytes")
+        return cls(_int(body, "first", 0, MAX_BASE_PAGES), raw)
+
+
+@dataclass(frozen=True)
+class Range:
+    """Supplier -> demander in a delta fetch: ``pages`` raw pages from page ``first``
+    follow on the stream; ``checksum`` is their xxh3-64 as of C."""
+    first: int
+    pages: int
+    checksum: int
+
+    TYPE = FrameType.RANGE
+
+    def to_body(self) -> dict[str, Any]:
+        return {"first": self.first, "pages": self.pages, "sum": self.checksum}
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> "Range":
+        return cls(_int(body, "first", 0, 2**32 - 1), _int(body, "pages", 1, 1 << 16),
+                   _int(body, "sum", 0, 2**64 - 1))
 
 
 @dataclass(frozen=True)
@@ -109,6 +171,15 @@ class Manifest:
     chunk_size: int
     skip: frozenset[int] = frozenset()
     algo: str = CHECKSUM_ALGO
+    # A delta fetch (the DEMAND offered a base): ``ranges`` RANGE frames carrying
+    # ``delta_pages`` pages follow instead of CHUNKs, and ``root`` (16 bytes) is the
+    # digest of the snapshot's page digests at C (transfer.delta). ``delta_refused``
+    # says why a base was offered but the whole file follows.
+    delta: bool = False
+    ranges: int = 0
+    delta_pages: int = 0
+    root: bytes = b""
+    delta_refused: str = ""
 
     TYPE = FrameType.MANIFEST
 
@@ -122,9 +193,15 @@ class Manifest:
 
     def to_body(self) -> dict[str, Any]:
         skip = sorted(self.skip)
-        return {"counter": self.counter, "size": self.size, "page_size": self.page_size,
-                "page_count": self.page_count, "chunk_size": self.chunk_size, "algo": self.algo,
-                "skip": struct.pack(f"<{len(skip)}I", *skip)}
+        body: dict[str, Any] = {
+            "counter": self.counter, "size": self.size, "page_size": self.page_size,
+            "page_count": self.page_count, "chunk_size": self.chunk_size, "algo": self.algo,
+            "skip": struct.pack(f"<{len(skip)}I", *skip)}
+        if self.delta:
+            body.update(delta=True, ranges=self.ranges, delta_pages=self.delta_pages, root=self.root)
+        if self.delta_refused:
+            body["delta_refused"] = self.delta_refused
+        return body
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> "Manifest":
@@ -142,8 +219,23 @@ class Manifest:
         if body.get("algo") != CHECKSUM_ALGO:
             raise FrameError(ErrorCode.PROTOCOL, f"MANIFEST checksum algorithm {body.get('algo')!r} "
                              f"not supported (this side uses {CHECKSUM_ALGO})")
-        return cls(_int(body, "counter"), size, _int(body, "page_size", 1, 1 << 24),
-                   _int(body, "page_count"), chunk, skip)
+        page_size, page_count = _int(body, "page_size", 1, 1 << 24), _int(body, "page_count")
+        refused = body.get("delta_refused", "")
+        if not isinstance(refused, str) or len(refused) > 1000:
+            raise FrameError(ErrorCode.PROTOCOL, "MANIFEST delta_refused must be a short string")
+        if not body.get("delta"):
+            return cls(_int(body, "counter"), size, page_size, page_count, chunk, skip,
+                       delta_refused=refused)
+        if body.get("delta") is not True or skip or size != page_size * page_count:
+            raise FrameError(ErrorCode.PROTOCOL, "a delta MANIFEST needs a page file "
+                             "(size = pages x page size) and no skip list")
+        root = _bytes(body, "root")
+        pages = _int(body, "delta_pages", 0, page_count)
+        ranges = _int(body, "ranges", 0, min(pages, MAX_RANGES))
+        if len(root) != 16 or (ranges == 0) != (pages == 0):
+            raise FrameError(ErrorCode.PROTOCOL, "delta MANIFEST root or range count is malformed")
+        return cls(_int(body, "counter"), size, page_size, page_count, chunk, skip,
+                   delta=True, ranges=ranges, delta_pages=pages, root=root)
 
 
 @dataclass(frozen=True)
@@ -245,4 +337,4 @@ class Received:
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> "Received":
-        return cls(_int(body, "index", 0, MAX_CHUNKS))
+        return cls(_int(body, "index", 0, max(MAX_CHUNKS, MAX_RANGES)))

@@ -8,17 +8,20 @@ the verify stage (re-request). Mixed into the demander's per-fetch state (_Fetch
 """
 from __future__ import annotations
 
+import bisect
+import os
 import time
 from typing import Protocol
 
 from faults import crashpoint, fileio
 
-from .errors import FrameError
+from . import delta
+from .errors import ChecksumError, FrameError
 from .frames import ErrorCode, FrameType, read_frame, write_frame
 from .limits import Limits, TokenBucket
-from .messages import Chunk, End, Manifest, Preimage, Received
+from .messages import Chunk, End, Manifest, Preimage, Range, Received
 from .pipeline import ChunkSink
-from .resume import Receiving
+from .resume import Receiving, checksum
 from .splice import SpliceReceiver, available as splice_available
 from .transport import Conn, SocketConn
 
@@ -139,6 +142,109 @@ class DataStage:
             sink.close()
             if splicer is not None:
                 splicer.close()
+
+    # -- a delta fetch (transfer.delta) ---------------------------------------------
+    def _read_ranges(self) -> End:
+        """RANGE frames (each followed by its pages) and then PREIMAGE frames up to END,
+        into the temp file that holds the base. A range whose checksum at C does not
+        match what arrived is suspect: a pre-image may still restore it (verify)."""
+        m, rec, conn = self.m, self.rec, self.conn
+        assert m is not None and rec is not None and conn is not None
+        ps, bucket = m.page_size, self.d.limits.bucket
+        self.ranges: list[tuple[int, int, int]] = []     # (first page, pages, checksum at C)
+        self.suspect_ranges: set[int] = set()
+        self.touched: set[int] = set()                   # pages written by pre-images
+        buf = bytearray(0)
+        next_page = pages = unacked = 0
+        last_tell = 0.0
+        while True:
+            frame = read_frame(conn, expect=[FrameType.RANGE, FrameType.PREIMAGE, FrameType.END])
+            if frame.type == FrameType.END:
+                end = End.from_body(frame.body)
+                if len(self.ranges) != m.ranges or pages != m.delta_pages or end.chunks_sent != m.ranges:
+                    raise FrameError(ErrorCode.PROTOCOL, f"END after {len(self.ranges)} ranges of "
+                                     f"{pages} pages; the MANIFEST announced {m.ranges} of {m.delta_pages}")
+                return end
+            if frame.type == FrameType.PREIMAGE:
+                pre = Preimage.from_body(frame.body)
+                self._preimage_page(pre)
+                continue
+            r = Range.from_body(frame.body)
+            if self.touched or r.first < next_page or r.first + r.pages > m.page_count or \
+                    len(self.ranges) >= m.ranges:
+                raise FrameError(ErrorCode.PROTOCOL, f"RANGE of pages {r.first}..{r.first + r.pages - 1} "
+                                 f"does not fit the manifest ({m.page_count} pages, {m.ranges} ranges, "
+                                 f"next page {next_page}, after a pre-image: {bool(self.touched)})")
+            n = r.pages * ps
+            if len(buf) < n:
+                buf = bytearray(n)
+            view = memoryview(buf)[:n]
+            step = bucket.slice_size(n) if bucket.rate else n
+            for lo in range(0, n, step):
+                conn.recv_fill(view[lo:lo + step])
+                if bucket.rate:
+                    bucket.take(len(view[lo:lo + step]))
+            rec.write_at(r.first * ps, view)
+            if checksum(view) != r.checksum:
+                self.suspect_ranges.add(len(self.ranges))
+            self.ranges.append((r.first, r.pages, r.checksum))
+            if self.observer is not None:
+                self.observer.pages_written(r.first, r.first + r.pages)
+            next_page, pages = r.first + r.pages, pages + r.pages
+            self.wire += n
+            self.done += n
+            unacked += n
+            if unacked >= ACK_BYTES or len(self.ranges) == m.ranges:
+                if not conn.peer_closed():
+                    write_frame(conn, FrameType.RECEIVED, Received(len(self.ranges) - 1).to_body())
+                unacked = 0
+            crashpoint("demander.mid_delta_receive")
+            now = time.monotonic()
+            if now - last_tell > 0.1:
+                last_tell = now
+                self._tell()
+
+    def _preimage_page(self, pre: Preimage) -> None:
+        m, rec = self.m, self.rec
+        assert m is not None and rec is not None
+        if pre.page >= m.page_count or len(pre.data) != m.page_size:
+            raise FrameError(ErrorCode.PROTOCOL, f"pre-image of page {pre.page} "
+                             f"({len(pre.data)} bytes) does not fit the manifest")
+        rec.write_at(pre.page * m.page_size, pre.data)
+        self.touched.add(pre.page)
+        at = bisect.bisect_right(self.ranges, (pre.page, 1 << 62, 0)) - 1
+        if at >= 0 and self.ranges[at][0] + self.ranges[at][1] > pre.page:
+            self.suspect_ranges.add(at)
+        if self.observer is not None:
+            self.observer.pages_written(pre.page, pre.page + 1)
+        self.preimages += 1
+        self.wire += len(pre.data)
+
+    def _verify_ranges(self, base: bytes) -> None:
+        """Every suspect range now matches its checksum at C, and the file's page
+        digests (the base's, with every page written in this fetch taken again from the
+        temp file) have the supplier's root: else nothing is installed."""
+        m, rec = self.m, self.rec
+        assert m is not None and rec is not None
+        ps = m.page_size
+        for i in sorted(self.suspect_ranges):
+            first, count, want = self.ranges[i]
+            if checksum(os.pread(rec.fd, count * ps, first * ps)) != want:
+                raise ChecksumError(f"pages {first}..{first + count - 1} of partition {m.page_count}-page "
+                                    "file arrived corrupted (the checksum at C does not match after the "
+                                    "pre-images); nothing installed", "wire")
+        digests = bytearray(base[:m.page_count * delta.DIGEST])
+        digests.extend(bytes(m.page_count * delta.DIGEST - len(digests)))
+        d = delta.DIGEST
+        for first, count, _ in self.ranges:
+            digests[first * d:(first + count) * d] = delta.page_digests(
+                os.pread(rec.fd, count * ps, first * ps), ps)
+        for page in self.touched:
+            digests[page * d:(page + 1) * d] = delta.page_digests(os.pread(rec.fd, ps, page * ps), ps)
+        if delta.root(digests) != m.root:
+            raise ChecksumError("the file built from this side's copy and the received pages "
+                                "differs from the supplier's at C (root digest mismatch); "
+                                "nothing installed", "delta")
 
     def _splicer(self) -> SpliceReceiver | None:
         """The zero-copy receiver, where it applies: a plain socket, Linux, and the real

@@ -28,6 +28,12 @@ class FetchResult:
     resent_chunks: int = 0
     stages: dict[str, float] = field(default_factory=dict)
     spliced: bool = False      # chunk data went socket -> file by splice (transfer.splice)
+    # "full", "resume" (chunks held from an earlier fetch were offered) or "delta" (only
+    # the pages that differ from this side's older copy travelled: transfer.delta)
+    mode: str = "full"
+    pages: int = 0             # the partition's pages (page files)
+    pages_sent: int = 0        # pages that travelled in a delta fetch
+    delta_refused: str = ""    # why an offered base was not used (a full copy went)
 
     @property
     def mb_per_s(self) -> float:
@@ -37,7 +43,9 @@ class FetchResult:
         """The per-partition object of ``ferry transfer fetch --json`` (docs/transfer.md)."""
         return {"partition": self.partition, "bytes": self.bytes, "bytes_wire": self.bytes_wire,
                 "bytes_reused": self.bytes_reused, "seconds": round(self.seconds, 3),
-                "mb_per_s": round(self.mb_per_s, 1), "verified": self.verified}
+                "mb_per_s": round(self.mb_per_s, 1), "verified": self.verified,
+                "mode": self.mode, "pages": self.pages, "pages_sent": self.pages_sent,
+                "delta_refused": self.delta_refused}
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self) | {"mb_per_s": self.mb_per_s}

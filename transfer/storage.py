@@ -205,6 +205,8 @@ class PageStore(Protocol):
     """What the transfer layer uses of checkpoint's PartitionStore: the seam's other
     side, so a move's counter C is typed from the demander down to the store."""
 
+    page_size: int
+
     def partition_path(self, partition: int) -> str: ...
 
     def open_transfer_snapshot(self, partition: int) -> StoreSnapshot: ...
@@ -276,6 +278,10 @@ class PartitionStoreStorage:
 
     def check_page(self, buf: bytes, page_index: int, page_size: int) -> str | None:
         return self._check_page(buf, page_index, page_size)
+
+    def base_page_size(self, cache: str) -> int:
+        """The page size of this side's copies of ``cache`` (a delta fetch's base)."""
+        return int(self._store(cache).page_size)
 
     def prepare_install(self, cache: str, partition: int, src_path: str) -> PreparedInstall:
         """The page check of the whole received file, done by the store's install scan

@@ -25,8 +25,9 @@ from .errors import (AuthError, BadName, Busy, FrameError, NotHeld, PeerClosed, 
 from .frames import ErrorCode, FrameType, read_frame, send_error, write_frame
 from .limits import Limits
 from .listener import HandshakeGate, accept_loop, refuse
-from .messages import (Chunk, Demand, End, Manifest, Preimage, Queued, Received, Resend,
-                       check_chunk_size)
+from . import delta
+from .messages import (Base, Chunk, Demand, End, Manifest, Preimage, Queued, Range, Received,
+                       Resend, check_chunk_size)
 from .pipeline import SLICE, AheadHasher, Preimages, chunk_as_of_c, chunk_checksum
 from .resume import checksum
 from .stages import Stages
@@ -56,6 +57,9 @@ class SupplierSession:
         self.server = server
         self.conn = conn
         self.stages = Stages()
+        self._refused = ""                         # why the last delta base was not used
+        self._ranges: list[tuple[int, int]] = []   # a delta fetch's (first page, pages)
+        self._sums: dict[int, int] = {}     # chunk -> checksum at C the demander was told
 
     def run(self) -> None:
         try:
@@ -84,6 +88,7 @@ class SupplierSession:
                 except PeerClosed:
                     return False      # clean end of the connection between demands
                 demand = Demand.from_body(frame.body)
+                base = self._base(demand)
             ctx = {"partition": demand.partition, "peer": self.conn.peer}
             before = dict(self.stages.seconds)     # a connection serves many demands
             with contextlib.ExitStack() as held:
@@ -94,13 +99,14 @@ class SupplierSession:
                 with self.stages.stage("snapshot", **ctx):
                     snap = self.server.storage.open_snapshot(demand.cache, demand.partition)
                     crashpoint("supplier.after_snapshot")
-                    manifest = self._manifest(snap, demand)
+                    manifest = (self._delta_manifest(snap, demand, base) if base is not None
+                                else None) or self._manifest(snap, demand)
                 with self.stages.stage("manifest", **ctx):
                     write_frame(self.conn, FrameType.MANIFEST, manifest.to_body())
                 with self.stages.stage("accepted", **ctx):
                     read_frame(self.conn, expect=[FrameType.ACCEPT])
                 with self.stages.stage("send", **ctx):
-                    sent = self._send(snap, manifest)
+                    sent = self._send_delta(snap) if manifest.delta else self._send(snap, manifest)
                 with self.stages.stage("preimages", **ctx):
                     pre = self._preimages(snap)
                 with self.stages.stage("end", **ctx):
@@ -144,19 +150,105 @@ class SupplierSession:
         write_frame(self.conn, FrameType.QUEUED, Queued(position).to_body())
 
     # -- stages ------------------------------------------------------------------
+    def _base(self, demand: Demand) -> bytes | None:
+        """The BASE frames that follow a DEMAND offering a delta base: exactly
+        ``base_pages`` digests, in order."""
+        self._refused = ""
+        if not demand.base_pages:
+            return None
+        parts: list[bytes] = []
+        have = 0
+        while have < demand.base_pages:
+            b = Base.from_body(read_frame(self.conn, expect=[FrameType.BASE]).body)
+            n = len(b.digests) // delta.DIGEST
+            if b.first != have or have + n > demand.base_pages:
+                raise FrameError(ErrorCode.PROTOCOL, f"BASE frame for pages {b.first}..{b.first + n - 1} "
+                                 f"after {have} of {demand.base_pages}")
+            parts.append(b.digests)
+            have += n
+        return b"".join(parts)
+
+    def _delta_manifest(self, snap: Snapshot, demand: Demand, base: bytes) -> Manifest | None:
+        """The MANIFEST of a delta fetch, or None (and ``self._refused`` says why) when
+        the whole file goes instead: the base's pages are of another size, the storage
+        has no pages, or more than ``delta_limit`` permille of the pages differ."""
+        chunk_size = check_chunk_size(demand.chunk_size)
+        self._refused = ""
+        if snap.size != snap.page_count * snap.page_size or not self.server.storage.verifies_pages:
+            self._refused = "the source is not a page file"
+            return None
+        if demand.base_page_size != snap.page_size:
+            self._refused = (f"the base has {demand.base_page_size}-byte pages, the source "
+                             f"{snap.page_size}-byte pages")
+            return None
+        self._pre = Preimages(snap)
+        mine = delta.snapshot_digests(snap.fd, snap.path, snap.page_size, snap.page_count,
+                                      self._pre.current)
+        ranges = delta.diff_ranges(base, mine)
+        pages = delta.pages_in(ranges)
+        if pages * 1000 > demand.delta_limit * max(1, snap.page_count):
+            self._refused = (f"{pages} of {snap.page_count} pages differ from the base, above "
+                             f"the delta limit of {demand.delta_limit / 10:g}%")
+            return None
+        self._ranges = ranges
+        self._sums = {}
+        return Manifest(snap.counter, snap.size, snap.page_size, snap.page_count, chunk_size,
+                        delta=True, ranges=len(ranges), delta_pages=pages, root=delta.root(mine))
+
+    def _send_delta(self, snap: Snapshot) -> tuple[int, int]:
+        """Each range: a RANGE frame with its checksum at C, then its pages by sendfile,
+        in ascending order, so "sent up to" moves like a full send's and pages not yet
+        sent keep getting pre-images."""
+        bucket = self.server.limits.bucket
+        ps, total = snap.page_size, 0
+        self._acked = -1
+        buf = bytearray(SLICE)
+        for n, (first, count) in enumerate(self._ranges):
+            span = (first * ps, count * ps)
+            s = chunk_checksum(snap, span, self._pre, buf)
+            write_frame(self.conn, FrameType.RANGE, Range(first, count, s).to_body())
+            off, size = span
+            done = 0
+            while done < size:
+                k = min(bucket.slice_size(size), size - done)
+                bucket.take(k)
+                got = self.conn.sendfile(snap.fd, off + done, k)
+                if got < k:
+                    raise TransferError(f"{snap.path} shrank during the send (at offset {off + done})")
+                done += k
+            total += size
+            self.server.stats.bytes_sent += size
+            while self.conn.readable():
+                self._take_received_range(snap)
+            crashpoint("supplier.mid_delta_send")
+        while self._acked < len(self._ranges) - 1:
+            self._take_received_range(snap)
+        snap.mark_sent(snap.size)
+        self._check_unchanged(snap)
+        return len(self._ranges), total
+
+    def _take_received_range(self, snap: Snapshot) -> None:
+        r = Received.from_body(read_frame(self.conn, expect=[FrameType.RECEIVED]).body)
+        if r.index >= len(self._ranges):
+            raise FrameError(ErrorCode.PROTOCOL, f"RECEIVED range {r.index}: the manifest has "
+                             f"{len(self._ranges)}")
+        self._acked = max(self._acked, r.index)
+        first, count = self._ranges[self._acked]
+        snap.mark_sent((first + count) * snap.page_size)
+
     def _manifest(self, snap: Snapshot, demand: Demand) -> Manifest:
         """Only the chunks the demander offers are hashed here (to decide what to skip);
         every other chunk is hashed just before it is sent (AheadHasher)."""
         chunk_size = check_chunk_size(demand.chunk_size)
         m = Manifest(snap.counter, snap.size, snap.page_size, snap.page_count, chunk_size)
         self._pre = Preimages(snap)
-        self._sums: dict[int, int] = {}     # chunk -> checksum at C the demander was told
+        self._sums = {}
         buf = bytearray(SLICE)
         for i, held in sorted(demand.held.items()):
             if i < m.chunk_count and chunk_checksum(snap, m.chunk_span(i), self._pre, buf) == held:
                 self._sums[i] = held
         return Manifest(snap.counter, snap.size, snap.page_size, snap.page_count, chunk_size,
-                        frozenset(self._sums))
+                        frozenset(self._sums), delta_refused=self._refused)
 
     def _send(self, snap: Snapshot, m: Manifest) -> tuple[int, int]:
         bucket = self.server.limits.bucket

@@ -47,6 +47,11 @@ class MoveContext:
     # cores); the demo and the harness's mover keep it on, so the crash cell
     # demander.mid_stream_index covers the streaming path.
     stream_index: bool = True
+    # delta catch-up (transfer.delta): a copy holding an older file of p offers it as the
+    # base and receives only the pages that differ, unless more than delta_limit
+    # (a fraction of the pages) do; off: every fetch copies the whole file
+    delta: bool = True
+    delta_limit: float = 0.5
 
 
 __all__ = ["MoveContext"]

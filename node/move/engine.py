@@ -189,6 +189,11 @@ class MoveEngine:
         m = ctx.metrics
         m.inc("ferry_node_moves_done_total", cache=cache)
         m.inc("ferry_node_move_bytes_total", mv.wire, cache=cache)
+        m.inc("ferry_node_moves_by_copy_total", cache=cache, copy=str(mv.copy.get("mode", "full")))
+        pages, sent = mv.copy.get("pages"), mv.copy.get("pages_sent")
+        if mv.copy.get("mode") == "delta" and isinstance(pages, int) and isinstance(sent, int):
+            m.inc("ferry_node_delta_pages_total", sent, cache=cache, kind="sent")
+            m.inc("ferry_node_delta_pages_total", pages - sent, cache=cache, kind="kept")
         m.inc("ferry_node_replayed_updates_total", mv.replayed, cache=cache)
         m.inc("ferry_node_buffered_updates_total", mv.buffered, cache=cache)
         if mv.replayed:
@@ -243,14 +248,20 @@ class MoveEngine:
                 self.supplier_load[node] = self.supplier_load.get(node, 0) + 1
                 try:
                     res = Demander(storage, addr, ctx.secret, limits=ctx.recv_limits,
-                                   timeout=ctx.transfer_timeout, observer=observer, **opts).fetch(
-                        p, cache=cache, progress=progress)
+                                   timeout=ctx.transfer_timeout, observer=observer,
+                                   delta=ctx.delta, delta_limit=round(ctx.delta_limit * 1000),
+                                   **opts).fetch(p, cache=cache, progress=progress)
                     mv.bytes = mv.bytes_total = res.bytes
                     mv.wire = mv.wire_before + res.bytes_wire
                     mv.transfer_stages = {k: round(v, 3) for k, v in res.stages.items()}
-                    log.info("stage=install cache=%s partition=%d from %s: C=%d wire=%d reused=%d "
-                             "preimages=%d", cache, p, node, res.counter, res.bytes_wire,
-                             res.bytes_reused, res.preimages)
+                    mv.copy = {"mode": res.mode, "pages": res.pages, "pages_sent": res.pages_sent}
+                    if res.delta_refused:
+                        mv.copy["delta_refused"] = res.delta_refused
+                    log.info("stage=install cache=%s partition=%d from %s: C=%d %s wire=%d reused=%d "
+                             "preimages=%d%s", cache, p, node, res.counter, res.mode, res.bytes_wire,
+                             res.bytes_reused, res.preimages,
+                             f" delta: {res.pages_sent} of {res.pages} pages" if res.mode == "delta"
+                             else f" (no delta: {res.delta_refused})" if res.delta_refused else "")
                     return res
                 except (TransferError, OSError) as e:
                     log.warning("stage=transfer cache=%s partition=%d from %s (%s) failed: %s; "

@@ -65,6 +65,9 @@ class Move:
     stage_seconds: dict[str, float] = field(default_factory=dict)
     transfer_stages: dict[str, float] = field(default_factory=dict)   # the transfer's own (files mode)
     index_source: str = ""            # "streamed" (built while the file arrived) or "rebuilt"
+    # how the file came (files mode): {"mode": "full" | "resume" | "delta", "pages": M,
+    # "pages_sent": N (a delta), "delta_refused": why an offered base was not used}
+    copy: dict[str, object] = field(default_factory=dict)
     on_stage: Callable[[str, float], None] | None = None   # (stage, seconds): metrics
 
     def begin(self, stage: Stage | str) -> None:
@@ -125,6 +128,7 @@ class Move:
             out.update(self.catchup())
             out["transfer_stages"] = dict(self.transfer_stages)
             out["index_source"] = self.index_source
+            out["copy"] = dict(self.copy)
         return out
 
     def status(self, me: str) -> dict[str, object]:
@@ -139,7 +143,7 @@ class Move:
         if self.mode == "files":
             out.update({"eta_s": self.eta(), "wire_bytes": self.wire,
                         "stage_seconds": dict(self.stage_seconds),
-                        "seconds": round(elapsed, 2), **self.catchup()})
+                        "seconds": round(elapsed, 2), "copy": dict(self.copy), **self.catchup()})
             if not self.replay_started or self.replay_started < self.buffer_started:
                 out["ingest_rate"] = round(self.ingest_now(), 1)   # before the replay: so far
         return out

@@ -47,7 +47,7 @@ def test_unplaced_points_are_documented() -> None:
 @pytest.mark.slow
 def test_every_placed_point_is_reached_by_a_scenario(tmp_path) -> None:
     reached: set[str] = set()
-    for name in ("file-move", "join"):
+    for name in ("file-move", "join", "restart-catchup"):
         r = cluster_sim.run(cluster_sim.load_scenario(name), seed=1, workdir=str(tmp_path))
         reached |= set(r.reached)
     placed = placed_points()

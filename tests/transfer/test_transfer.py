@@ -39,7 +39,8 @@ def test_fetch_installs_exact_copy(server, src, dst) -> None:
     assert seen[-1].done == seen[-1].total == len(data)
     assert _leftovers(dst) == []
     s = res.summary()
-    assert set(s) == {"partition", "bytes", "bytes_wire", "bytes_reused", "seconds", "mb_per_s", "verified"}
+    assert set(s) == {"partition", "bytes", "bytes_wire", "bytes_reused", "seconds", "mb_per_s", "verified",
+                      "mode", "pages", "pages_sent", "delta_refused"}
 
 
 def test_empty_and_tiny_files_and_other_cache(server, src, dst) -> None:
