@@ -35,7 +35,7 @@ import time
 import psutil
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SECRET = "bench-cluster-secret-0123456789abcdef"
+SECRET = "5e8a1f47c90d3b26e4a7f01c8d5b92e6"   # a random constant: weak secrets are refused
 GiB = 1 << 30
 PY = sys.executable
 

@@ -19,6 +19,7 @@ GROUPS: dict[str, tuple[str, str, str]] = {
     "wal": ("wal.cli", "wal", "Dump and verify write-ahead logs."),
     "partition": ("checkpoint.cli", "partition", "Inspect, dump and verify partition files."),
     "transfer": ("transfer.cli", "transfer", "Serve and fetch partition files."),
+    "secret": ("transfer.cli", "secret", "Generate a cluster secret."),
     "index": ("indexes.cli", "index", "Rebuild and verify LMDB secondary indexes."),
     "node": ("node.cli", "node", "Run a storage node."),
     "cluster": ("node.cli", "cluster", "Cluster status and data operations."),

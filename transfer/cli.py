@@ -1,6 +1,8 @@
-"""``ferry transfer serve`` and ``ferry transfer fetch`` (group attribute ``transfer``).
+"""``ferry transfer serve`` and ``ferry transfer fetch`` (group attribute ``transfer``),
+and ``ferry secret generate`` (group attribute ``secret``).
 
-The cluster secret comes from ``--secret-file`` or ``$FERRY_SECRET``, never from argv.
+The cluster secret comes from ``--secret-file`` or ``$FERRY_SECRET``, never from argv;
+a weak one is refused (``transfer.auth.check_strength``).
 ``fetch --json`` prints one summary object on stdout (schema in docs/transfer.md);
 progress bars go to stderr. Any failure exits non-zero with a one-line reason.
 """
@@ -46,6 +48,55 @@ def _between(lo: int, hi: int | None, hint: str) -> Any:
 @click.group("transfer")
 def transfer() -> None:
     """Serve and fetch partition files (part-<p>.bin)."""
+
+
+@click.group("secret")
+def secret() -> None:
+    """Make cluster secrets."""
+
+
+@secret.command("generate")
+@click.option("--out", "out", required=True, type=click.Path(dir_okay=False, allow_dash=True),
+              help="File to create with mode 0600 ('-': print to stdout).")
+@click.option("--force", is_flag=True, help="Replace an existing file.")
+def generate(out: str, force: bool) -> None:
+    """Write a new random cluster secret (32 random bytes, 64 hex digits) to OUT.
+
+    Give the same file to every node and tool of the cluster (--secret-file)."""
+    import os
+
+    from .auth import generate_secret
+
+    value = generate_secret()
+    if out == "-":
+        click.echo(value.decode())
+        return
+    if not force and os.path.lexists(out):
+        click.echo(f"ferry secret generate: error: {out} exists; pass --force to replace it", err=True)
+        sys.exit(1)
+    tmp = f"{out}.tmp-{os.getpid()}"
+    try:
+        # created 0600 from the start (never briefly readable), then renamed into place
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            os.fchmod(fd, 0o600)          # whatever the umask
+            os.write(fd, value + b"\n")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if force:
+            os.replace(tmp, out)
+        else:
+            os.link(tmp, out)             # fails if OUT appeared meanwhile
+            os.unlink(tmp)
+    except OSError as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        click.echo(f"ferry secret generate: error: cannot write {out}: {e.strerror or e}", err=True)
+        sys.exit(1)
+    click.echo(f"wrote a new cluster secret to {out} (mode 0600)", err=True)
 
 
 def _secret(path: str | None) -> bytes:

@@ -48,7 +48,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def write_secret(path: str, text: str = "test-cluster-secret-0123456789") -> str:
+# A random constant: load_secret refuses secrets made of words and sequences.
+TEST_SECRET = "9d41c7a2e05f3b86d2c94e17a0b5f368"
+
+
+def write_secret(path: str, text: str = TEST_SECRET) -> str:
     with open(path, "w") as f:
         f.write(text)
     os.chmod(path, 0o600)

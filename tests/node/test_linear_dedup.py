@@ -213,7 +213,7 @@ class FakeNode:
 @pytest.fixture
 def fake(request, tmp_path) -> Iterator[tuple[FakeNode, Client]]:
     node = FakeNode(request.param)
-    secret = write_secret(str(tmp_path / "secret"), "s" * 32)
+    secret = write_secret(str(tmp_path / "secret"))
     c = Client([node.address], secret_file=secret, timeout=2.0)
     try:
         yield node, c

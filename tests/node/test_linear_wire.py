@@ -25,7 +25,7 @@ from transfer import frames
 
 from nodeharness import free_port, write_secret
 
-SECRET = b"test-cluster-secret-0123456789abcdef"
+SECRET = b"5e8a1f47c90d3b26e4a7f01c8d5b92e6"
 pytestmark = pytest.mark.timeout(60)
 
 

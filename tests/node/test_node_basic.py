@@ -72,7 +72,7 @@ def test_cli_put_get_remove_status(one):
 
 
 def test_wrong_secret_is_refused(one, tmp_path, nodes):
-    bad = write_secret(str(tmp_path / "bad"), "another-secret-entirely-0000")
+    bad = write_secret(str(tmp_path / "bad"), "b7e2049f1c6a8d35e0f47c2b9a1d6e83")
     with pytest.raises(AuthFailed):
         Client([one.address], secret_file=bad, timeout=2).put("default", "k", "v")
     # and a node with the wrong secret cannot join

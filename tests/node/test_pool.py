@@ -9,7 +9,7 @@ from node.wire import Pool
 
 from nodeharness import free_port
 
-SECRET = b"test-cluster-secret-0123456789"
+SECRET = b"5e8a1f47c90d3b26e4a7f01c8d5b92e6"
 
 
 def _server(port: int) -> RpcServer:

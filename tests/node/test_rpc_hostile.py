@@ -34,7 +34,7 @@ from nodeharness import free_port
 from transfer_helpers import drip, expect_line, log_lines, wait_until
 from wire_fuzz import HANDSHAKE_BODIES, body_for, exchange, names, streams, values
 
-SECRET = b"test-cluster-secret-0123456789abcdef"
+SECRET = b"5e8a1f47c90d3b26e4a7f01c8d5b92e6"
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 pytestmark = pytest.mark.timeout(120)
 

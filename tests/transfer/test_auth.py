@@ -11,7 +11,7 @@ from transfer.errors import AuthError, RemoteError
 from transfer.frames import ErrorCode, FrameType
 from transfer.transport import SocketConn
 
-GOOD = b"a-good-cluster-secret-of-32-bytes!"
+GOOD = b"0f6b2d94c1e87a35b9e04d7c2a61f8e3"   # random: weak secrets are refused
 
 
 class Recorder(SocketConn):

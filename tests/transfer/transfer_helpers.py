@@ -12,7 +12,7 @@ from typing import IO, Callable
 
 from transfer import SupplierServer
 
-SECRET = b"test-cluster-secret-0123456789abcdef"
+SECRET = b"5e8a1f47c90d3b26e4a7f01c8d5b92e6"
 
 
 def write_part(directory: str, p: int, size: int, seed: int = 0) -> bytes:

@@ -134,7 +134,7 @@ def test_bad_input_is_a_clear_error(spark, cluster, tmp_path) -> None:
         validate([], spark=spark, live=LiveSettings(seeds=["127.0.0.1:1"],
                                                     secret_file=cluster.secret_file))
     wrong = tmp_path / "secret"
-    wrong.write_text("not-the-cluster-secret-0123456789")
+    wrong.write_text("b7e2049f1c6a8d35e0f47c2b9a1d6e83")
     os.chmod(wrong, 0o600)
     with pytest.raises(WrongSecret, match="not this cluster's secret"):
         validate([], spark=spark, live=LiveSettings(seeds=cluster.seeds[:1], secret_file=str(wrong)))

@@ -12,17 +12,19 @@ pytest.importorskip("pyspark")
 from node import AuthFailed, load_secret  # noqa: E402
 from validation.livesource import _owner_only  # noqa: E402
 
+SECRET = b"5e8a1f47c90d3b26e4a7f01c8d5b92e6"
+
 
 def _file(tmp_path, mode: int) -> str:
     p = tmp_path / "secret"
-    p.write_bytes(b"s" * 40)
+    p.write_bytes(SECRET)
     os.chmod(p, mode)
     return str(p)
 
 
 def test_fetched_copy_is_made_owner_only(tmp_path) -> None:
     path = _file(tmp_path, 0o711)            # what Spark's fetch leaves of a 0600 file
-    assert load_secret(_owner_only(path)) == b"s" * 40
+    assert load_secret(_owner_only(path)) == SECRET
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o700
 
 
