@@ -42,7 +42,7 @@ class Proc:
     argv: list[str]
     log: str
     trace: str | None = None
-    crash: str | None = None          # armed in the first life only
+    crash: str | None = None          # armed in every life until it has fired once
     prefix: list[str] = field(default_factory=list)   # e.g. ["ip", "netns", "exec", ns]
     popen: subprocess.Popen[bytes] | None = None
     lives: int = 0
@@ -51,7 +51,10 @@ class Proc:
     _killed_by_us: bool = False
 
     def start(self) -> Proc:
-        armed = self.crash if self.lives == 0 else None
+        # a life the scenario ends first (a kill event) never reached the point: the next
+        # one is armed again (restart-catchup's node reaches the delta points only after
+        # its restart); once the plan fired, the process runs unarmed
+        armed = self.crash if not self.crashed else None
         with open(self.log, "ab") as log:
             log.write(f"\n=== life {self.lives + 1}{' FERRY_CRASH=' + armed if armed else ''}\n".encode())
             log.flush()
