@@ -20,6 +20,9 @@ processes while a 4th node joins, their p50/p99/max and puts/s before, during an
 the join against a raw sendfile floor measured in the same run, protection on and off
 interleaved (``--protect on|off|both``).
 
+``--restart`` runs bench/restart_bench.py instead (its own flags): a node SIGKILLed
+under writes and restarted, its catch-up by delta fetches against whole-file copies.
+
 ``--repeat N`` runs each mode N times on fresh clusters, the modes interleaved, and
 reports the median of each figure (ratios of the medians; every run under ``runs``):
 on a machine whose speed drifts, one run per mode is not a measurement.
@@ -372,6 +375,11 @@ def medians(runs: list[dict]) -> dict[str, object]:
 
 
 def main() -> None:
+    if "--restart" in sys.argv[1:]:      # a node's return after SIGKILL: bench/restart_bench.py
+        sys.argv.remove("--restart")
+        import restart_bench
+        restart_bench.main()
+        return
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small data (about 4 MiB), < 1 min")
     ap.add_argument("--entries", type=int, default=None)

@@ -1,0 +1,127 @@
+"""A node's return after a SIGKILL: what its catch-up costs with delta fetches and with
+whole-file copies, in one run (``bench/rebalance_bench.py --restart`` runs this).
+
+For each copy mode (``delta``: the node's ``[rebalance] delta`` on, its default;
+``full``: off), interleaved ``--repeat`` times, on a fresh 3-node cluster of real
+processes (ferry/localcluster.py): load ``--entries`` of ``--value-size`` bytes, let a
+checkpoint pass, start ``--writers`` writer threads, SIGKILL n3, keep writing for
+``--outage`` seconds, restart n3 and wait until every partition is OWNING on its owners
+and in sync again. Measured per run: seconds from the restart to settled, the moves n3
+made and how (full / delta), bytes on the wire, pages sent against the partitions'
+pages, writes acknowledged during the outage; the raw loopback sendfile rate of this
+machine is measured in the same run (``floor``) and the catch-up's wire bytes are
+put against it.
+
+Prints ONE JSON object.
+
+    .venv/bin/python bench/restart_bench.py --entries 200000 --value-size 1024 --repeat 2
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+sys.path.insert(0, HERE)
+
+from ferry.localcluster import LocalCluster  # noqa: E402
+from rebalance_bench import Writers  # noqa: E402
+
+
+def one_run(root: str, copy: str, args: argparse.Namespace) -> dict[str, object]:
+    with LocalCluster(root, partitions=args.partitions, backups=1, checkpoint_interval=1.0,
+                      log_level="INFO") as c:
+        with open(c.config) as f:
+            text = f.read()
+        with open(c.config, "w") as f:      # the copy mode of every node
+            f.write(text.replace("[rebalance]", f"[rebalance]\ndelta = {str(copy == 'delta').lower()}", 1))
+        c.start(3)
+        c.load(args.entries, value_size=args.value_size)
+        time.sleep(2.5)                       # a checkpoint covers the load
+        victim = c.nodes[2]
+        with Writers(c, args.writers, args.value_size, base=args.entries + 1) as w:
+            time.sleep(1.0)
+            victim.kill()
+            killed_wall = time.time()
+            acked0 = w.acked
+            time.sleep(args.outage)
+            during = w.acked - acked0
+            t0 = time.monotonic()
+            victim.start(wait=True)
+            c.wait_all_owning(timeout=600)
+            seconds = time.monotonic() - t0
+            after = w.acked - acked0 - during
+        moves = [m for m in c.moves_done() if m["to"] == victim.id and m["finished"] > killed_wall]
+    kinds: dict[str, int] = {}
+    for m in moves:
+        k = str((m.get("copy") or {}).get("mode", m.get("mode")))
+        kinds[k] = kinds.get(k, 0) + 1
+    pages = sum(int((m.get("copy") or {}).get("pages", 0)) for m in moves)
+    sent = sum(int((m.get("copy") or {}).get("pages_sent", 0)) for m in moves
+               if (m.get("copy") or {}).get("mode") == "delta")
+    return {"copy": copy, "seconds_restart_to_settled": round(seconds, 2), "moves": len(moves),
+            "moves_by_copy": kinds, "wire_bytes": sum(int(m["wire_bytes"]) for m in moves),
+            "partition_bytes": sum(int(m["bytes"]) for m in moves), "pages": pages,
+            "delta_pages_sent": sent, "writes_during_outage": during,
+            "writes_after_restart": after,
+            "move_seconds_max": max((float(m["seconds_to_owning"]) for m in moves), default=0.0)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--entries", type=int, default=100000)
+    ap.add_argument("--value-size", type=int, default=1024)
+    ap.add_argument("--partitions", type=int, default=16)
+    ap.add_argument("--writers", type=int, default=2)
+    ap.add_argument("--outage", type=float, default=10.0, help="seconds n3 stays down")
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--work", default=None, help="folder for the clusters (default: a temp dir)")
+    args = ap.parse_args()
+    work = args.work or tempfile.mkdtemp(prefix="ferry-restart-bench-")
+    from rebalance_fg import floor_rate
+    floor = floor_rate(work)
+    runs: list[dict[str, object]] = []
+    try:
+        for i in range(args.repeat):
+            for copy in ("delta", "full"):
+                root = os.path.join(work, f"{copy}-{i}")
+                r = one_run(root, copy, args)
+                runs.append(r)
+                shutil.rmtree(root, ignore_errors=True)
+                print(json.dumps(r), file=sys.stderr, flush=True)
+    finally:
+        if args.work is None:
+            shutil.rmtree(work, ignore_errors=True)
+
+    def med(copy: str, key: str) -> float:
+        return statistics.median(float(r[key]) for r in runs if r["copy"] == copy)  # type: ignore[arg-type]
+    out: dict[str, object] = {
+        "entries": args.entries, "value_size": args.value_size, "partitions": args.partitions,
+        "outage_s": args.outage, "writers": args.writers, "repeat": args.repeat,
+        "floor_bytes_per_s": round(floor), "runs": runs}
+    for copy in ("delta", "full"):
+        out[copy] = {k: med(copy, k) for k in ("seconds_restart_to_settled", "wire_bytes",
+                                                "partition_bytes", "delta_pages_sent", "pages",
+                                                "writes_during_outage")}
+    d, f = out["delta"], out["full"]
+    assert isinstance(d, dict) and isinstance(f, dict)
+    out["full_over_delta_wire"] = round(f["wire_bytes"] / max(d["wire_bytes"], 1), 1)
+    out["full_over_delta_seconds"] = round(f["seconds_restart_to_settled"]
+                                           / max(d["seconds_restart_to_settled"], 1e-3), 2)
+    # the issue's time target: at most 3 x (changed bytes / raw rate) + 2 s
+    changed = d["delta_pages_sent"] * 4096
+    out["delta_target_seconds"] = round(3 * changed / floor + 2.0, 2)
+    out["delta_wire_over_changed_pages"] = round(d["wire_bytes"] / max(changed, 1), 2)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
