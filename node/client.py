@@ -101,12 +101,11 @@ class Client:
         while True:
             addr: str | None = None
             try:
-                if self.map is None:
-                    self.refresh()
-                if cache not in self.map.caches:
-                    raise NodeError(f"unknown cache {cache!r}; caches: {', '.join(self.map.caches)}")
-                p = partition_of(key, self.map.caches[cache].partitions)
-                addr = hint or next(iter(a for a in where(self.map, p) if a), None)
+                cmap = self.map if self.map is not None else self.refresh()
+                if cache not in cmap.caches:
+                    raise NodeError(f"unknown cache {cache!r}; caches: {', '.join(cmap.caches)}")
+                p = partition_of(key, cmap.caches[cache].partitions)
+                addr = hint or next(iter(a for a in where(cmap, p) if a), None)
                 hint = None
                 if addr is None:
                     raise Unavailable(f"partition {cache}/{p} has no "
@@ -147,9 +146,8 @@ class Client:
         """Bulk load: the pairs grouped by partition, one ``put_batch`` request per group
         of at most ``batch`` items / ``max_bytes`` bytes. Returns the number put. A batch
         that fails raises (some of its items may be applied; putting them again is safe)."""
-        if self.map is None:
-            self.refresh()
-        parts = self.map.caches[cache].partitions if cache in self.map.caches else 1
+        cmap = self.map if self.map is not None else self.refresh()
+        parts = cmap.caches[cache].partitions if cache in cmap.caches else 1
         groups: dict[int, list[list[bytes]]] = {}
         sizes: dict[int, int] = {}
         n = 0

@@ -265,7 +265,7 @@ class StateTable:
                 self._log_exists = True
         except BaseException as e:
             self._take_back(io, fd)
-            if is_disk_full(e):
+            if isinstance(e, OSError) and is_disk_full(e):
                 raise OutOfDiskError(self.log_path, len(frame), e.strerror or "") from e
             raise
         finally:

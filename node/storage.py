@@ -16,7 +16,7 @@ import errno
 import logging
 import os
 import stat
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Sequence
 
 from checkpoint import PartitionStore
 from faults import FerryError, fileio
@@ -292,7 +292,7 @@ class CacheData:
                                "batched puts applied (counter moved under the partition lock)")
         return [c for _, _, c in ups]
 
-    def apply_many(self, p: int, updates: list[tuple[bytes, bytes | None, int]], *,
+    def apply_many(self, p: int, updates: Sequence[tuple[bytes, bytes | None, int]], *,
                    logged: bool = True) -> int:
         """Backup side / temp-WAL replay, bulk: idempotent by counter like :meth:`apply`;
         the data in one WAL batch with ONE durability wait (``PartitionStore.apply_many``),
