@@ -1,5 +1,8 @@
-"""``ferry demo`` on a cluster: 3 node processes on loopback, 200,000 indexed entries, a
-4th node joins and takes its partitions file-based while a writer keeps writing. Right
+"""``ferry demo`` on a cluster: 3 node processes on loopback, 512 MB of indexed entries
+(16 partitions of about 32 MB), a 4th node joins and takes its partitions file-based
+while a writer keeps writing. The summary sets the moves' rates (each move's over its
+transfer stage, the whole rebalance's over its wall time) beside the raw rate of this
+machine, measured in the same run (:func:`raw_sendfile_rate`). Right
 after the rebalance, with the writer still writing, Spark validates the RUNNING cluster
 (live mode: each partition's copies fetched through the transfer agents at one fenced
 counter, validation/live.py). Then the nodes stop, the demo checks the invariants on
@@ -15,9 +18,12 @@ from __future__ import annotations
 import json
 import os
 import random
+import socket
 import threading
 import time
 from typing import Any
+
+import xxhash
 
 from checkpoint import pagefile
 from indexes import IndexDefinition, IndexStore, PartitionFileSource
@@ -25,17 +31,36 @@ from node.assignment import partition_of
 from .localcluster import LocalCluster, key_of, value_of
 from node.move import FILE_STAGES
 
-from .demo_ui import DemoUI, MoveRow, move_row
+from .demo_ui import DemoUI, MoveRow, mb, move_row, rebalance_rates
 from .demo_validate import DemoSpark, session
 
 CACHE = "default"
 INDEX = IndexDefinition("by_city", "city")
+# 512 MB in 16 partitions: about 32 MB each, so a move's rate is its transfer's, not its
+# fixed costs' (prepare, demand, connecting: ~0.1 s whatever the size); 1 GB made the
+# live validation (both copies of every partition at 100 MB/s) alone take ~45 s
+ENTRIES = 8_192
+VALUE_SIZE = 65_536
+LOAD_CHUNK = 256           # entries a loading client groups by partition (a progress report each)
+RAW_MB = 256               # the raw sendfile measured beside the moves
+
+
+# the model of acknowledged writes: key -> value_hash of its value (None: removed)
+Model = dict[bytes, int | None]
+
+
+def value_hash(value: bytes) -> int:
+    """Spark's ``xxhash64(value)`` (seed 42, signed 64-bit): the ``value_hash`` of the
+    validation's expected file (validation/expected.py), so the model holds 8 bytes per
+    key instead of the value."""
+    h = xxhash.xxh64_intdigest(value, seed=42)
+    return h - (1 << 64) if h >= 1 << 63 else h
 
 
 class Writer(threading.Thread):
     """Overwrites and removes random loaded keys; a write counts once its call returned."""
 
-    def __init__(self, cluster: LocalCluster, entries: int, model: dict[bytes, bytes | None],
+    def __init__(self, cluster: LocalCluster, entries: int, model: Model,
                  seed: int = 7) -> None:
         super().__init__(name="demo-writer", daemon=True)
         self.cluster, self.entries, self.model = cluster, entries, model
@@ -59,37 +84,49 @@ class Writer(threading.Thread):
                     else:
                         value = json.dumps({"i": i, "city": "moved", "v": version}).encode()
                         c.put(CACHE, key, value)
-                        self.model[key] = value
+                        self.model[key] = value_hash(value)
                     self.writes += 1
         except BaseException as e:  # noqa: BLE001 - reported in the summary
             self.error = e
 
 
-def run_cluster_demo(root: str, *, entries: int, partitions: int, nodes: int,
-                     validate: bool, master: str, ui: DemoUI) -> dict[str, Any]:
+def run_cluster_demo(root: str, *, entries: int, value_size: int, partitions: int, nodes: int,
+                     validate: bool, master: str, ui: DemoUI, raw_mb: int = RAW_MB,
+                     protect: bool = True) -> dict[str, Any]:
     """The demo's summary (``--json``). ``validate``: both Spark validations, live
-    and offline, in one Spark session (started for the first)."""
+    and offline, in one Spark session (started for the first). ``raw_mb``: the size of
+    the raw sendfile measured beside the moves (0: not measured). ``protect``: the
+    nodes' foreground protection (``[rebalance] protect``), which paces the moves while
+    the writer writes."""
     with session(ui, master=master, jvm_log=os.path.join(root, "spark.log")) as spark:
-        return _run(root, entries=entries, partitions=partitions, nodes=nodes,
-                    spark=spark if validate else None, master=master, ui=ui)
+        return _run(root, entries=entries, value_size=value_size, partitions=partitions,
+                    nodes=nodes, spark=spark if validate else None, master=master, ui=ui,
+                    raw_mb=raw_mb, protect=protect)
 
 
-def _run(root: str, *, entries: int, partitions: int, nodes: int, spark: DemoSpark | None,
-         master: str, ui: DemoUI) -> dict[str, Any]:
+def _run(root: str, *, entries: int, value_size: int, partitions: int, nodes: int,
+         spark: DemoSpark | None, master: str, ui: DemoUI, raw_mb: int,
+         protect: bool) -> dict[str, Any]:
     t0 = time.monotonic()
-    model: dict[bytes, bytes | None] = {}
-    with LocalCluster(root, partitions=partitions, backups=1, mode="files") as c:
+    model: Model = {}
+    with LocalCluster(root, partitions=partitions, backups=1, mode="files",
+                      protect=None if protect else False) as c:
         ui.step(f"starting a local etcd (the control plane) and {nodes} nodes on loopback in {root}")
         c.start(nodes)
         ui.note(f"control plane {', '.join(c.control_plane)}; controller {c.status().get('controller')}, "
                 f"lease TTL {c.lease_ttl} s")
-        ui.step(f"loading {entries:,} entries (JSON values, index by_city)")
+        data = entries * value_size
+        ui.step(f"loading {entries:,} entries of {value_size:,} bytes ({mb(data)} in {partitions} "
+                f"partitions, about {mb(data / partitions)} each; JSON values, index by_city) "
+                f"in put_batch requests")
         t_load = time.monotonic()
         with ui.counter("entries loaded", entries) as report:
-            c.load(entries, value_size=100, progress=lambda done, total: report(done))
-        for i in range(entries):
-            model[key_of(i)] = value_of(i, 100)
+            c.load(entries, value_size=value_size, progress=lambda done, total: report(done),
+                   chunk=LOAD_CHUNK)
         t_loaded = time.monotonic()
+        for i in range(entries):
+            model[key_of(i)] = value_hash(value_of(i, value_size))
+        raw = measure_raw(ui, root, raw_mb)
 
         writer = Writer(c, entries, model)
         writer.start()
@@ -98,8 +135,13 @@ def _run(root: str, *, entries: int, partitions: int, nodes: int, spark: DemoSpa
         t_join = time.time()
         writes_before = writer.writes
         c.add_node(wait=False)
+        pacing = Pacing(f"n{nodes + 1}")
+
+        def seen(doc: dict[str, Any]) -> None:
+            pacing.see(doc)
+            view.update(*_rows(doc, ui.arrow))
         with ui.moves("partitions settled") as view:
-            c.wait_all_owning(timeout=300, progress=lambda doc: view.update(*_rows(doc, ui.arrow)))
+            c.wait_all_owning(timeout=300, progress=seen)
         t_owning = time.time()
         writes_during = writer.writes - writes_before
         time.sleep(0.5)                     # writes after OWNING go to the new owners
@@ -117,16 +159,16 @@ def _run(root: str, *, entries: int, partitions: int, nodes: int, spark: DemoSpa
     invariants["b_plus_1_owning_copies"] = all(len(o) == 2 for o in owners.values())
     invariants["every_owner_in_sync"] = all(sorted(p.get("in_sync", [])) == sorted(p["owners"])
                                             for p in status["partitions"])
-    bytes_moved = sum(_bytes(m) for m in moves)
-    move_seconds = t_owning - t_join
+    rows = [_move_row(m) for m in moves]
     summary: dict[str, Any] = {
         "flow": f"{nodes}-node cluster on loopback; node n{nodes + 1} joins; file-based moves",
         "control_plane": {"etcd": control_plane, "controller": status.get("controller"),
                           "lease_ttl_s": lease_ttl},
         "partitions_moved": len(moves),
-        "bytes_moved": bytes_moved,
-        "mb_per_s": round(bytes_moved / move_seconds / 1e6, 1) if move_seconds > 0 else None,
-        "move_seconds": round(move_seconds, 2),
+        **rebalance_rates(moves, rows),
+        "seconds_join_to_settled": round(t_owning - t_join, 2),
+        "raw": raw,
+        "pacing": pacing.summary(),
         "seconds_to_owning": {f"{m['cache']}/{m['partition']}": round(m["seconds_to_owning"], 3)
                               for m in moves},
         "stage_seconds": {f"{m['cache']}/{m['partition']}": m.get("stage_seconds", {}) for m in moves},
@@ -134,12 +176,15 @@ def _run(root: str, *, entries: int, partitions: int, nodes: int, spark: DemoSpa
         "writes_total": writer.writes,
         "load_seconds": round(t_loaded - t0, 1),       # from the start, with etcd and the nodes
         "entries": entries,
+        "value_size": value_size,
+        "data_bytes": data,
         "load_put_seconds": round(t_loaded - t_load, 1),
         "load_entries_per_s": round(entries / max(t_loaded - t_load, 1e-6)),
+        "load_mb_per_s": round(data / max(t_loaded - t_load, 1e-6) / 1e6, 1),
         "updates_buffered_in_temp_wal": sum(int(m.get("buffered") or 0) for m in moves),
         "updates_replayed": sum(int(m.get("replayed") or 0) for m in moves),
         "stages": stage_order(moves),
-        "moves": [_move_row(m) for m in moves],
+        "moves": rows,
         "invariants": invariants,
         "invariants_ok": all(invariants.values()),
         "live_validation": live,
@@ -150,9 +195,9 @@ def _run(root: str, *, entries: int, partitions: int, nodes: int, spark: DemoSpa
         ui.step(f"running the Spark validation job ({master}) against the model of acknowledged writes")
         expected = os.path.join(root, "expected.jsonl")
         with open(expected, "w") as f:
-            for k, v in model.items():
+            for k, h in model.items():
                 f.write(json.dumps({"key": k.decode(), "partition": partition_of(k, partitions),
-                                    "value": None if v is None else v.decode()}) + "\n")
+                                    "value_hash": h}) + "\n")
         dirs = sorted(os.path.join(root, d) for d in os.listdir(root)
                       if os.path.isfile(os.path.join(root, d, "node.id")))
         res = spark.validate("Spark validation", dirs, reading="reading the partition files",
@@ -166,6 +211,36 @@ def _run(root: str, *, entries: int, partitions: int, nodes: int, spark: DemoSpa
         summary["validation"] = dict(SKIPPED)
     summary["seconds"] = round(time.monotonic() - t0, 1)
     return summary
+
+
+class Pacing:
+    """What foreground protection (node/admission.py, on by default) let the joining
+    node do while its moves ran, from the ``admission`` entries of the status polls:
+    moves and transfers at once, the receive rate limit."""
+
+    def __init__(self, node: str) -> None:
+        self.node = node
+        self.samples: list[dict[str, Any]] = []
+
+    def see(self, doc: dict[str, Any]) -> None:
+        if not any(m.get("to") == self.node for m in doc.get("moves", [])):
+            return
+        self.samples += [a for a in doc.get("admission", []) if a.get("node") == self.node]
+
+    def summary(self) -> dict[str, Any] | None:
+        """None when no poll saw a move of the node running."""
+        a = self.samples
+        if not a:
+            return None
+        limits = [int(x["transfer_rate_limit"]) for x in a if x.get("transfer_rate_limit")]
+        return {"node": self.node, "polls": len(a),
+                "protect": any(bool(x.get("protect")) for x in a),
+                "move_limit": [min(int(x["move_limit"]) for x in a), max(int(x["move_limit"]) for x in a)],
+                "max_moves": max(int(x["max_moves"]) for x in a),
+                "transfers": [min(int(x["transfers"]) for x in a), max(int(x["transfers"]) for x in a)],
+                "receive_limit_mb_per_s": ([round(min(limits) / 1e6, 1), round(max(limits) / 1e6, 1)]
+                                           if limits else None),
+                "polls_unlimited": len(a) - len(limits)}
 
 
 SKIPPED: dict[str, Any] = {"passed": None, "skipped": "--no-validate"}
@@ -211,6 +286,77 @@ def live_summary(v: dict[str, Any], writes_during: int) -> dict[str, Any]:
 STAGES = FILE_STAGES
 
 
+def measure_raw(ui: DemoUI, root: str, raw_mb: int) -> dict[str, Any] | None:
+    """:func:`raw_sendfile_rate` of ``raw_mb`` MB in ``root``, as a step of the demo
+    (None when ``raw_mb`` is 0)."""
+    if raw_mb <= 0:
+        return None
+    ui.step(f"measuring this machine's raw rate: sendfile of {raw_mb} MB over loopback into a file")
+    raw = raw_sendfile_rate(root, raw_mb * 1_000_000)
+    ui.note(f"raw sendfile: {mb(raw['bytes'])} in {raw['seconds']} s ({raw['mb_per_s']} MB/s)")
+    return raw
+
+
+RAW_METHOD = "raw sendfile over loopback into a file (no fsync)"
+
+
+def raw_sendfile_rate(folder: str, size: int) -> dict[str, Any]:
+    """The floor a file move is compared with: a file of ``size`` bytes (just written,
+    in the page cache like a freshly checkpointed partition) sent with ``sendfile`` to a
+    socket on loopback, received into another file (recv + write, no fsync, like a
+    move's transfer stage: its fsync is in install). No protocol, no hashing, no
+    snapshot; both files are deleted. ``seconds`` = first byte sent to last byte
+    written."""
+    src, dst = os.path.join(folder, "raw-sendfile.src"), os.path.join(folder, "raw-sendfile.dst")
+    block = os.urandom(1 << 20)
+    try:
+        with open(src, "wb") as f:
+            left = size
+            while left > 0:
+                left -= f.write(block[:min(left, len(block))])
+        with socket.create_server(("127.0.0.1", 0)) as srv:
+            port = srv.getsockname()[1]
+            failed: list[BaseException] = []
+
+            def send() -> None:
+                try:
+                    with socket.create_connection(("127.0.0.1", port)) as s, open(src, "rb") as f:
+                        off = 0
+                        while off < size:
+                            off += os.sendfile(s.fileno(), f.fileno(), off, size - off)
+                except BaseException as e:  # noqa: BLE001 - reported below
+                    failed.append(e)
+
+            sender = threading.Thread(target=send, name="demo-raw-sendfile", daemon=True)
+            t0 = time.perf_counter()
+            sender.start()
+            conn, _ = srv.accept()
+            got = 0
+            buf = bytearray(1 << 20)
+            view = memoryview(buf)
+            with conn, open(dst, "wb", buffering=0) as out:
+                while True:
+                    n = conn.recv_into(view)
+                    if not n:
+                        break
+                    chunk = view[:n]
+                    while chunk:
+                        chunk = chunk[out.write(chunk):]
+                    got += n
+            seconds = time.perf_counter() - t0
+            sender.join()
+        if failed:
+            raise RuntimeError(f"raw sendfile of {size} bytes failed: {failed[0]!r}")
+        if got != size:
+            raise RuntimeError(f"raw sendfile of {size} bytes: {got} received")
+    finally:
+        for path in (src, dst):
+            if os.path.exists(path):
+                os.unlink(path)
+    return {"method": RAW_METHOD, "bytes": size, "seconds": round(seconds, 4),
+            "mb_per_s": round(size / seconds / 1e6, 1)}
+
+
 def stage_order(moves: list[dict[str, Any]]) -> list[str]:
     """The stages these moves went through, in the order a move takes them (a stage
     of another mode, e.g. messages' fetch and catchup, after them)."""
@@ -231,21 +377,34 @@ def _move_row(m: dict[str, Any]) -> dict[str, Any]:
 def _rows(doc: dict[str, Any], arrow: str = "->") -> tuple[list[MoveRow], tuple[int, int]]:
     """The running moves of a status document, and (partitions settled, partitions):
     settled = exactly its ideal owners hold it, all OWNING."""
+    parts = doc.get("partitions", [])
+    primary = {(p.get("cache", CACHE), p["partition"]): p.get("primary") for p in parts}
     rows = [MoveRow(key=f"{m['cache']}/{m['partition']} {arrow} {m['to']}", stage=m["stage"],
-                    label=f"{m['cache']}/{m['partition']} {m['from'] or '?'} {arrow} {m['to']}",
+                    label=(f"{m['cache']}/{m['partition']} "
+                           f"{source_label(m.get('from'), primary.get((m['cache'], m['partition'])))}"
+                           f" {arrow} {m['to']}"),
                     bytes=int(m.get("bytes") or 0), bytes_total=int(m.get("bytes_total") or 0),
                     rate_bps=m.get("rate_bps"), eta_s=m.get("eta_s"))
             for m in doc.get("moves", [])]
-    parts = doc.get("partitions", [])
     settled = sum(1 for p in parts if set(p["states"].values()) == {"OWNING"}
                   and sorted(p["states"]) == sorted(p["owners"]))
     return rows, (settled, len(parts))
 
 
-def check_files(root: str, owners: dict[int, list[str]], model: dict[bytes, bytes | None],
+def source_label(source: str | None, primary: str | None) -> str:
+    """Where a running move's file comes from. The demander picks its supplier when
+    its transfer begins (any OWNING, in-sync copy, not only the primary); before, the
+    move is locating one and the partition's primary is what is known."""
+    if source:
+        return source
+    return f"locating (primary {primary})" if primary else "locating"
+
+
+def check_files(root: str, owners: dict[int, list[str]], model: Model,
                 partitions: int) -> dict[str, bool]:
-    """Invariants on the partition files the stopped nodes left behind."""
-    by_part: dict[int, dict[bytes, bytes | None]] = {p: {} for p in range(partitions)}
+    """Invariants on the partition files the stopped nodes left behind (values
+    compared by :func:`value_hash`)."""
+    by_part: dict[int, Model] = {p: {} for p in range(partitions)}
     for k, v in model.items():
         by_part[partition_of(k, partitions)][k] = v
     acked_ok = agree = index_ok = True
@@ -253,11 +412,12 @@ def check_files(root: str, owners: dict[int, list[str]], model: dict[bytes, byte
         copies = []
         for n in nodes:
             path = os.path.join(root, n, "caches", CACHE, f"part-{p}.bin")
-            live = {e.key: (e.value, e.counter) for e in pagefile.iter_entries(path, include_tombstones=False)}
+            live = {e.key: (None if e.value is None else value_hash(e.value), e.counter)
+                    for e in pagefile.iter_entries(path, include_tombstones=False)}
             copies.append(live)
-            for k, v in by_part[p].items():
+            for k, h in by_part[p].items():
                 got = live.get(k)
-                if (v is None and got is not None) or (v is not None and (got is None or got[0] != v)):
+                if (h is None and got is not None) or (h is not None and (got is None or got[0] != h)):
                     acked_ok = False
             idx = IndexStore.open(os.path.join(root, n, "indexes", CACHE), [INDEX])
             try:

@@ -39,7 +39,7 @@ import click
 
 from node.move import FILE_STAGES, Move, Stage
 
-from .demo_ui import DemoUI, MovesView, MoveRow, move_row, print_summary
+from .demo_ui import DemoUI, MovesView, MoveRow, move_row, print_summary, rebalance_rates
 from .demo_ui import passed as demo_passed
 
 if TYPE_CHECKING:
@@ -171,7 +171,7 @@ def _start_supplier(root: str, secret_file: str, entries: int, partitions: int, 
 
 
 def run_demo(root: str, *, entries: int, partitions: int, move_every: int, rate: float,
-             validate: bool, master: str, ui: DemoUI) -> dict:
+             validate: bool, master: str, ui: DemoUI, raw_mb: int = 0) -> dict:
     from transfer.auth import load_secret
     from .demo_wire import DemoFrame
 
@@ -187,6 +187,8 @@ def run_demo(root: str, *, entries: int, partitions: int, move_every: int, rate:
     proc, ports = _start_supplier(root, secret_file, entries, partitions, rate, ui)
     t_loaded = time.monotonic()
     try:
+        from .cluster_demo import measure_raw
+        raw = measure_raw(ui, root, raw_mb)
         dem = DemoDemander(os.path.join(root, "demander"), secret,
                            f"127.0.0.1:{ports['transfer_port']}", ("127.0.0.1", ports["control_port"]))
         moving = [p for p in range(partitions) if p % move_every == 0]
@@ -195,7 +197,6 @@ def run_demo(root: str, *, entries: int, partitions: int, move_every: int, rate:
         dem.moving = moving
         ui.step(f"moving {len(moving)} partitions to the demander process under live writes")
         dem.call(DemoFrame.START_WRITES)
-        t_move = time.monotonic()
         with ui.moves("partitions OWNING") as view:
             stop_progress = threading.Event()
             progress = threading.Thread(target=_show_progress, args=(dem, view, stop_progress),
@@ -208,7 +209,6 @@ def run_demo(root: str, *, entries: int, partitions: int, move_every: int, rate:
                 stop_progress.set()
                 progress.join()
             view.update(*_rows(dem))
-        move_seconds = time.monotonic() - t_move
         time.sleep(0.5)                                       # writes after OWNING, direct path
         stopped = dem.call(DemoFrame.STOP_WRITES)
         dem.call(DemoFrame.SHUTDOWN)
@@ -223,14 +223,15 @@ def run_demo(root: str, *, entries: int, partitions: int, move_every: int, rate:
     dem_dir = os.path.join(root, "demander")
     ui.step("checking the invariants on both processes' files")
     invariants = check_invariants(sup_dir, dem_dir, moving)
-    bytes_moved = sum(int(m["bytes"]) for m in done)
     stages = [st.value for st in FILE_STAGES]
+    rows = [move_row(str(m["partition"]), "supplier", "demander", m["bytes"],
+                     {k: v for k, v in m["stage_seconds"].items() if k in stages},
+                     m["seconds_to_owning"], m["buffered"], m["replayed"]) for m in done]
     summary = {
         "flow": "two-process file move (supplier process -> demander process on loopback)",
         "partitions_moved": len(done),
-        "bytes_moved": bytes_moved,
-        "mb_per_s": round(bytes_moved / move_seconds / 1e6, 1) if move_seconds else None,
-        "move_seconds": round(move_seconds, 2),
+        **rebalance_rates(done, rows),
+        "raw": raw,
         "seconds_to_owning": {str(m["partition"]): m["seconds_to_owning"] for m in done},
         "stage_seconds": {str(m["partition"]): m["stage_seconds"] for m in done},
         "writes_during_move": stopped["writes"],
@@ -240,9 +241,7 @@ def run_demo(root: str, *, entries: int, partitions: int, move_every: int, rate:
         "load_put_seconds": round(t_loaded - t0, 1),
         "load_entries_per_s": round(entries / max(t_loaded - t0, 1e-6)),
         "stages": stages,
-        "moves": [move_row(str(m["partition"]), "supplier", "demander", m["bytes"],
-                           {k: v for k, v in m["stage_seconds"].items() if k in stages},
-                           m["seconds_to_owning"], m["buffered"], m["replayed"]) for m in done],
+        "moves": rows,
         "invariants": invariants,
         "invariants_ok": all(invariants.values()),
     }
@@ -316,7 +315,17 @@ def check_invariants(sup_dir: str, dem_dir: str, moved: list[int]) -> dict[str, 
 @click.command("demo")
 @click.option("--dir", "root", type=click.Path(file_okay=False), default=None,
               help="Work folder (default: a fresh one under ./demo-run/).")
-@click.option("--entries", default=200_000, show_default=True, help="Entries loaded before the move.")
+@click.option("--entries", type=int, default=None,
+              help="Entries loaded before the move (default: 8,192 of 64 KiB, 512 MB, in the "
+                   "cluster; 200,000 with --two-process).")
+@click.option("--value-size", type=int, default=None,
+              help="Bytes per loaded value (cluster; default 65,536 with the default "
+                   "--entries, else 100).")
+@click.option("--raw-mb", type=click.IntRange(min=0), default=256, show_default=True,
+              help="MB of the raw sendfile over loopback measured beside the moves (0: none).")
+@click.option("--no-protect", is_flag=True,
+              help="Cluster: turn the nodes' foreground protection off ([rebalance] protect), "
+                   "so the moves are not paced while the writer writes.")
 @click.option("--partitions", default=16, show_default=True)
 @click.option("--nodes", default=3, show_default=True, help="Nodes before the join (cluster mode).")
 @click.option("--two-process", is_flag=True,
@@ -329,15 +338,17 @@ def check_invariants(sup_dir: str, dem_dir: str, moved: list[int]) -> dict[str, 
 @click.option("--master", default="local[2]", show_default=True, help="Spark master for validation.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--keep", is_flag=True, help="Keep the work folder.")
-def demo(root: str | None, entries: int, partitions: int, nodes: int, two_process: bool,
-         move_every: int, rate: float, no_validate: bool, master: str, as_json: bool,
-         keep: bool) -> None:
+def demo(root: str | None, entries: int | None, value_size: int | None, raw_mb: int,
+         no_protect: bool, partitions: int, nodes: int, two_process: bool, move_every: int, rate: float,
+         no_validate: bool, master: str, as_json: bool, keep: bool) -> None:
     """Rebalance a live cluster file-based and validate it with Spark.
 
-    Starts 3 node processes on loopback, loads 200,000 indexed entries, adds a 4th node
-    and moves its partitions file-based while a writer keeps writing, validates the
-    running cluster with Spark (live mode, the writer still writing), then checks the
-    invariants on every node's files and runs the Spark validation job on them.
+    Starts 3 node processes on loopback, loads 512 MB of indexed entries (16 partitions
+    of about 32 MB), measures a raw sendfile over loopback, adds a 4th node and moves its
+    partitions file-based while a writer keeps writing, validates the running cluster
+    with Spark (live mode, the writer still writing), then checks the invariants on
+    every node's files and runs the Spark validation job on them. The summary gives
+    each move's rate, the whole rebalance's, and the raw rate beside them.
     Exit 0 only when every invariant holds and both validations pass."""
     ui = DemoUI(quiet=as_json)
     if root is None:
@@ -348,12 +359,17 @@ def demo(root: str | None, entries: int, partitions: int, nodes: int, two_proces
     os.makedirs(root, exist_ok=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if two_process:
-        summary = run_demo(root, entries=entries, partitions=partitions, move_every=move_every,
-                           rate=rate, validate=not no_validate, master=master, ui=ui)
+        summary = run_demo(root, entries=200_000 if entries is None else entries,
+                           partitions=partitions, move_every=move_every, rate=rate,
+                           validate=not no_validate, master=master, ui=ui, raw_mb=raw_mb)
     else:
-        from .cluster_demo import run_cluster_demo
-        summary = run_cluster_demo(root, entries=entries, partitions=partitions, nodes=nodes,
-                                   validate=not no_validate, master=master, ui=ui)
+        from .cluster_demo import ENTRIES, VALUE_SIZE, run_cluster_demo
+        if value_size is None:
+            value_size = VALUE_SIZE if entries is None else 100
+        summary = run_cluster_demo(root, entries=ENTRIES if entries is None else entries,
+                                   value_size=value_size, partitions=partitions, nodes=nodes,
+                                   validate=not no_validate, master=master, ui=ui, raw_mb=raw_mb,
+                                   protect=not no_protect)
     summary["dir"] = root
     ok = demo_passed(summary)
     if as_json:

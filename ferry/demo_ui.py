@@ -10,6 +10,7 @@ without colour. ``--json`` silences the progress; the summary is then the JSON o
 from __future__ import annotations
 
 import os
+import statistics
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -272,10 +273,12 @@ def _summary(ui: DemoUI, s: dict[str, Any]) -> None:
         facts.add_row("control plane", f"etcd {escape(str(cp['etcd']))}, controller {cp['controller']}, "
                                        f"lease TTL {cp['lease_ttl_s']} s")
     if "load_put_seconds" in s:
-        facts.add_row("load", f"{s['entries']:,} entries in {s['load_put_seconds']} s "
-                              f"({s['load_entries_per_s']:,}/s)")
-    facts.add_row("rebalance", f"{s['partitions_moved']} partitions moved, {mb(s['bytes_moved'])} "
-                               f"in {s['move_seconds']} s ({s['mb_per_s']} MB/s)")
+        load = f"{s['entries']:,} entries in {s['load_put_seconds']} s ({s['load_entries_per_s']:,}/s"
+        if "data_bytes" in s:
+            load += f", {mb(s['data_bytes'])} of values, {s['load_mb_per_s']} MB/s"
+        facts.add_row("load", load + ")")
+    for name, text in rate_lines(s):
+        facts.add_row(name, text)
     writes = f"{s['writes_during_move']:,} during the moves"
     if "updates_replayed" in s:
         writes += (f" ({s['updates_buffered_in_temp_wal']:,} buffered in temp WALs, "
@@ -302,6 +305,88 @@ def _summary(ui: DemoUI, s: dict[str, Any]) -> None:
     ok = passed(s)
     verdict = "[bold green]all invariants hold[/]" if ok else "[bold red]FAILED[/]"
     out.print(f"[bold]total[/] {s['seconds']} s: {verdict}")
+
+
+def rate_lines(s: dict[str, Any]) -> list[tuple[str, str]]:
+    """The summary's rates, as (name, text) rows: the whole rebalance over its wall
+    time, each move over its transfer stage, and the raw rate of this machine measured
+    in the same run with what each is of it."""
+    lines = []
+    rebalance = (f"{s['partitions_moved']} partitions, {mb(s['bytes_moved'])} moved in "
+                 f"{s['rebalance_seconds']:.2f} s wall (first move's start to last OWNING): "
+                 f"{_rate(s['rebalance_mb_per_s'])}")
+    if s.get("seconds_join_to_settled") is not None:
+        rebalance += f"; all settled {s['seconds_join_to_settled']} s after the join"
+    lines.append(("rebalance", rebalance))
+    t = s.get("transfer_mb_per_s")
+    if t:
+        lines.append(("per move", f"{_rate(t['min'])} to {_rate(t['max'])}, median {_rate(t['median'])}: "
+                                  f"each move's bytes over its transfer stage; up to "
+                                  f"{s['moves_at_once']} moves at once"))
+    raw = s.get("raw")
+    if raw:
+        line = (f"{_rate(raw['mb_per_s'])}: {raw['method']}, {mb(raw['bytes'])} in {raw['seconds']:.2f} s, "
+                f"this run")
+        ratios = [f"{what} {_share(value, raw['mb_per_s'])}" for what, value in
+                  (("the median move at", (t or {}).get("median")),
+                   ("the whole rebalance at", s.get("rebalance_mb_per_s")))
+                  if value and raw["mb_per_s"]]
+        if ratios:
+            line += "; " + ", ".join(ratios) + " of it"
+        lines.append(("raw", line))
+    pacing = s.get("pacing")
+    if pacing:
+        lines.append(("pacing", pacing_line(pacing)))
+    return lines
+
+
+def pacing_line(p: dict[str, Any]) -> str:
+    """What foreground protection let the joining node do (cluster_demo.Pacing)."""
+    if not p["protect"]:
+        return f"foreground protection off on {p['node']}: moves not paced"
+    lo, hi = p["move_limit"]
+    text = (f"foreground protection on (a writer was writing): {p['node']} allowed "
+            f"{lo if lo == hi else f'{lo}-{hi}'} {'move' if hi == 1 else 'moves'} at once "
+            f"(at most {p['max_moves']})")
+    limit = p.get("receive_limit_mb_per_s")
+    if limit:
+        text += f", receive limit {_rate(limit[0]) if limit[0] == limit[1] else f'{limit[0]:,.1f}-{_rate(limit[1])}'}"
+        if p["polls_unlimited"]:
+            text += f" (none at {p['polls_unlimited']} of {p['polls']} polls)"
+    else:
+        text += ", no receive limit"
+    return text
+
+
+def _share(part: float, whole: float) -> str:
+    pct = 100 * part / whole
+    return f"{pct:.1f}%" if pct < 10 else f"{pct:.0f}%"
+
+
+def _rate(mb_per_s: float | None) -> str:
+    return f"{mb_per_s:,.1f} MB/s" if mb_per_s is not None else "- MB/s"
+
+
+def rebalance_rates(moves: list[dict[str, Any]], rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The rates of finished moves: ``moves`` as ``moves_done`` reports them
+    (``finished``: wall-clock time, ``seconds_to_owning``), ``rows`` the same moves as
+    :func:`move_row` made them. ``rebalance_seconds``: the first move's start to the
+    last one's OWNING; ``rebalance_mb_per_s``: the bytes over that;
+    ``transfer_mb_per_s``: min, median and max of the moves' own rates (bytes over
+    the transfer stage); ``moves_at_once``: the most moves running at one time."""
+    nbytes = sum(int(r["bytes"]) for r in rows)
+    spans = [(float(m["finished"]) - float(m["seconds_to_owning"]), float(m["finished"])) for m in moves]
+    wall = max(e for _, e in spans) - min(b for b, _ in spans) if spans else 0.0
+    rates = sorted(r["mb_per_s"] for r in rows if r.get("mb_per_s"))
+    running = most = 0
+    for _, delta in sorted([(b, 1) for b, _ in spans] + [(e, -1) for _, e in spans]):
+        running += delta
+        most = max(most, running)
+    return {"bytes_moved": nbytes, "rebalance_seconds": round(wall, 3),
+            "rebalance_mb_per_s": round(nbytes / wall / 1e6, 1) if wall > 0 else None,
+            "transfer_mb_per_s": ({"min": rates[0], "median": round(statistics.median(rates), 1),
+                                   "max": rates[-1]} if rates else None),
+            "moves_at_once": most}
 
 
 def passed(s: dict[str, Any]) -> bool:
@@ -383,7 +468,7 @@ def moves_table(ui: DemoUI, moves: list[dict[str, Any]], stages: list[str]) -> T
     t.add_column("OWNING\nafter s", justify="right", style="bold")
     for m in moves:
         secs = m.get("stage_seconds", {})
-        t.add_row(str(m["partition"]), f"{m['from']} {ui.arrow} {m['to']}",
+        t.add_row(str(m["partition"]), f"{m['from'] or 'unknown'} {ui.arrow} {m['to']}",
                   *[f"{secs[st]:.2f}" if st in secs else "" for st in stages],
                   f"{m['bytes'] / 1e6:.1f}",
                   f"{m['mb_per_s']:.1f}" if m.get("mb_per_s") else "",

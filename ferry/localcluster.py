@@ -156,7 +156,8 @@ class LocalCluster:
                  wal_sync: str = "group", index_workers: int | None = None,
                  index_offload: str | None = None, page_size: int | None = None,
                  lease_ttl: int = 3, control_plane: list[str] | None = None,
-                 stream_index: bool | None = None, caches: int = 1) -> None:
+                 stream_index: bool | None = None, caches: int = 1,
+                 protect: bool | None = None) -> None:
         self.root = os.path.abspath(root)
         os.makedirs(self.root, exist_ok=True)
         self.partitions, self.backups = partitions, backups
@@ -180,7 +181,8 @@ class LocalCluster:
                                 + ("" if index_offload is None
                                    else f"\nindex_offload = {json.dumps(index_offload)}")
                                 + ("" if stream_index is None
-                                   else f"\nstream_index = {json.dumps(stream_index)}")))
+                                   else f"\nstream_index = {json.dumps(stream_index)}")
+                                + ("" if protect is None else f"\nprotect = {json.dumps(protect)}")))
             # more caches (no index), as many partitions each: "c2", "c3", ...
             for i in range(2, caches + 1):
                 f.write(f'[[caches]]\nname = "c{i}"\npartitions = {partitions}\nbackups = {backups}\n')
@@ -248,17 +250,17 @@ class LocalCluster:
         return Client(self.seeds, secret_file=self.secret_file, timeout=timeout)
 
     def load(self, entries: int, *, value_size: int = 64, threads: int = 8, start: int = 0,
-             progress: Callable[[int, int], None] | None = None) -> int:
+             progress: Callable[[int, int], None] | None = None, chunk: int = 2048) -> int:
         """Put ``entries`` keys ``key-<i>`` (:func:`key_of`) with JSON values ``{"i",
         "city", "pad"}`` of about ``value_size`` bytes (:func:`value_of`) from
-        ``threads`` clients, in ``put_batch`` requests (``Client.put_many``).
+        ``threads`` clients, in ``put_batch`` requests (``Client.put_many``, which
+        groups each ``chunk`` of a client's entries by partition).
         ``progress(done, total)`` after each chunk."""
         done = [0]
         lock = threading.Lock()
 
         def worker(t: int) -> None:
             with self.client() as c:
-                chunk = 2048          # put_many groups each chunk by partition
                 mine = range(start + t, start + entries, threads)
                 for lo in range(0, len(mine), chunk):
                     ids = mine[lo:lo + chunk]

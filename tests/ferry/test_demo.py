@@ -6,6 +6,9 @@ import subprocess
 
 import psutil
 import pytest
+import xxhash
+
+from ferry.cluster_demo import Pacing, _rows, raw_sendfile_rate, source_label, value_hash
 
 
 def _environ(p: psutil.Process) -> dict[str, str]:
@@ -24,13 +27,73 @@ def _run_demo(py_env, python, tmp_path, *extra: str) -> tuple[subprocess.Complet
     return r, json.loads(r.stdout.strip().splitlines()[-1])
 
 
+def test_a_move_names_its_source_once_known_and_says_locating_before() -> None:
+    doc = {"moves": [{"cache": "default", "partition": 3, "from": None, "to": "n4", "stage": "prepare"},
+                     {"cache": "default", "partition": 5, "from": "n1", "to": "n4", "stage": "transfer",
+                      "bytes": 10, "bytes_total": 40}],
+           "partitions": [{"cache": "default", "partition": p, "primary": f"n{p % 3 + 1}",
+                           "owners": [f"n{p % 3 + 1}", "n4"], "states": {f"n{p % 3 + 1}": "OWNING"}}
+                          for p in range(8)]}
+    rows, settled = _rows(doc, "->")
+    assert [r.label for r in rows] == ["default/3 locating (primary n1) -> n4", "default/5 n1 -> n4"]
+    # the key that tracks a move across polls does not change when its source becomes known
+    assert [r.key for r in rows] == ["default/3 -> n4", "default/5 -> n4"]
+    assert settled == (0, 8)
+    assert source_label("n2", "n1") == "n2"             # the supplier picked, not the primary
+    assert source_label(None, None) == "locating"
+    assert all("?" not in r.label for r in rows)
+
+
+def test_pacing_records_the_joining_nodes_limits_while_its_moves_run() -> None:
+    pacing = Pacing("n4")
+
+    def adm(node: str, limit: int, rate: int) -> dict:
+        return {"node": node, "protect": True, "move_limit": limit, "max_moves": 8, "transfers": limit,
+                "transfer_rate_limit": rate}
+    move = {"cache": "default", "partition": 1, "to": "n4"}
+    pacing.see({"moves": [], "admission": [adm("n4", 8, 0)]})            # no move yet: not counted
+    pacing.see({"moves": [move], "admission": [adm("n1", 8, 0), adm("n4", 1, 31_250_000)]})
+    pacing.see({"moves": [move], "admission": [adm("n4", 2, 125_000_000)]})
+    pacing.see({"moves": [move], "admission": [adm("n4", 4, 0)]})
+    assert pacing.summary() == {"node": "n4", "polls": 3, "protect": True, "move_limit": [1, 4],
+                                "max_moves": 8, "transfers": [1, 4],
+                                "receive_limit_mb_per_s": [31.2, 125.0], "polls_unlimited": 1}
+    assert Pacing("n5").summary() is None
+
+
+def test_raw_sendfile_rate_moves_the_bytes_and_leaves_nothing(tmp_path) -> None:
+    r = raw_sendfile_rate(str(tmp_path), 3 * (1 << 20) + 123)
+    assert r["method"] == "raw sendfile over loopback into a file (no fsync)"
+    assert r["bytes"] == 3 * (1 << 20) + 123 and r["seconds"] > 0
+    assert r["mb_per_s"] == pytest.approx(r["bytes"] / r["seconds"] / 1e6, rel=0.05)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_model_holds_the_validations_value_hash() -> None:
+    # validation/expected.py: value_hash = xxh64(value, seed=42) as a signed 64-bit integer
+    for v in (b"", b"x" * 65536, b'{"i": 1, "city": "oslo"}'):
+        h = value_hash(v)
+        assert -(1 << 63) <= h < (1 << 63)
+        assert h % (1 << 64) == xxhash.xxh64_intdigest(v, seed=42)
+
+
+@pytest.mark.slow
 def test_cluster_demo_rebalances_a_join_under_writes(py_env, python, tmp_path) -> None:
-    r, s = _run_demo(py_env, python, tmp_path, "--no-validate")
+    r, s = _run_demo(py_env, python, tmp_path, "--no-validate", "--raw-mb", "16")
     assert r.returncode == 0, r.stderr
     assert s["flow"].startswith("3-node cluster")
     # rendezvous hashing: a 4th node takes about a quarter of the 16 primaries+backups
     assert 3 <= s["partitions_moved"] <= 14
     assert s["bytes_moved"] > 0
+    # the rates: the whole rebalance over its wall time, each move over its transfer
+    # stage, and the raw sendfile of this run beside them
+    assert s["rebalance_mb_per_s"] == pytest.approx(s["bytes_moved"] / s["rebalance_seconds"] / 1e6,
+                                                    rel=0.05, abs=0.1)
+    assert 0 < s["rebalance_seconds"] <= s["seconds_join_to_settled"]
+    t = s["transfer_mb_per_s"]
+    assert 0 < t["min"] <= t["median"] <= t["max"] and 1 <= s["moves_at_once"] <= s["partitions_moved"]
+    assert s["raw"]["bytes"] == 16_000_000 and s["raw"]["mb_per_s"] > 0
+    assert s["pacing"] is None or s["pacing"]["node"] == "n4"
     assert s["writes_during_move"] > 0
     # one row per move: where from, where to, seconds per stage in the order a move takes them
     assert len(s["moves"]) == s["partitions_moved"]
@@ -42,7 +105,7 @@ def test_cluster_demo_rebalances_a_join_under_writes(py_env, python, tmp_path) -
         assert set(m["stage_seconds"]) <= set(s["stages"]) and "transfer" in m["stage_seconds"], m
         assert m["bytes"] > 0 and m["seconds_to_owning"] > 0
     assert sum(m["bytes"] for m in s["moves"]) == s["bytes_moved"]
-    assert s["entries"] == 20000 and s["load_entries_per_s"] > 0
+    assert s["entries"] == 20000 and s["value_size"] == 100 and s["load_entries_per_s"] > 0
     assert s["updates_replayed"] >= 0 and s["control_plane"]["controller"] in ("n1", "n2", "n3")
     assert s["invariants_ok"] is True and all(s["invariants"].values()), s["invariants"]
     assert s["live_validation"] == {"passed": None, "skipped": "--no-validate"}
@@ -52,10 +115,13 @@ def test_cluster_demo_rebalances_a_join_under_writes(py_env, python, tmp_path) -
 
 
 def test_two_process_demo_moves_partitions_under_writes(py_env, python, tmp_path) -> None:
-    r, s = _run_demo(py_env, python, tmp_path, "--two-process", "--no-validate", "--rate", "3000")
+    r, s = _run_demo(py_env, python, tmp_path, "--two-process", "--no-validate", "--rate", "3000",
+                     "--raw-mb", "0")
     assert r.returncode == 0, r.stderr
     assert s["partitions_moved"] == 2                       # p % 4 == 0 of 8
     assert s["bytes_moved"] > 0
+    assert s["raw"] is None                                 # --raw-mb 0: not measured
+    assert s["transfer_mb_per_s"]["min"] > 0 and s["rebalance_mb_per_s"] > 0
     assert s["writes_during_move"] > 0
     assert set(s["seconds_to_owning"]) == {"0", "4"}
     # the node's move engine runs the moves: its stages, in order
@@ -82,6 +148,10 @@ def test_demo_output_off_a_terminal_is_plain_text(py_env, python, tmp_path) -> N
     assert "> moving 2 partitions to the demander process under live writes" in r.stderr
     assert "partitions OWNING: 2/2" in r.stderr
     assert "Moves: seconds per stage" in r.stdout
+    assert "> measuring this machine's raw rate: sendfile of 256 MB over loopback into a file" in r.stderr
+    text = " ".join(r.stdout.split())
+    assert "each move's bytes over its transfer stage" in text
+    assert "raw sendfile over loopback into a file (no fsync), 256.0 MB in" in text
     rows = [line.split() for line in r.stdout.splitlines() if "supplier → demander" in line]
     assert sorted(row[0] for row in rows) == ["0", "4"] and all(len(row) == 15 for row in rows), rows
     assert "  ✓ moved partitions equal the supplier's, entry by entry" in r.stdout

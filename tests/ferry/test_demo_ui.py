@@ -7,7 +7,7 @@ import re
 
 from rich.console import Console
 
-from ferry.demo_ui import DemoUI, MoveRow, passed, print_summary
+from ferry.demo_ui import DemoUI, MoveRow, move_row, pacing_line, passed, print_summary, rebalance_rates
 
 ANSI = re.compile(r"\x1b\[")
 STAGES = ["prepare", "demand", "transfer", "install", "index rebuild", "replay", "checkpoint wait"]
@@ -31,7 +31,11 @@ def summary(ok: bool = True) -> dict:
         "flow": "3-node cluster on loopback; node n4 joins; file-based moves",
         "control_plane": {"etcd": "http://127.0.0.1:2379", "controller": "n1", "lease_ttl_s": 3},
         "entries": 200_000, "load_put_seconds": 20.5, "load_entries_per_s": 9756,
-        "partitions_moved": 2, "bytes_moved": 6_600_000, "mb_per_s": 5.1, "move_seconds": 1.3,
+        "partitions_moved": 2, "bytes_moved": 6_600_000, "rebalance_seconds": 1.3,
+        "rebalance_mb_per_s": 5.1, "seconds_join_to_settled": 2.4,
+        "transfer_mb_per_s": {"min": 30.0, "median": 41.2, "max": 52.4}, "moves_at_once": 2,
+        "raw": {"method": "raw sendfile over loopback into a file (no fsync)", "bytes": 256_000_000,
+                "seconds": 0.25, "mb_per_s": 1024.0},
         "writes_during_move": 321, "writes_total": 999,
         "updates_buffered_in_temp_wal": 24, "updates_replayed": 24,
         "stages": STAGES, "moves": moves,
@@ -161,3 +165,50 @@ def test_a_live_display_tracks_each_move_to_owning() -> None:
         assert by_name["partitions settled"].completed == 7
     assert all(t.finished for t in prog.tasks if t.description != "partitions settled")
     assert "default/3 n2 -> n4" in err.getvalue() and "\x1b[" in err.getvalue()
+
+
+def test_the_summary_sets_the_rates_beside_the_raw_rate_of_the_machine() -> None:
+    ui, out, _ = plain_ui()
+    print_summary(ui, summary())
+    text = " ".join(out.getvalue().split())          # the facts wrap at 120 columns
+    assert ("rebalance 2 partitions, 6.6 MB moved in 1.30 s wall (first move's start to last OWNING): "
+            "5.1 MB/s; all settled 2.4 s after the join") in text
+    assert ("per move 30.0 MB/s to 52.4 MB/s, median 41.2 MB/s: each move's bytes over its transfer "
+            "stage; up to 2 moves at once") in text
+    assert ("raw 1,024.0 MB/s: raw sendfile over loopback into a file (no fsync), 256.0 MB in 0.25 s, "
+            "this run; the median move at 4.0%, the whole rebalance at 0.5% of it") in text
+    # without a raw measurement (--raw-mb 0) the line is not there
+    ui, out, _ = plain_ui()
+    print_summary(ui, summary() | {"raw": None})
+    assert "raw " not in out.getvalue() and "per move" in out.getvalue()
+
+
+def test_rebalance_rates_are_over_the_moves_wall_time_and_each_transfer_stage() -> None:
+    # three moves: 0-2 s, 1-3 s and 4-5 s (finished, seconds_to_owning), wall clock
+    moves = [{"finished": 1000.0 + end, "seconds_to_owning": end - start}
+             for start, end in ((0.0, 2.0), (1.0, 3.0), (4.0, 5.0))]
+    rows = [move_row(f"default/{i}", "n1", "n4", 40_000_000, {"prepare": 0.1, "transfer": t},
+                     1.0, 0, 0) for i, t in enumerate((0.5, 1.0, 2.0))]
+    assert [r["mb_per_s"] for r in rows] == [80.0, 40.0, 20.0]
+    r = rebalance_rates(moves, rows)
+    assert r == {"bytes_moved": 120_000_000, "rebalance_seconds": 5.0, "rebalance_mb_per_s": 24.0,
+                 "transfer_mb_per_s": {"min": 20.0, "median": 40.0, "max": 80.0}, "moves_at_once": 2}
+    # no move: no rate, not a division by zero
+    assert rebalance_rates([], []) == {"bytes_moved": 0, "rebalance_seconds": 0.0,
+                                       "rebalance_mb_per_s": None, "transfer_mb_per_s": None,
+                                       "moves_at_once": 0}
+
+
+def test_the_pacing_line_says_what_foreground_protection_allowed() -> None:
+    p = {"node": "n4", "polls": 40, "protect": True, "move_limit": [1, 2], "max_moves": 8,
+         "transfers": [1, 2], "receive_limit_mb_per_s": [31.3, 250.0], "polls_unlimited": 3}
+    assert pacing_line(p) == ("foreground protection on (a writer was writing): n4 allowed 1-2 moves "
+                              "at once (at most 8), receive limit 31.3-250.0 MB/s (none at 3 of 40 polls)")
+    assert pacing_line(p | {"move_limit": [8, 8], "receive_limit_mb_per_s": None}) == (
+        "foreground protection on (a writer was writing): n4 allowed 8 moves at once (at most 8), "
+        "no receive limit")
+    assert "n4 allowed 1 move at once (at most 8)" in pacing_line(p | {"move_limit": [1, 1]})
+    assert pacing_line(p | {"protect": False}) == "foreground protection off on n4: moves not paced"
+    ui, out, _ = plain_ui()
+    print_summary(ui, summary() | {"pacing": p})
+    assert "pacing         foreground protection on" in out.getvalue()
