@@ -15,7 +15,6 @@ import os
 import threading
 import time
 import uuid
-from http.server import HTTPServer
 
 from faults import fileio
 
@@ -25,6 +24,7 @@ from .cluster_map import ClusterMap
 from .config import NodeConfig
 from .context import Events, MapHolder, MoveTable, NodeContext, PartitionLocks, Replication
 from .errors import BadRequest, DataDirLocked, NodeError
+from .jsonvalue import JsonDoc
 from .membership import SETTINGS, ControlPlane, require_control_plane
 from .move import STAGES
 from .ports import Handler
@@ -107,7 +107,7 @@ class Node:
         log.info("stage=recovery node=%s recovered %d cache(s) in %.2fs", cfg.id,
                  len(data), time.monotonic() - t0)
         self.server: RpcServer | None = None
-        self.http: HTTPServer | None = None
+        self.http: metrics_mod.MetricsServer | None = None
         self.watcher: Watcher | None = None
         self.live_validation = LiveValidation.of(ctx, self.updates.leads)   # docs/validation.md
         self.handlers: dict[str, Handler] = {
@@ -211,7 +211,7 @@ class Node:
                 "lease_valid": ctx.lease_valid(),
                 "settings": {name: getattr(ctx.cfg, fld) for name, fld in SETTINGS.items()}}
 
-    def op_get_map(self, start: int = 0, count: int | None = None) -> dict[str, object]:
+    def op_get_map(self, start: int = 0, count: int | None = None) -> JsonDoc:
         """The map, or one page of its partitions (``ClusterMap.fetch`` reads them all);
         at most ClusterMap.PAGE partitions per reply, whatever is asked."""
         if not isinstance(start, int) or start < 0 or (count is not None and (not isinstance(count, int) or count < 0)):

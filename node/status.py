@@ -29,7 +29,7 @@ def collect(pool: Pool, seed: str) -> dict[str, Any]:
                 admission.append(pool.call(mem.address, "admission", timeout=5.0))
             except NodeError:
                 pass       # an older node, or one stopping
-    partitions = []
+    partitions: list[dict[str, Any]] = []
     for cache, plist in m.states.items():
         for p, st in enumerate(plist):
             live = {n: s for n, s in st.items() if n in m.members and m.members[n].alive}
