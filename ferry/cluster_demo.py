@@ -116,9 +116,8 @@ def _run(root: str, *, entries: int, value_size: int, partitions: int, nodes: in
         ui.note(f"control plane {', '.join(c.control_plane)}; controller {c.status().get('controller')}, "
                 f"lease TTL {c.lease_ttl} s")
         data = entries * value_size
-        ui.step(f"loading {entries:,} entries of {value_size:,} bytes ({mb(data)} in {partitions} "
-                f"partitions, about {mb(data / partitions)} each; JSON values, index by_city) "
-                f"in put_batch requests")
+        ui.step(f"loading {entries:,} entries of {value_size:,} bytes: {mb(data)}, {partitions} "
+                f"partitions of about {mb(data / partitions)} (JSON values, index by_city)")
         t_load = time.monotonic()
         with ui.counter("entries loaded", entries) as report:
             c.load(entries, value_size=value_size, progress=lambda done, total: report(done),
@@ -293,7 +292,7 @@ def measure_raw(ui: DemoUI, root: str, raw_mb: int) -> dict[str, Any] | None:
         return None
     ui.step(f"measuring this machine's raw rate: sendfile of {raw_mb} MB over loopback into a file")
     raw = raw_sendfile_rate(root, raw_mb * 1_000_000)
-    ui.note(f"raw sendfile: {mb(raw['bytes'])} in {raw['seconds']} s ({raw['mb_per_s']} MB/s)")
+    ui.note(f"raw sendfile: {mb(raw['bytes'])} in {raw['seconds']:.2f} s ({raw['mb_per_s']:,.1f} MB/s)")
     return raw
 
 

@@ -320,9 +320,10 @@ def rate_lines(s: dict[str, Any]) -> list[tuple[str, str]]:
     lines.append(("rebalance", rebalance))
     t = s.get("transfer_mb_per_s")
     if t:
+        at_once = ("one move at a time" if s["moves_at_once"] <= 1
+                   else f"up to {s['moves_at_once']} moves at once")
         lines.append(("per move", f"{_rate(t['min'])} to {_rate(t['max'])}, median {_rate(t['median'])}: "
-                                  f"each move's bytes over its transfer stage; up to "
-                                  f"{s['moves_at_once']} moves at once"))
+                                  f"each move's bytes over its transfer stage; {at_once}"))
     raw = s.get("raw")
     if raw:
         line = (f"{_rate(raw['mb_per_s'])}: {raw['method']}, {mb(raw['bytes'])} in {raw['seconds']:.2f} s, "

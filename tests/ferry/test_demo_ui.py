@@ -177,6 +177,9 @@ def test_the_summary_sets_the_rates_beside_the_raw_rate_of_the_machine() -> None
             "stage; up to 2 moves at once") in text
     assert ("raw 1,024.0 MB/s: raw sendfile over loopback into a file (no fsync), 256.0 MB in 0.25 s, "
             "this run; the median move at 4.0%, the whole rebalance at 0.5% of it") in text
+    ui, out, _ = plain_ui()
+    print_summary(ui, summary() | {"moves_at_once": 1})
+    assert "transfer stage; one move at a time" in " ".join(out.getvalue().split())
     # without a raw measurement (--raw-mb 0) the line is not there
     ui, out, _ = plain_ui()
     print_summary(ui, summary() | {"raw": None})
