@@ -13,12 +13,16 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 from .assignment import owners, ranked
 from .config import CacheConfig
 from .jsonvalue import Json, JsonDoc
 from .placement import Placement
 from .states import State
+
+if TYPE_CHECKING:
+    from .schema import BadRecord
 
 PartKey = tuple[str, int]
 
@@ -59,25 +63,10 @@ class PartRecord:
 
     @classmethod
     def parse(cls, d: Json) -> "PartRecord":
-        """Strict: a record as the controller writes it, else ValueError saying why."""
-        if not isinstance(d, dict):
-            raise ValueError("a partition record must be an object")
-        prim = d.get("primary")
-        if prim is not None and not isinstance(prim, str):
-            raise ValueError(f"primary {prim!r} is not a node id"[:120])
-        isr = d.get("isr", [])
-        if not isinstance(isr, list) or not all(isinstance(x, str) for x in isr):
-            raise ValueError("isr is not a list of node ids")
-        ints = []
-        for f in ("epoch", "term"):
-            v = d.get(f, 0)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise ValueError(f"{f} {v!r} is not a non-negative integer"[:120])
-            ints.append(v)
-        lost = d.get("lost", False)
-        if not isinstance(lost, bool):
-            raise ValueError("lost is not a boolean")
-        return cls(prim, tuple(isr), ints[0], lost, ints[1])
+        """Strict: a record as the controller writes it, else ValueError saying why
+        (the checks are node/schema.py's)."""
+        from .schema import record_fields
+        return cls(*record_fields(d))
 
 
 class ClusterMap:
@@ -100,6 +89,8 @@ class ClusterMap:
         self.pins: dict[str, dict[int, list[str]]] = {c.name: {} for c in caches.values()}
         # the mod revision of each record (0: none), for the controller's compare-and-swap
         self.rec_mod: dict[str, list[int]] = {c.name: [0] * c.partitions for c in caches.values()}
+        # records in etcd that are malformed (node/schema.py): the controller rewrites them
+        self.garbage: dict[PartKey, BadRecord] = {}
         self.creator: str | None = None        # the node that created the cluster (P/meta)
         self.initial_members: tuple[str, ...] = ()   # a new cluster's initial members (P/meta)
         # node -> partitions it reported or a record names (a superset: used to find the
@@ -312,6 +303,7 @@ class ClusterMap:
         m.counters = {c: [dict(x) for x in lst] for c, lst in self.counters.items()}
         m.parts = {c: list(lst) for c, lst in self.parts.items()}
         m.rec_mod = {c: list(lst) for c, lst in self.rec_mod.items()}
+        m.garbage = dict(self.garbage)
         m.pins = {c: {p: list(o) for p, o in d.items()} for c, d in self.pins.items()}
         m.node_parts = {n: set(s) for n, s in self.node_parts.items()}
         m.moves = list(self.moves)

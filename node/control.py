@@ -63,17 +63,29 @@ class KV:
     mod: int            # mod_revision
     create: int         # create_revision
     lease: int
+    bad: str = ""       # why the value is not JSON ("" when it is): node/schema.py refuses it
+
+
+def _decode(raw: bytes) -> tuple[Json, str]:
+    """(the JSON value, "") or (None, why it is not JSON). Never raises: a value nested
+    deeper than the parser's recursion limit is refused like any other garbage."""
+    if not raw:
+        return None, "empty value, not JSON"
+    try:
+        return json.loads(raw), ""
+    except RecursionError:
+        return None, f"not JSON: nested too deep ({len(raw)} bytes)"
+    except ValueError as e:
+        return None, f"not JSON ({str(e)[:80]})"
 
 
 def _kv(item: JsonDoc) -> tuple[str, KV]:
-    raw = _unb64(item.get("value", ""))
-    try:
-        val = json.loads(raw) if raw else None
-    except ValueError:
-        val = None
-    return (_unb64(item["key"]).decode(),
+    val, bad = _decode(_unb64(item.get("value", "")))
+    # a key that is not UTF-8 keeps its bytes visible (and distinct); it matches no
+    # key the nodes read, so it is ignored
+    return (_unb64(item["key"]).decode("utf-8", "backslashreplace"),
             KV(val, int(item.get("mod_revision", 0)), int(item.get("create_revision", 0)),
-               int(item.get("lease", 0))))
+               int(item.get("lease", 0)), bad))
 
 
 def _chain_text(e: BaseException | None) -> str:
@@ -400,6 +412,7 @@ class View:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.reloads = 0
+        self.snapshot = False     # True while on_change delivers a load, not watch events
 
     def _sub(self, key: str) -> str:
         rest = key[len(self.prefix) + 1:]
@@ -425,7 +438,13 @@ class View:
                 self._set(k, v)
             self.revision = rev
             self.reloads += 1
-        self.on_change(events)
+        # a load delivers values, not the history between them: a consumer that needs
+        # to know whether it saw every change of a key reads ``snapshot`` (True here)
+        self.snapshot = True
+        try:
+            self.on_change(events)
+        finally:
+            self.snapshot = False
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="control-watch", daemon=True)

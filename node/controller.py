@@ -25,10 +25,12 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING
 
 from .assignment import owners, ranked
+from . import schema
 from .cluster_map import ClusterMap, PartRecord
 from .config import CacheConfig
 from .control import KV, Etcd, View
@@ -96,7 +98,16 @@ class Controller:
 
     def _record(self, cache: str, p: int) -> tuple[PartRecord | None, int]:
         kv = self.view.get(part_key(self.prefix, cache, p))
-        return (PartRecord.from_json(kv.value), kv.mod) if kv else (None, 0)
+        return (self._parsed(kv, part_key(self.prefix, cache, p)), kv.mod) if kv else (None, 0)
+
+    @staticmethod
+    def _parsed(kv: KV, key: str) -> PartRecord:
+        """A record read from etcd; a malformed one reads as none (and is logged once)."""
+        try:
+            return schema.record(key, kv)
+        except schema.Malformed as e:
+            schema.log_malformed(e, "read as no record", log)
+            return PartRecord()
 
     # -- the periodic decision ----------------------------------------------------
     def decide(self) -> int:
@@ -120,8 +131,18 @@ class Controller:
                     n += 1
                     mod = m.rec_mod[cache][p]
                     rec = m.parts[cache][p] if mod else None
-                    new = self._next(cache, p, rec, members, self._owning_of(m, cache, p),
-                                     m.creator, m.initial_members)
+                    bad = m.garbage.get((cache, p))
+                    if bad is not None and not bad.known:
+                        # malformed, and this map never held the record it replaced
+                        owning = {n: m.counters[cache][p].get(n, 0) for n in self._owning_of(m, cache, p)}
+                        new, later = schema.rebuild_record(cache, p, bad, owning, time.monotonic())
+                        if later:
+                            self._unborn.add((cache, p))
+                    else:
+                        new = self._next(cache, p, rec, members, self._owning_of(m, cache, p),
+                                         m.creator, m.initial_members)
+                        if new is None and bad is not None and rec is not None:
+                            new = replace(rec, epoch=rec.epoch + 1)   # malformed: rewritten as it was
                     if new is not None:
                         writes.append((part_key(self.prefix, cache, p), mod, new, rec))
                 self.rounds += 1
@@ -253,36 +274,28 @@ class Controller:
         """(request key, its mod, record key, the record's mod, the new record, what it
         does) of one request, checked against the map; raises what refuses it."""
         full = f"{self.prefix}/requests/{key}"
-        req = kv.value if isinstance(kv.value, dict) else {}
-        cache, ps, node = key.split("/")
-        p = int(ps)
+        cache, p, node, req = schema.request_at(self.prefix, key, kv)
         self._check_partition(cache, p)
         rec, mod = self._current(cache, p)
         pkey = part_key(self.prefix, cache, p)
-        if req.get("op") == "alter_isr":
-            remove, add = list(req.get("remove", [])), list(req.get("add", []))
-            new = self._altered(cache, p, rec, node, int(req["term"]), remove, add)
+        if isinstance(req, schema.AlterIsr):
+            remove, add = list(req.remove), list(req.add)
+            new = self._altered(cache, p, rec, node, req.term, remove, add)
             return (full, kv.mod, pkey, mod, new,
                     f"{cache}/{p} in-sync {list(rec.isr)} -> {list(new.isr)} at {node}'s request"
                     + (f", removed {remove}" if remove else "") + (f", admitted {add}" if add else ""))
-        if req.get("op") == "set_primary":
-            previous = req.get("previous")
-            new = self._handed(cache, p, rec, node, previous if isinstance(previous, str) else None)
-            return (full, kv.mod, pkey, mod, new, f"hand-off of {cache}/{p}: primary {previous} -> {node}")
-        raise BadRequest(f"unknown request {req!r}"[:200])
+        previous = req.previous
+        new = self._handed(cache, p, rec, node, previous)
+        return (full, kv.mod, pkey, mod, new, f"hand-off of {cache}/{p}: primary {previous} -> {node}")
 
     def _apply_one(self, key: str, kv: KV) -> None:
         full = f"{self.prefix}/requests/{key}"
-        req = kv.value if isinstance(kv.value, dict) else {}
-        cache, ps, node = key.split("/")
-        p = int(ps)
-        if req.get("op") == "alter_isr":
-            self.alter_isr(cache, p, node, int(req["term"]), list(req.get("remove", [])),
-                           list(req.get("add", [])), req_key=full, req_mod=kv.mod)
-        elif req.get("op") == "set_primary":
-            self.set_primary(cache, p, node, req.get("previous"), req_key=full, req_mod=kv.mod)
+        cache, p, node, req = schema.request_at(self.prefix, key, kv)
+        if isinstance(req, schema.AlterIsr):
+            self.alter_isr(cache, p, node, req.term, list(req.remove), list(req.add), req_key=full,
+                           req_mod=kv.mod)
         else:
-            raise BadRequest(f"unknown request {req!r}"[:200])
+            self.set_primary(cache, p, node, req.previous, req_key=full, req_mod=kv.mod)
 
     def _current(self, cache: str, p: int) -> tuple[PartRecord, int]:
         """p's record and its mod revision as this controller's map shows it."""
@@ -326,7 +339,7 @@ class Controller:
         key = part_key(self.prefix, cache, p)
         with self.lock:
             kv = self.etcd.get(key)
-            rec = PartRecord.from_json(kv.value) if kv else PartRecord()
+            rec = self._parsed(kv, key) if kv else PartRecord()
             new = self._altered(cache, p, rec, primary, term, remove, add)
             isr = new.isr
             ok, _ = self.etcd.txn([self._guard(), Etcd.mod_is(key, kv.mod if kv else 0)] + req,
@@ -352,7 +365,7 @@ class Controller:
         key = part_key(self.prefix, cache, p)
         with self.lock:
             kv = self.etcd.get(key)
-            rec = PartRecord.from_json(kv.value) if kv else PartRecord()
+            rec = self._parsed(kv, key) if kv else PartRecord()
             new = self._handed(cache, p, rec, node, previous)
             ok, _ = self.etcd.txn([self._guard(), Etcd.mod_is(key, kv.mod if kv else 0)] + req,
                                   [(key, new.to_json(), 0)], [req_key] if req_key else [])
@@ -368,14 +381,22 @@ class Controller:
         if self.live is not None:
             with self.live.lock:
                 return {n: mem.leaving for n, mem in self.live.map.members.items()}
-        return {k: bool(v.value.get("leaving")) for k, v in self.view.items("members")
-                if isinstance(v.value, dict)}
+        out = {}
+        for k, v in self.view.items("members"):
+            try:
+                out[k] = schema.member(f"{self.prefix}/members/{k}", v).leaving
+            except schema.Malformed:
+                pass                     # not a member (the map logs it)
+        return out
 
     def _is_member(self, node: str) -> bool:
         if self.live is not None:
             return node in self.live.map.members        # one dict lookup: no lock needed
         kv = self.view.get(f"{self.prefix}/members/{node}")
-        return kv is not None and isinstance(kv.value, dict)
+        try:
+            return kv is not None and bool(schema.member(f"{self.prefix}/members/{node}", kv))
+        except schema.Malformed:
+            return False
 
     def _owning_now(self, cache: str, p: int) -> set[str]:
         if self.live is not None:

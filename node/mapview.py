@@ -14,15 +14,19 @@ holds (``P/reports/<id>`` with ``{"caches": {cache: {p: [state, counter]}}}`` is
 too); ``P/parts/<cache>/<p>`` the controller's record; ``P/pins/<cache>/<p>`` a plan's
 owners; ``P/controller`` the elected controller; ``P/settings/<name>`` live cluster
 settings; ``P/requests/...`` requests to the controller still pending; ``P/meta`` the
-cluster's creation record. A malformed value is logged (key, revision, why) and
-treated as absent, never fatal.
+cluster's creation record. Every value is parsed by :mod:`node.schema`; a malformed
+one is logged once per (key, revision) and treated as absent, never fatal, except a
+partition record: the map keeps the valid record it replaced when it saw that one, and
+the controller rewrites the key (``ClusterMap.garbage``).
 """
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from . import schema
 from .cluster_map import ClusterMap, Member, PartKey, PartRecord
 from .config import CacheConfig
 from .control import KV
@@ -41,19 +45,11 @@ class Delta:
     requests: bool = False
     # (cache, p, record before, record now) of every changed record
     records: list[tuple[str, int, PartRecord, PartRecord]] = field(default_factory=list)
+    garbage: list[PartKey] = field(default_factory=list)    # records that went malformed
 
 
-class Malformed(ValueError):
-    pass
-
-
-def _report_entry(st: object) -> tuple[str, int]:
-    if not isinstance(st, list) or len(st) < 2 or not isinstance(st[0], str):
-        raise Malformed(f"a report entry must be [state, counter], not {st!r}"[:160])
-    c = st[1]
-    if isinstance(c, bool) or not isinstance(c, int):
-        raise Malformed(f"counter {c!r} is not an integer"[:120])
-    return st[0], c
+class _Skip(ValueError):
+    """A key under the prefix that names no partition of this node's caches."""
 
 
 class MapBuilder:
@@ -64,18 +60,19 @@ class MapBuilder:
         self.settings: dict[str, Json] = {}
         self.requests: set[str] = set()
         # whole-document reports: node -> the entries that key contributed
-        self._docs: dict[str, dict[PartKey, tuple[str, int]]] = {}
+        self._docs: dict[str, dict[PartKey, schema.ReportEntry]] = {}
+        self._sizes = {c.name: c.partitions for c in self.map.caches.values()}
 
     # -- one key -------------------------------------------------------------------
-    def _partition(self, cache: str, ps: str) -> int:
+    def _partition(self, key: str, cache: str, ps: str) -> int:
         if cache not in self.map.caches:
-            raise Malformed(f"unknown cache {cache!r}")
-        p = int(ps)
-        if not 0 <= p < self.map.caches[cache].partitions:
-            raise Malformed(f"partition {p} out of range")
-        return p
+            raise _Skip(cache)
+        try:
+            return schema.partition_number(ps, self.map.caches[cache].partitions)
+        except ValueError as e:
+            raise schema.Malformed(key, None, str(e)) from None
 
-    def _set_state(self, node: str, cache: str, p: int, entry: tuple[str, int] | None,
+    def _set_state(self, node: str, cache: str, p: int, entry: schema.ReportEntry | None,
                    d: Delta) -> None:
         m = self.map
         if entry is None:
@@ -83,130 +80,145 @@ class MapBuilder:
                 d.parts.add((cache, p))
             m.counters[cache][p].pop(node, None)
             return
-        if m.states[cache][p].get(node) != entry[0]:
+        if m.states[cache][p].get(node) != entry.state:
             d.parts.add((cache, p))
-        m.states[cache][p][node] = entry[0]
-        m.counters[cache][p][node] = entry[1]
+        m.states[cache][p][node] = entry.state
+        m.counters[cache][p][node] = entry.counter
         m.node_parts.setdefault(node, set()).add((cache, p))
 
-    def _report_doc(self, node: str, val: Json | None, d: Delta) -> None:
-        new: dict[PartKey, tuple[str, int]] = {}
-        if val is not None:
-            if not isinstance(val, dict):
-                raise Malformed("a report must be an object")
-            reported = val.get("caches") or {}
-            if not isinstance(reported, dict):
-                raise Malformed("caches is not an object")
-            for cache, ps in reported.items():
-                if cache not in self.map.caches:
-                    continue
-                if not isinstance(ps, dict):
-                    raise Malformed(f"cache {cache}: partitions are not an object")
-                for p_s, st in ps.items():
-                    new[(cache, self._partition(cache, p_s))] = _report_entry(st)
+    def _report_doc(self, node: str, key: str, kv: KV | None, d: Delta) -> None:
+        new: dict[PartKey, schema.ReportEntry] = {}
+        bad: schema.Malformed | None = None
+        if kv is not None:
+            try:
+                new = schema.report_doc(key, kv, self._sizes)
+            except schema.Malformed as e:
+                bad = e                  # absent: the entries it gave before go too
         old = self._docs.pop(node, {})
-        for key in old.keys() - new.keys():
-            self._set_state(node, key[0], key[1], None, d)
-        for key, entry in new.items():
-            if old.get(key) != entry:
-                self._set_state(node, key[0], key[1], entry, d)
+        for k in old.keys() - new.keys():
+            self._set_state(node, k[0], k[1], None, d)
+        for k, entry in new.items():
+            if old.get(k) != entry:
+                self._set_state(node, k[0], k[1], entry, d)
         if new:
             self._docs[node] = new
+        if bad is not None:
+            raise bad
 
-    def _key(self, key: str, kv: KV | None, d: Delta) -> None:
+    def _record(self, key: str, cache: str, p: int, kv: KV | None, d: Delta, snapshot: bool) -> None:
+        """A record put or deleted. A malformed one is refused: when this map saw the
+        valid record it replaced (event by event, not in a load), that record stays,
+        else the partition reads as having none; either way the partition is in
+        ``map.garbage`` with the bad value's revision, which the controller's
+        compare-and-swap rewrites (node/controller.py, schema.rebuild_record)."""
+        m = self.map
+        old = m.parts[cache][p]
+        bad: schema.Malformed | None = None
+        if kv is None:
+            new, mod = PartRecord(), 0
+            m.garbage.pop((cache, p), None)
+        else:
+            mod = kv.mod
+            try:
+                new = schema.record(key, kv)
+                m.garbage.pop((cache, p), None)
+            except schema.Malformed as e:
+                bad = e
+                was = m.garbage.get((cache, p))
+                known = was.known if was is not None else (m.rec_mod[cache][p] != 0 and not snapshot)
+                e.action = ("kept the valid record it replaced; the controller rewrites it" if known else
+                            "no record for now; the controller rebuilds it from the copies' reports")
+                new = old if known else PartRecord()
+                m.garbage[(cache, p)] = schema.BadRecord(mod, was.since if was else time.monotonic(), known)
+                d.garbage.append((cache, p))
+                d.parts.add((cache, p))
+        m.parts[cache][p] = new
+        m.rec_mod[cache][p] = mod
+        for n in new.isr:
+            m.node_parts.setdefault(n, set()).add((cache, p))
+        if new != old:
+            d.records.append((cache, p, old, new))
+            d.parts.add((cache, p))
+        if bad is not None:
+            raise bad
+
+    def _key(self, key: str, kv: KV | None, d: Delta, snapshot: bool = False) -> None:
         m = self.map
         parts = key[len(self.head):].split("/")
         kind = parts[0]
-        val = kv.value if kv is not None else None
         if kind == "members" and len(parts) == 2:
             node = parts[1]
-            if kv is None:
+            doc: schema.MemberDoc | None = None
+            bad: schema.Malformed | None = None
+            if kv is not None:
+                try:
+                    schema.node_id(node)
+                    doc = schema.member(key, kv)
+                except schema.Malformed as e:
+                    bad = e
+                except ValueError as e:
+                    bad = schema.Malformed(key, kv.mod, str(e))
+            if doc is None:
+                # gone, or malformed: not a member (a live node puts its key back)
                 if m.members.pop(node, None) is None:
+                    if bad is not None:
+                        raise bad
                     return
             else:
-                if not isinstance(val, dict):
-                    m.members.pop(node, None)
-                    raise Malformed("a member must be an object")
-                addr = val.get("address", "")
-                if not isinstance(addr, str):
-                    raise Malformed("address is not a string")
-                m.members[node] = Member(node, addr, kv.create, True, bool(val.get("leaving")),
-                                         str(val.get("boot", "")), str(val.get("transfer", "")))
+                m.members[node] = Member(node, doc.address, kv.create if kv else 0, True, doc.leaving,
+                                         doc.boot, doc.transfer)
             d.members = True
             m.members_changes += 1
             d.parts.update(m.node_parts.get(node, ()))
-        elif kind == "reports" and len(parts) == 2:
-            self._report_doc(parts[1], val if kv is not None else None, d)
-        elif kind == "reports" and len(parts) == 4:
-            node, cache = parts[1], parts[2]
-            if cache not in m.caches:
-                return
-            p = self._partition(cache, parts[3])
-            if kv is None:
-                self._set_state(node, cache, p, None, d)
-            else:
-                try:
-                    entry = _report_entry(val)
-                except Malformed:
-                    self._set_state(node, cache, p, None, d)
-                    raise
-                self._set_state(node, cache, p, entry, d)
-        elif kind == "parts" and len(parts) == 3:
-            cache = parts[1]
-            if cache not in m.caches:
-                return
-            p = self._partition(cache, parts[2])
-            old = m.parts[cache][p]
-            bad: Malformed | None = None
-            if kv is None:
-                new, mod = PartRecord(), 0
-            else:
-                mod = kv.mod
-                try:
-                    new = PartRecord.parse(val)
-                except ValueError as e:
-                    # absent for this node; the controller sees the same and rewrites it
-                    new, bad = PartRecord(), Malformed(str(e))
-            m.parts[cache][p] = new
-            m.rec_mod[cache][p] = mod
-            for n in new.isr:
-                m.node_parts.setdefault(n, set()).add((cache, p))
-            if new != old:
-                d.records.append((cache, p, old, new))
-                d.parts.add((cache, p))
             if bad is not None:
                 raise bad
+        elif kind == "reports" and len(parts) == 2:
+            self._report_doc(parts[1], key, kv, d)
+        elif kind == "reports" and len(parts) == 4:
+            node, cache = parts[1], parts[2]
+            p = self._partition(key, cache, parts[3])
+            if kv is None:
+                self._set_state(node, cache, p, None, d)
+                return
+            try:
+                schema.node_id(node)
+                entry = schema.report_entry(key, kv)
+            except ValueError as e:
+                self._set_state(node, cache, p, None, d)       # absent
+                raise e if isinstance(e, schema.Malformed) else schema.Malformed(key, kv.mod, str(e)) from None
+            self._set_state(node, cache, p, entry, d)
+        elif kind == "parts" and len(parts) == 3:
+            cache = parts[1]
+            self._record(key, cache, self._partition(key, cache, parts[2]), kv, d, snapshot)
         elif kind == "pins" and len(parts) == 3:
             cache = parts[1]
             if cache not in m.pins:
                 return
-            p = self._partition(cache, parts[2])
+            p = self._partition(key, cache, parts[2])
+            d.parts.add((cache, p))
             if kv is None:
                 m.pins[cache].pop(p, None)
-            else:
-                if not isinstance(val, list) or not all(isinstance(x, str) for x in val):
-                    m.pins[cache].pop(p, None)
-                    raise Malformed("a pin must be a list of node ids")
-                m.pins[cache][p] = list(val)
-            d.parts.add((cache, p))
+                return
+            try:
+                m.pins[cache][p] = list(schema.pin(key, kv))
+            except schema.Malformed:
+                m.pins[cache].pop(p, None)
+                raise
         elif kind == "controller" and len(parts) == 1:
-            ctl = val.get("id") if isinstance(val, dict) else None
-            if kv is not None and not isinstance(ctl, str):
-                m.controller = None
-                raise Malformed("the controller key must name a node")
-            m.controller = ctl
             d.controller = True
+            m.controller = None
+            if kv is not None:
+                m.controller = schema.controller(key, kv).id
         elif kind == "meta" and len(parts) == 1:
-            creator = val.get("created_by") if isinstance(val, dict) else None
-            m.creator = creator if isinstance(creator, str) else None
-            initial = val.get("initial_members") if isinstance(val, dict) else None
-            m.initial_members = tuple(sorted(str(n) for n in initial)) if isinstance(initial, list) else ()
+            m.creator, m.initial_members = None, ()
+            if kv is not None:
+                meta = schema.meta(key, kv)
+                m.creator, m.initial_members = meta.created_by, meta.initial_members
         elif kind == "settings" and len(parts) == 2:
-            if kv is None:
-                self.settings.pop(parts[1], None)
-            else:
-                self.settings[parts[1]] = val
             d.settings = True
+            self.settings.pop(parts[1], None)
+            if kv is not None:
+                self.settings[parts[1]] = schema.setting(key, kv)
         elif kind == "requests":
             if kv is None:
                 self.requests.discard(key)
@@ -215,18 +227,28 @@ class MapBuilder:
             d.requests = True
 
     # -- a batch -------------------------------------------------------------------
-    def apply(self, events: Iterable[tuple[str, KV | None]], revision: int) -> Delta:
-        """Apply ``(key, KV or None)`` changes seen at ``revision``; what changed."""
+    def apply(self, events: Iterable[tuple[str, KV | None]], revision: int,
+              snapshot: bool = False) -> Delta:
+        """Apply ``(key, KV or None)`` changes seen at ``revision``; what changed.
+        ``snapshot``: the events are a load's values (``View.snapshot``), not every
+        change since the last batch. A malformed value is logged once per (key,
+        revision) and treated as node/schema.py says; it never stops the batch."""
         d = Delta()
         m = self.map
         for key, kv in events:
             if not key.startswith(self.head):
                 continue
             try:
-                self._key(key, kv, d)
-            except (Malformed, ValueError, TypeError) as e:
-                log.warning("stage=control ignoring malformed key %s (revision %s): %s", key,
-                            kv.mod if kv is not None else revision, e)
+                self._key(key, kv, d, snapshot)
+            except _Skip:
+                pass
+            except schema.Malformed as e:
+                if e.revision is None and kv is not None:
+                    e = schema.Malformed(e.key, kv.mod, e.why)
+                schema.log_malformed(e, e.action or "treated as absent", log)
+            except (ValueError, TypeError, KeyError, AttributeError) as e:    # a gap in the schema
+                schema.log_malformed(schema.Malformed(key, kv.mod if kv is not None else revision,
+                                                      f"{type(e).__name__}: {e}"), "ignored", log)
         m.epoch = max(m.epoch, revision)
         if d.members:
             m.version = max((x.order for x in m.members.values()), default=0)
@@ -250,7 +272,7 @@ def map_from_keys(kvs: Mapping[str, KV], revision: int, prefix: str,
                   caches: Iterable[CacheConfig]) -> tuple[ClusterMap, dict[str, Json], set[str]]:
     """(the map at ``revision``, the cluster settings, the pending request keys)."""
     b = MapBuilder(prefix, caches)
-    b.apply(kvs.items(), revision)
+    b.apply(kvs.items(), revision, snapshot=True)
     b.map.epoch = revision
     return b.map, b.settings, b.requests
 

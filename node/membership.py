@@ -14,6 +14,7 @@ import threading
 import time
 from typing import Callable
 
+from . import schema
 from .cluster_map import PartRecord
 from .config import NodeConfig, apply_each
 from .context import NodeContext
@@ -87,6 +88,11 @@ class ControlPlane:
         self._sent: dict[tuple[str, int], list[object]] = {}
         self._report_pending: set[tuple[str, int]] = set()
         self._pending_lock = threading.Lock()
+        # own keys that etcd no longer holds as this node wrote them (deleted, replaced,
+        # malformed): the reporter writes them again under the live lease
+        self._forced: set[tuple[str, int]] = set()   # report keys, written even if unchanged
+        self._member_lost = False                     # the member key is to be put back
+        self._deregistered = False                    # a completed leave: nothing is put back
 
     def handlers(self) -> Handlers:
         return {"pin": self.op_pin}
@@ -135,23 +141,28 @@ class ControlPlane:
         if self.ctx.cfg.initial_members:
             doc["initial_members"] = sorted(self.ctx.cfg.initial_members)
         ok, _ = self.etcd.txn([Etcd.mod_is(meta_key, 0)], [(meta_key, doc, 0)])
-        meta = self.etcd.get(meta_key)
-        if meta is None or not isinstance(meta.value, dict):
-            raise ConfigError(f"the control plane's {meta_key} is not a Ferry cluster record; "
-                              "use another [control_plane] prefix")
+        kv = self.etcd.get(meta_key)
+        if kv is None:
+            raise ConfigError(f"the control plane's {meta_key} disappeared while this node started; "
+                              "start it again")
+        try:
+            meta = schema.meta(meta_key, kv)
+        except schema.Malformed as e:
+            raise ConfigError(f"the control plane's {meta_key} is not a valid Ferry cluster record "
+                              f"(revision {kv.mod}: {e.why}); repair or delete that key, or use another "
+                              "[control_plane] prefix") from None
         # the cluster secret is checked before this node registers: a node with another
         # secret could not talk to any peer, and would only take partitions it cannot fetch
-        want = meta.value.get("secret_check")
-        if want and _secret_check(self.ctx.secret, str(meta.value.get("secret_salt", ""))) != want:
+        want = meta.secret_check
+        if want and _secret_check(self.ctx.secret, meta.secret_salt) != want:
             raise ConfigError(f"node {self.ctx.id}'s secret file does not hold this cluster's secret "
                               f"(checked against {meta_key}); use the cluster's secret file")
-        have = sorted(meta.value.get("caches", []), key=lambda c: c["name"])
+        have = meta.caches_wire()
         if have != caches:
             raise ConfigError(f"node {self.ctx.id} has a different cache layout than the cluster "
                               f"({caches} != {have}); caches must match on every node")
-        creator = meta.value.get("created_by") if meta else None
-        initial = meta.value.get("initial_members")
-        initial = sorted(str(n) for n in initial) if isinstance(initial, list) else []
+        creator = meta.created_by
+        initial = list(meta.initial_members)
         if fresh and (self.ctx.id in initial or (not initial and creator == self.ctx.id)):
             # a new cluster (no partition record yet: no write was ever acknowledged, so
             # every copy of a partition is the same empty one). Without initial members
@@ -264,9 +275,11 @@ class ControlPlane:
                 puts: list[tuple[str, object, int]] = []
                 dels: list[str] = []
                 done: dict[tuple[str, int], list[object] | None] = {}
+                forced, self._forced = self._forced, set()
+                pending |= forced
                 for k in sorted(pending):
                     e = self._entry(*k) if k[0] in self.ctx.data else None
-                    if self._sent.get(k) == e:
+                    if self._sent.get(k) == e and k not in forced:
                         continue
                     done[k] = e
                     if e is None:
@@ -278,6 +291,7 @@ class ControlPlane:
             except BaseException:
                 with self._pending_lock:
                     self._report_pending |= pending
+                    self._forced |= forced
                 raise
             for k, e in done.items():
                 if e is None:
@@ -295,10 +309,70 @@ class ControlPlane:
             self.ctx.events.report_dirty.clear()
             try:
                 self.put_report()
+                if self._member_lost:
+                    self._put_member()
             except NodeError as e:
                 self.ctx.events.report_dirty.set()
                 log.info("stage=control report not sent (%s); retrying", str(e)[:120])
                 self.ctx.events.stopping.wait(0.5)
+
+    def _put_member(self) -> None:
+        """Put this node's member key back under the live lease (it was deleted or
+        replaced while the lease lives): every report key first, as at registration,
+        so the controller never sees the member without its report."""
+        sess = self.session
+        if sess is None or self._deregistered or not sess.valid():
+            return       # an expired lease: the session registers again under a new one
+        self._member_lost = False
+        lease = sess.lease
+        try:
+            with self._report_lock:
+                keys = [(self._report_key(k), v, lease) for k, v in sorted(self._entries().items())]
+                for i in range(0, len(keys), REPORT_TXN_OPS):
+                    self.etcd.txn([], keys[i:i + REPORT_TXN_OPS])
+                if not self._deregistered:
+                    self.etcd.txn([], [(f"{self.prefix}/members/{self.ctx.id}", self._member_doc(), lease)])
+        except NodeError:
+            self._member_lost = True
+            raise
+        log.warning("stage=control node=%s member key put back under lease %x (it was deleted "
+                    "or replaced while the lease lived)", self.ctx.id, lease)
+
+    def _check_own_keys(self, events: list[tuple[str, KV | None]], garbage: list[tuple[str, int]]) -> None:
+        """(watch thread) This node's member and report keys must be what it wrote,
+        under its lease: one deleted, replaced or malformed is written again (by the
+        reporter). Partitions whose record went malformed get a fresh report of this
+        node's copy, whose counter the controller may need to rebuild the record."""
+        sess = self.session
+        if sess is None or self._deregistered:
+            return
+        lease = sess.lease
+        member_key = f"{self.prefix}/members/{self.ctx.id}"
+        mine = f"{self.prefix}/reports/{self.ctx.id}/"
+        wake = False
+        for key, kv in events:
+            if key == member_key:
+                if kv is None or kv.lease != lease or kv.bad or not isinstance(kv.value, dict) \
+                        or kv.value.get("boot") != self.ctx.boot:
+                    self._member_lost = wake = True
+            elif key.startswith(mine):
+                cache, _, ps = key[len(mine):].partition("/")
+                if not ps.isdigit():
+                    continue
+                k = (cache, int(ps))
+                sent = self._sent.get(k)
+                if (kv is None and sent is None) or (kv is not None and kv.lease == lease and kv.value == sent):
+                    continue
+                with self._pending_lock:
+                    self._forced.add(k)
+                wake = True
+        for cache, p in garbage:
+            if self.ctx.states.get(cache, p) == State.OWNING:
+                with self._pending_lock:
+                    self._forced.add((cache, p))
+                wake = True
+        if wake:
+            self.ctx.events.report_dirty.set()
 
     # -- the local map -------------------------------------------------------------
     def _on_view_change(self, events: list[tuple[str, KV | None]]) -> None:
@@ -306,7 +380,7 @@ class ControlPlane:
         thread); the partitions it touched go to the reconcile loop and the controller."""
         rev = self.view.revision if self.view is not None else 0
         with self.ctx.map.lock:
-            d = self.builder.apply(events, rev)
+            d = self.builder.apply(events, rev, snapshot=self.view is not None and self.view.snapshot)
             for cache, p, old, rec in d.records:
                 if rec.primary != self.ctx.id and old.primary == self.ctx.id:
                     # no longer primary: registrations of moving copies belong to the new
@@ -314,6 +388,7 @@ class ControlPlane:
                     # refuse writes if the role came back here within FENCE_SECONDS)
                     self.ctx.repl.copies.pop((cache, p), None)
                     self.ctx.repl.fenced.pop((cache, p), None)
+        self._check_own_keys(events, d.garbage)
         self.ctx.map.dirty.add(d.parts)
         self.ctx.map.controller_dirty.add(d.parts)
         with self.ctx.map.changed:
@@ -369,8 +444,16 @@ class ControlPlane:
                 if kv is None and self.ctx.lease_valid():
                     self.etcd.txn([Etcd.create_is(key, 0)], [(key, {"id": self.ctx.id, "boot": self.ctx.boot}, lease)])
                     continue
-                mine = (kv is not None and isinstance(kv.value, dict) and kv.value.get("id") == self.ctx.id
-                        and kv.value.get("boot") == self.ctx.boot and kv.lease == lease)
+                held = self._election_holder(key, kv)
+                if kv is not None and held is None:
+                    # nobody holds the election through this key: delete it (as read), so
+                    # a new election runs; a put over it would keep its create revision,
+                    # which a deposed controller's writes still compare equal to
+                    if self.ctx.lease_valid():
+                        self.etcd.txn([Etcd.mod_is(key, kv.mod)], [], [key])
+                    continue
+                mine = (kv is not None and held is not None and held.id == self.ctx.id
+                        and held.boot == self.ctx.boot and kv.lease == lease)
                 if mine and (self.controller is None or self.controller.election_rev != kv.create):
                     self.ctx.map.controller_dirty.everything()
                     self.controller = Controller(self.ctx.id, self.prefix, self.etcd, self.view,
@@ -409,6 +492,27 @@ class ControlPlane:
 
     def op_pin(self, plan: str, moves: list[dict[str, object]]) -> int:
         return self._controller_or_fail().pin(plan, moves)
+
+    def _election_holder(self, key: str, kv: KV | None) -> schema.ControllerDoc | None:
+        """The node the election key names, if it holds the election: a valid value,
+        under a lease, naming a live member whose member key is under the same lease
+        (a node puts both under its one lease). None for anything else: a malformed
+        value, a key put by hand without a lease, a node that is not a member."""
+        if kv is None:
+            return None
+        try:
+            doc = schema.controller(key, kv)
+        except schema.Malformed as e:
+            schema.log_malformed(e, "deleted: a new election runs", log)
+            return None
+        member = self.view.get(f"{self.prefix}/members/{doc.id}") if self.view is not None else None
+        if kv.lease == 0 or member is None or member.lease != kv.lease:
+            why = ("it is not under a lease" if kv.lease == 0 else f"{doc.id} is not a live member"
+                   if member is None else f"{doc.id}'s member key is under another lease")
+            schema.log_malformed(schema.Malformed(key, kv.mod, f"names {doc.id}, but {why}"),
+                                 "deleted: a new election runs", log)
+            return None
+        return doc
 
     # -- requests to the controller, through etcd ---------------------------------------------
     def request(self, cache: str, p: int, doc: dict[str, object], done: Callable[[PartRecord], bool],
@@ -489,7 +593,11 @@ class ControlPlane:
         except NodeError as e:
             raise OutcomeUnknown(f"the controller decided {what} as the wait ran out, and its "
                                  f"record cannot be read ({str(e)[:120]})", key=key, rev=rev) from None
-        rec = PartRecord.from_json(kv.value) if kv is not None else PartRecord()
+        try:
+            rec = schema.record(part_key(self.prefix, cache, p), kv) if kv is not None else PartRecord()
+        except schema.Malformed as e:
+            schema.log_malformed(e, f"{what}: read as no record", log)
+            rec = PartRecord()
         if not done(rec):
             raise Unavailable(f"the controller refused {what} (record now: primary {rec.primary}, "
                               f"in sync {list(rec.isr)}, epoch {rec.epoch}); see the controller's log")
@@ -534,10 +642,12 @@ class ControlPlane:
             log.warning("stage=leave cannot mark this node leaving yet: %s", e)
 
     def finish_leave(self) -> None:
+        self._deregistered = True        # the deletions below are not put back
         try:
             self.etcd.txn([], [], [f"{self.prefix}/members/{self.ctx.id}", f"{self.prefix}/reports/{self.ctx.id}"],
                           prefixes=[f"{self.prefix}/reports/{self.ctx.id}/"])
         except NodeError as e:
+            self._deregistered = False
             log.info("stage=leave waiting for the control plane: %s", e)
             return
         log.info("stage=leave node=%s holds nothing; left the cluster", self.ctx.id)
