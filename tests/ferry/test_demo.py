@@ -77,7 +77,6 @@ def test_the_model_holds_the_validations_value_hash() -> None:
         assert h % (1 << 64) == xxhash.xxh64_intdigest(v, seed=42)
 
 
-@pytest.mark.slow
 def test_cluster_demo_rebalances_a_join_under_writes(py_env, python, tmp_path) -> None:
     r, s = _run_demo(py_env, python, tmp_path, "--no-validate", "--raw-mb", "16")
     assert r.returncode == 0, r.stderr

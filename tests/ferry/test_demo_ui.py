@@ -150,10 +150,13 @@ def test_a_live_display_tracks_each_move_to_owning() -> None:
     ui.err = Console(file=err, width=120, force_terminal=True)
     ui.live = True
     with ui.moves("partitions settled") as view:
-        # the source of a move is known only after its prepare stage: one row all along
+        # the source of a move is known once its transfer begins: one row all along,
+        # "locating" before (cluster_demo.source_label)
         view.update([MoveRow("default/2 -> n4", "transfer", 500_000, 1_000_000, 2e6, 0.25,
                              label="default/2 n1 -> n4"),
-                     MoveRow("default/3 -> n4", "prepare", label="default/3 ? -> n4")], (6, 8))
+                     MoveRow("default/3 -> n4", "prepare",
+                             label="default/3 locating (primary n2) -> n4")], (6, 8))
+        assert "default/3 locating (primary n2) -> n4" in [t.description for t in view.prog.tasks]
         view.update([MoveRow("default/3 -> n4", "index rebuild", 1_000_000, 1_000_000,
                              label="default/3 n2 -> n4")], (7, 8))
         prog = view.prog
