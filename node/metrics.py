@@ -5,20 +5,27 @@ declared in :data:`METRICS` (type, help, label names); the update path calls
 ``inc``/``observe``/``set`` by the exposed name, as it did before the library. The
 exposition is produced on each scrape, and gauges that are cheap to compute (partitions
 by state, per-move backlog) are filled then by ``collectors`` (callbacks). :func:`serve`
-runs the library's WSGI server on a thread; :meth:`Metrics.render` returns the same
-text for the ``metrics`` RPC.
+runs the library's WSGI application on a bounded server thread (connections capped in
+total and per peer host, each closed at a deadline); :meth:`Metrics.render` returns
+the same text for the ``metrics`` RPC.
 """
 from __future__ import annotations
 
+import errno
 import logging
+import socket
 import threading
-from typing import Callable, Iterable, Literal
+import time
+from socketserver import ThreadingMixIn
+from typing import Any, Callable, Iterable, Literal
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 import prometheus_client
-from prometheus_client import CollectorRegistry, Counter, Gauge, Summary, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Summary, generate_latest, make_wsgi_app
 from prometheus_client.registry import RestrictedRegistry
 
 from faults import latch
+from transfer.listener import ConnectionBudget, Every, process_budget
 
 from .acklatency import LatencyWindow
 from .config import parse_address
@@ -207,15 +214,128 @@ class Metrics:
         return generate_latest(self.registry).decode()
 
 
-class MetricsServer:
-    """The library's WSGI server on a daemon thread; ``shutdown`` stops it, closes its
-    socket (the port is free again) and joins the thread."""
+# The metrics port has no authentication: anyone who reaches it is a stranger.
+METRICS_MAX_CONNECTIONS = 32      # connections served at once (one thread each)
+METRICS_MAX_PER_PEER = 8          # of them from one host
+METRICS_DEADLINE = 10.0           # seconds for a whole connection: request and response
 
-    def __init__(self, listen: str, metrics: Metrics) -> None:
+
+class _Handler(WSGIRequestHandler):
+    """No log line per request; every read waits at most the deadline (the server's
+    reaper cuts a connection that trickles bytes at the deadline too)."""
+
+    timeout = METRICS_DEADLINE
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+class _BoundedServer(ThreadingMixIn, WSGIServer):
+    """prometheus_client's thread-per-connection WSGI server, bounded: at most
+    ``max_connections`` at once, ``per_peer`` from one host, each counted in the
+    process's connection budget; over a limit a connection gets ``503`` and is closed
+    at once, without a thread. A connection still open ``deadline`` seconds after it
+    was accepted is shut down (checked every half second)."""
+
+    daemon_threads = True
+    block_on_close = False
+    request_queue_size = 128              # the listen backlog (socketserver's default: 5)
+
+    def __init__(self, address: tuple[str, int], *, family: int, max_connections: int,
+                 per_peer: int, deadline: float, budget: ConnectionBudget) -> None:
+        self.address_family = family
+        self.max_connections, self.per_peer, self.deadline = max_connections, per_peer, deadline
+        self.budget = budget
+        self._open: dict[socket.socket, tuple[float, str]] = {}
+        self._by_host: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self.refused = 0
+        self.report = Every()
+        super().__init__(address, _Handler)
+
+    def verify_request(self, request: Any, client_address: Any) -> bool:
+        host = str(client_address[0])
+        with self._lock:
+            n = self._by_host.get(host, 0)
+            if len(self._open) >= self.max_connections:
+                why: str | None = f"too many metrics connections ({self.max_connections})"
+            elif n >= self.per_peer:
+                why = f"too many metrics connections from {host} ({self.per_peer})"
+            else:
+                why = self.budget.take(host)
+            if why is None:
+                self._open[request] = (time.monotonic() + self.deadline, host)
+                self._by_host[host] = n + 1
+                return True
+            self.refused += 1
+        if self.report.due():
+            log.warning("stage=metrics refused %s: %s; %d refused so far", host, why, self.refused)
+        try:
+            request.setblocking(False)
+            request.send(b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: text/plain\r\n"
+                         b"Connection: close\r\n\r\n" + why.encode() + b"\n")
+        except OSError:
+            pass
+        return False                          # socketserver closes it
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._lock:
+            entry = self._open.pop(request, None)
+            if entry is not None:
+                host = entry[1]
+                n = self._by_host.get(host, 0) - 1
+                if n > 0:
+                    self._by_host[host] = n
+                else:
+                    self._by_host.pop(host, None)
+        if entry is not None:
+            self.budget.give(entry[1])
+        super().shutdown_request(request)
+
+    def service_actions(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            late = [r for r, (deadline, _) in self._open.items() if deadline < now]
+        for r in late:                        # its thread then ends and closes it
+            try:
+                r.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def get_request(self) -> Any:
+        try:
+            return super().get_request()
+        except OSError as e:
+            # out of descriptors or socket memory: the listening socket stays readable,
+            # so without a pause the serve loop would spin on the failing accept()
+            if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                if self.report.due():
+                    log.error("stage=metrics accept() failed: %s; retrying", e.strerror or e)
+                time.sleep(0.1)
+            raise
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # a peer that timed out, reset or was cut at the deadline: not worth a traceback
+        log.debug("stage=metrics connection from %s ended", client_address, exc_info=True)
+
+
+class MetricsServer:
+    """The library's WSGI application on a bounded server thread (``_BoundedServer``);
+    ``shutdown`` stops it, closes its socket (the port is free again) and joins the
+    thread."""
+
+    def __init__(self, listen: str, metrics: Metrics, *, max_connections: int = METRICS_MAX_CONNECTIONS,
+                 per_peer: int = METRICS_MAX_PER_PEER, deadline: float = METRICS_DEADLINE,
+                 budget: ConnectionBudget | None = None) -> None:
         host, port = parse_address(listen)
-        self.httpd, self._thread = prometheus_client.start_http_server(
-            port, addr=host.strip("[]"), registry=metrics.registry)
-        self._thread.name = "metrics"
+        infos = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, _, _, _, sockaddr = infos[0]
+        self.httpd = _BoundedServer((sockaddr[0], port), family=family, max_connections=max_connections,
+                                    per_peer=per_peer, deadline=deadline,
+                                    budget=budget if budget is not None else process_budget())
+        self.httpd.set_app(make_wsgi_app(metrics.registry))
+        self._thread = threading.Thread(target=self.httpd.serve_forever, name="metrics", daemon=True)
+        self._thread.start()
         self.address = listen
 
     def shutdown(self) -> None:

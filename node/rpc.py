@@ -1,7 +1,11 @@
 """The node's TCP server: one thread per connection, the handshake first, then
 REQUEST/REPLY frames (see :mod:`node.wire`). Accepting is transfer.listener's loop:
 it outlives transient accept() failures, caps the connections still authenticating
-and gives each one deadline for its whole handshake.
+(in total and per peer host) and gives each one deadline for its whole handshake.
+Every connection, authenticated or not, also counts in the process's connection
+budget (``transfer.listener.process_budget``: a share of RLIMIT_NOFILE, in total and
+per peer host), so no flood of connections can take the descriptors the storage
+needs; a connection over any limit is answered ERROR BUSY and closed at once.
 
 Failures are contained per request: a handler error becomes an error REPLY; a
 malformed REQUEST (not a map, unknown method, bad arguments) becomes a ``bad_request``
@@ -18,7 +22,8 @@ from typing import Any, Callable
 from faults.latch import report_refusal
 from transfer import frames
 from transfer.errors import FrameError, PeerClosed, TransferError
-from transfer.listener import HandshakeGate, accept_loop, refuse
+from transfer import auth
+from transfer.listener import ConnectionBudget, HandshakeGate, accept_loop, peer_host, process_budget, refuse
 from transfer.transport import SocketConn
 
 from .config import parse_address
@@ -32,19 +37,25 @@ Dispatch = Callable[[str, dict[str, Any], str], Any]   # (method, args, role) ->
 
 class RpcServer:
     """``handshake_timeout`` bounds the whole handshake (not each read), and at most
-    ``max_handshakes`` connections may be in it at once; more are answered ERROR BUSY
-    and closed (transfer.listener). Authenticated connections then idle up to
-    ``idle_timeout`` between requests."""
+    ``max_handshakes`` connections may be in it at once, at most
+    ``max_handshakes_per_peer`` from one host; more are answered ERROR BUSY and closed
+    (transfer.listener). Authenticated connections then idle up to ``idle_timeout``
+    between requests. Every connection holds a place in ``budget`` (the process's by
+    default) until it closes. The handshake key is derived here, once, not by the
+    first peer's handshake."""
 
     def __init__(self, listen: str, secret: bytes, dispatch: Dispatch, *,
                  idle_timeout: float = 300.0, handshake_timeout: float = 10.0,
-                 max_handshakes: int = 64) -> None:
+                 max_handshakes: int = 64, max_handshakes_per_peer: int = 16,
+                 budget: ConnectionBudget | None = None) -> None:
         host, port = parse_address(listen)
         self.secret = secret
+        auth.handshake_key(secret)
         self.dispatch = dispatch
         self.idle_timeout = idle_timeout
         self.handshake_timeout = handshake_timeout
-        self.gate = HandshakeGate(max_handshakes)
+        self.gate = HandshakeGate(max_handshakes, per_peer=max_handshakes_per_peer, budget=None)
+        self.budget = budget if budget is not None else process_budget()
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -67,20 +78,30 @@ class RpcServer:
         # thread used to return on the first one, and the node never served RPC again.
         accept_loop(self.sock, self._stop, self._accepted, log=log, name="rpc")
 
+    def _refuse(self, s: socket.socket, peer: str, why: str) -> None:
+        if self.gate.report.due():
+            log.warning("stage=auth refused %s: %s; %d refused so far", peer, why,
+                        self.gate.refused + self.budget.refused)
+        refuse(s, f"{why}; retry")
+
     def _accepted(self, s: socket.socket, peer: str) -> None:
-        if not self.gate.enter():
-            if self.gate.report.due():
-                log.warning("stage=auth refused %s: %d connections already in the handshake "
-                            "(max_handshakes); %d refused so far", peer, self.gate.limit, self.gate.refused)
-            refuse(s, f"too many connections waiting to authenticate ({self.gate.limit}); retry")
+        host = peer_host(peer)
+        why = self.budget.take(host)
+        if why:
+            self._refuse(s, peer, why)
             return
-        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if not self.gate.enter(peer):
+            self.budget.give(host)
+            self._refuse(s, peer, self.gate.why)
+            return
         conn = SocketConn(s, peer)
         try:
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             threading.Thread(target=self._serve, args=(conn,), name=f"rpc-{conn.peer}",
                              daemon=True).start()
         except BaseException:
-            self.gate.leave()
+            self.gate.leave(peer)
+            self.budget.give(host)
             raise
 
     def _serve(self, conn: SocketConn) -> None:
@@ -90,7 +111,7 @@ class RpcServer:
             conn.set_timeout(self.handshake_timeout)
             try:
                 # one deadline for the whole handshake: a peer dripping a byte at a time
-                # is dropped after handshake_timeout, not kept for ever
+                # (or sending nothing) is dropped after handshake_timeout
                 role = authenticate_incoming(conn, self.secret, deadline=self.handshake_timeout)
             except AuthFailed as e:
                 log.warning("stage=auth refused %s: %s", conn.peer, e)
@@ -100,7 +121,7 @@ class RpcServer:
                     log.info("stage=auth %s left during the handshake: %s", conn.peer, e)
                 return
             finally:
-                self.gate.leave()
+                self.gate.leave(conn.peer)
             conn.set_timeout(self.idle_timeout)
             while not self._stop.is_set():
                 try:
@@ -132,6 +153,7 @@ class RpcServer:
             with self._lock:
                 self._conns.discard(conn)
             conn.close()
+            self.budget.give(peer_host(conn.peer))
 
     def _handle(self, req: dict[str, Any], role: str) -> dict[str, Any]:
         rid = req.get("id")

@@ -13,12 +13,20 @@ Shared by the transfer supplier and the node's RPC server (``node.rpc``):
   thread each): over the cap a new connection is answered ERROR BUSY and closed at
   once, so idle or hostile clients cannot make a server start threads without bound.
   Each gated connection must finish its handshake within one deadline for the *whole*
-  handshake (``Conn.set_deadline``), not a timeout that restarts with every byte.
+  handshake (``Conn.set_deadline``), not a timeout that restarts with every byte. A
+  gate can also cap the handshakes of one peer host (``per_peer``), so one address
+  cannot take every slot.
+- :class:`ConnectionBudget` caps the connections a process holds open from every
+  listener together (RPC, metrics, the strangers of a supplier), in total and per
+  peer host. :func:`process_budget` is sized from RLIMIT_NOFILE (CONNECTION_SHARE of
+  it), so a flood of connections is refused while the rest of the descriptors stay
+  for the storage (partition files, WAL, indexes, checkpoints).
 """
 from __future__ import annotations
 
 import errno
 import logging
+import resource
 import socket
 import threading
 import time
@@ -36,6 +44,12 @@ _HINTS = {errno.EMFILE: "out of file descriptors for this process: raise `ulimit
 MIN_BACKOFF = 0.01
 MAX_BACKOFF = 1.0
 LOG_EVERY = 60.0          # seconds between two reports of the same kind of trouble
+# Share of RLIMIT_NOFILE the connections of a process may hold, all listeners together;
+# the rest is the storage's (checkpoint/files.py opens partition files within a quarter
+# of the limit per cache) and the process's own outgoing connections.
+CONNECTION_SHARE = 0.25
+MIN_CONNECTIONS = 32
+PER_PEER_SHARE = 0.5      # of the process budget, for any one peer host
 
 
 class Every:
@@ -56,33 +70,135 @@ class Every:
             return False
 
 
-class HandshakeGate:
-    """At most ``limit`` connections between accept and the end of their handshake."""
+def peer_host(peer: str) -> str:
+    """The host part of a "host:port" peer (an IPv6 host keeps its colons)."""
+    return peer.rsplit(":", 1)[0] if ":" in peer else peer
 
-    def __init__(self, limit: int) -> None:
-        if limit < 1:
-            raise ValueError(f"max_handshakes must be at least 1, got {limit}")
-        self.limit = limit
-        self._pending = 0
+
+class ConnectionBudget:
+    """At most ``total`` connections at once, and at most ``per_peer`` from one host
+    (host "" is a caller that does not say: only the total applies). ``take`` says why
+    not (or None, and the connection is counted until ``give``)."""
+
+    def __init__(self, total: int, per_peer: int) -> None:
+        if total < 1 or per_peer < 1:
+            raise ValueError(f"connection limits must be at least 1, got total={total} per_peer={per_peer}")
+        self.total, self.per_peer = total, per_peer
+        self._open = 0
+        self._by_host: dict[str, int] = {}
         self._lock = threading.Lock()
         self.refused = 0
+
+    @property
+    def open(self) -> int:
+        return self._open
+
+    def held(self, host: str) -> int:
+        return self._by_host.get(host, 0)
+
+    def take(self, host: str) -> str | None:
+        with self._lock:
+            n = self._by_host.get(host, 0)
+            if self._open >= self.total:
+                self.refused += 1
+                return f"too many open connections ({self.total})"
+            if host and n >= self.per_peer:
+                self.refused += 1
+                return f"too many connections from {host} ({self.per_peer})"
+            self._open += 1
+            self._by_host[host] = n + 1
+            return None
+
+    def give(self, host: str) -> None:
+        with self._lock:
+            self._open -= 1
+            n = self._by_host.get(host, 0) - 1
+            if n > 0:
+                self._by_host[host] = n
+            else:
+                self._by_host.pop(host, None)
+
+
+_process_budget: ConnectionBudget | None = None
+_process_lock = threading.Lock()
+
+
+def connection_limit(share: float = CONNECTION_SHARE) -> int:
+    """``share`` of this process's soft RLIMIT_NOFILE (at least MIN_CONNECTIONS)."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        soft = 1 << 20
+    return max(MIN_CONNECTIONS, int(soft * share))
+
+
+def process_budget() -> ConnectionBudget:
+    """The budget every listener of this process shares, sized from RLIMIT_NOFILE at
+    first use (a node raises its soft limit before it starts listening)."""
+    global _process_budget
+    with _process_lock:
+        if _process_budget is None:
+            total = connection_limit()
+            _process_budget = ConnectionBudget(total, max(1, int(total * PER_PEER_SHARE)))
+        return _process_budget
+
+
+class HandshakeGate:
+    """At most ``limit`` connections between accept and the end of their handshake, at
+    most ``per_peer`` of them from one host (when ``enter`` is told the peer), each
+    also counted in ``budget`` (the process's by default; None: not counted)."""
+
+    _DEFAULT = object()
+
+    def __init__(self, limit: int, *, per_peer: int | None = None,
+                 budget: ConnectionBudget | None | object = _DEFAULT) -> None:
+        if limit < 1:
+            raise ValueError(f"max_handshakes must be at least 1, got {limit}")
+        if per_peer is not None and per_peer < 1:
+            raise ValueError(f"max_handshakes_per_peer must be at least 1, got {per_peer}")
+        self.limit = limit
+        self.per_peer = per_peer
+        self.budget: ConnectionBudget | None = (
+            process_budget() if budget is HandshakeGate._DEFAULT else budget)  # type: ignore[assignment]
+        self._pending = 0
+        self._by_host: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self.refused = 0
+        self.why = ""             # the reason of the last refusal
         self.report = Every()
 
     @property
     def pending(self) -> int:
         return self._pending
 
-    def enter(self) -> bool:
+    def enter(self, peer: str | None = None) -> bool:
+        host = peer_host(peer) if peer is not None else ""
         with self._lock:
+            n = self._by_host.get(host, 0)
             if self._pending >= self.limit:
+                why = f"too many connections waiting to authenticate ({self.limit})"
+            elif peer is not None and self.per_peer is not None and n >= self.per_peer:
+                why = f"too many connections from {host} waiting to authenticate ({self.per_peer})"
+            else:
+                why = (self.budget.take(host) or "") if self.budget is not None else ""
+            if why:
                 self.refused += 1
+                self.why = why
                 return False
             self._pending += 1
+            self._by_host[host] = n + 1
             return True
 
-    def leave(self) -> None:
+    def leave(self, peer: str | None = None) -> None:
+        host = peer_host(peer) if peer is not None else ""
         with self._lock:
             self._pending -= 1
+            n = self._by_host.get(host, 0) - 1
+            if n > 0:
+                self._by_host[host] = n
+            else:
+                self._by_host.pop(host, None)
+            if self.budget is not None:
+                self.budget.give(host)
 
 
 def refuse(sock: socket.socket, message: str) -> None:
