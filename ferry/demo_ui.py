@@ -208,7 +208,9 @@ class MovesView:
         assert task is not None                  # with a Progress, _show added every row's task
         t = self.prog.tasks[[x.id for x in self.prog.tasks].index(task)]
         total = t.total or 1
-        self.prog.update(task, total=total, completed=total, stage="OWNING", rate="", eta="")
+        # OWNING: the whole file arrived, whatever the last poll saw of it
+        size = f"{mb(t.total)}/{mb(t.total)}" if t.total else t.fields.get("size", "")
+        self.prog.update(task, total=total, completed=total, stage="OWNING", size=size, rate="", eta="")
 
     def _overall(self, done: int, total: int) -> None:
         if self._settled == (done, total):

@@ -164,6 +164,8 @@ def test_a_live_display_tracks_each_move_to_owning() -> None:
         assert sorted(by_name) == ["default/2 n1 -> n4", "default/3 n2 -> n4", "partitions settled"]
         assert by_name["default/2 n1 -> n4"].fields["stage"] == "OWNING"
         assert by_name["default/2 n1 -> n4"].finished
+        # the last poll saw half the file; OWNING means all of it arrived
+        assert by_name["default/2 n1 -> n4"].fields["size"] == "1.0 MB/1.0 MB"
         assert by_name["default/3 n2 -> n4"].fields["stage"] == "index rebuild"
         assert by_name["partitions settled"].completed == 7
     assert all(t.finished for t in prog.tasks if t.description != "partitions settled")
