@@ -20,7 +20,7 @@ from node.errors import REFUSED, UNKNOWN, BadRequest, NotPrimary, Superseded, Un
 from node.rpc import RpcServer
 from node.states import State
 
-from nodeharness import free_port, write_secret
+from nodeharness import TEST_SECRET, free_port, write_secret
 from test_isr_admission import BACKUP, CACHE, EPOCH, P, PRIMARY, TERM, Primary
 from test_isr_admission import primary  # noqa: F401  (the fixture)
 from test_linear_reads import etcd_down, get
@@ -189,7 +189,7 @@ class FakeNode:
     def __init__(self, answers: list[Any]) -> None:
         self.answers = list(answers)
         self.rids: list[Any] = []
-        self.srv = RpcServer(f"127.0.0.1:{free_port()}", b"s" * 32, self.dispatch)
+        self.srv = RpcServer(f"127.0.0.1:{free_port()}", TEST_SECRET.encode(), self.dispatch)
         self.address = f"127.0.0.1:{self.srv.port}"
         m = ClusterMap({CACHE: CacheConfig(name=CACHE, partitions=1, backups=0)})
         m.members["n1"] = Member("n1", self.address, order=1)
