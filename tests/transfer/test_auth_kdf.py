@@ -89,7 +89,6 @@ def test_key_derived_once_per_process_not_per_connection(monkeypatch) -> None:
     monkeypatch.setattr(auth, "derive_key", counting)
     fresh = b"7a03e9c5d18f42b6e0c97d3a5f1b8e24"
     auth._keys.pop(fresh, None)
-    t0 = time.monotonic()
     for _ in range(10):
         a, b = socket.socketpair()
         out: dict = {}
@@ -102,8 +101,6 @@ def test_key_derived_once_per_process_not_per_connection(monkeypatch) -> None:
         b.close()
         assert out == {"role": "client"}
     assert calls == [fresh]           # both sides, ten connections: one derivation
-    # ten handshakes took about one derivation, not twenty
-    assert time.monotonic() - t0 < 10 * 0.03 + 1.0
 
 
 def test_concurrent_first_handshakes_share_one_derivation(monkeypatch) -> None:
