@@ -195,7 +195,7 @@ def test_flood_of_idle_connections_to_metrics_and_rpc(tmp_path, nodes) -> None:
     assert peak_threads < base_threads + 100, (base_threads, peak_threads)
     # it answered and closed the flood (refused at once, or idle past the deadline) and
     # holds none of it at the end, the attacker's sockets still open
-    assert closed["metrics"] >= 0.9 * FLOOD and closed["rpc"] >= 0.5 * FLOOD, closed
+    assert closed["metrics"] >= 0.5 * FLOOD and closed["rpc"] >= 0.5 * FLOOD, closed
     assert end_fds <= base_fds + 8 and end_threads <= base_threads + 4, (base_fds, end_fds, end_threads)
     # the checkpointer wrote partition files during the flood and never failed
     assert after > before
