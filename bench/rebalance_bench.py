@@ -276,7 +276,6 @@ def replay_phase(cluster: LocalCluster, writers: int, value_size: int, timeout: 
     part = doc["partitions"][0]
     p, primary = part["partition"], part["primary"]
     target = next(n for n in alive if n not in part["states"])
-    node = next(n for n in cluster.nodes if n.id == target)
     t0, t0_wall = time.monotonic(), time.time()
     src = next(n for n in cluster.nodes if n.id == primary)
     with Writers(cluster, writers, value_size, base=2 * 10**8, partition=p, batch=batch) as w:
@@ -289,10 +288,11 @@ def replay_phase(cluster: LocalCluster, writers: int, value_size: int, timeout: 
         # until then): a rate taken before the writers started made a small partition's
         # transfer crawl once they had grown it (--quick: 70 s instead of ~1 s)
         set_transfer_rate(cluster, max(int(partition_bytes * 1.25 / transfer_s), 64 << 10))
-        plan = os.path.join(node.data, "plans", "replay-bench.json")
-        with open(plan + ".tmp", "w") as f:
-            json.dump({"moves": [{"cache": "default", "partition": p, "to": [primary, target]}]}, f)
-        os.replace(plan + ".tmp", plan)
+        from node.control import Etcd                 # a plan in etcd, applied by the controller
+        from node.reassign import Move
+        from node.reassign_ops import execute
+        execute(Etcd(cluster.control_plane), "/ferry/default", "replay-bench",
+                [Move("default", p, (primary, target))])
         try:
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:     # the plan reaches the map first

@@ -277,3 +277,289 @@ def settings_set(control_plane: tuple[str, ...], prefix: str, key: str, value: s
     except NodeError as e:
         _fail(e)
     click.echo(f"{key} = {json.dumps(v)}")
+
+
+# -- reassignment plans (node/reassign.py: the controller's part; node/reassign_ops.py) --------
+@cluster.group("reassign")
+def reassign_grp() -> None:
+    """Move partitions to owners you name: plans stored in etcd (P/reassign/<name>) that the
+    controller applies, a bounded number of moves at a time, through the same moves,
+    in-sync admission and hand-off as a join (docs/operations.md)."""
+
+
+_secret_opt = click.option("--secret-file", type=click.Path(dir_okay=False),
+                           help="Cluster secret (or $FERRY_SECRET): asks the moving nodes for bytes, "
+                                "rate and ETA. Without it, stages come from etcd alone.")
+
+
+def _plan_error(e: Exception) -> None:
+    """A refused plan, name or flag: exit 2; anything else as _fail."""
+    from .errors import PlanError
+    if isinstance(e, PlanError):
+        raise InputError(f"plan refused: {e}" if "refused" not in str(e) else str(e))
+    _fail(e)
+
+
+def _pool_or_none(secret_file: str | None):  # type: ignore[no-untyped-def]
+    """A client pool when a secret is at hand; none without one (a named but unusable
+    secret file is an error)."""
+    import os
+    from .errors import NodeError
+    from .wire import Pool, load_secret
+    if not secret_file and not os.environ.get("FERRY_SECRET"):
+        return None
+    try:
+        return Pool(load_secret(secret_file), role="client")
+    except NodeError as e:
+        raise InputError(str(e)) from None
+
+
+@reassign_grp.command("generate")
+@_cp
+@_prefix
+@click.option("--add", "add", metavar="NODE", help="Give NODE (a live member) its rendezvous share.")
+@click.option("--remove", "remove", metavar="NODE", help="Move every copy and primary role away from NODE.")
+@click.option("--balance", is_flag=True, help="Every partition to its rendezvous owners (undoes pins).")
+@click.option("--output", "-o", type=click.Path(dir_okay=False), help="Write the plan file here.")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan file (JSON) instead of a summary.")
+def reassign_generate(control_plane: tuple[str, ...], prefix: str, add: str | None, remove: str | None,
+                      balance: bool, output: str | None, as_json: bool) -> None:
+    """Compute a plan from the cluster now: moves of (cache, partition, from, to)."""
+    from faults import fileio
+    from .errors import NodeError
+    from .reassign import generate, plan_file
+    from .reassign_ops import read
+    try:
+        snap = read(_etcd(control_plane), prefix)
+        moves = generate(snap.m, add=add, remove=remove, balance=balance)
+    except NodeError as e:
+        _plan_error(e)
+    by = f"add {add}" if add else f"remove {remove}" if remove else "balance"
+    doc = plan_file(moves, by, snap.revision)
+    text = json.dumps(doc, indent=1) + "\n"
+    if output and moves:
+        fileio.atomic_write(output, text.encode())
+    if as_json:
+        click.echo(text, nl=False)
+        return
+    if not moves:
+        click.echo(f"nothing to move ({by}): every partition already has those owners"
+                   + (f"; {output} not written" if output else ""))
+        return
+    click.echo(f"{len(moves)} move(s) ({by}), from the cluster at revision {snap.revision}:")
+    for mv in moves:
+        click.echo(f"  {mv.cache}/{mv.partition}: {','.join(mv.source) or '-'} -> {','.join(mv.to)}")
+    if output:
+        click.echo(f"written to {output}; run: ferry cluster reassign execute {output} "
+                   f"--control-plane {','.join(control_plane)}"
+                   + (f" --prefix {prefix}" if prefix != "/ferry/default" else ""))
+    else:
+        click.echo("(preview: --output FILE writes the plan, --json prints it)")
+
+
+def _report_wait(as_json: bool):  # type: ignore[no-untyped-def]
+    """A progress printer for waits: a line whenever the counts change, else every 10 s."""
+    import time
+    from .reassign_ops import summary_line
+    last = {"line": "", "t": 0.0}
+
+    def report(doc: dict) -> None:  # type: ignore[type-arg]
+        line = summary_line(doc)
+        now = time.monotonic()
+        if line.split(";")[0] != last["line"].split(";")[0] or now - last["t"] >= 10:
+            click.echo(line, err=as_json)
+            last["line"], last["t"] = line, now
+    return report
+
+
+@reassign_grp.command("execute")
+@_cp
+@_prefix
+@_secret_opt
+@click.argument("plan", type=click.Path(dir_okay=False, allow_dash=True))
+@click.option("--name", help="Name of the plan in etcd (default: the file's name without .json).")
+@click.option("--throttle", type=int, metavar="BYTES/S",
+              help="Set transfer.rate_limit (per node, all file transfers) while the plan runs; "
+                   "the controller puts the previous value back at its end.")
+@click.option("--max-moves", type=int, default=0, show_default=True,
+              help="At most this many of the plan's moves in flight (0: no bound of the plan's own).")
+@click.option("--wait", "wait_end", is_flag=True, help="Wait until the plan ends, printing progress.")
+@click.option("--timeout", type=float, default=0.0, help="With --wait: give up after this many seconds (0: never).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+def reassign_execute(control_plane: tuple[str, ...], prefix: str, secret_file: str | None, plan: str,
+                     name: str | None, throttle: int | None, max_moves: int, wait_end: bool,
+                     timeout: float, as_json: bool) -> None:
+    """Store PLAN (a file, or - for stdin) for the controller to apply. Refused whole if
+    a node is dead or unknown, a cache unknown, a partition out of range, or the plan
+    malformed."""
+    import os
+    import time
+    from .errors import NodeError
+    from .reassign import MAX_PLAN_BYTES, parse_plan, read_plan
+    from .reassign_ops import execute, wait
+    try:
+        raw = sys.stdin.buffer.read(MAX_PLAN_BYTES + 1) if plan == "-" else read_plan(plan)
+        moves = parse_plan(raw)
+        if name is None:
+            base = os.path.basename(plan)
+            name = base[:-5] if base.endswith(".json") else base
+            if plan == "-":
+                name = f"plan-{int(time.time())}"
+        etcd = _etcd(control_plane)
+        rev = execute(etcd, prefix, name, moves, max_moves=max_moves, throttle=throttle)
+    except NodeError as e:
+        _plan_error(e)
+    out: dict[str, object] = {"plan": name, "moves": len(moves), "revision": rev, "max_moves": max_moves,
+                              "throttle": throttle}
+    if not as_json:
+        click.echo(f"plan {name} stored ({len(moves)} move(s), revision {rev}); the controller applies it. "
+                   f"Follow it: ferry cluster reassign status {name}")
+    if wait_end:
+        try:
+            doc = wait(etcd, prefix, name, pool=_pool_or_none(secret_file), timeout=timeout,
+                       report=_report_wait(as_json))
+        except NodeError as e:
+            _fail(e)
+        out["status"] = doc
+    if as_json:
+        click.echo(json.dumps(out, indent=1))
+    if wait_end and out["status"]["state"] != "done":     # type: ignore[index]
+        sys.exit(1)
+
+
+@reassign_grp.command("status")
+@_cp
+@_prefix
+@_secret_opt
+@click.argument("plan", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document (docs/operations.md).")
+@click.option("--sample", type=float, default=1.0, show_default=True,
+              help="Seconds between the two looks at the moving nodes (rate, last progress); 0: one look.")
+def reassign_status(control_plane: tuple[str, ...], prefix: str, secret_file: str | None, plan: str | None,
+                    as_json: bool, sample: float) -> None:
+    """Per move of PLAN (or of every stored plan): stage (waiting, moving, in sync, done,
+    cancelled), bytes, rate, ETA, last progress and what it waits for."""
+    from .errors import NodeError
+    from .reassign_ops import read, render, status
+    pool = _pool_or_none(secret_file)
+    try:
+        doc = status(read(_etcd(control_plane), prefix), plan, pool, sample=sample)
+    except NodeError as e:
+        _plan_error(e)
+    if as_json:
+        click.echo(json.dumps(doc, indent=1))
+        return
+    if not doc["plans"]:
+        click.echo("no plans stored")
+        return
+    click.echo(render(doc, with_figures=pool is not None))
+
+
+@reassign_grp.command("cancel")
+@_cp
+@_prefix
+@click.argument("plan")
+@click.option("--wait-s", type=float, default=30.0, show_default=True,
+              help="How long to wait for the controller to apply the cancel.")
+@click.option("--json", "as_json", is_flag=True)
+def reassign_cancel(control_plane: tuple[str, ...], prefix: str, plan: str, wait_s: float, as_json: bool) -> None:
+    """Stop PLAN: its moves not done stop and the owners they would have replaced stay
+    (each partition gets back the pin it had before); done moves stay done."""
+    from .errors import NodeError
+    from .reassign import CANCELLED, DONE
+    from .reassign_ops import cancel, state_of
+    try:
+        pl = cancel(_etcd(control_plane), prefix, plan, wait_s)
+    except NodeError as e:
+        _plan_error(e)
+    stopped = sum(1 for i, pr in pl.progress.items() if pr.stage == CANCELLED)
+    done = sum(1 for pr in pl.progress.values() if pr.stage == DONE)
+    unstarted = len(pl.moves) - len(pl.progress)
+    doc = {"plan": plan, "state": state_of(pl), "stopped": stopped, "done": done, "never_started": unstarted}
+    if as_json:
+        click.echo(json.dumps(doc, indent=1))
+    elif pl.end is None:
+        click.echo(f"cancel of {plan} requested; no controller applied it within {wait_s:.0f}s "
+                   "(is one elected?); it applies when one does", err=True)
+    else:
+        click.echo(f"plan {plan} {state_of(pl)}: {stopped} move(s) stopped (their old owners stay), "
+                   f"{done} done, {unstarted} never started")
+    if pl.end is None:
+        sys.exit(1)
+
+
+@reassign_grp.command("verify")
+@_cp
+@_prefix
+@click.argument("plan")
+@click.option("--json", "as_json", is_flag=True)
+def reassign_verify(control_plane: tuple[str, ...], prefix: str, plan: str, as_json: bool) -> None:
+    """Exit 0 when every partition of PLAN is held by its target owners, OWNING and in
+    sync, the first one primary, and by nobody else; else 1, naming what is not."""
+    from .errors import NodeError
+    from .reassign_ops import read, verify
+    try:
+        doc = verify(read(_etcd(control_plane), prefix), plan)
+    except NodeError as e:
+        _plan_error(e)
+    if as_json:
+        click.echo(json.dumps(doc, indent=1))
+    else:
+        bad = [mv for mv in doc["moves"] if not mv["ok"]]
+        for mv in bad:
+            click.echo(f"  {mv['cache']}/{mv['partition']} -> {','.join(mv['to'])}: {mv['problem']}")
+        click.echo(f"plan {plan}: " + ("every partition held by its target owners, in sync" if not bad
+                                       else f"{len(bad)} of {len(doc['moves'])} partition(s) not as planned"))
+    if not doc["ok"]:
+        sys.exit(1)
+
+
+@cluster.command("drain")
+@_cp
+@_prefix
+@_secret_opt
+@click.argument("node_id")
+@click.option("--throttle", type=int, metavar="BYTES/S", help="transfer.rate_limit while the drain runs.")
+@click.option("--max-moves", type=int, default=0, show_default=True, help="At most this many moves in flight.")
+@click.option("--timeout", type=float, default=0.0, help="Give up waiting after this many seconds (0: never).")
+@click.option("--json", "as_json", is_flag=True, help="Print the final report as JSON (progress on stderr).")
+def drain_cmd(control_plane: tuple[str, ...], prefix: str, secret_file: str | None, node_id: str,
+              throttle: int | None, max_moves: int, timeout: float, as_json: bool) -> None:
+    """Move every copy and primary role away from NODE_ID (a plan `drain-NODE_ID`,
+    generated and executed), wait with progress, report. The node keeps running,
+    holding nothing; stop it, or bring partitions back with `reassign generate --add`."""
+    import time
+    from .errors import NodeError
+    from .reassign_ops import drain, holdings, read, wait
+    node_id = _text("NODE_ID", node_id)
+    etcd = _etcd(control_plane)
+    t0 = time.monotonic()
+    try:
+        name, moves = drain(etcd, prefix, node_id, max_moves=max_moves, throttle=throttle)
+    except NodeError as e:
+        _plan_error(e)
+    doc: dict[str, object] = {"node": node_id, "plan": name if moves else None, "moves": len(moves)}
+    if moves:
+        click.echo(f"draining {node_id}: plan {name}, {len(moves)} move(s)", err=as_json)
+        try:
+            last = wait(etcd, prefix, name, pool=_pool_or_none(secret_file), timeout=timeout,
+                        report=_report_wait(as_json))
+        except NodeError as e:
+            _fail(e)
+        doc["state"] = last["state"]
+        doc["status"] = last
+    try:
+        left = holdings(read(etcd, prefix).m, node_id)
+    except NodeError as e:
+        _fail(e)
+    doc.update(seconds=round(time.monotonic() - t0, 1), still_holds=left, ok=not left)
+    if as_json:
+        click.echo(json.dumps(doc, indent=1))
+    elif left:
+        click.echo(f"{node_id} still holds {len(left)} partition(s): {', '.join(left[:20])}"
+                   + (" ..." if len(left) > 20 else "") + f" (ferry cluster reassign status {name})")
+    else:
+        click.echo(f"{node_id} holds nothing: {len(moves)} move(s) done in {doc['seconds']}s; "
+                   "it can be stopped")
+    if left:
+        sys.exit(1)

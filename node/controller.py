@@ -34,9 +34,10 @@ from . import schema
 from .cluster_map import ClusterMap, PartRecord
 from .config import CacheConfig
 from .control import KV, Etcd, View
-from .jsonvalue import Json, JsonDoc
+from .jsonvalue import JsonDoc
 from .errors import BadRequest, NodeError, StaleEpoch, Unavailable
 from .mapview import map_from_keys
+from .reassign_driver import PlanDriver
 from .states import State
 
 if TYPE_CHECKING:
@@ -74,6 +75,8 @@ class Controller:
         self.looked_at = 0               # partitions looked at, over all rounds (a metric)
         self._born = time.monotonic()
         self._unborn: set[tuple[str, int]] = set()   # new partitions waiting for initial owners
+        # operator plans (P/reassign/*): applied by pinning owners, a bounded number at a time
+        self.plans = PlanDriver(prefix, etcd, view, caches, self._guard)
 
     # -- reading the map ----------------------------------------------------------
     def _guard(self) -> JsonDoc:
@@ -85,11 +88,16 @@ class Controller:
             kvs, rev = dict(self.view.kvs), self.view.revision
         return map_from_keys(kvs, rev, self.prefix, self.caches.values())[0]
 
+    def _whole_map(self) -> tuple["ClusterMap", "AbstractContextManager[object]"]:
+        """(the map, the lock that guards it)."""
+        if self.live is not None:
+            return self.live.map, self.live.lock
+        return self._view_map(), nullcontext()
+
     def _map(self) -> tuple["ClusterMap", "AbstractContextManager[object]", set[tuple[str, int]] | None]:
         """(the map, the lock that guards it, the partitions to look at: None = all)."""
-        if self.live is not None:
-            return self.live.map, self.live.lock, self.live.controller_dirty.take()
-        return self._view_map(), nullcontext(), None
+        m, lock = self._whole_map()
+        return m, lock, self.live.controller_dirty.take() if self.live is not None else None
 
     @staticmethod
     def _owning_of(m: "ClusterMap", cache: str, p: int) -> set[str]:
@@ -112,8 +120,15 @@ class Controller:
     # -- the periodic decision ----------------------------------------------------
     def decide(self) -> int:
         """Bring the records of the partitions that changed (every record at the first
-        round) in line with membership and reports; returns how many records changed.
-        Idempotent: run it on every change and periodically."""
+        round) in line with membership and reports, then take the running plans a step
+        further (node/reassign.py); returns how many records changed. Idempotent: run
+        it on every change and periodically."""
+        done = self._decide_records()
+        with self.lock:
+            self.plans.step(self._whole_map)
+        return done
+
+    def _decide_records(self) -> int:
         with self.lock:
             m, lock, dirty = self._map()
             writes: list[tuple[str, int, PartRecord, PartRecord | None]] = []
@@ -420,34 +435,6 @@ class Controller:
             return False
         kv = self.etcd.get(req_key)
         return kv is None or kv.mod != req_mod
-
-    def pin(self, plan: str, moves: list[JsonDoc]) -> int:
-        """A plan: each named partition gets exactly the named owners (primary first).
-        All or nothing: any bad entry refuses the whole plan. Returns the revision."""
-        placeable = {n for n, leaving in self._live_members().items() if not leaving}
-        staged: list[tuple[str, Json, int]] = []
-        for i, mv in enumerate(moves):
-            cache, p, to = mv["cache"], mv["partition"], mv["to"]
-            cc = self.caches.get(cache)
-            if cc is None:
-                raise BadRequest(f"plan {plan}: moves[{i}]: unknown cache {cache!r}")
-            if not 0 <= p < cc.partitions:
-                raise BadRequest(f"plan {plan}: moves[{i}]: cache {cache} has partitions "
-                                 f"0..{cc.partitions - 1}, not {p}")
-            if len(to) != cc.backups + 1 or len(set(to)) != len(to):
-                raise BadRequest(f"plan {plan}: moves[{i}]: 'to' must name {cc.backups + 1} "
-                                 f"different nodes (backups + 1), got {to}")
-            bad = [n for n in to if n not in placeable]
-            if bad:
-                raise BadRequest(f"plan {plan}: moves[{i}]: {', '.join(bad)} not a live member")
-            staged.append((f"{self.prefix}/pins/{cache}/{p}", list(to), 0))
-        rev = 0
-        for i in range(0, len(staged), TXN_BATCH):
-            ok, rev = self.etcd.txn([self._guard()], staged[i:i + TXN_BATCH])
-            if not ok:
-                raise Unavailable(f"{self.me} is no longer the controller; send the plan again")
-        log.info("stage=controller plan %s: %d partition(s) pinned", plan, len(staged))
-        return rev
 
     def _check_partition(self, cache: str, p: int) -> None:
         cc = self.caches.get(cache)

@@ -168,7 +168,8 @@ class WatchCompacted(NodeError):
 
 
 class PlanError(NodeError):
-    """A manual reassignment plan (``DATA/plans/*.json``) is malformed."""
+    """A reassignment plan (node/reassign.py) is malformed or does not fit the cluster
+    (a dead or unknown node, an unknown cache, a partition out of range)."""
 
     code = "bad_plan"
 

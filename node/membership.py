@@ -23,7 +23,6 @@ from .controller import Controller, part_key
 from .errors import ConfigError, ControlPlaneDown, NodeError, OutcomeUnknown, Unavailable
 from .mapview import MapBuilder
 from .placement import Placement
-from .ports import Handlers
 from .states import State
 
 log = logging.getLogger("ferry.node.membership")
@@ -93,9 +92,6 @@ class ControlPlane:
         self._forced: set[tuple[str, int]] = set()   # report keys, written even if unchanged
         self._member_lost = False                     # the member key is to be put back
         self._deregistered = False                    # a completed leave: nothing is put back
-
-    def handlers(self) -> Handlers:
-        return {"pin": self.op_pin}
 
     # -- start --------------------------------------------------------------------
     def connect(self) -> None:
@@ -473,25 +469,6 @@ class ControlPlane:
             except Exception:
                 log.exception("stage=controller round crashed")
                 self.ctx.events.stopping.wait(0.5)
-
-    def call_controller(self, method: str, **args: object) -> object:
-        if self.controller is not None:
-            return self.handlers()[method](**args)
-        with self.ctx.map.lock:
-            ctl = self.ctx.map.map.controller
-            addr = self.ctx.map.map.address(ctl)
-        if addr is None:
-            raise Unavailable("no controller now (election in progress or control plane down)")
-        return self.ctx.pool.call(addr, method, timeout=5.0, **args)
-
-    def _controller_or_fail(self) -> Controller:
-        ctl = self.controller
-        if ctl is None or not self.ctx.lease_valid():
-            raise Unavailable(f"{self.ctx.id} is not the controller (controller: {self.ctx.map.map.controller})")
-        return ctl
-
-    def op_pin(self, plan: str, moves: list[dict[str, object]]) -> int:
-        return self._controller_or_fail().pin(plan, moves)
 
     def _election_holder(self, key: str, kv: KV | None) -> schema.ControllerDoc | None:
         """The node the election key names, if it holds the election: a valid value,

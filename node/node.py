@@ -111,7 +111,7 @@ class Node:
         self.watcher: Watcher | None = None
         self.live_validation = LiveValidation.of(ctx, self.updates.leads)   # docs/validation.md
         self.handlers: dict[str, Handler] = {
-            **self.control.handlers(), **self.updates.handlers(), **self.rebalancer.handlers(),
+            **self.updates.handlers(), **self.rebalancer.handlers(),
             **self.live_validation.handlers,
             "ping": self.op_ping, "get_map": self.op_get_map, "leave": self.op_leave,
             "moves": self.op_moves, "moves_done": self.op_moves_done, "metrics": self.op_metrics}
@@ -158,7 +158,7 @@ class Node:
         threading.Thread(target=self.reconciler.run, name="reconcile", daemon=True).start()
         if ctx.cfg.metrics_listen:
             self.http = metrics_mod.serve(ctx.cfg.metrics_listen, ctx.metrics)
-        self.watcher = Watcher(ctx, self.apply_live_config, self.control.call_controller)
+        self.watcher = Watcher(ctx, self.apply_live_config)
         self.watcher.start()
         ctx.wake()
         log.info("stage=serving node=%s listening on %s", ctx.id, ctx.cfg.listen)
@@ -199,9 +199,6 @@ class Node:
         if role != "node" and method not in CLIENT_METHODS:
             raise BadRequest(f"method {method!r} is for nodes only")
         return fn(**args)
-
-    def call_controller(self, method: str, **args: object) -> object:
-        return self.control.call_controller(method, **args)
 
     # membership handlers
     def op_ping(self) -> dict[str, object]:

@@ -1,8 +1,8 @@
 """The controller's rules against a real etcd (no node processes): records are created
 from the creator's reports, a copy leaves the in-sync set only through the controller
 (and never the last one), a primary comes only from the in-sync set, a deposed
-controller or primary changes nothing, pins are all-or-nothing, and a partition whose
-in-sync copies are all back without it is LOST."""
+controller or primary changes nothing, and a partition whose in-sync copies are all
+back without it is LOST. (Plans: tests/node/test_reassign_units.py.)"""
 from __future__ import annotations
 
 import time
@@ -155,24 +155,6 @@ def test_a_partition_whose_in_sync_copies_came_back_empty_is_lost(etcd):
     w.decide()
     r = w.rec(0)
     assert r.lost and r.primary is None and r.isr == ("a",)
-
-
-def test_pins_are_all_or_nothing(etcd):
-    w = World(etcd)
-    for n in "abc":
-        w.member(n)
-    w.view.load()
-    for bad, needle in [([{"cache": "default", "partition": 1, "to": ["a", "zz"]}], "zz"),
-                        ([{"cache": "nope", "partition": 1, "to": ["a", "b"]}], "unknown cache"),
-                        ([{"cache": "default", "partition": 4, "to": ["a", "b"]}], "partitions 0..3"),
-                        ([{"cache": "default", "partition": 1, "to": ["a"]}], "2 different nodes"),
-                        ([{"cache": "default", "partition": 1, "to": ["a", "a"]}], "2 different nodes")]:
-        ok = {"cache": "default", "partition": 0, "to": ["c", "b"]}
-        with pytest.raises(BadRequest, match=needle):
-            w.ctl.pin("p", [ok] + bad)
-        assert etcd.range_prefix(f"{PREFIX}/pins/")[1] == {}
-    w.ctl.pin("p", [{"cache": "default", "partition": 3, "to": ["c", "a"]}])
-    assert etcd.get(f"{PREFIX}/pins/default/3").value == ["c", "a"]
 
 
 def test_the_view_follows_etcd_and_resumes_after_an_outage(tmp_path):

@@ -261,60 +261,6 @@ def test_status_shows_file_moves_with_stages(tmp_path, nodes):
     assert "ferry_node_replay_backlog{" in text and "ferry_node_tempwal_ingest{" in text
 
 
-def _owners(doc: dict, cache: str = "default") -> dict[int, list[str]]:
-    return {p["partition"]: sorted(n for n, s in p["states"].items() if s == "OWNING")
-            for p in doc["partitions"] if p["cache"] == cache}
-
-
-def drop_plan(plans: str, name: str, text: str) -> None:
-    """As an operator should: write elsewhere, then rename into the folder."""
-    tmp = os.path.join(plans, name + ".json.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.rename(tmp, os.path.join(plans, name + ".json"))
-
-
-def _wait_status(path, want: set[str], timeout: float = 60.0) -> dict:
-    deadline = time.monotonic() + timeout
-    doc: dict = {}
-    while time.monotonic() < deadline:
-        try:
-            doc = json.loads(open(path).read())
-            if doc["state"] in want:
-                return doc
-        except (OSError, ValueError):
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"{path}: {doc}")
-
-
-def test_plan_moves_exactly_the_partitions_it_names(tmp_path, nodes):
-    secret, cfg, n1, n2 = start_pair(tmp_path, nodes)
-    n3 = NodeProc(str(tmp_path), "n3", secret, config=cfg)
-    nodes.append(n3)
-    n3.start()
-    before = _owners(wait_settled(n1.address, secret, 3, 1))
-    # two partitions that n3 does not hold go to n3 (primary) + one current owner
-    picks = [p for p, o in before.items() if "n3" not in o][:2]
-    assert len(picks) == 2, before
-    plan = {"moves": [{"cache": "default", "partition": p, "to": ["n3", before[p][0]]} for p in picks]}
-    plans = os.path.join(n2.data, "plans")             # any node's plans folder will do
-    drop_plan(plans, "bad", '{"moves": [{"partition": "x"}]}')
-    st = _wait_status(os.path.join(plans, "bad.status"), {"failed", "done"})
-    assert st["state"] == "failed" and "partition" in st["reason"]
-    drop_plan(plans, "ghost", json.dumps({"moves": [{"partition": picks[0], "to": ["n3", "n9"]}]}))
-    st = _wait_status(os.path.join(plans, "ghost.status"), {"failed", "done"})
-    assert st["state"] == "failed" and "n9" in st["reason"]
-    assert _owners(status(n1.address, secret)) == before     # failed plans changed nothing
-    drop_plan(plans, "two", json.dumps(plan))
-    st = _wait_status(os.path.join(plans, "two.status"), {"failed", "done"}, timeout=90)
-    assert st["state"] == "done", st
-    after = _owners(wait_settled(n1.address, secret, 3, 1))
-    for p in before:
-        want = sorted(["n3", before[p][0]]) if p in picks else before[p]
-        assert after[p] == want, (p, before[p], after[p])
-
-
 def test_config_file_changes_apply_live(tmp_path, nodes):
     secret = write_secret(str(tmp_path / "secret"))
     cfg = tmp_path / "node.toml"

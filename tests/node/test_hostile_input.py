@@ -13,7 +13,6 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from types import SimpleNamespace
 
@@ -393,63 +392,6 @@ def test_a_garbage_index_goes_away_as_the_message_says(written, tmp_path):
             assert c.lookup("default", "by_city", "oslo") == sorted(f"k{i}".encode() for i in range(20))
     finally:
         n.stop()
-
-
-# -- plans (node/watch.py) --------------------------------------------------------------------
-def _watcher(tmp_path):
-    from node.watch import Watcher
-    calls: list[dict] = []
-    ctx = SimpleNamespace(cfg=SimpleNamespace(data=str(tmp_path), source=None),
-                          events=SimpleNamespace(stopping=threading.Event()))
-    ctx.events.stopping.set()          # a plan that gets through would not wait for moves
-    return Watcher(ctx, lambda old, new: None, lambda *a, **kw: calls.append(kw)), calls
-
-
-def _status(path: str) -> dict:
-    import json
-    with open(path[:-5] + ".status") as f:
-        return json.load(f)
-
-
-@pytest.mark.parametrize("raw, reason", [
-    (b"[" * 100_000 + b"]" * 100_000, "nested more than"),
-    (b'{"moves": [' + b'{"partition": 1, "to": ["n1"]}, ' * 40_000 + b'{"partition": 1, "to": ["n1"]}]}',
-     "more than the limit"),
-    (b'{"moves": [{"partition": 1, "to": [[[[[[[["n1"]]]]]]]]}]}', "nested more than"),
-], ids=["100k-deep", "1.2MB", "deep-inside"])
-def test_hostile_plans_fail_once_with_a_status(tmp_path, raw, reason):
-    w, calls = _watcher(tmp_path)
-    path = os.path.join(w.plans_dir, "p.json")
-    with open(path, "wb") as f:
-        f.write(raw)
-    w._plan_thread(path)
-    st = _status(path)
-    assert st["state"] == "failed" and reason in st["reason"], st
-    assert calls == []
-    # the plan's contents are not kept once read (a digest is)
-    assert all(len(v) <= 32 for v in w._seen.values()), w._seen
-
-
-def test_a_fifo_plan_does_not_hang_the_plan_thread(tmp_path):
-    w, _ = _watcher(tmp_path)
-    path = os.path.join(w.plans_dir, "p.json")
-    os.mkfifo(path)
-    t = threading.Thread(target=w._plan_thread, args=(path,), daemon=True)
-    t.start()
-    t.join(10)
-    assert not t.is_alive(), "the plan thread blocked opening a FIFO"
-    assert _status(path)["state"] == "failed"
-
-
-def test_a_plan_that_breaks_run_plan_still_gets_a_status(tmp_path):
-    w, _ = _watcher(tmp_path)
-    w.call_controller = lambda *a, **kw: 1 / 0          # not a NodeError: a bug
-    path = os.path.join(w.plans_dir, "p.json")
-    with open(path, "wb") as f:
-        f.write(b'{"moves": [{"partition": 1, "to": ["n1"]}]}')
-    w._plan_thread(path)
-    st = _status(path)
-    assert st["state"] == "failed" and "ZeroDivisionError" in st["reason"]
 
 
 # -- the client and `ferry cluster` ------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""In-process pieces of file-based rebalancing: the temp WAL, plan parsing and the
-coordinator's all-or-nothing pins, the map's pinned ideal owners, move status/ETA."""
+"""In-process pieces of file-based rebalancing: the temp WAL, settings, move status/ETA
+and batched apply. (Plans: tests/node/test_reassign_units.py.)"""
 from __future__ import annotations
 
 import json
@@ -12,7 +12,6 @@ from node.config import CacheConfig, load
 from node.errors import ConfigError
 from node.rebalance import Move
 from node.tempwal import TempWalSink, Update, leftovers, remove, tmpwal_dir
-from node.watch import PlanError, parse_plan
 
 
 # -- temp WAL -------------------------------------------------------------------------
@@ -66,29 +65,6 @@ def test_temp_wal_reader_never_blocks_appends(tmp_path):
         t.join()
     assert seen == list(range(1, len(seen) + 1)) and len(seen) >= 100
     sink.destroy()
-
-
-# -- plans ----------------------------------------------------------------------------
-@pytest.mark.parametrize("raw, needle", [
-    (b"{not json", "not valid JSON"),
-    (b"[]", "expected"),
-    (b'{"moves": []}', "expected"),
-    (b'{"moves": [3]}', "moves[0] must be an object"),
-    (b'{"moves": [{"partition": "1", "to": ["a"]}]}', "partition must be an integer"),
-    (b'{"moves": [{"partition": true, "to": ["a"]}]}', "partition must be an integer"),
-    (b'{"moves": [{"partition": 1, "to": "a"}]}', "to must be a non-empty list"),
-    (b'{"moves": [{"partition": 1, "to": []}]}', "to must be a non-empty list"),
-    (b'{"moves": [{"cache": 5, "partition": 1, "to": ["a"]}]}', "cache must be a string"),
-])
-def test_malformed_plans_are_refused_with_a_reason(raw, needle):
-    with pytest.raises(PlanError, match=None) as e:
-        parse_plan(raw)
-    assert needle in str(e.value)
-
-
-def test_plan_defaults_the_cache():
-    assert parse_plan(b'{"moves": [{"partition": 2, "to": ["a", "b"]}]}') == [
-        {"cache": "default", "partition": 2, "to": ["a", "b"]}]
 
 
 # -- config and move status --------------------------------------------------------------
