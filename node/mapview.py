@@ -86,14 +86,17 @@ class MapBuilder:
         m.counters[cache][p][node] = entry.counter
         m.node_parts.setdefault(node, set()).add((cache, p))
 
-    def _report_doc(self, node: str, key: str, kv: KV | None, d: Delta) -> None:
+    def _report_doc(self, node: str, key: str, kv: KV | None, d: Delta, snapshot: bool) -> None:
         new: dict[PartKey, schema.ReportEntry] = {}
         bad: schema.Malformed | None = None
         if kv is not None:
             try:
                 new = schema.report_doc(key, kv, self._sizes)
             except schema.Malformed as e:
-                bad = e                  # absent: the entries it gave before go too
+                if not snapshot:         # refused, as a one-partition report is
+                    e.action = "kept the entries it last held"
+                    raise
+                bad = e
         old = self._docs.pop(node, {})
         for k in old.keys() - new.keys():
             self._set_state(node, k[0], k[1], None, d)
@@ -173,7 +176,7 @@ class MapBuilder:
             if bad is not None:
                 raise bad
         elif kind == "reports" and len(parts) == 2:
-            self._report_doc(parts[1], key, kv, d)
+            self._report_doc(parts[1], key, kv, d, snapshot)
         elif kind == "reports" and len(parts) == 4:
             node, cache = parts[1], parts[2]
             p = self._partition(key, cache, parts[3])
@@ -184,8 +187,15 @@ class MapBuilder:
                 schema.node_id(node)
                 entry = schema.report_entry(key, kv)
             except ValueError as e:
-                self._set_state(node, cache, p, None, d)       # absent
-                raise e if isinstance(e, schema.Malformed) else schema.Malformed(key, kv.mod, str(e)) from None
+                # refused: the state this key last held stays (absent in a load). Read
+                # as absent it would take the copy out of the in-sync set, and a
+                # primary that dies then would leave the partition with no successor;
+                # a live node puts its own report back at once
+                if snapshot:
+                    self._set_state(node, cache, p, None, d)
+                err = e if isinstance(e, schema.Malformed) else schema.Malformed(key, kv.mod, str(e))
+                err.action = "kept the state it last held; its node puts it back"
+                raise err from None
             self._set_state(node, cache, p, entry, d)
         elif kind == "parts" and len(parts) == 3:
             cache = parts[1]

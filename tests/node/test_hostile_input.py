@@ -428,3 +428,32 @@ def test_cluster_commands_refuse_non_utf8_arguments(one, args):
     assert r.returncode == 2, r.stderr
     assert "Traceback" not in r.stderr and "not UTF-8 text (byte 0x" in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+# -- a cluster record in etcd (P/meta) that is garbage -------------------------------------
+@pytest.mark.parametrize("meta, needle", [
+    ({"caches": "default", "created_by": "n0"}, "caches must be a non-empty list, not a string"),
+    ([1, 2], "must be a JSON object, not a list"),
+    ({"caches": [{"name": "default", "partitions": "4", "backups": 0}]}, "partitions must be a whole number"),
+    ({"caches": [{"name": "default", "partitions": 4, "backups": 0}], "initial_members": "n1"},
+     "initial_members must be a list"),
+    (b"{not json", "not JSON"),
+], ids=["caches-string", "a-list", "partitions-string", "initial-members-string", "not-json"])
+def test_a_garbage_cluster_record_refuses_the_start_with_one_line(tmp_path, meta, needle):
+    import base64
+
+    from nodeharness import control_plane
+    from node.control import Etcd
+    endpoints = control_plane()
+    e = Etcd(endpoints)
+    if isinstance(meta, bytes):
+        e.post("/kv/put", {"key": base64.b64encode(b"/ferry/default/meta").decode(),
+                           "value": base64.b64encode(meta).decode()})
+    else:
+        e.put("/ferry/default/meta", meta)
+    secret = write_secret(str(tmp_path / "secret"))
+    r = node_start(["--id", "n1", "--data", str(tmp_path / "d"), "--listen", f"127.0.0.1:{free_port()}",
+                    "--secret-file", secret, "--control-plane", ",".join(endpoints),
+                    "--partitions", "4", "--backups", "0"], timeout=60)
+    line = assert_one_line_error(r, needle)
+    assert "/ferry/default/meta" in line and "revision" in line, line

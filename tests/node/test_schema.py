@@ -198,14 +198,26 @@ def test_a_malformed_record_seen_in_a_load_is_not_known():
     assert b.map.parts["c"][0] == PartRecord() and not b.map.garbage[("c", 0)].known
 
 
-def test_malformed_members_reports_pins_and_election_keys_read_as_absent():
+def test_malformed_members_pins_and_election_keys_read_as_absent():
     b = builder()
-    b.apply([(f"{P}/members/n2", kvr(["n2"], 6)), (f"{P}/reports/n1/c/0", kvr({"caches": []}, 6)),
+    b.apply([(f"{P}/members/n2", kvr(["n2"], 6)),
              (f"{P}/controller", kvr(["n1"], 6)), (f"{P}/pins/c/2", kvr("n1", 6)),
              (f"{P}/settings/transfer.rate_limit", kvr(HUGE_TEXT, 6)), (f"{P}/meta", kvr({"caches": "x"}, 6))], 6)
     m = b.map
-    assert set(m.members) == {"n1"} and m.states["c"][0] == {} and m.controller is None
+    assert set(m.members) == {"n1"} and m.controller is None
     assert 2 not in m.pins["c"] and b.settings == {} and m.creator is None
+
+
+def test_a_malformed_report_keeps_the_state_it_last_held():
+    """Read as absent, a garbage report would take its copy out of the in-sync set (and
+    a primary dying then would leave the partition without a successor)."""
+    b = builder()
+    b.apply([(f"{P}/reports/n1/c/0", kvr({"caches": []}, 6)),
+             (f"{P}/reports/n2", kvr({"caches": ["c"]}, 6))], 6)
+    assert b.map.states["c"][0] == {"n1": "OWNING"} and b.map.counters["c"][0] == {"n1": 5}
+    b = MapBuilder(P, [CacheConfig("c", 4, 1)])           # in a load: nothing to keep
+    b.apply([(f"{P}/reports/n1/c/0", kvr({"caches": []}, 6))], 6, snapshot=True)
+    assert b.map.states["c"][0] == {}
 
 
 def test_each_malformed_key_and_revision_is_logged_once_without_a_traceback(caplog, monkeypatch):
