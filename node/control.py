@@ -17,7 +17,8 @@ Three small pieces over the ``etcd3gw`` client (etcd's v3 JSON gateway):
 Values are JSON. The key layout (``docs/node.md``, "Control plane"):
 ``P/meta``, ``P/members/<node>`` (lease), ``P/reports/<node>`` (lease),
 ``P/controller`` (lease; the election), ``P/parts/<cache>/<p>``, ``P/pins/<cache>/<p>``,
-``P/settings/<name>``.
+``P/settings/<name>``. What each value must hold is checked by :mod:`node.schema`; a
+value that is not JSON is delivered with ``KV.bad`` saying why, never as an exception.
 """
 from __future__ import annotations
 
