@@ -21,7 +21,7 @@ from transfer import Limits, SupplierServer
 from .admission import Admission
 from .config import NodeConfig
 from .context import NodeContext
-from .errors import NodeError, Unavailable
+from .errors import BadRequest, NodeError, Unavailable
 from .filemove import make_supplier_storage, node_move_engine, start_supplier
 from .move import FETCH_BYTES, Move, MoveEngine, supply_batch  # noqa: F401  (public here too)
 from .ports import Handlers, IsrControl, Leadership
@@ -59,7 +59,8 @@ class Rebalancer:
     def handlers(self) -> Handlers:
         return {"demand": self.op_demand, "fetch": self.op_fetch, "demand_done": self.op_demand_done,
                 "register": self.op_register, "handoff": self.op_handoff, "unfence": self.op_unfence,
-                "ack_latency": self.admission.op_ack_latency, "admission": self.admission.status}
+                "ack_latency": self.admission.op_ack_latency, "admission": self.admission.status,
+                "holds": self.op_holds}
 
     def start_supplier(self) -> str:
         """Serve this node's partition files; returns the address to advertise."""
@@ -148,6 +149,16 @@ class Rebalancer:
                 raise self.leader.not_primary(cache, p)
             self.ctx.repl.copies.setdefault((cache, p), {})[node] = address
             return {"counter": self.ctx.data[cache].counter(p)}
+
+    def op_holds(self, cache: str, p: int) -> dict[str, object]:
+        """Which node this is and its copy of p: state and counter (a node asks before
+        it evicts its own copy that the map gives to this one)."""
+        if cache not in self.ctx.data or isinstance(p, bool) or not isinstance(p, int) \
+                or not 0 <= p < self.ctx.data[cache].cache.partitions:
+            raise BadRequest(f"holds: no partition {p!r} of cache {cache!r} here")
+        st = self.ctx.states.get(cache, p)
+        return {"node": self.ctx.id, "state": st.value if st else None,
+                "counter": self.ctx.data[cache].counter(p) if st == State.OWNING else 0}
 
     def can_supply(self, cache: str, p: int) -> str | None:
         """None when this node may send p's file; else why not."""

@@ -54,6 +54,10 @@ class Reconciler:
         self.control = control
         self.movers = movers
         self._isr_joins: set[PartKey] = set()   # copies asking their primary to count
+        # evictions: new owners being asked whether they hold p (``holds``), and the
+        # (record, lease) token under which they all confirmed
+        self._confirming: set[PartKey] = set()
+        self._confirmed: dict[PartKey, Hashable] = {}
         self.backoff: Backoff[PartKey] = Backoff(RETRY_BASE_S, RETRY_CAP_S)   # failed joins, hand-offs
         self._again: set[PartKey] = set()       # to look at in the next pass too
         # partitions assigned here that wait for a move slot, in the order they came
@@ -199,11 +203,58 @@ class Reconciler:
                     data.drop(p)
             elif st == State.OWNING and prim != me and ideal and all(
                     n in rec.isr and n in owning for n in ideal):
+                # the map says so; the new owners must say so too, over authenticated
+                # RPC, before this copy goes (a forged map in etcd names owners that
+                # do not hold p: nothing is deleted for it)
+                if self._confirmed.get(key) != token:
+                    if key not in self._confirming and self.backoff.ready(key, token):
+                        self._confirming.add(key)
+                        self._pool.submit(self._confirm_owners, cache, p, tuple(ideal), token)
+                    return True
+                self._confirmed.pop(key, None)
                 self.ctx.states.set(cache, p, State.RENTING, reason="new owners are in sync")
                 return not self.evict(cache, p, "no longer an owner")
             elif st == State.RENTING:
                 return not self.evict(cache, p, "finishing eviction")
         return False
+
+    def _confirm_owners(self, cache: str, p: int, owners: tuple[str, ...], token: Hashable) -> None:
+        """Each new owner says, over authenticated RPC (``holds``), that it is the node
+        the map names and holds p OWNING at a counter at least this copy's. Only then
+        may the copy be evicted (the next look, with the same record and lease)."""
+        key = (cache, p)
+        why = ""
+        try:
+            mine = self.ctx.data[cache].counter(p)
+            for n in owners:
+                with self.ctx.map.lock:
+                    addr = self.ctx.map.map.address(n)
+                if addr is None:
+                    why = f"{n} has no address"
+                    break
+                try:
+                    r = self.ctx.pool.call(addr, "holds", timeout=5.0, cache=cache, p=p)
+                except NodeError as e:
+                    why = f"{n} at {addr} did not answer: {str(e)[:120]}"
+                    break
+                if not isinstance(r, dict) or r.get("node") != n or r.get("state") != State.OWNING.value \
+                        or not isinstance(r.get("counter"), int) or r["counter"] < mine:
+                    why = f"{n} at {addr} answered {str(r)[:160]} (this copy is at {mine})"
+                    break
+        except Exception as e:      # a bug here must not take the eviction path with it
+            why = f"confirmation failed: {e!r}"
+            log.exception("stage=evict cache=%s partition=%d owner confirmation crashed", cache, p)
+        finally:
+            self._confirming.discard(key)
+        if why:
+            wait = self.backoff.failed(key, token)
+            log.warning("stage=evict cache=%s partition=%d kept: the map names %s as its owners, "
+                        "but %s; asked again in %.1fs", cache, p, ",".join(owners), why, wait)
+        else:
+            self.backoff.succeeded(key)
+            self._confirmed[key] = token
+        self.ctx.map.dirty.add([key])
+        self.ctx.wake()
 
     def evict(self, cache: str, p: int, why: str) -> bool:
         """RENTING -> EVICTED: the file is deleted once no transfer reads it (else the
