@@ -10,11 +10,14 @@ import os
 import re
 import tomllib
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from faults import fileio
 
 from .errors import ConfigError
+
+if TYPE_CHECKING:
+    from .control import EtcdAccess
 
 DEFAULT_PARTITIONS = 64
 DEFAULT_BACKUPS = 1
@@ -75,6 +78,13 @@ class NodeConfig:
     control_prefix: str = "/ferry/default"   # key prefix: one etcd can hold several clusters
     lease_ttl_s: int = 3                  # the node's etcd lease: a node silent this long is failed
     lease_margin_s: float = 0.5           # a primary stops acknowledging this long before its lease may end
+    # how the node proves itself to etcd (node/control.py EtcdAccess): etcd's CA, a
+    # client certificate and key, an etcd user and the file holding its password
+    etcd_ca: str | None = None
+    etcd_cert: str | None = None
+    etcd_key: str | None = None
+    etcd_user: str | None = None
+    etcd_password_file: str | None = None
     min_in_sync: int = 1                  # writes are refused with fewer in-sync copies (docs/node.md)
     # the members a new cluster starts with (like etcd's --initial-cluster): each
     # creates its rendezvous share of the partitions, empty, so nothing moves at start
@@ -201,6 +211,11 @@ _KEYS: dict[tuple[str, ...], str] = {
     ("control_plane", "prefix"): "control_prefix",
     ("control_plane", "lease_ttl_s"): "lease_ttl_s",
     ("control_plane", "lease_margin_s"): "lease_margin_s",
+    ("control_plane", "ca"): "etcd_ca",
+    ("control_plane", "cert"): "etcd_cert",
+    ("control_plane", "key"): "etcd_key",
+    ("control_plane", "user"): "etcd_user",
+    ("control_plane", "password_file"): "etcd_password_file",
     ("cluster", "min_in_sync"): "min_in_sync",
     ("cluster", "initial_members"): "initial_members",
     ("limits", "max_key_bytes"): "max_key_bytes",
@@ -267,7 +282,8 @@ def load(path: str | None = None, **flags: Any) -> NodeConfig:
     if path:
         values.update(_flatten(read_toml(path), path))
         base = os.path.dirname(os.path.abspath(path))
-        for k in ("data", "secret_file"):  # relative paths are relative to the file
+        for k in ("data", "secret_file", "etcd_ca", "etcd_cert", "etcd_key",
+                  "etcd_password_file"):  # relative paths are relative to the file
             if isinstance(values.get(k), str) and not os.path.isabs(values[k]):
                 values[k] = os.path.join(base, values[k])
     for k, v in flags.items():
@@ -309,6 +325,14 @@ def load(path: str | None = None, **flags: Any) -> NodeConfig:
         raise ConfigError(f"{path}: {e}") from None
 
 
+def access(cfg: NodeConfig) -> "EtcdAccess":
+    """The node's etcd credentials: the [control_plane] keys, or the environment's
+    (``FERRY_ETCD_*``) when the file sets none of them."""
+    from .control import EtcdAccess
+    a = EtcdAccess(cfg.etcd_ca, cfg.etcd_cert, cfg.etcd_key, cfg.etcd_user, cfg.etcd_password_file)
+    return EtcdAccess.from_env() if a.empty else a
+
+
 def validate(cfg: NodeConfig) -> NodeConfig:
     parse_address(cfg.listen)
     if cfg.advertise:
@@ -316,6 +340,7 @@ def validate(cfg: NodeConfig) -> NodeConfig:
     if cfg.control_plane:
         from .control import parse_endpoints
         parse_endpoints(cfg.control_plane)
+    access(cfg).check(cfg.control_plane)
     if not isinstance(cfg.lease_ttl_s, int) or isinstance(cfg.lease_ttl_s, bool) \
             or not 2 <= cfg.lease_ttl_s <= 600:
         raise ConfigError(f"control_plane.lease_ttl_s must be a whole number of seconds 2..600 "

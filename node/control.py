@@ -25,6 +25,8 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import os
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -42,6 +44,102 @@ if TYPE_CHECKING:
 
 REQUEST_TIMEOUT_S = 2.0      # one etcd request; a lease TTL is 2 s or more
 WATCH_IDLE_S = 3.0           # a watch stream silent this long is re-opened from its revision
+MAX_PASSWORD_FILE = 4096
+
+# the environment's credentials, read when a caller names none (the ferry cluster and
+# validate commands; a node's [control_plane] keys win over them)
+ENV_CA, ENV_CERT, ENV_KEY = "FERRY_ETCD_CA", "FERRY_ETCD_CERT", "FERRY_ETCD_KEY"
+ENV_USER, ENV_PASSWORD_FILE = "FERRY_ETCD_USER", "FERRY_ETCD_PASSWORD_FILE"
+
+
+class ControlPlaneAccessError(ConfigError):
+    """etcd refused who this client is or what it asked for: a client certificate it
+    does not trust, a wrong user or password, no user where auth is on, a key outside
+    the user's roles. Not a matter of waiting: a node stops at start (exit status 2)."""
+
+    code = "config"
+
+
+@dataclass(frozen=True)
+class EtcdAccess:
+    """How a client proves itself to etcd: the CA that signed etcd's server certificate
+    (``ca``; None: the system's bundle), a client certificate and its key (etcd's
+    ``--client-cert-auth``), and an etcd user with a file holding its password (etcd's
+    RBAC; the HTTP gateway Ferry uses ignores a certificate's common name, so the user
+    logs in with the password and sends the token etcd returns)."""
+
+    ca: str | None = None
+    cert: str | None = None
+    key: str | None = None
+    user: str | None = None
+    password_file: str | None = None
+
+    @classmethod
+    def from_env(cls, env: "os._Environ[str] | dict[str, str] | None" = None) -> "EtcdAccess":
+        e = os.environ if env is None else env
+        return cls(e.get(ENV_CA) or None, e.get(ENV_CERT) or None, e.get(ENV_KEY) or None,
+                   e.get(ENV_USER) or None, e.get(ENV_PASSWORD_FILE) or None)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.ca or self.cert or self.key or self.user or self.password_file)
+
+    def check(self, endpoints: list[str] | tuple[str, ...] = ()) -> None:
+        """ConfigError naming the key when the settings cannot work together."""
+        for name, path in (("ca", self.ca), ("cert", self.cert), ("key", self.key),
+                           ("password_file", self.password_file)):
+            if path is not None and (not isinstance(path, str) or not os.path.isfile(path)):
+                raise ConfigError(f"control_plane.{name} {path!r} is not a file")
+        if bool(self.cert) != bool(self.key):
+            raise ConfigError("control_plane.cert and control_plane.key go together (the client "
+                              "certificate and its private key, e.g. from ferry certs issue)")
+        if self.user is not None and (not isinstance(self.user, str) or not self.user):
+            raise ConfigError(f"control_plane.user must be an etcd user name, not {self.user!r}")
+        if bool(self.user) != bool(self.password_file):
+            raise ConfigError("control_plane.user and control_plane.password_file go together "
+                              "(an etcd user and a file holding its password; never a literal)")
+        if (self.ca or self.cert) and endpoints:
+            plain = [e for e in endpoints if not e.startswith("https://")]
+            if plain:
+                raise ConfigError(f"control_plane.endpoints {', '.join(plain)}: with a ca or "
+                                  "client certificate set, etcd is reached over https://")
+
+    def password(self) -> str:
+        assert self.password_file is not None
+        try:
+            with open(self.password_file, "rb") as f:
+                raw = f.read(MAX_PASSWORD_FILE + 1)
+        except OSError as e:
+            raise ConfigError(f"cannot read control_plane.password_file {self.password_file}: "
+                              f"{e.strerror}") from None
+        pw = raw.decode("utf-8", "replace").rstrip("\r\n")
+        if not pw or len(raw) > MAX_PASSWORD_FILE or "\n" in pw:
+            raise ConfigError(f"control_plane.password_file {self.password_file} must hold one "
+                              "line: the etcd user's password")
+        return pw
+
+
+def _describe(path: str, body: JsonDoc) -> str:
+    """What a request asked for, in words, naming its keys."""
+    def key_of(d: JsonDoc) -> str:
+        k = _unb64(str(d.get("key", ""))).decode("utf-8", "backslashreplace")
+        end = d.get("range_end")
+        return f"the keys under {k}" if end else k
+    if path == "/kv/txn":
+        keys: list[str] = []
+        for c in body.get("compare", []) or []:         # type: ignore[union-attr]
+            keys.append(key_of(c))                       # type: ignore[arg-type]
+        for op in body.get("success", []) or []:        # type: ignore[union-attr]
+            for v in op.values():                        # type: ignore[union-attr]
+                keys.append(key_of(v))
+        uniq = list(dict.fromkeys(keys))
+        return "write " + ", ".join(uniq[:3]) + (f" (+{len(uniq) - 3} more)" if len(uniq) > 3 else "")
+    verb = {"/kv/range": "read", "/kv/put": "write", "/kv/deleterange": "delete"}.get(path)
+    if verb:
+        return f"{verb} {key_of(body)}"
+    if path.startswith("/lease") or path.startswith("/kv/lease"):
+        return f"{path.rsplit('/', 1)[-1]} a lease (its keys' write permission)"
+    return f"call {path}"
 
 
 def _b64(s: str | bytes) -> str:
@@ -114,27 +212,102 @@ def parse_endpoints(endpoints: list[str] | tuple[str, ...]) -> list[tuple[str, s
 
 
 class Etcd:
-    """etcd's v3 API through etcd3gw, with failover between endpoints."""
+    """etcd's v3 API through etcd3gw, with failover between endpoints. ``access``: the
+    CA, client certificate and etcd user (None: the environment's, ``FERRY_ETCD_*``)."""
 
-    def __init__(self, endpoints: list[str] | tuple[str, ...], timeout: float = REQUEST_TIMEOUT_S) -> None:
+    def __init__(self, endpoints: list[str] | tuple[str, ...], timeout: float = REQUEST_TIMEOUT_S,
+                 access: EtcdAccess | None = None) -> None:
         import etcd3gw
         self.endpoints = list(endpoints)
         self.timeout = timeout
-        self._clients = [etcd3gw.client(host=h, port=p, protocol=s, timeout=timeout, api_path="/v3/")
+        self.access = EtcdAccess.from_env() if access is None else access
+        self.access.check(self.endpoints)
+        a = self.access
+        self._clients = [etcd3gw.client(host=h, port=p, protocol=s, timeout=timeout, api_path="/v3/",
+                                        ca_cert=a.ca, cert_key=a.key, cert_cert=a.cert)
                          for s, h, p in parse_endpoints(endpoints)]
         for c in self._clients:
             # requests would read the proxy variables and ~/.netrc again for every call:
             # a fifth of the controller's CPU at 1,000 nodes; the endpoints are explicit
             c.session.trust_env = False
         self._cur = 0
+        self._auth_off_warned = False
+        self._auth_off: set[int] = set()     # clients whose etcd said auth is off
 
-    def _call(self, fn: Callable[[Etcd3Client], T]) -> T:
+    # -- who this client is -------------------------------------------------------
+    def _login(self, c: "Etcd3Client") -> None:
+        """Get a token for ``access.user`` from this endpoint (once per endpoint; again
+        when etcd forgets it, e.g. after a restart)."""
+        from etcd3gw import exceptions as ex
+        try:
+            r = c.post(c.get_url("/auth/authenticate"),
+                       json={"name": self.access.user, "password": self.access.password()})
+        except ex.Etcd3Exception as e:
+            msg = str(getattr(e, "detail_text", "") or e)
+            if "authentication is not enabled" in msg:
+                if not self._auth_off_warned:
+                    self._auth_off_warned = True
+                    log.warning("stage=control etcd at %s has authentication off: anyone who reaches it "
+                                "can write the cluster's keys (ferry etcd setup turns it on)", c.base_url)
+                self._auth_off.add(id(c))       # logged in again once etcd says auth is on
+                return
+            if "authentication failed" in msg or "invalid user" in msg:
+                raise ControlPlaneAccessError(
+                    f"etcd at {c.base_url} refused the login of user {self.access.user!r}: wrong password "
+                    f"(control_plane.password_file {self.access.password_file}) or no such user") from None
+            raise
+        c.session.headers["Authorization"] = str(r["token"])
+
+    def _roles(self, c: "Etcd3Client") -> str:
+        """This user's roles and what they grant, in words (best effort: the user may read
+        its own record and roles)."""
+        try:
+            roles = c.post(c.get_url("/auth/user/get"), json={"name": self.access.user}).get("roles", [])
+            out = []
+            for r in roles:
+                perms = c.post(c.get_url("/auth/role/get"), json={"role": r}).get("perm", [])
+                grants = []
+                for p in perms:
+                    k = _unb64(p.get("key", "")).decode("utf-8", "backslashreplace")
+                    end = _unb64(p.get("range_end", "")).decode("utf-8", "backslashreplace")
+                    where = f"{k}*" if end and end == _prefix_end(k) else (f"[{k}, {end})" if end else k)
+                    grants.append(f"{p.get('permType', 'READ').lower()} {where}")
+                out.append(f"{r}: {', '.join(grants) or 'no permission'}")
+            return "; ".join(out) or "no role"
+        except Exception:
+            return "roles not readable"
+
+    def _access_error(self, c: "Etcd3Client", msg: str, what: str) -> ControlPlaneAccessError | None:
+        """The error for a refusal of who this client is, or None."""
+        where = f"etcd at {c.base_url}"
+        if "permission denied" in msg:
+            who = (f"user {self.access.user!r} (role {self._roles(c)})" if self.access.user
+                   else "this client (no user)")
+            return ControlPlaneAccessError(
+                f"{where}: permission denied: {who} may not {what} (ferry etcd setup gives a cluster's "
+                "node role read and write on its prefix, its reader role read only)")
+        if "user name is empty" in msg:
+            return ControlPlaneAccessError(
+                f"{where} has authentication on and this client names no etcd user: set "
+                "[control_plane] user and password_file (or $FERRY_ETCD_USER and $FERRY_ETCD_PASSWORD_FILE)")
+        if "CommonName of client" in msg:
+            return ControlPlaneAccessError(
+                f"{where} refuses a client certificate with a common name on its HTTP gateway "
+                f"(control_plane.cert {self.access.cert}): issue one with `ferry certs issue` (no CN) "
+                "and name the etcd user in [control_plane] user")
+        if "HTTP request to an HTTPS server" in msg:
+            return ControlPlaneAccessError(f"{where} serves https: write the endpoint as https://")
+        return None
+
+    def _call(self, fn: Callable[[Etcd3Client], T], what: str = "") -> T:
         """``fn`` against each endpoint in turn. Every failure leaves as one of the
         node's own errors, so no caller (a reporter thread, a controller round) dies of
         an exception type it does not know: transport failures and "leader changed" /
         "no leader" / timeouts as :class:`ControlPlaneDown` (retryable, after trying
-        every endpoint), an expired or unknown lease as :class:`LeaseGone`, anything
-        else etcd refuses (request too large, permission denied, a malformed answer) as
+        every endpoint), an expired or unknown lease as :class:`LeaseGone`, a refusal of
+        this client's certificate, user or permissions as :class:`ControlPlaneAccessError`
+        or :class:`~node.errors.ControlPlaneTLSError` (at once, naming what to fix),
+        anything else etcd refuses (request too large, a malformed answer) as
         :class:`ControlPlaneError`."""
         from etcd3gw import exceptions as ex
         last: Exception | None = None
@@ -143,42 +316,81 @@ class Etcd:
         for i in range(n):
             idx = (start + i) % n
             c = self._clients[idx]
-            try:
-                out = fn(c)
-                self._cur = idx
-                return out
-            except (ex.ConnectionFailedError, ex.ConnectionTimeoutError, ex.InternalServerError) as e:
-                last = e
-            except ex.Etcd3Exception as e:
-                # "etcdserver: leader changed", "no leader", request timed out: try another member
-                msg = str(getattr(e, "detail_text", "") or e)
-                if any(w in msg for w in ("leader", "timed out", "unavailable", "stopped")):
+            for attempt in range(2):
+                try:
+                    if self.access.user and "Authorization" not in c.session.headers \
+                            and id(c) not in self._auth_off:
+                        self._login(c)
+                    out = fn(c)
+                    self._cur = idx
+                    return out
+                except (ex.ConnectionFailedError, ex.ConnectionTimeoutError, ex.InternalServerError) as e:
                     last = e
-                    continue
-                if "lease not found" in msg or "Not Found" in msg or "requested lease" in msg:
-                    raise LeaseGone(f"etcd: the lease is gone ({msg.strip()[:160]})") from None
-                raise ControlPlaneError(f"etcd refused the request: {msg.strip()[:200] or type(e).__name__}") from None
-            except NodeError:
-                raise
-            except (ValueError, KeyError, TypeError) as e:
-                raise ControlPlaneError(f"etcd sent an answer that cannot be read: {type(e).__name__}: "
-                                        f"{str(e)[:160]}") from None
+                    if attempt == 0 and "EOF occurred in violation of protocol" in _chain_text(e):
+                        # etcd closed the TLS handshake: a refused client certificate, unless
+                        # it was going down; asked once more before saying so
+                        time.sleep(0.1)
+                        continue
+                except ex.Etcd3Exception as e:
+                    msg = str(getattr(e, "detail_text", "") or e)
+                    if (("invalid auth token" in msg or "user name is empty" in msg) and self.access.user
+                            and attempt == 0 and ("Authorization" in c.session.headers or id(c) in self._auth_off)):
+                        # etcd forgot the token (a restart) or turned auth on since: log in again
+                        c.session.headers.pop("Authorization", None)
+                        self._auth_off.discard(id(c))
+                        continue
+                    # "etcdserver: leader changed", "no leader", request timed out: try another member
+                    if any(w in msg for w in ("leader", "timed out", "unavailable", "stopped")):
+                        last = e
+                        break
+                    if "lease not found" in msg or "Not Found" in msg or "requested lease" in msg:
+                        raise LeaseGone(f"etcd: the lease is gone ({msg.strip()[:160]})") from None
+                    denied = self._access_error(c, msg, what or "make this request")
+                    if denied is not None:
+                        raise denied from None
+                    raise ControlPlaneError(f"etcd refused the request: {msg.strip()[:200] or type(e).__name__}") from None
+                except NodeError:
+                    raise
+                except (ValueError, KeyError, TypeError) as e:
+                    raise ControlPlaneError(f"etcd sent an answer that cannot be read: {type(e).__name__}: "
+                                            f"{str(e)[:160]}") from None
+                break
         why = (str(last).strip() or type(last).__name__)[:200] if last else "no endpoint answered"
-        chain = _chain_text(last)
-        if "CERTIFICATE_VERIFY_FAILED" in chain or "certificate verify failed" in chain.lower():
-            why = chain[chain.lower().find("certificate verify failed"):][:160] or why
-        if "CERTIFICATE_VERIFY_FAILED" in why or "certificate verify failed" in why.lower():
-            # not a matter of waiting: say so at once instead of "unreachable" for 60 s
-            raise ControlPlaneTLSError(
-                f"control plane {', '.join(self.endpoints)}: TLS certificate verification failed "
-                f"({why[:160]}): the server's certificate is not signed by a CA this node trusts, "
-                "names another host, or has expired (the node verifies against the CA bundle of "
-                "Python's requests; the environment's REQUESTS_CA_BUNDLE is not read)")
+        self._tls_failure(_chain_text(last))
         raise ControlPlaneDown(f"control plane (etcd at {', '.join(self.endpoints)}) unreachable: "
                                f"{why}; is etcd running there?")
 
+    def _tls_failure(self, chain: str) -> None:
+        """Raise ControlPlaneTLSError when the transport failure is a TLS refusal: not a
+        matter of waiting, so said at once instead of "unreachable" for a minute."""
+        low = chain.lower()
+        eps = ", ".join(self.endpoints)
+        if "certificate_verify_failed" in low or "certificate verify failed" in low:
+            i = low.find("certificate verify failed")
+            why = re.split(r"[()'\"]", chain[i:])[0].strip() if i >= 0 else "CERTIFICATE_VERIFY_FAILED"
+            trust = (f"the CA in control_plane.ca ({self.access.ca})" if self.access.ca else
+                     "the CA bundle of Python's requests (set control_plane.ca to etcd's CA; the "
+                     "environment's REQUESTS_CA_BUNDLE is not read)")
+            raise ControlPlaneTLSError(
+                f"control plane {eps}: TLS certificate verification failed ({why}): etcd's server "
+                f"certificate is not signed by {trust}, names another host, or has expired")
+        if any(w in low for w in ("unknown ca", "bad certificate", "certificate required",
+                                  "certificate unknown", "handshake failure", "expired certificate",
+                                  "unsupported certificate", "eof occurred in violation of protocol")):
+            if self.access.cert:
+                raise ControlPlaneTLSError(
+                    f"control plane {eps}: etcd refused this client's certificate in the TLS handshake: "
+                    f"control_plane.cert {self.access.cert} is not signed by a CA etcd trusts (its "
+                    "--trusted-ca-file), or has expired")
+            raise ControlPlaneTLSError(
+                f"control plane {eps}: etcd closed the TLS handshake: it asks for a client certificate "
+                "(--client-cert-auth) and this client has none: set control_plane.cert and key")
+        if "wrong version number" in low or "record layer failure" in low:
+            raise ControlPlaneTLSError(f"control plane {eps}: etcd does not speak TLS there: write "
+                                       "the endpoint as http:// or start etcd with a certificate")
+
     def post(self, path: str, body: JsonDoc) -> JsonDoc:
-        return self._call(lambda c: c.post(c.get_url(path), json=body))
+        return self._call(lambda c: c.post(c.get_url(path), json=body), _describe(path, body))
 
     # -- keys ---------------------------------------------------------------------
     def range_prefix(self, prefix: str) -> tuple[int, dict[str, KV]]:
@@ -252,26 +464,39 @@ class Etcd:
         header + 1 would skip the events in between; etcd's own Go client resumes from
         the last event's revision + 1, as this does. Responses without events (the
         creation, progress notifications) are not yielded."""
+        first = self._clients[self._cur]
+        if self.access.user and "Authorization" not in first.session.headers and id(first) not in self._auth_off:
+            self._call(lambda c: None, f"watch the keys under {prefix}")     # log in first
         c = self._clients[self._cur]
         req = {"create_request": {"key": _b64(prefix), "range_end": _b64(_prefix_end(prefix)),
                                   "start_revision": str(start_revision), "progress_notify": True}}
+        what = f"watch the keys under {prefix}"
         import requests
         try:
             resp = c.session.post(c.get_url("/watch"), json=req, stream=True,
                                   timeout=(self.timeout, idle))
         except requests.RequestException as e:
             self._cur = (self._cur + 1) % len(self._clients)
+            self._tls_failure(_chain_text(e))
             raise ControlPlaneDown(f"watch on {c.base_url}: {e}") from None
         try:
+            if resp.status_code != 200:
+                self._watch_refused(c, resp.text[:300], what)
+                return
             for line in resp.iter_lines(chunk_size=None):
                 if stop.is_set():
                     return
                 if not line.strip():
                     continue
-                res = json.loads(line).get("result", {})
+                doc = json.loads(line)
+                if doc.get("error"):
+                    self._watch_refused(c, json.dumps(doc["error"])[:300], what)
+                    return
+                res = doc.get("result", {})
                 if res.get("compact_revision") and res.get("canceled"):
                     raise WatchCompacted(int(res["compact_revision"]))
                 if res.get("canceled"):
+                    self._watch_refused(c, str(res.get("cancel_reason", "")), what)
                     return
                 evs = []
                 last = 0
@@ -286,6 +511,17 @@ class Etcd:
             return          # broken or idle: the caller resumes from its revision
         finally:
             resp.close()
+
+    def _watch_refused(self, c: "Etcd3Client", msg: str, what: str) -> None:
+        """A watch etcd refused or cancelled: a forgotten token is dropped (the next call
+        logs in again), a refusal of this client raises; anything else ends the stream."""
+        if "invalid auth token" in msg or ("user name is empty" in msg and id(c) in self._auth_off):
+            c.session.headers.pop("Authorization", None)
+            self._auth_off.discard(id(c))
+            return
+        denied = self._access_error(c, msg, what)
+        if denied is not None:
+            raise denied
 
 
 class Session:
@@ -431,7 +667,7 @@ class View:
 
     def load(self) -> None:
         """Read everything (one range) and deliver what differs from the copy held."""
-        rev, kvs = self.etcd.range_prefix(self.prefix)
+        rev, kvs = self.etcd.range_prefix(self.prefix + "/")
         with self.lock:
             events: list[Event] = [(k, None) for k in self.kvs if k not in kvs]
             events += [(k, v) for k, v in kvs.items() if self.kvs.get(k) != v]
@@ -473,7 +709,7 @@ class View:
                 if reload:
                     self.load()
                     reload = False
-                for rev, evs in self.etcd.watch(self.prefix, self.revision + 1, self._stop):
+                for rev, evs in self.etcd.watch(self.prefix + "/", self.revision + 1, self._stop):
                     changed = self.apply(rev, evs)
                     if changed:
                         self.on_change(changed)
@@ -483,6 +719,9 @@ class View:
             except ControlPlaneDown as e:
                 log.debug("stage=control watch: %s", e)
                 self._stop.wait(0.2)
+            except ConfigError as e:       # refused (certificate, user, permission): say so, slowly
+                log.error("stage=control watch refused: %s", e)
+                self._stop.wait(5.0)
             except Exception:
                 log.exception("stage=control watch failed; reloading")
                 reload = True
@@ -500,4 +739,4 @@ class View:
             return [(k[len(head):], v) for k, v in self._by_sub.get(sub, {}).items() if k.startswith(head)]
 
 
-__all__ = ["Etcd", "Session", "View", "KV", "parse_endpoints"]
+__all__ = ["Etcd", "EtcdAccess", "ControlPlaneAccessError", "Session", "View", "KV", "parse_endpoints"]

@@ -5,6 +5,13 @@ Real clusters run their own etcd and point ``--control-plane`` at it; this modul
 spawns Debian's ``etcd`` binary (package ``etcd-server``) on loopback. One member by
 default; ``EtcdCluster(n=3)`` starts a three-member cluster whose members can be killed
 and restarted one by one (the harness's ``etcd-member-loss`` scenario).
+
+``EtcdCluster(root, tls=True)`` serves https only, with a CA of its own in ``root/pki``
+(node/certs.py): a server certificate for loopback, client and peer certificate
+authentication against that CA. ``auth_prefix="/ferry/NAME"`` (needs ``tls``) then runs
+``ferry etcd setup`` for that cluster (node/etcdauth.py): roles and users for the nodes
+and for readers, root's password in ``root/pki/root.password``, and etcd's auth on.
+:meth:`EtcdCluster.access` gives the credentials of each.
 """
 from __future__ import annotations
 
@@ -12,11 +19,17 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import time
 import urllib.request
+from typing import TYPE_CHECKING
 
 from .errors import ConfigError, Unavailable
+
+if TYPE_CHECKING:
+    from .control import EtcdAccess
+    from .etcdauth import Setup
 
 INSTALL_HINT = ("install it: `apt-get install etcd-server etcd-client` on Debian/Ubuntu "
                 "(scripts/system-deps does this as root), or put an etcd 3.4+ binary on PATH "
@@ -38,14 +51,17 @@ def _free_port() -> int:
 
 
 class EtcdMember:
-    def __init__(self, root: str, name: str, client_port: int, peer_port: int) -> None:
+    def __init__(self, root: str, name: str, client_port: int, peer_port: int,
+                 pki: tuple[str, str, str] | None = None) -> None:
         self.name = name
         self.dir = os.path.join(root, name)
         self.client_port, self.peer_port = client_port, peer_port
-        self.url = f"http://127.0.0.1:{client_port}"
-        self.peer_url = f"http://127.0.0.1:{peer_port}"
+        scheme = "https" if pki else "http"
+        self.url = f"{scheme}://127.0.0.1:{client_port}"
+        self.peer_url = f"{scheme}://127.0.0.1:{peer_port}"
         self.log = os.path.join(root, f"{name}.log")
         self.proc: subprocess.Popen[bytes] | None = None
+        self.pki = pki          # (CA, server certificate, its key)
 
     def argv(self, initial_cluster: str, state: str) -> list[str]:
         return [etcd_binary(), "--name", self.name, "--data-dir", self.dir,
@@ -58,7 +74,15 @@ class EtcdMember:
                 "--logger", "zap", "--log-outputs", self.log, "--log-level", "warn",
                 # the control state is small; keep etcd from growing its db without bound
                 "--auto-compaction-mode", "revision", "--auto-compaction-retention", "10000",
-                "--quota-backend-bytes", str(1 << 30)]
+                "--quota-backend-bytes", str(1 << 30)] + self.tls_argv()
+
+    def tls_argv(self) -> list[str]:
+        if not self.pki:
+            return []
+        ca, crt, key = self.pki
+        return ["--cert-file", crt, "--key-file", key, "--client-cert-auth", "--trusted-ca-file", ca,
+                "--peer-cert-file", crt, "--peer-key-file", key, "--peer-client-cert-auth",
+                "--peer-trusted-ca-file", ca]
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -80,15 +104,60 @@ class EtcdMember:
 
 
 class EtcdCluster:
-    """``n`` etcd members on loopback under ``root``; ``endpoints`` for the nodes."""
+    """``n`` etcd members on loopback under ``root``; ``endpoints`` for the nodes.
+    ``tls``: https with client-certificate authentication; ``auth_prefix``: etcd's
+    RBAC on, with a node role and a reader role for the cluster under that prefix."""
 
-    def __init__(self, root: str, n: int = 1) -> None:
+    def __init__(self, root: str, n: int = 1, *, tls: bool = False, auth_prefix: str | None = None) -> None:
         self.root = os.path.abspath(root)
         os.makedirs(self.root, exist_ok=True)
-        self.members = [EtcdMember(self.root, f"etcd{i + 1}", _free_port(), _free_port())
+        if auth_prefix and not tls:
+            raise ConfigError("etcd's auth without TLS would send its passwords and tokens in clear: "
+                              "EtcdCluster(auth_prefix=...) needs tls=True")
+        self.tls, self.auth_prefix = tls, auth_prefix
+        self.pki = os.path.join(self.root, "pki")
+        self.setup: Setup | None = None
+        server = self._make_pki() if tls else None
+        self.members = [EtcdMember(self.root, f"etcd{i + 1}", _free_port(), _free_port(), server)
                         for i in range(n)]
         self.initial = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
         self._started: set[str] = set()
+
+    def _make_pki(self) -> tuple[str, str, str]:
+        from . import certs
+        ca = certs.ca_paths(self.pki)
+        if not os.path.exists(ca.key):
+            certs.init_ca(self.pki, name="ferry-local-etcd-ca")
+        out = {}
+        for name, server in (("etcd-server", True), ("admin", False), ("node", False), ("reader", False)):
+            path = os.path.join(self.pki, f"{name}.crt")
+            out[name] = (certs.issue(self.pki, name, server=server) if not os.path.exists(path)
+                         else certs.Issued(path, os.path.join(self.pki, f"{name}.key")))
+        return ca.cert, out["etcd-server"].cert, out["etcd-server"].key
+
+    def access(self, who: str = "node") -> "EtcdAccess":
+        """Credentials for ``who``: "node" (read/write on the prefix), "reader" (read
+        only), "root" (the administrator: never a node's); without auth, the
+        certificate alone."""
+        from .control import EtcdAccess
+        if not self.tls:
+            return EtcdAccess()
+        cert = "admin" if who == "root" else who
+        crt, key = os.path.join(self.pki, f"{cert}.crt"), os.path.join(self.pki, f"{cert}.key")
+        ca = os.path.join(self.pki, "ca.crt")
+        if self.setup is None:
+            return EtcdAccess(ca, crt, key)
+        user, pw = {"root": ("root", self.setup.root_password_file),
+                    "node": (self.setup.node_user, self.setup.node_password_file),
+                    "reader": (self.setup.reader_user, self.setup.reader_password_file)}[who]
+        return EtcdAccess(ca, crt, key, user, pw)
+
+    def _setup_auth(self) -> None:
+        from .etcdauth import setup
+        assert self.auth_prefix is not None
+        admin = self.access("root")
+        self.setup = setup(self.endpoints, self.auth_prefix, self.pki, ca=admin.ca, cert=admin.cert,
+                           key=admin.key, root_password_file=os.path.join(self.pki, "root.password"))
 
     @property
     def endpoints(self) -> list[str]:
@@ -98,6 +167,8 @@ class EtcdCluster:
         for m in self.members:
             self.start_member(m, wait=False)
         self.wait_healthy(timeout)
+        if self.auth_prefix and self.setup is None:
+            self._setup_auth()
         return self
 
     def start_member(self, m: EtcdMember, wait: bool = True) -> None:
@@ -114,13 +185,17 @@ class EtcdCluster:
 
     def wait_healthy(self, timeout: float, members: list[EtcdMember] | None = None) -> None:
         deadline = time.monotonic() + timeout
+        ctx = None
+        if self.tls:
+            ctx = ssl.create_default_context(cafile=os.path.join(self.pki, "ca.crt"))
+            ctx.load_cert_chain(os.path.join(self.pki, "admin.crt"), os.path.join(self.pki, "admin.key"))
         for m in members or self.members:
             while True:
                 if m.proc is not None and m.proc.poll() is not None:
                     raise Unavailable(f"etcd member {m.name} exited {m.proc.returncode}; "
                                       f"see {m.log} and {m.log}.stderr")
                 try:
-                    with urllib.request.urlopen(m.url + "/health", timeout=1.0) as r:
+                    with urllib.request.urlopen(m.url + "/health", timeout=1.0, context=ctx) as r:
                         if b'"true"' in r.read():
                             break
                 except OSError:

@@ -16,7 +16,7 @@ from typing import Callable
 
 from . import schema
 from .cluster_map import PartRecord
-from .config import NodeConfig, apply_each
+from .config import NodeConfig, access, apply_each
 from .context import NodeContext
 from .control import KV, Etcd, Session, View
 from .controller import Controller, part_key
@@ -50,13 +50,40 @@ SETTINGS = {
 }
 
 
+VERIFIER_KDF = "scrypt1"       # the verifier's form: its prefix in P/meta's secret_check
+
+
 def _secret_check(secret: bytes, salt: str) -> str:
-    """A verifier of the cluster secret, stored in etcd: HMAC-SHA256 over a random salt.
-    It proves a node holds the secret without storing the secret (docs/threat-model.md:
-    whoever reads etcd can still try to guess a weak secret offline)."""
+    """The verifier of the cluster secret stored in etcd (``P/meta`` ``secret_check``):
+    ``scrypt1:`` + HMAC-SHA256 under the handshake key (``transfer.auth.handshake_key``,
+    scrypt of the secret) over a random salt. It proves a node holds the secret without
+    storing the secret or the key; whoever reads etcd pays one scrypt (32 MiB, about
+    70 ms) per guess of the secret, as for a recorded handshake (docs/threat-model.md)."""
+    import hashlib
+    import hmac
+
+    from transfer.auth import handshake_key
+    mac = hmac.new(handshake_key(secret), b"ferry-cluster-secret-check\0" + salt.encode(), hashlib.sha256)
+    return f"{VERIFIER_KDF}:{mac.hexdigest()}"
+
+
+def _legacy_secret_check(secret: bytes, salt: str) -> str:
+    """The older verifier (an HMAC under the raw secret: one HMAC per offline guess).
+    Only read, to accept a cluster that holds it and replace it (``_ensure_cluster``)."""
     import hashlib
     import hmac
     return hmac.new(secret, b"ferry-cluster-secret-check:" + salt.encode(), hashlib.sha256).hexdigest()
+
+
+def secret_matches(secret: bytes, salt: str, check: str) -> bool | None:
+    """True/False: ``secret`` does/does not match the verifier ``check``; None: a
+    verifier form this node does not know (written by a newer Ferry)."""
+    import hmac
+    if check.startswith(VERIFIER_KDF + ":"):
+        return hmac.compare_digest(_secret_check(secret, salt), check)
+    if ":" not in check:
+        return hmac.compare_digest(_legacy_secret_check(secret, salt), check)
+    return None
 
 
 def require_control_plane(cfg: NodeConfig) -> None:
@@ -104,7 +131,7 @@ class ControlPlane:
             self.prefix = cfg.control_prefix
             self.builder = MapBuilder(self.prefix, cfg.caches)
             self.ctx.map.map, self.ctx.map.pending_requests = self.builder.map, self.builder.requests
-        self.etcd = Etcd(cfg.control_plane)
+        self.etcd = Etcd(cfg.control_plane, access=access(cfg))
         self.session = Session(self.etcd, cfg.lease_ttl_s, cfg.lease_margin_s, on_expired=self._reregister)
         self.ctx.session = self.session
         self.view = View(self.etcd, self.prefix, self._on_view_change)
@@ -150,9 +177,23 @@ class ControlPlane:
         # the cluster secret is checked before this node registers: a node with another
         # secret could not talk to any peer, and would only take partitions it cannot fetch
         want = meta.secret_check
-        if want and _secret_check(self.ctx.secret, meta.secret_salt) != want:
+        match = secret_matches(self.ctx.secret, meta.secret_salt, want) if want else True
+        if match is None:
+            raise ConfigError(f"{meta_key} holds a secret verifier of a form this node does not know "
+                              f"({want.partition(':')[0]!r}, written by a newer Ferry): upgrade this node")
+        if not match:
             raise ConfigError(f"node {self.ctx.id}'s secret file does not hold this cluster's secret "
                               f"(checked against {meta_key}); use the cluster's secret file")
+        if want and not want.startswith(VERIFIER_KDF + ":") and isinstance(kv.value, dict):
+            # the older verifier (an HMAC under the raw secret) is replaced by this node,
+            # which has just proved it holds the secret; a compare-and-swap on the record
+            up = dict(kv.value)
+            up["secret_salt"] = os.urandom(16).hex()
+            up["secret_check"] = _secret_check(self.ctx.secret, str(up["secret_salt"]))
+            done, _ = self.etcd.txn([Etcd.mod_is(meta_key, kv.mod)], [(meta_key, up, 0)])
+            if done:
+                log.info("stage=join node=%s replaced %s's secret verifier by its scrypt form",
+                         self.ctx.id, meta_key)
         have = meta.caches_wire()
         if have != caches:
             raise ConfigError(f"node {self.ctx.id} has a different cache layout than the cluster "
