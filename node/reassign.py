@@ -141,13 +141,14 @@ def parse_plan(raw: bytes | str) -> list[Move]:
 
 def moves_of(doc: Json) -> list[Move]:
     """The moves of a parsed plan document (a file, or the stored plan)."""
-    if not isinstance(doc, dict) or not isinstance(doc.get("moves"), list) or not doc["moves"]:
+    raw = doc.get("moves") if isinstance(doc, dict) else None
+    if not isinstance(doc, dict) or not isinstance(raw, list) or not raw:
         raise PlanError('expected {"moves": [{"cache", "partition", "to": [nodes]}, ...]} '
                         "with at least one move")
     if doc.get("version", 1) != 1:
         raise PlanError(f"plan version {doc.get('version')!r}: this Ferry reads version 1")
     out = []
-    for i, mv in enumerate(doc["moves"]):
+    for i, mv in enumerate(raw):
         if not isinstance(mv, dict):
             raise PlanError(f"moves[{i}] must be an object")
         cache, p, to, src = mv.get("cache", "default"), mv.get("partition"), mv.get("to"), mv.get("from", [])
@@ -163,7 +164,7 @@ def moves_of(doc: Json) -> list[Move]:
             ids = tuple(node_id(n, f"moves[{i}].to:") for n in to)
         except ValueError as e:
             raise PlanError(str(e)) from None
-        out.append(Move(cache, p, ids, tuple(src)))
+        out.append(Move(cache, p, ids, tuple(str(n) for n in src)))
     return out
 
 
@@ -313,6 +314,13 @@ def plan_file(moves: Sequence[Move], by: str, revision: int) -> JsonDoc:
 
 
 # -- the stored plan, as the controller reads it --------------------------------------------
+def _seconds(v: Json) -> float:
+    """A wall time as stored (a number)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError(f"{v!r} is not a time"[:80])
+    return float(v)
+
+
 @dataclass
 class Progress:
     """``P/reassign/<name>/moves/<i>``: a started move, as the controller last saw it."""
@@ -325,17 +333,18 @@ class Progress:
     mod: int = 0
 
     def to_json(self) -> JsonDoc:
+        pin: Json = None if self.pin_before is None else list[Json](self.pin_before)
         return {"stage": self.stage, "waits": self.waits, "since": self.since, "started": self.started,
-                "finished": self.finished, "pin_before": self.pin_before}
+                "finished": self.finished, "pin_before": pin}
 
     @classmethod
     def parse(cls, kv: KV) -> "Progress":
         d = kv.value
         if not isinstance(d, dict) or d.get("stage") not in STAGES:
             raise ValueError("not a move's progress")
-        pin = d.get("pin_before")
-        return cls(str(d["stage"]), str(d.get("waits", "")), float(d.get("since", 0)),
-                   float(d.get("started", 0)), d.get("finished"),
+        pin, fin = d.get("pin_before"), d.get("finished")
+        return cls(str(d["stage"]), str(d.get("waits", "")), _seconds(d.get("since", 0)),
+                   _seconds(d.get("started", 0)), None if fin is None else _seconds(fin),
                    [str(n) for n in pin] if isinstance(pin, list) else None, kv.mod)
 
 
@@ -389,7 +398,7 @@ def parse_stored(name: str, kv: KV, caches: dict[str, CacheConfig]) -> Plan:
         thr = d.get("throttle")
         return Plan(name, moves, kv.mod, _whole(d.get("max_moves", 0), "max_moves"),
                     None if thr is None else _whole(thr, "throttle"), d.get("throttle_before"),
-                    d.get("cancel") is True, float(d.get("created", 0) or 0))
+                    d.get("cancel") is True, _seconds(d.get("created", 0)))
     except (PlanError, TypeError, ValueError) as e:
         return Plan(name, [], kv.mod, refused=str(e))
 
@@ -411,10 +420,10 @@ def plans_from(items: Iterable[tuple[str, KV]], caches: dict[str, CacheConfig],
             rest.append((parts, kv))
         elif not (running_only and key in ends):
             hit = cache.get((key, kv.mod)) if cache is not None else None
-            plan = hit or parse_stored(key, kv, caches)
+            parsed = hit or parse_stored(key, kv, caches)
             if cache is not None and hit is None:
-                cache[(key, kv.mod)] = plan
-            plans[key] = Plan(**{**plan.__dict__, "progress": {}, "end": None})
+                cache[(key, kv.mod)] = parsed
+            plans[key] = Plan(**{**parsed.__dict__, "progress": {}, "end": None})
     for name, kv in ends.items():
         if running_only:
             plans.pop(name, None)

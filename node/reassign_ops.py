@@ -21,7 +21,7 @@ from . import schema
 from .cluster_map import ClusterMap
 from .control import KV, Etcd
 from .errors import ConfigError, NodeError, PlanError
-from .jsonvalue import Json, JsonDoc
+from .jsonvalue import Json
 from .mapview import map_from_keys
 from .reassign import (CANCELLED, DONE, IN_SYNC, MOVING, NAME, RATE_SETTING, STAGES, TERMINAL, WAITING,
                        Move, Plan, assess, check, generate, plan_key, plans_from, stored_doc,
@@ -29,20 +29,35 @@ from .reassign import (CANCELLED, DONE, IN_SYNC, MOVING, NAME, RATE_SETTING, STA
 from .settings import parse as parse_setting
 from .wire import Pool
 
-NodeMoves = dict[tuple[str, int, str], JsonDoc]      # (cache, p, demander) -> its `moves` entry
+NodeMoves = dict[tuple[str, int, str], dict[str, Any]]   # (cache, p, demander) -> its `moves` entry
 
 
 @dataclass
 class Snapshot:
-    """The cluster as etcd holds it at one revision."""
+    """The cluster as etcd holds it at one revision. ``whole`` False: only one plan's
+    keys, the members and the cluster record were read (:func:`read` with ``plan``):
+    the map has no partition states or records."""
     m: ClusterMap
     kvs: dict[str, KV]
     revision: int
     plans: dict[str, Plan]
+    whole: bool = True
 
 
-def read(etcd: Etcd, prefix: str) -> Snapshot:
-    rev, kvs = etcd.range_prefix(prefix + "/")
+def read(etcd: Etcd, prefix: str, plan: str | None = None) -> Snapshot:
+    """Everything under the prefix (one range); with ``plan``, only what following that
+    plan needs: its keys, the members, ``P/meta``: a poll that costs the plan's size,
+    not the cluster's."""
+    if plan is None:
+        rev, kvs = etcd.range_prefix(prefix + "/")
+    else:
+        base = plan_key(prefix, plan)
+        rev, kvs = etcd.range_prefix(base)        # (also "<plan>x...": filtered below)
+        kvs = {k: v for k, v in kvs.items() if k == base or k.startswith(base + "/")}
+        kvs.update(etcd.range_prefix(f"{prefix}/members/")[1])
+        meta = etcd.get(f"{prefix}/meta")
+        if meta is not None:
+            kvs[f"{prefix}/meta"] = meta
     kv = kvs.get(f"{prefix}/meta")
     if kv is None:
         raise PlanError(f"no Ferry cluster under the prefix {prefix} in this etcd (no {prefix}/meta); "
@@ -54,7 +69,7 @@ def read(etcd: Etcd, prefix: str) -> Snapshot:
     m = map_from_keys(kvs, rev, prefix, caches)[0]
     head = f"{prefix}/reassign/"
     plans = plans_from(((k[len(head):], v) for k, v in kvs.items() if k.startswith(head)), m.caches)
-    return Snapshot(m, kvs, rev, plans)
+    return Snapshot(m, kvs, rev, plans, plan is None)
 
 
 def state_of(pl: Plan) -> str:
@@ -118,7 +133,7 @@ def cancel(etcd: Etcd, prefix: str, name: str, wait_s: float = 30.0) -> Plan:
     the moves not done get the pin they replaced back. Returns the plan as it ended,
     or as it stands when the wait ran out (its end is then None)."""
     key = plan_key(prefix, name)
-    pl = read(etcd, prefix).plans.get(name)
+    pl = read(etcd, prefix, name).plans.get(name)
     if pl is None:
         raise PlanError(f"no plan {name} (ferry cluster reassign status lists them)")
     if pl.end is not None:
@@ -132,7 +147,7 @@ def cancel(etcd: Etcd, prefix: str, name: str, wait_s: float = 30.0) -> Plan:
             raise PlanError(f"plan {name} changed meanwhile; try again")
     deadline = time.monotonic() + wait_s
     while True:
-        pl = read(etcd, prefix).plans[name]
+        pl = read(etcd, prefix, name).plans[name]
         if pl.end is not None or time.monotonic() >= deadline:
             return pl
         time.sleep(0.2)
@@ -172,31 +187,35 @@ def _waiting(snap: Snapshot, pl: Plan, i: int) -> str:
     return f"a free slot: {len(pl.in_flight())} of the plan's moves in flight (max-moves {pl.max_moves})"
 
 
-def _progressed(now: JsonDoc, before: JsonDoc | None) -> bool:
+def _progressed(now: dict[str, Any], before: dict[str, Any] | None) -> bool:
     if before is None:
         return False
     return any(now.get(k) != before.get(k) for k in ("stage", "bytes", "replayed", "buffered"))
 
 
 def plan_status(snap: Snapshot, pl: Plan, live: NodeMoves | None = None,
-                earlier: NodeMoves | None = None, dt: float = 0.0) -> JsonDoc:
+                earlier: NodeMoves | None = None, dt: float = 0.0) -> dict[str, Any]:
     """Per move: stage, what it waits for, bytes, rate, ETA, last progress (wall time).
     ``live`` are the nodes' moves now, ``earlier`` the same ``dt`` seconds before."""
     t = time.time()
-    rows: list[JsonDoc] = []
+    rows: list[dict[str, Any]] = []
     counts = {s: 0 for s in STAGES}
     for i, mv in enumerate(pl.moves):
         pr = pl.progress.get(i)
         stage = pl.stage_of(i)
-        row: JsonDoc = {"cache": mv.cache, "partition": mv.partition, "from": list(mv.source), "to": list(mv.to),
+        row: dict[str, Any] = {"cache": mv.cache, "partition": mv.partition, "from": list(mv.source), "to": list(mv.to),
                         "stage": stage, "waits_for": None, "started": pr.started if pr else None,
                         "finished": pr.finished if pr else None, "last_progress": pr.since if pr else None,
                         "node_stage": None, "bytes": None, "bytes_total": None, "rate_bps": None, "eta_s": None}
         if stage == WAITING:
             row["waits_for"] = _waiting(snap, pl, i)
         elif stage not in TERMINAL:
-            st, waits = assess(snap.m, mv.cache, mv.partition, mv.to)     # fresher than the note
-            row["stage"], row["waits_for"] = (st, waits) if st != DONE else (IN_SYNC, "the controller to record it done")
+            if snap.whole:                 # fresher than the controller's note
+                st, waits = assess(snap.m, mv.cache, mv.partition, mv.to)
+                row["stage"], row["waits_for"] = (st, waits) if st != DONE else (IN_SYNC, "the controller to record it done")
+            else:
+                assert pr is not None
+                row["waits_for"] = pr.waits
             for n in mv.to:
                 nm = (live or {}).get((mv.cache, mv.partition, n))
                 if nm is None:
@@ -220,7 +239,7 @@ def plan_status(snap: Snapshot, pl: Plan, live: NodeMoves | None = None,
             "ended": (pl.end or {}).get("at"), "counts": counts, "moves": rows}
 
 
-def status(snap: Snapshot, name: str | None, pool: Pool | None = None, sample: float = 1.0) -> JsonDoc:
+def status(snap: Snapshot, name: str | None, pool: Pool | None = None, sample: float = 1.0) -> dict[str, Any]:
     """``{"plans": [plan_status ...]}`` of one plan or of every stored plan (newest
     first); with a pool, the moving nodes are asked for their figures."""
     if name is not None and name not in snap.plans:
@@ -241,13 +260,13 @@ def status(snap: Snapshot, name: str | None, pool: Pool | None = None, sample: f
     return {"revision": snap.revision, "plans": [plan_status(snap, pl, live, earlier, dt) for pl in plans]}
 
 
-def verify(snap: Snapshot, name: str) -> JsonDoc:
+def verify(snap: Snapshot, name: str) -> dict[str, Any]:
     """Is every partition of the plan held by its target owners, OWNING and in sync,
     the first one primary, nobody else holding a copy? ``ok`` says."""
     pl = snap.plans.get(name)
     if pl is None:
         raise PlanError(f"no plan {name}; stored plans: {', '.join(sorted(snap.plans)) or 'none'}")
-    rows: list[JsonDoc] = []
+    rows: list[dict[str, Any]] = []
     for mv in pl.moves:
         stage, waits = assess(snap.m, mv.cache, mv.partition, mv.to)
         rec = snap.m.parts[mv.cache][mv.partition]
@@ -265,15 +284,14 @@ def holdings(m: ClusterMap, node: str) -> list[str]:
 
 # -- waiting for a plan -----------------------------------------------------------------------
 def wait(etcd: Etcd, prefix: str, name: str, *, pool: Pool | None, timeout: float,
-         report: Callable[[JsonDoc], None], every: float = 1.0) -> JsonDoc:
+         report: Callable[[dict[str, Any]], None], every: float = 1.0) -> dict[str, Any]:
     """Poll the plan until it ends or ``timeout`` (0: none) runs out; ``report`` gets
     each status (``plan_status``). Returns the last one."""
     deadline = time.monotonic() + timeout if timeout > 0 else None
     while True:
         t0 = time.monotonic()
-        snap = read(etcd, prefix)
-        doc = status(snap, name, pool, sample=every)["plans"][0]
-        assert isinstance(doc, dict)
+        snap = read(etcd, prefix, name)
+        doc: dict[str, Any] = status(snap, name, pool, sample=every)["plans"][0]
         report(doc)
         if doc["state"] not in ("running", "cancelling"):
             return doc
@@ -282,12 +300,12 @@ def wait(etcd: Etcd, prefix: str, name: str, *, pool: Pool | None, timeout: floa
         time.sleep(max(0.0, every - (time.monotonic() - t0)))     # (status may have sampled)
 
 
-def _moves(doc: JsonDoc) -> list[dict[str, Any]]:
+def _moves(doc: dict[str, Any]) -> list[dict[str, Any]]:
     mvs = doc.get("moves")
     return [mv for mv in mvs if isinstance(mv, dict)] if isinstance(mvs, list) else []
 
 
-def summary_line(doc: JsonDoc) -> str:
+def summary_line(doc: dict[str, Any]) -> str:
     """``drain-n3 running: 3/8 done, 2 moving, 3 waiting; 4.1 MB/s``"""
     counts = doc["counts"]
     assert isinstance(counts, dict)
@@ -308,7 +326,7 @@ def _ago(t: object, now: float) -> str:
     return f"{s:.0f}s ago" if s < 120 else f"{s / 60:.0f}m ago"
 
 
-def render(doc: JsonDoc, *, with_figures: bool = True, width: int | None = None) -> str:
+def render(doc: dict[str, Any], *, with_figures: bool = True, width: int | None = None) -> str:
     """``status``'s document as text: per plan a summary line and a table of its moves
     (past 64 moves, only those not done, at most ROWS)."""
     import io

@@ -69,11 +69,14 @@ class Cluster:
     def node(self, node_id: str) -> NodeProc:
         return next(n for n in self.nodes if n.id == node_id)
 
+    def seed(self) -> str:
+        return next(n.address for n in self.nodes if n.alive())
+
     def settled(self, n: int) -> dict[str, Any]:
-        return wait_settled(self.nodes[0].address, self.secret, n, 1)
+        return wait_settled(self.seed(), self.secret, n, 1)
 
     def status(self) -> dict[str, Any]:
-        return status(self.nodes[0].address, self.secret)
+        return status(self.seed(), self.secret)
 
     def run(self, *args: str, code: int | None = 0) -> Any:
         """``ferry cluster ARGS --control-plane ...``; asserts the exit code."""
@@ -229,6 +232,49 @@ def test_a_plan_cancelled_half_way_keeps_the_old_owners_then_runs_again(c, tmp_p
     finally:
         w.finish()
     c.run("reassign", "verify", "half")
+    after = owners_now(c.settled(3))
+    assert all(after[mv["partition"]] == mv["to"] for mv in moves), after
+    c.check(w)
+
+
+# -- the controller fails mid-plan ---------------------------------------------------------------
+@pytest.mark.slow
+def test_a_new_controller_carries_on_a_plan_the_old_one_started(c, tmp_path):
+    c.add("n4")
+    before = owners_now(c.settled(4))
+    ctl = c.status()["controller"]
+    # two partitions that neither the controller holds nor will hold: they move while it dies
+    picks = [p for p, o in before.items() if ctl not in o][:2]
+    assert len(picks) == 2, (ctl, before)
+    moves = [{"cache": "default", "partition": p, "from": before[p],
+              "to": [next(n for n in ("n1", "n2", "n3", "n4") if n not in before[p] + [ctl]), before[p][0]]}
+             for p in picks]
+    plan = write_plan(tmp_path / "failover.json", moves)
+    w = Writer([n.address for n in c.nodes], c.secret)
+    w.start()
+    try:
+        writes_during(w, 20)
+        c.run("reassign", "execute", plan, "--max-moves", "1", "--throttle", "100000")
+        c.wait_plan("failover", lambda d: any(mv["node_stage"] == "transfer" for mv in d["moves"]))
+        c.node(ctl).kill()                          # SIGKILL: its lease ends within 2 s
+        deadline = time.monotonic() + 30
+        while c.status()["controller"] in (ctl, None):
+            assert time.monotonic() < deadline, "no new controller"
+            time.sleep(0.3)
+        c.run("settings", "set", "transfer.rate_limit", "0")
+        doc = c.wait_plan("failover", lambda d: d["state"] != "running", timeout=90)
+        assert doc["state"] == "done" and doc["counts"]["done"] == 2, doc
+        writes_during(w, 20)
+    finally:
+        w.finish()
+    c.run("reassign", "verify", "failover")
+    # the second move (--max-moves 1: after the first was done) and both "done"s were the
+    # new controller's; the old one had started only the first
+    new = c.status()["controller"]
+    log = open(c.node(new).log).read()
+    assert f"plan failover: default/{picks[1]} " in log and "started" in log, c.node(new).tail()
+    assert log.count("stage=reassign plan failover: default/") >= 3 and "plan failover done" in log
+    assert f"plan failover: default/{picks[1]} " not in open(c.node(ctl).log).read()
     after = owners_now(c.settled(3))
     assert all(after[mv["partition"]] == mv["to"] for mv in moves), after
     c.check(w)

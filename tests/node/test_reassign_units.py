@@ -303,6 +303,9 @@ def test_plans_that_collide_or_are_stored_twice_are_refused(etcd):
     with pytest.raises(PlanError, match="no Ferry cluster"):
         execute(etcd, "/ferry/none", "c", [Move("default", 1, ("n2", "n1"))])
     assert read(etcd, PREFIX).plans.keys() == {"a"}
+    execute(etcd, PREFIX, "ab", [Move("default", 1, ("n3", "n1"))])
+    one = read(etcd, PREFIX, "a")           # one plan's keys only (a poll): not "ab"'s
+    assert one.plans.keys() == {"a"} and not one.whole and set(one.m.members) == {"n1", "n2", "n3"}
 
 
 def test_a_stored_plan_that_does_not_parse_is_ended_as_refused(etcd):
