@@ -292,11 +292,12 @@ _secret_opt = click.option("--secret-file", type=click.Path(dir_okay=False),
                                 "rate and ETA. Without it, stages come from etcd alone.")
 
 
-def _plan_error(e: Exception) -> None:
-    """A refused plan, name or flag: exit 2; anything else as _fail."""
+def _plan_error(e: Exception, refused: bool = False) -> None:
+    """A plan, name or flag that is wrong (``refused``: a plan refused whole, nothing
+    stored): exit 2; anything else as _fail."""
     from .errors import PlanError
     if isinstance(e, PlanError):
-        raise InputError(f"plan refused: {e}" if "refused" not in str(e) else str(e))
+        raise InputError(f"plan refused: {e}" if refused else str(e))
     _fail(e)
 
 
@@ -408,7 +409,7 @@ def reassign_execute(control_plane: tuple[str, ...], prefix: str, secret_file: s
         etcd = _etcd(control_plane)
         rev = execute(etcd, prefix, name, moves, max_moves=max_moves, throttle=throttle)
     except NodeError as e:
-        _plan_error(e)
+        _plan_error(e, refused=True)
     out: dict[str, object] = {"plan": name, "moves": len(moves), "revision": rev, "max_moves": max_moves,
                               "throttle": throttle}
     if not as_json:
@@ -537,7 +538,7 @@ def drain_cmd(control_plane: tuple[str, ...], prefix: str, secret_file: str | No
     try:
         name, moves = drain(etcd, prefix, node_id, max_moves=max_moves, throttle=throttle)
     except NodeError as e:
-        _plan_error(e)
+        _plan_error(e, refused=True)
     doc: dict[str, object] = {"node": node_id, "plan": name if moves else None, "moves": len(moves)}
     if moves:
         click.echo(f"draining {node_id}: plan {name}, {len(moves)} move(s)", err=as_json)

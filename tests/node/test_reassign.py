@@ -323,7 +323,7 @@ def test_plans_that_do_not_fit_the_cluster_are_refused_and_change_nothing(c, tmp
         plan = write_plan(tmp_path / f"bad{i}.json", [{"cache": "default", "partition": 2, "to": ["n2", "n1"]},
                                                       {"cache": "default", **move}])
         r = c.run("reassign", "execute", plan, code=2)
-        assert needle in r.output and "moves[1]" in r.output, r.output
+        assert "plan refused: " in r.output and needle in r.output and "moves[1]" in r.output, r.output
     for raw, needle in [("{not json", "not valid JSON"), ('{"moves": [{"partition": "x"}]}', "partition must be"),
                         ('{"moves": []}', "at least one move"), ("[" * 50 + "]" * 50, "nested")]:
         (tmp_path / "junk.json").write_text(raw)
@@ -331,6 +331,9 @@ def test_plans_that_do_not_fit_the_cluster_are_refused_and_change_nothing(c, tmp
         assert needle in r.output, r.output
     r = c.run("reassign", "generate", "--add", "n4", code=2)
     assert "n4 is not a live member" in r.output
+    for verb in ("status", "verify", "cancel"):
+        r = c.run("reassign", verb, "nosuch", code=2)
+        assert "no plan nosuch" in r.output and "refused" not in r.output, r.output
     r = c.run("reassign", "status", "--json")
     assert json.loads(r.stdout)["plans"] == []           # nothing was stored
     time.sleep(1.0)
