@@ -23,6 +23,8 @@ GROUPS: dict[str, tuple[str, str, str]] = {
     "index": ("indexes.cli", "index", "Rebuild and verify LMDB secondary indexes."),
     "node": ("node.cli", "node", "Run a storage node."),
     "cluster": ("node.cli", "cluster", "Cluster status and data operations."),
+    "certs": ("node.etcd_cli", "certs", "A CA and certificates for etcd (the control plane)."),
+    "etcd": ("node.etcd_cli", "etcd", "etcd's roles, users and auth for a cluster."),
     "sim": ("cluster_sim.cli", "sim", "Crash-point simulation scenarios and matrices."),
     "validate": ("validation.cli", "validate", "Validate partitions with Spark."),
 }

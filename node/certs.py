@@ -193,6 +193,7 @@ def describe(path: str) -> dict[str, object]:
         return str(a[0].value) if a else ""
     doc: dict[str, object] = {"file": path, "subject": c.subject.rfc4514_string(),
                               "subject_cn": cn(c.subject), "issuer": c.issuer.rfc4514_string(),
+                              "issuer_cn": cn(c.issuer),
                               "serial": f"{c.serial_number:x}",
                               "not_before": c.not_valid_before_utc.isoformat(),
                               "not_after": c.not_valid_after_utc.isoformat(),

@@ -234,6 +234,12 @@ class Etcd:
         self._auth_off_warned = False
         self._auth_off: set[int] = set()     # clients whose etcd said auth is off
 
+    @property
+    def auth_was_off(self) -> bool:
+        """True when an endpoint answered this client's login with "authentication is not
+        enabled" (and has not asked for a user since)."""
+        return bool(self._auth_off)
+
     # -- who this client is -------------------------------------------------------
     def _login(self, c: "Etcd3Client") -> None:
         """Get a token for ``access.user`` from this endpoint (once per endpoint; again

@@ -129,12 +129,9 @@ def setup(endpoints: list[str], prefix: str, out_dir: str, *, ca: str | None, ce
         _ensure_user(etcd, user, files[user], made)
         _grant(etcd, user, role)
     if enable:
-        try:
-            etcd.post("/auth/enable", {})
+        etcd.post("/auth/enable", {})          # (a no-op when it is on)
+        if etcd.auth_was_off:
             made.append("auth on")
-        except ControlPlaneError as e:
-            if not _refused(e, "already enabled"):
-                raise
     return Setup(prefix, node_user, node_role, reader_user, reader_role, files[node_user],
                  files[reader_user], root_password_file, tuple(made))
 

@@ -1,0 +1,118 @@
+"""``ferry certs ...`` (a CA and certificates for etcd) and ``ferry etcd setup`` (etcd's
+roles, users and auth for one cluster). Imports only click at module level."""
+from __future__ import annotations
+
+import json
+
+import click
+
+
+class InputError(click.ClickException):
+    exit_code = 2
+
+
+@click.group("certs")
+def certs() -> None:
+    """A CA and certificates for etcd (the control plane): server certificates for its
+    members, client certificates for nodes and operators."""
+
+
+@certs.command("init")
+@click.argument("ca_dir", type=click.Path(file_okay=False))
+@click.option("--name", default="ferry-etcd-ca", show_default=True, help="The CA's common name.")
+@click.option("--days", type=click.IntRange(1, 36500), default=3650, show_default=True)
+@click.option("--force", is_flag=True, help="Replace a CA already there (its certificates stop being trusted).")
+def certs_init(ca_dir: str, name: str, days: int, force: bool) -> None:
+    """Make a CA in CA_DIR: ca.crt (give it to etcd and every client) and ca.key (0600,
+    keep it off the nodes)."""
+    from .certs import init_ca
+    from .errors import ConfigError
+    try:
+        out = init_ca(ca_dir, name=name, days=days, force=force)
+    except ConfigError as e:
+        raise InputError(str(e)) from None
+    click.echo(f"CA certificate {out.cert}\nCA key         {out.key}")
+
+
+@certs.command("issue")
+@click.argument("ca_dir", type=click.Path(file_okay=False, exists=True))
+@click.argument("name")
+@click.option("--server", is_flag=True, help="A certificate for an etcd member (server and peer).")
+@click.option("--ip", "ips", multiple=True, help="IP address the server is reached at (repeatable; "
+              "default with --server and no --dns: 127.0.0.1 and ::1).")
+@click.option("--dns", multiple=True, help="Host name the server is reached at (repeatable).")
+@click.option("--cn", is_flag=True, help="Also put NAME in the common name (for etcdctl over gRPC; "
+              "etcd's HTTP gateway, which the nodes use, refuses such a client certificate).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), help="Folder for NAME.crt and NAME.key "
+              "(default: CA_DIR).")
+@click.option("--days", type=click.IntRange(1, 36500), default=365, show_default=True)
+def certs_issue(ca_dir: str, name: str, server: bool, ips: tuple[str, ...], dns: tuple[str, ...], cn: bool,
+                out_dir: str | None, days: int) -> None:
+    """Sign a certificate NAME with the CA in CA_DIR."""
+    from .certs import issue
+    from .errors import ConfigError
+    try:
+        out = issue(ca_dir, name, out_dir, server=server, ips=ips, dns=dns, days=days, cn=cn)
+    except ConfigError as e:
+        raise InputError(str(e)) from None
+    click.echo(f"certificate {out.cert}\nkey         {out.key}")
+
+
+@certs.command("show")
+@click.argument("path", type=click.Path(dir_okay=False, exists=True))
+@click.option("--json", "as_json", is_flag=True)
+def certs_show(path: str, as_json: bool) -> None:
+    """What the certificate PATH holds: subject, issuer, validity, names, usages."""
+    from .certs import describe
+    from .errors import ConfigError
+    try:
+        doc = describe(path)
+    except ConfigError as e:
+        raise InputError(str(e)) from None
+    if as_json:
+        click.echo(json.dumps(doc, indent=1))
+        return
+    for k, v in doc.items():
+        click.echo(f"{k:11} {', '.join(v) if isinstance(v, list) else v}")
+
+
+@click.group("etcd")
+def etcd() -> None:
+    """etcd's access control for a Ferry cluster."""
+
+
+@etcd.command("setup")
+@click.option("--control-plane", "control_plane", required=True, multiple=True,
+              help="etcd client URL(s), https:// (comma-separated or repeated).")
+@click.option("--prefix", default="/ferry/default", show_default=True, help="The cluster's key prefix.")
+@click.option("--ca", type=click.Path(dir_okay=False, exists=True), help="etcd's CA certificate.")
+@click.option("--cert", type=click.Path(dir_okay=False, exists=True), help="A client certificate etcd trusts.")
+@click.option("--key", type=click.Path(dir_okay=False, exists=True), help="Its private key.")
+@click.option("--root-password-file", required=True, type=click.Path(dir_okay=False),
+              help="The etcd root user's password; made (random) when the file does not exist.")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="Folder for the password files of the users made (0600).")
+@click.option("--node-user", help="The nodes' etcd user (default ferry-NAME-node).")
+@click.option("--reader-user", help="The read-only user (default ferry-NAME-reader).")
+def etcd_setup(control_plane: tuple[str, ...], prefix: str, ca: str | None, cert: str | None,
+               key: str | None, root_password_file: str, out_dir: str, node_user: str | None,
+               reader_user: str | None) -> None:
+    """With root access: a node role (read/write on PREFIX/) and a reader role (read on
+    PREFIX/), a user for each, and etcd's authentication on. Safe to run again."""
+    from .errors import ConfigError, NodeError
+    from .etcdauth import setup
+    endpoints = [u for x in control_plane for u in x.split(",") if u]
+    try:
+        s = setup(endpoints, prefix, out_dir, ca=ca, cert=cert, key=key,
+                  root_password_file=root_password_file, node_user=node_user, reader_user=reader_user)
+    except ConfigError as e:
+        raise InputError(str(e)) from None
+    except NodeError as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(f"made: {', '.join(s.created) or 'nothing (all in place)'}")
+    click.echo(f"node user   {s.node_user} (role {s.node_role}: read/write {prefix}/), password in "
+               f"{s.node_password_file}")
+    click.echo(f"reader user {s.reader_user} (role {s.reader_role}: read {prefix}/), password in "
+               f"{s.reader_password_file}")
+    click.echo("a node's [control_plane]: endpoints, prefix, ca, cert, key (a client certificate from "
+               f"ferry certs issue), user = \"{s.node_user}\", password_file = <its copy of the file>")
