@@ -110,10 +110,11 @@ def _run(root: str, *, entries: int, value_size: int, partitions: int, nodes: in
     t0 = time.monotonic()
     model: Model = {}
     with LocalCluster(root, partitions=partitions, backups=1, mode="files",
-                      protect=None if protect else False) as c:
+                      protect=None if protect else False, tls=True) as c:
         ui.step(f"starting a local etcd (the control plane) and {nodes} nodes on loopback in {root}")
         c.start(nodes)
-        ui.note(f"control plane {', '.join(c.control_plane)}; controller {c.status().get('controller')}, "
+        ui.note(f"control plane {', '.join(c.control_plane)} (TLS, client certificates, an etcd user "
+                f"per role); controller {c.status().get('controller')}, "
                 f"lease TTL {c.lease_ttl} s")
         data = entries * value_size
         ui.step(f"loading {entries:,} entries of {value_size:,} bytes: {mb(data)}, {partitions} "

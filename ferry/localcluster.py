@@ -12,7 +12,9 @@ bench/rebalance_bench.py drive (tests/node use their own, smaller harness).
 
 ``wal_sync="none"`` (no fsync: survives a process crash, not a power cut) loads much
 faster on a slow disk; "group" (default) is the durable mode. Every node gets
-``--config ROOT/node.toml`` (caches, index ``by_city``, timings),
+``--config ROOT/node.toml`` (caches, index ``by_city``, timings; with ``tls=True`` the
+embedded etcd serves https with client certificates and RBAC, and the file names the
+node's certificate, etcd user and password file: :meth:`LocalCluster.etcd_access`),
 ``--data ROOT/<id>``, ``--listen 127.0.0.1:<free port>``, the secret ``ROOT/secret``,
 and logs to ``ROOT/<id>.log``.
 """
@@ -44,7 +46,7 @@ concurrency = {concurrency}
 [rebalance]
 mode = "{mode}"{extra_rebalance}
 [control_plane]
-lease_ttl_s = {lease_ttl}
+lease_ttl_s = {lease_ttl}{extra_control_plane}
 [[caches]]
 name = "default"
 partitions = {partitions}
@@ -157,7 +159,7 @@ class LocalCluster:
                  index_offload: str | None = None, page_size: int | None = None,
                  lease_ttl: int = 3, control_plane: list[str] | None = None,
                  stream_index: bool | None = None, caches: int = 1,
-                 protect: bool | None = None) -> None:
+                 protect: bool | None = None, tls: bool = False) -> None:
         self.root = os.path.abspath(root)
         os.makedirs(self.root, exist_ok=True)
         self.partitions, self.backups = partitions, backups
@@ -170,11 +172,13 @@ class LocalCluster:
         # the embedded default: a single-member etcd in this folder, unless given one
         self.etcd: Any = None
         self._control_plane = list(control_plane or [])
+        self.tls = tls and not control_plane       # (a given control plane comes with its own)
         self.config = os.path.join(self.root, "node.toml")
         with open(self.config, "w") as f:
             f.write(TOML.format(mode=mode, partitions=partitions, backups=backups,
                                 concurrency=concurrency, checkpoint_interval=checkpoint_interval,
                                 log_level=log_level, wal_sync=wal_sync, lease_ttl=lease_ttl,
+                                extra_control_plane=self._tls_keys(),
                                 extra_checkpoint="" if page_size is None else f"\npage_size = {page_size}",
                                 extra_rebalance=("" if index_workers is None
                                                  else f"\nindex_workers = {index_workers}")
@@ -197,9 +201,25 @@ class LocalCluster:
     def control_plane(self) -> list[str]:
         if not self._control_plane:
             from node.etcdserver import EtcdCluster
-            self.etcd = EtcdCluster(os.path.join(self.root, "etcd")).start()
+            self.etcd = EtcdCluster(os.path.join(self.root, "etcd"), tls=self.tls,
+                                    auth_prefix="/ferry/default" if self.tls else None).start()
             self._control_plane = self.etcd.endpoints
         return self._control_plane
+
+    def _tls_keys(self) -> str:
+        """The node's [control_plane] credentials (the files the embedded etcd makes)."""
+        if not self.tls:
+            return ""
+        from node.etcdserver import EtcdCluster
+        a = EtcdCluster.planned_access(os.path.join(self.root, "etcd"), "/ferry/default")
+        return "".join(f"\n{k} = {json.dumps(getattr(a, k))}" for k in ("ca", "cert", "key", "user", "password_file"))
+
+    def etcd_access(self, who: str = "node") -> Any:
+        """``node.control.EtcdAccess`` of "node", "reader" or "root" for ``Etcd(c.control_plane,
+        access=...)``; without ``tls``, the empty one."""
+        _ = self.control_plane            # the embedded etcd, started on first use
+        from node.control import EtcdAccess
+        return self.etcd.access(who) if self.etcd is not None else EtcdAccess()
 
     def start(self, n: int = 3) -> list[LocalNode]:
         """Start ``n`` nodes as the cluster's initial members (each creates its share of

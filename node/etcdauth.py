@@ -118,6 +118,7 @@ def setup(endpoints: list[str], prefix: str, out_dir: str, *, ca: str | None, ce
         made.append(f"root password file {root_password_file}")
     etcd = Etcd(endpoints, timeout=10.0,
                 access=EtcdAccess(ca, cert, key, "root", root_password_file))
+    etcd._auth_off_warned = True        # auth off is what this is about to change
     # root first (auth cannot be turned on without it); before auth is on, etcd takes
     # every request without a user, after it only root's
     _ensure_user(etcd, "root", root_password_file, made)

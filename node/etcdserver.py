@@ -152,6 +152,18 @@ class EtcdCluster:
                     "reader": (self.setup.reader_user, self.setup.reader_password_file)}[who]
         return EtcdAccess(ca, crt, key, user, pw)
 
+    @staticmethod
+    def planned_access(root: str, auth_prefix: str, who: str = "node") -> "EtcdAccess":
+        """The credentials ``EtcdCluster(root, tls=True, auth_prefix=...)`` will make for
+        ``who`` (known before it starts: a node's config can name them)."""
+        from .control import EtcdAccess
+        from .etcdauth import cluster_name
+        pki = os.path.join(os.path.abspath(root), "pki")
+        user = "root" if who == "root" else f"ferry-{cluster_name(auth_prefix)}-{who}"
+        cert = "admin" if who == "root" else who
+        return EtcdAccess(os.path.join(pki, "ca.crt"), os.path.join(pki, f"{cert}.crt"),
+                          os.path.join(pki, f"{cert}.key"), user, os.path.join(pki, f"{user}.password"))
+
     def _setup_auth(self) -> None:
         from .etcdauth import setup
         assert self.auth_prefix is not None
