@@ -59,6 +59,24 @@ BUILTINS: dict[str, Scenario] = {
         workload=WorkloadSpec(ops=200, rate=40.0, keys=400, preload=2400, value_size=(500, 900)),
         events=(Event(40, "kill", "n2"), Event(100, "restart", "n2", max_wait=4.0)),
         roles={"supplier": "n1", "demander": "n2", "third": "n3"}, settle_timeout=60.0),
+    # -- the move's points that a plain join does not reach
+    "slow-join": Scenario(
+        name="slow-join",
+        description="n1 alone holds 2,400 preloaded entries (files of ~100 pages) under writes; "
+                    "n2 joins and takes a copy of every partition from n1 at 256 KiB/s while "
+                    "the checkpointer overwrites pages mid-send: the pre-images travel",
+        nodes=("n1",), caches=(CacheSpec(partitions=4),), transfer_rate=256 << 10,
+        workload=WorkloadSpec(ops=240, rate=40.0, keys=400, preload=2400, value_size=(500, 900)),
+        events=(Event(20, "join", "n2"),),
+        # n1 is the only copy of every partition, so it supplies every move
+        roles={"supplier": "n1", "demander": "n2"}, settle_timeout=60.0),
+    "join-stream-index": Scenario(
+        name="join-stream-index",
+        description="join with the streaming install on ([rebalance] stream_index): n3 builds "
+                    "each partition's index keys while its file arrives",
+        nodes=("n1", "n2"), workload=WorkloadSpec(ops=240), stream_index=True,
+        events=(Event(60, "join", "n3"),), settle_timeout=60.0,
+        roles={"supplier": "n2", "demander": "n3", "third": "n1"}),
     "join-under-load": Scenario(
         name="join-under-load", description="two writers, more keys; n3 then n4 join",
         nodes=("n1", "n2"), caches=(CacheSpec(partitions=16),),
@@ -159,28 +177,6 @@ BUILTINS: dict[str, Scenario] = {
                     "must not serve a read or acknowledge a write on the lease it remembers",
         nodes=("n1", "n2", "n3"), workload=READS,
         events=(Event(120, "sigstop", CONTROLLER, duration_s=3 * TTL),), settle_timeout=60.0),
-    "file-move": Scenario(
-        name="file-move", driver="file-move",
-        description="the seed's file move (temp WAL, transfer, index rebuild, replay, "
-                    "OWNING) of 2 partitions between two processes under live writes",
-        nodes=("supplier",), caches=(CacheSpec(partitions=4, backups=0),),
-        workload=WorkloadSpec(ops=400, rate=150.0, keys=400, preload=6000, value_size=(60, 120)),
-        settle_timeout=60.0,
-        events=(Event(30, "join", "demander"),),
-        roles={"supplier": "supplier", "demander": "demander"}),
-    "file-move-cut": Scenario(
-        name="file-move-cut", driver="file-move", proxy=True,
-        description="file-move through a loopback proxy whose link is cut 96 KiB into "
-                    "the transfer and healed 1.5 s later; the transfer resumes",
-        # One moving partition (p0 of 2): with two transfers on the link the cut could
-        # fall on the other one's handshake, which proves nothing about resume.
-        nodes=("supplier",), caches=(CacheSpec(partitions=2, backups=0),),
-        # The writes end right after the join: a chunk only resumes if it is unchanged
-        # at the new snapshot, and live writes to p0 would (rightly) make it differ.
-        workload=WorkloadSpec(ops=32, rate=150.0, keys=400, preload=6000, value_size=(60, 120)),
-        settle_timeout=60.0,
-        events=(Event(30, "join", "demander"), Event(31, "cut", "link")),
-        roles={"supplier": "supplier", "demander": "demander"}),
 }
 
 

@@ -1,13 +1,21 @@
 """The matrix: every crash point x the side it hits x K seeds, one run per cell.
 
-:data:`PLAN` says which scenario reaches a point on which side. The ``supplier.*`` and
-``demander.*`` points run in the ``file-move`` driver (cluster_sim/mover: a supplier
-process and a demander process that runs the node's move engine, node/move/), which reaches
-``supplier.mid_preimages`` and a rate-limited transfer; ``owner.mid_eviction`` and the
-third side of the WAL and checkpointer points run through nodes (``join``,
-``kill-restart``). node/ moves partitions file-based with the same engine, so
-``--scenario join`` (:func:`plan_cells`) runs every point on each role of ``join``
-through the nodes' own moves.
+:data:`PLAN` says which scenario reaches a point on which side. Every scenario runs
+real ``ferry node`` processes, so every cell crashes the node's own code:
+
+- ``join`` (n3 joins n1 and n2): the demander's points of a file move on n3; the WAL
+  and checkpointer points on the supplier (n2) and the demander (n3);
+  ``owner.mid_eviction`` on n2 and n1, which give copies away;
+- ``slow-join`` (n1 alone with a preload, n2 joins, 256 KiB/s transfers under writes):
+  the supplier's points on n1, which supplies every move; pages are overwritten
+  mid-send, so ``supplier.mid_preimages`` is reached;
+- ``join-stream-index`` (``join`` with ``[rebalance] stream_index`` on):
+  ``demander.mid_stream_index`` on n3;
+- ``restart-catchup`` (n2 SIGKILLed and back, its copies catch up by delta fetches):
+  the delta points, ``supplier.mid_delta_send`` on n1 and the demander's on n2;
+- ``kill-restart``: the WAL and checkpointer points on the third node (n3).
+
+``--scenario NAME`` (:func:`plan_cells`) runs every point on each role of NAME instead.
 
 The Nth hit a crash fires on comes from the seed (:func:`default_nth`) for points hit
 many times per run, so seeds explore different moments; a failing cell prints the one
@@ -33,26 +41,26 @@ from .scenario import SIDES, CrashPlan
 FAULTS: tuple[str, ...] = FAULT_SCENARIOS
 NO_CRASH = "none"          # the point of a fault cell
 
-_FM = {"supplier": "file-move", "demander": "file-move"}
+_DURABLE = {"supplier": "join", "demander": "join", "third": "kill-restart"}
 PLAN: dict[str, dict[str, str]] = {
-    "wal.before_sync": {**_FM, "third": "kill-restart"},
-    "wal.after_sync": {**_FM, "third": "kill-restart"},
-    "checkpoint.mid_write": {**_FM, "third": "kill-restart"},
-    "supplier.after_snapshot": {"supplier": "file-move"},
-    "supplier.mid_send": {"supplier": "file-move"},
-    "supplier.mid_preimages": {"supplier": "file-move"},
+    "wal.before_sync": _DURABLE,
+    "wal.after_sync": _DURABLE,
+    "checkpoint.mid_write": _DURABLE,
+    "supplier.after_snapshot": {"supplier": "slow-join"},
+    "supplier.mid_send": {"supplier": "slow-join"},
+    "supplier.mid_preimages": {"supplier": "slow-join"},
     "supplier.mid_delta_send": {"supplier": "restart-catchup"},
     "demander.mid_base_copy": {"demander": "restart-catchup"},
     "demander.mid_delta_receive": {"demander": "restart-catchup"},
-    "demander.after_demand": {"demander": "file-move"},
-    "demander.mid_receive": {"demander": "file-move"},
-    "demander.mid_stream_index": {"demander": "file-move"},
-    "demander.before_install": {"demander": "file-move"},
-    "demander.after_install": {"demander": "file-move"},
-    "demander.mid_index_rebuild": {"demander": "file-move"},
-    "demander.mid_replay": {"demander": "file-move"},
-    "demander.before_owning": {"demander": "file-move"},
-    "demander.after_owning": {"demander": "file-move"},
+    "demander.after_demand": {"demander": "join"},
+    "demander.mid_receive": {"demander": "join"},
+    "demander.mid_stream_index": {"demander": "join-stream-index"},
+    "demander.before_install": {"demander": "join"},
+    "demander.after_install": {"demander": "join"},
+    "demander.mid_index_rebuild": {"demander": "join"},
+    "demander.mid_replay": {"demander": "join"},
+    "demander.before_owning": {"demander": "join"},
+    "demander.after_owning": {"demander": "join"},
     "owner.mid_eviction": {"supplier": "join", "third": "join"},
 }
 

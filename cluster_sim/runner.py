@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .budget import GRACE_S, Budget
-from .drivers import ClusterDriver, Driver, FileMoveDriver
+from .drivers import ClusterDriver, Driver
 from .errors import SimError
 from .history import READ, WRITE, History
 from .invariants import NAMES, check_all
@@ -75,7 +75,7 @@ class RunResult:
 
 
 def make_driver(s: Scenario, *args: Any, **kw: Any) -> Driver:
-    return (FileMoveDriver if s.driver == "file-move" else ClusterDriver)(s, *args, **kw)
+    return ClusterDriver(s, *args, **kw)
 
 
 @dataclass

@@ -5,16 +5,12 @@ A scenario names *roles* (``supplier``, ``demander``, ``third``) for its process
 crash plan says "crash the demander at ``demander.mid_receive``, 2nd hit" without
 knowing node ids; the runner puts ``FERRY_CRASH`` in that process's environment only.
 
-Two drivers run scenarios (see :mod:`cluster_sim.runner`):
-
-- ``cluster``: real ``ferry node`` processes on loopback with their own etcd, a
-  workload through ``node.Client`` (each write through one node's view of the map),
-  topology events (join, leave, kill, restart) and partitions (cut from peers, from
-  the control plane, both, flapping; etcd members killed and restarted).
-- ``file-move``: the seed's file-based move between two processes (supplier, demander)
-  with the real transfer, checkpoint, wal and indexes parts (cluster_sim/mover), the
-  harness being the client. node/ moves partitions file-based with the same engine
-  (node/move/), so the ``cluster`` scenarios reach the same crash points through nodes.
+One driver runs scenarios (see :mod:`cluster_sim.runner`), ``cluster``: real ``ferry
+node`` processes on loopback with their own etcd, a workload through ``node.Client``
+(each write through one node's view of the map), topology events (join, leave, kill,
+restart) and partitions (cut from peers, from the control plane, both, flapping; etcd
+members killed and restarted). Every crash point is reached through the nodes' own
+code: moves, supplies, delta catch-up and eviction included.
 """
 from __future__ import annotations
 
@@ -43,7 +39,7 @@ CONTROLLER = "@controller"     # the node `cluster status` names controller
 LEADER = "@leader"             # the etcd member that is raft leader
 # Time budget parts (seconds) when the scenario gives none: see Scenario.budget()
 BUDGET_START_S, BUDGET_EVENT_S, BUDGET_STOP_S, BUDGET_CHECKS_S = 60.0, 20.0, 90.0, 60.0
-DRIVERS = ("cluster", "file-move")
+DRIVERS = ("cluster",)
 DISTRIBUTIONS = ("uniform", "zipf", "sequential")
 
 
@@ -70,7 +66,7 @@ class WorkloadSpec:
     distribution: str = "uniform"
     value_size: tuple[int, int] = (40, 200)
     remove_ratio: float = 0.1
-    preload: int = 0               # entries loaded before the clock starts (file-move)
+    preload: int = 0               # entries put in bulk before the clock starts
     read_ratio: float = 0.0        # share of each writer's operations that are reads (cluster)
     readers: int = 0               # processes that only read, ``ops`` reads each (cluster)
     pinned: bool = False           # each process through one node's view (process i: node i % n)
@@ -143,10 +139,10 @@ class Scenario:
     events: tuple[Event, ...] = ()
     roles: dict[str, str] = field(default_factory=dict)   # side -> node id
     crash: CrashPlan | None = None
-    proxy: bool = False            # a loopback proxy on the transfer link (file-move) or on
-                                   # every node's RPC/heartbeat link (cluster)
+    proxy: bool = False            # a loopback proxy in front of every node's RPC port
     disk: DiskSpec | None = None   # one node's data dir on a small tmpfs (cluster)
     transfer_rate: int = 0         # [transfer] rate_limit of every node, bytes/s (0: none)
+    stream_index: bool = False     # [rebalance] stream_index of every node (the streaming install)
     settle_timeout: float = 90.0
     control_plane_members: int = 1 # etcd members of the run's control plane (cluster)
     # the nodes started first are the cluster's initial members (--initial-members):
@@ -215,9 +211,6 @@ def validate(s: Scenario) -> Scenario:
         raise bad("workload.remove_ratio must be in [0, 1)")
     if not 0 <= w.read_ratio < 1:
         raise bad("workload.read_ratio must be in [0, 1)")
-    if (w.read_ratio or w.readers) and s.driver != "cluster":
-        raise bad("workload.read_ratio and readers need the cluster driver (the file-move supplier "
-                  "serves no reads)")
     if w.readers < 0:
         raise bad("workload.readers must be >= 0")
     lo, hi = w.value_size

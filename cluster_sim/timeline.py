@@ -24,7 +24,7 @@ class Sample:
     acked: int
     states: dict[str, dict[str, int]] = field(default_factory=dict)   # node -> state -> count
     bytes_moved: int = 0
-    backlog: int = 0            # updates (cluster) or bytes (file-move) buffered in temp WALs
+    backlog: int = 0            # updates buffered in temp WALs
 
 
 class Timeline:

@@ -95,8 +95,8 @@ def generate(spec: WorkloadSpec, seed: int) -> list[list[Op]]:
 
 
 def preload(spec: WorkloadSpec, seed: int) -> list[tuple[bytes, bytes]]:
-    """Entries loaded before the clock starts (the file-move supplier's initial data);
-    the supplier process and the harness both call this, so both know them."""
+    """Entries loaded before the clock starts (put in bulk through the nodes), the
+    same for a seed; the model knows them as acknowledged once the bulk put returned."""
     rng = random.Random(f"ferry-sim-preload:{seed}")
     return [(b"pre-%06d" % i, _value(rng, b"pre-%06d" % i, 0, spec.value_size))
             for i in range(spec.preload)]

@@ -1,9 +1,8 @@
-"""Drivers run a scenario's processes: :class:`ClusterDriver` (ferry nodes) and
-:class:`FileMoveDriver` (the mover's supplier and demander)."""
+"""The driver that runs a scenario's processes: :class:`ClusterDriver` (``ferry node``
+processes and the run's etcd)."""
 from __future__ import annotations
 
 from .base import Driver
 from .cluster import ClusterDriver
-from .filemove import FileMoveDriver
 
-__all__ = ["Driver", "ClusterDriver", "FileMoveDriver"]
+__all__ = ["Driver", "ClusterDriver"]

@@ -25,13 +25,26 @@ from ..diskfull import SimSkipped
 from ..errors import ProcessError, SimError
 from ..invariants import Copy, Layout
 from ..procs import ROOT, Proc, child_env, free_port
-from ..scenario import CONTAINER_ACTIONS, LEASE_TTL_S, Event
+from ..scenario import CONTAINER_ACTIONS, LEASE_TTL_S, Event, Scenario
 from ..workload import Op, Receipt
 from .base import Driver
 from .clusterfaults import ClusterFaults
 from .convergence import settled_problems
 from .writes import NodeClients, WriteStats, verify_reads
 
+
+def node_toml(s: Scenario) -> str:
+    """The ``node.toml`` every node of the run reads: a 2 s control-plane lease, a
+    checkpoint every second, the scenario's transfer rate and streaming install, its
+    first cache."""
+    cache = s.caches[0]
+    idx = "".join(f'[[caches.indexes]]\nname = "{i.name}"\nfield = "{i.field}"\n' for i in cache.indexes)
+    return (f"[control_plane]\nlease_ttl_s = {LEASE_TTL_S}\n"
+            f"[checkpoint]\ninterval_s = 1.0\n"
+            + (f"[transfer]\nrate_limit = {s.transfer_rate}\n" if s.transfer_rate else "")
+            + ("[rebalance]\nstream_index = true\n" if s.stream_index else "")
+            + f'[[caches]]\nname = "{cache.name}"\npartitions = {cache.partitions}\n'
+            f"backups = {cache.backups}\n{idx}")
 
 
 class ClusterDriver(ClusterFaults, Driver):
@@ -40,16 +53,9 @@ class ClusterDriver(ClusterFaults, Driver):
         if not hasattr(self.net, "attach") and any(e.action in CONTAINER_ACTIONS for e in s.events):
             raise SimSkipped(f"scenario {s.name!r}: pause/unpause need container mode "
                              "(nodes in containers: docs/harness.md)")
-        cache = s.caches[0]
-        idx = "".join(f'[[caches.indexes]]\nname = "{i.name}"\nfield = "{i.field}"\n' for i in cache.indexes)
         self.config = os.path.join(self.dir, "node.toml")
         with open(self.config, "w") as f:
-            f.write(f"[control_plane]\nlease_ttl_s = {LEASE_TTL_S}\n"
-                    f"[checkpoint]\ninterval_s = 1.0\n"
-                    + (f"[transfer]\nrate_limit = {s.transfer_rate}\n" if s.transfer_rate else "")
-                    +
-                    f'[[caches]]\nname = "{cache.name}"\npartitions = {cache.partitions}\n'
-                    f"backups = {cache.backups}\n{idx}")
+            f.write(node_toml(s))
         self.ports = {n: free_port() for n in s.all_nodes()}
         self.procs: dict[str, Proc] = {}
         self.left: set[str] = set()       # left gracefully: gone for good

@@ -32,10 +32,16 @@ nth = 2
 
 
 def test_builtins_load_and_have_the_required_names() -> None:
-    for name in ("join", "leave", "kill-restart", "join-under-load", "file-move"):
+    names = ("join", "leave", "kill-restart", "join-under-load", "slow-join", "join-stream-index")
+    for name in names:
         s = load_scenario(name)
-        assert s.name == name and s.roles
-    assert set(BUILTINS) >= {"join", "leave", "kill-restart", "join-under-load", "file-move"}
+        assert s.name == name and s.roles and s.driver == "cluster"
+    assert set(BUILTINS) >= set(names)
+    # slow-join: one node holds everything, so it supplies every move, slowly
+    slow = load_scenario("slow-join")
+    assert slow.nodes == ("n1",) and slow.roles["supplier"] == "n1" and slow.transfer_rate > 0
+    assert slow.workload.preload > 0 and slow.workload.rate > 0
+    assert load_scenario("join-stream-index").stream_index and not load_scenario("join").stream_index
 
 
 def test_toml_and_json_files(tmp_path) -> None:
@@ -47,9 +53,9 @@ def test_toml_and_json_files(tmp_path) -> None:
     assert s.crash == CrashPlan("demander.mid_receive", "demander", 2) and s.target() == "c"
     assert s.crash.spec(7) == "demander.mid_receive:2"
     j = tmp_path / "s.json"
-    j.write_text(json.dumps({"name": "j", "driver": "file-move", "nodes": ["supplier"],
-                             "roles": {"supplier": "supplier"}}))
-    assert load_scenario(str(j)).driver == "file-move"
+    j.write_text(json.dumps({"name": "j", "nodes": ["a"], "roles": {"supplier": "a"},
+                             "stream_index": True}))
+    assert load_scenario(str(j)).stream_index is True
 
 
 @pytest.mark.parametrize("edit, match", [
@@ -70,12 +76,12 @@ def test_bad_scenarios_are_refused_with_the_field(tmp_path, edit, match) -> None
 
 
 def test_unknown_name_lists_builtins() -> None:
-    with pytest.raises(ScenarioError, match="built-ins: .*file-move"):
+    with pytest.raises(ScenarioError, match="built-ins: .*slow-join"):
         load_scenario("no-such-scenario")
 
 
 def test_crash_side_the_scenario_lacks() -> None:
-    s = load_scenario("file-move").with_crash(CrashPlan("wal.before_sync", side="third"))
+    s = load_scenario("slow-join").with_crash(CrashPlan("wal.before_sync", side="third"))
     with pytest.raises(ScenarioError, match="no 'third' process"):
         s.target()
 
@@ -150,9 +156,8 @@ def test_partition_and_etcd_events_are_loaded_and_checked() -> None:
             from_dict(base | {"control_plane_members": 3, "events": [{"at": 1} | ev]})
     with pytest.raises(ScenarioError, match="needs proxy = true"):
         from_dict({"name": "x", "nodes": ["n1"], "events": [{"at": 1, "action": "isolate", "node": "n1"}]})
-    with pytest.raises(ScenarioError, match="needs the cluster driver"):
-        from_dict({"name": "x", "driver": "file-move", "nodes": ["supplier"],
-                   "events": [{"at": 1, "action": "kill-etcd"}]})
+    with pytest.raises(ScenarioError, match="driver 'file-move' is not one of cluster"):
+        from_dict({"name": "x", "driver": "file-move", "nodes": ["supplier"]})
     with pytest.raises(ScenarioError, match="control_plane_members"):
         from_dict(base | {"control_plane_members": 0})
     assert from_dict(base | {"time_budget": 42.0}).budget() == 42.0
@@ -180,7 +185,7 @@ def test_model_keeps_the_counters_of_acknowledged_writes() -> None:
     m.ack(Op(1, 0, other, b"x"), Receipt(8, "n3", "n3"))
     bad = counter_conflicts(m, 8)
     assert len(bad) == 1 and "counter 8" in bad[0] and "acknowledged by n3, routed by n3" in bad[0]
-    m.ack(Op(1, 1, b"b", b"y"))                        # no counter (file-move driver): not kept
+    m.ack(Op(1, 1, b"b", b"y"))                        # no receipt, no counter: not kept
     assert len(m.acks) == 3
 
 
@@ -203,3 +208,18 @@ def test_initial_members_reach_every_node_started_first(tmp_path) -> None:
     d.net = None
     argv = d._proc("n1").argv
     assert argv[argv.index("--initial-members") + 1] == "n1,n2,n3"
+
+
+def test_node_toml_carries_the_scenarios_node_settings(tmp_path) -> None:
+    """What a scenario sets for every node reaches the node's own config loader."""
+    from cluster_sim.drivers.cluster import node_toml
+    from node.config import load as load_node_config
+    for name, rate, stream in (("join", 0, False), ("slow-join", 256 << 10, False),
+                               ("join-stream-index", 0, True)):
+        s = load_scenario(name)
+        path = tmp_path / f"{name}.toml"
+        path.write_text(node_toml(s))
+        cfg = load_node_config(str(path), id="n1", data=str(tmp_path / "d"), listen="127.0.0.1:1",
+                               control_plane="http://127.0.0.1:2379")
+        assert (cfg.transfer_rate_limit, cfg.stream_index) == (rate, stream), name
+        assert cfg.caches[0].partitions == s.caches[0].partitions and cfg.checkpoint_interval_s == 1.0
