@@ -13,16 +13,14 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
 
 from .assignment import owners, ranked
 from .config import CacheConfig
-from .jsonvalue import Json, JsonDoc
+from .jsonvalue import JsonDoc
 from .placement import Placement
 from .states import State
 
-if TYPE_CHECKING:
-    from .schema import BadRecord
+from .schema import BadRecord, PartRecord  # noqa: F401  (PartRecord: this module's public face too)
 
 PartKey = tuple[str, int]
 
@@ -36,37 +34,6 @@ class Member:
     leaving: bool = False   # graceful leave in progress: owns nothing new
     boot: str = ""          # changes at every process start
     transfer: str = ""      # HOST:PORT of its file supplier (files mode), "" = none
-
-
-@dataclass
-class PartRecord:
-    """What the controller decided for one partition (``P/parts/<cache>/<p>``)."""
-    primary: str | None = None
-    isr: tuple[str, ...] = ()      # in-sync copies: every acknowledged write is on each
-    epoch: int = 0                 # bumped by every change of primary or in-sync set
-    lost: bool = False             # every in-sync copy is gone: reported, never served stale
-    # the primary's term (Kafka's leader epoch): bumped only when the primary changes.
-    # Copies fence on it, so a change of the in-sync set alone deposes nobody.
-    term: int = 0
-
-    def to_json(self) -> JsonDoc:
-        return {"primary": self.primary, "isr": list(self.isr), "epoch": self.epoch, "lost": self.lost,
-                "term": self.term}
-
-    @classmethod
-    def from_json(cls, d: Json) -> "PartRecord":
-        """Lenient: anything that is not a valid record reads as no record."""
-        try:
-            return cls.parse(d)
-        except ValueError:
-            return cls()
-
-    @classmethod
-    def parse(cls, d: Json) -> "PartRecord":
-        """Strict: a record as the controller writes it, else ValueError saying why
-        (the checks are node/schema.py's)."""
-        from .schema import record_fields
-        return cls(*record_fields(d))
 
 
 class ClusterMap:

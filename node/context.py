@@ -183,6 +183,11 @@ class NodeContext:
     repl: Replication
     moves: MoveTable
     session: "Session | None" = None   # the control-plane lease, once registered
+    # copies this process found OWNING when it started and that are not yet confirmed
+    # current (node/reconcile.py, "returning copies"): reported RETURNING, never lead
+    # or supply until the controller takes them out of the in-sync set (then they join
+    # again, the primary comparing counters) or elects them (every in-sync copy back)
+    returning: set[PartKey] = field(default_factory=set)
     transfer_address: str = ""       # HOST:PORT of this node's file supplier
 
     def lease_valid(self) -> bool:

@@ -43,6 +43,7 @@ from .states import State
 if TYPE_CHECKING:
     from .context import MapHolder
 
+RETURNING = "RETURNING"       # the report state of an unconfirmed copy (docs/node.md, "Returning copies")
 log = logging.getLogger("ferry.node.controller")
 TXN_BATCH = 48          # records per transaction (etcd's default --max-txn-ops is 128)
 # a new cluster with initial members: a partition's record waits this long for all of
@@ -104,6 +105,16 @@ class Controller:
         """Live nodes reporting OWNING for (cache, p)."""
         return {n for n, st in m.states[cache][p].items() if st == State.OWNING.value and n in m.members}
 
+    @staticmethod
+    def _returning_of(m: "ClusterMap", cache: str, p: int) -> dict[str, tuple[int, str]]:
+        """Live nodes reporting RETURNING for (cache, p): node -> (counter, boot)."""
+        out: dict[str, tuple[int, str]] = {}
+        for n, st in m.states[cache][p].items():
+            mem = m.members.get(n)
+            if st == RETURNING and mem is not None:
+                out[n] = (m.counters[cache][p].get(n, 0), mem.boot)
+        return out
+
     def _record(self, cache: str, p: int) -> tuple[PartRecord | None, int]:
         kv = self.view.get(part_key(self.prefix, cache, p))
         return (self._parsed(kv, part_key(self.prefix, cache, p)), kv.mod) if kv else (None, 0)
@@ -155,7 +166,7 @@ class Controller:
                             self._unborn.add((cache, p))
                     else:
                         new = self._next(cache, p, rec, members, self._owning_of(m, cache, p),
-                                         m.creator, m.initial_members)
+                                         m.creator, m.initial_members, self._returning_of(m, cache, p))
                         if new is None and bad is not None and rec is not None:
                             new = replace(rec, epoch=rec.epoch + 1)   # malformed: rewritten as it was
                     if new is not None:
@@ -194,7 +205,8 @@ class Controller:
             self.live.controller_dirty.add(keys)
 
     def _next(self, cache: str, p: int, rec: PartRecord | None, members: Mapping[str, object],
-              owning: set[str], made_by: str | None, initial: tuple[str, ...]) -> PartRecord | None:
+              owning: set[str], made_by: str | None, initial: tuple[str, ...],
+              back: Mapping[str, tuple[int, str]] | None = None) -> PartRecord | None:
         if rec is None:
             if not owning:
                 return None
@@ -213,6 +225,14 @@ class Controller:
             prim = made_by if made_by in owning else ranked(cache, p, sorted(owning))[0]
             return PartRecord(prim, (prim,), 1, False, 1)
         live_isr = [n for n in rec.isr if n in members and n in owning]
+        if not live_isr and rec.isr and back and all(n in members for n in rec.isr):
+            # every in-sync copy is back and none is confirmed current (docs/node.md, "Returning copies"):
+            # those with the highest counter are; never one while another in-sync copy
+            # is still away (it may hold writes the returning ones lost: a restored
+            # backup, a disk that went back in time)
+            elected = self._elect_returning(cache, p, rec, back)
+            if elected is not None or any(n in back for n in rec.isr):
+                return elected
         isr = tuple(live_isr) if live_isr else rec.isr      # never empty the set
         # the primary stays while its lease lives and it is OWNING; otherwise the first
         # live in-sync copy takes over (a non-OWNING node does not lead: safe at once)
@@ -224,6 +244,25 @@ class Controller:
         if prim == rec.primary and isr == rec.isr and lost == rec.lost:
             return None
         return PartRecord(prim, isr, rec.epoch + 1, lost, rec.term + (prim != rec.primary))
+
+    @staticmethod
+    def _elect_returning(cache: str, p: int, rec: PartRecord,
+                         back: Mapping[str, tuple[int, str]]) -> PartRecord | None:
+        """The record that confirms the returning in-sync copies with the highest
+        counter (their boot ids in ``confirmed``, the first of them primary in a new
+        term), or None when it is already written."""
+        mine = {n: back[n] for n in rec.isr if n in back}
+        if not mine:
+            return None
+        top = max(c for c, _ in mine.values())
+        best = ranked(cache, p, [n for n, (c, _) in mine.items() if c == top])
+        confirmed = tuple(sorted((n, mine[n][1]) for n in best))
+        if rec.confirmed == confirmed and rec.primary == best[0] and rec.isr == tuple(best):
+            return None
+        log.warning("stage=controller %s/%d: every in-sync copy came back unconfirmed (%s); "
+                    "the ones at the highest counter %d are in sync: %s", cache, p,
+                    ", ".join(f"{n}@{c}" for n, (c, _) in sorted(mine.items())), top, ",".join(best))
+        return PartRecord(best[0], tuple(best), rec.epoch + 1, False, rec.term + 1, confirmed)
 
     # -- requests from primaries ----------------------------------------------------
     def handle_requests(self) -> int:

@@ -280,7 +280,10 @@ class ControlPlane:
     def _entry(self, cache: str, p: int) -> list[object] | None:
         s = self.ctx.states.get(cache, p)
         if s in (State.OWNING, State.MOVING, State.RENTING, State.LOST):
-            return [s.value, self.ctx.data[cache].counter(p) if s == State.OWNING else 0]
+            counter = self.ctx.data[cache].counter(p) if s == State.OWNING else 0
+            if s == State.OWNING and (cache, p) in self.ctx.returning:
+                return ["RETURNING", counter]
+            return [s.value, counter]
         return None
 
     def _entries(self) -> dict[tuple[str, int], list[object]]:

@@ -104,6 +104,10 @@ class Node:
         self.updates.bind(self.rebalancer)
         self.reconciler = Reconciler(ctx, self.control, self.rebalancer)
         self._finish_interrupted()
+        # every copy held OWNING before this start is unconfirmed until the controller
+        # or its primary says otherwise (its files may have gone back in time: a
+        # restored backup, a disk that lost writes): docs/node.md, "Returning copies"
+        ctx.returning = {k for k, s in ctx.states.items() if s == State.OWNING}
         log.info("stage=recovery node=%s recovered %d cache(s) in %.2fs", cfg.id,
                  len(data), time.monotonic() - t0)
         self.server: RpcServer | None = None
@@ -135,6 +139,8 @@ class Node:
                 ctx.data[cache].drop(p)
 
     def _state_changed(self, cache: str, p: int, old: State | None, new: State) -> None:
+        if new != State.OWNING:
+            self.ctx.returning.discard((cache, p))     # a copy that moves again is a new one
         log.info("stage=state cache=%s partition=%d %s -> %s", cache, p, old.value if old else "absent", new.value)
         # (called while the context is being built, by nothing but later changes)
         control = getattr(self, "control", None)

@@ -166,6 +166,8 @@ class Rebalancer:
             return f"{self.ctx.id} does not own {cache}/{p} ({self.ctx.states.get(cache, p)})"
         if self.ctx.id not in self.ctx.map.record(cache, p).isr:
             return f"{self.ctx.id}'s copy of {cache}/{p} is not in sync (not confirmed by the primary)"
+        if (cache, p) in self.ctx.returning:
+            return f"{self.ctx.id}'s copy of {cache}/{p} is not confirmed current since its restart"
         return None
 
     # -- supplier -----------------------------------------------------------------

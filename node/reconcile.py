@@ -168,6 +168,15 @@ class Reconciler:
             if me not in ideal and my_reported == State.MOVING.value and prim != me:
                 self.ctx.moves.running[key].cancelled = True
             return True                         # looked at again until the move has ended
+        if st == State.OWNING and key in self.ctx.returning:
+            if (me, self.ctx.boot) in rec.confirmed:
+                self._current(key, "elected by the controller: every in-sync copy came back "
+                              "and this one is at the highest counter")
+            elif me in rec.isr:
+                return True     # until the controller takes it out of the set, or elects it
+            else:
+                # out of the set: the join below asks the primary, which compares counters
+                self._current(key, "not in the in-sync set: it joins like any copy")
         if st == State.OWNING and me not in rec.isr:
             if rec.lost or prim is None:
                 return False                    # waiting for an in-sync copy or the controller
@@ -217,6 +226,12 @@ class Reconciler:
             elif st == State.RENTING:
                 return not self.evict(cache, p, "finishing eviction")
         return False
+
+    def _current(self, key: PartKey, why: str) -> None:
+        """A returning copy is confirmed (or needs no confirming): reported OWNING again."""
+        self.ctx.returning.discard(key)
+        log.info("stage=isr cache=%s partition=%d returning copy: %s", key[0], key[1], why)
+        self.control.report_changed(*key)
 
     def _confirm_owners(self, cache: str, p: int, owners: tuple[str, ...], token: Hashable) -> None:
         """Each new owner says, over authenticated RPC (``holds``), that it is the node

@@ -37,10 +37,9 @@ from typing import TYPE_CHECKING, Union
 
 from .assignment import ranked
 from .config import CacheConfig, IndexConfig
-from .jsonvalue import Json
+from .jsonvalue import Json, JsonDoc
 
 if TYPE_CHECKING:
-    from .cluster_map import PartRecord
     from .control import KV
 
 log = logging.getLogger("ferry.node.schema")
@@ -55,7 +54,9 @@ MAX_PARTITIONS = 65536
 MAX_BACKUPS = 8
 MAX_CACHES = 1024
 MAX_INDEXES = 256
-REPORT_STATES = ("OWNING", "MOVING", "RENTING", "LOST")
+# RETURNING: a copy this node held OWNING when its process started, not yet confirmed
+# current (docs/node.md, "Returning copies"): never primary, supplier or in-sync on its word alone
+REPORT_STATES = ("OWNING", "MOVING", "RENTING", "LOST", "RETURNING")
 # a record whose predecessor no node's map held is rebuilt from the copies' reports;
 # they are given this long to report their counters first (each node that holds the
 # partition writes its report when it sees the record go bad)
@@ -306,9 +307,11 @@ def report_doc(key: str, kv: "KV", partitions: dict[str, int]) -> dict[tuple[str
     return out
 
 
-def record_fields(v: Json) -> tuple[str | None, tuple[str, ...], int, bool, int]:
-    """(primary, in-sync copies, epoch, lost, term) of a partition record's JSON, or
-    ValueError saying what is wrong. The primary, when there is one, is in sync."""
+def record_fields(v: Json) -> tuple[str | None, tuple[str, ...], int, bool, int,
+                                     tuple[tuple[str, str], ...]]:
+    """(primary, in-sync copies, epoch, lost, term, confirmed) of a partition record's
+    JSON, or ValueError saying what is wrong. The primary, when there is one, is in
+    sync. ``confirmed``: (node, boot) of returning copies the controller elected."""
     d = _obj(v, "a partition record")
     prim = d.get("primary")
     if prim is not None:
@@ -321,12 +324,51 @@ def record_fields(v: Json) -> tuple[str | None, tuple[str, ...], int, bool, int]
         raise ValueError(f"primary {prim} is not in the in-sync set {list(isr)}")
     if term > epoch:
         raise ValueError(f"term {term} is past epoch {epoch} (every change of primary bumps both)")
-    return prim, isr, epoch, lost, term
+    conf = d.get("confirmed", {})
+    if not isinstance(conf, dict) or len(conf) > len(isr) or \
+            not all(n in isr and isinstance(b, str) and len(b) <= 64 for n, b in conf.items()):
+        raise ValueError("confirmed must map in-sync copies to their boot ids")
+    return prim, isr, epoch, lost, term, tuple(sorted(conf.items()))
+
+
+@dataclass
+class PartRecord:
+    """What the controller decided for one partition (``P/parts/<cache>/<p>``)."""
+    primary: str | None = None
+    isr: tuple[str, ...] = ()      # in-sync copies: every acknowledged write is on each
+    epoch: int = 0                 # bumped by every change of primary or in-sync set
+    lost: bool = False             # every in-sync copy is gone: reported, never served stale
+    # the primary's term (Kafka's leader epoch): bumped only when the primary changes.
+    # Copies fence on it, so a change of the in-sync set alone deposes nobody.
+    term: int = 0
+    # returning copies (docs/node.md, "Returning copies") the controller elected when every in-sync
+    # copy had come back unconfirmed: (node, boot of the process it confirmed)
+    confirmed: tuple[tuple[str, str], ...] = ()
+
+    def to_json(self) -> JsonDoc:
+        d: JsonDoc = {"primary": self.primary, "isr": list(self.isr), "epoch": self.epoch,
+                      "lost": self.lost, "term": self.term}
+        if self.confirmed:
+            d["confirmed"] = dict(self.confirmed)
+        return d
+
+    @classmethod
+    def from_json(cls, d: Json) -> "PartRecord":
+        """Lenient: anything that is not a valid record reads as no record."""
+        try:
+            return cls.parse(d)
+        except ValueError:
+            return cls()
+
+    @classmethod
+    def parse(cls, d: Json) -> "PartRecord":
+        """Strict: a record as the controller writes it, else ValueError saying why
+        (the checks are node/schema.py's)."""
+        return cls(*record_fields(d))
 
 
 def record(key: str, kv: "KV") -> "PartRecord":
     """``P/parts/<cache>/<p>``: the controller's record of one partition."""
-    from .cluster_map import PartRecord
     v = _value(key, kv)
     try:
         return PartRecord(*record_fields(v))
@@ -416,7 +458,6 @@ def rebuild_record(cache: str, p: int, bad: BadRecord, owning: dict[str, int],
     seen a higher term and fences the new primary off. Nothing is written while no
     copy reports OWNING (nothing to lead), nor during the first REBUILD_GRACE_S after
     the bad value was seen, while the copies send fresh counters."""
-    from .cluster_map import PartRecord
     if not owning:
         return None, False
     if now - bad.since < REBUILD_GRACE_S:

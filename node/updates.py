@@ -113,7 +113,8 @@ class UpdatePath:
         if not write:
             with self.ctx.map.lock:
                 prim = self.ctx.map.map.parts[cache][p].primary
-            return prim == self.ctx.id and self.ctx.states.get(cache, p) == State.OWNING
+            return prim == self.ctx.id and self.ctx.states.get(cache, p) == State.OWNING \
+                and (cache, p) not in self.ctx.returning
         return self.tenure(cache, p) is not None
 
     def tenure(self, cache: str, p: int) -> Tenure | None:
@@ -137,6 +138,8 @@ class UpdatePath:
             return None
         if self.backup.newer_term(cache, p) > term:
             return None         # a new primary's update reached this node before its map
+        if (cache, p) in self.ctx.returning:
+            return None         # not confirmed current since this process started
         return (term, lease) if self.ctx.states.get(cache, p) == State.OWNING else None
 
     def not_primary(self, cache: str, p: int) -> NodeError:
