@@ -152,7 +152,7 @@ class Channel:
             try:
                 if timeout is not None:
                     self.conn.set_timeout(timeout)
-                self.conn.send(data)
+                frames.send_frame(self.conn, data)
             except TransferError as e:
                 # not all of the frame left: the peer cannot have acted on it
                 self.close()

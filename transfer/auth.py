@@ -41,7 +41,7 @@ from typing import Callable
 
 from . import safefs
 from .errors import AuthError, FrameError, PeerClosed, RemoteError, UnsafePath
-from .frames import ErrorCode, FrameType, read_frame, send_error, write_frame
+from .frames import ErrorCode, FrameType, Sealer, read_frame, send_error, write_frame
 from .transport import Conn
 
 NONCE_SIZE = 32
@@ -53,6 +53,7 @@ HANDSHAKE_MAX_PAYLOAD = 4096
 HANDSHAKE_DEADLINE = 10.0    # seconds for the whole handshake, however the bytes trickle in
 _SERVER_LABEL = b"ferry-server\0"
 _CLIENT_LABEL = b"ferry-client\0"
+_SESSION_LABEL = b"ferry-session\0"   # the session key: every later frame's MAC (frames.Sealer)
 
 # The handshake key: scrypt of the secret. n=2**15, r=8 takes 128*n*r = 32 MiB and about
 # 70 ms of CPU per derivation, which is what every offline guess costs an attacker who
@@ -281,6 +282,7 @@ def client_handshake(conn: Conn, secret: bytes, *, role: str = "transfer") -> No
                             stage="handshake", peer=conn.peer)
         write_frame(conn, FrameType.RESPONSE, {"mac": _mac(key, _CLIENT_LABEL, ns, nc, role)})
         read_frame(conn, expect=[FrameType.AUTH_OK])
+        conn.sealer = Sealer(_mac(key, _SESSION_LABEL, nc, ns, role), client=True)
     except RemoteError as e:
         raise AuthError(f"authentication refused by {conn.peer}: {e.reason}",
                         stage="handshake", peer=conn.peer) from None
@@ -331,6 +333,7 @@ def _server_handshake(conn: Conn, key: bytes) -> str:
             raise AuthError(f"peer {conn.peer} failed authentication (wrong secret or replayed "
                             f"handshake{old})", stage="handshake", peer=conn.peer)
         write_frame(conn, FrameType.AUTH_OK, {})
+        conn.sealer = Sealer(_mac(key, _SESSION_LABEL, nc, ns, role), client=False)
         return role
     except FrameError as e:
         send_error(conn, e.code, e.reason)

@@ -19,7 +19,10 @@ every protocol violation, so the peer learns why instead of seeing a dropped str
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
 import struct
+import threading
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, Iterable, Protocol
@@ -30,7 +33,7 @@ import msgpack
 from .errors import FrameError, PeerClosed, RemoteError
 
 MAGIC = b"FY"
-PROTOCOL_VERSION = 2   # 2: chunk checksums in CHUNK frames, MANIFEST skip list
+PROTOCOL_VERSION = 3   # 3: frames after the handshake carry a MAC; 2: checksums in CHUNK frames
 HEADER = struct.Struct("<2sBBII")
 HEADER_SIZE = HEADER.size
 # Control frames are small; the largest is a MANIFEST (8 bytes per chunk, at most
@@ -158,8 +161,47 @@ class Stream(Protocol):
     def recv_exact(self, n: int) -> bytes: ...
 
 
+TAG_SIZE = 16
+
+
+class Sealer:
+    """The MAC of every frame after the handshake (``conn.sealer``): HMAC-SHA256,
+    truncated to 16 bytes, under a key of this direction derived from the session key
+    the handshake agreed (transfer.auth), over a sequence number and the frame's bytes.
+    A frame changed, injected, dropped, replayed or reordered on the wire fails it.
+    The sequence is per direction and counts frames, so a tag and the send it covers
+    happen under one lock (several threads may write one connection)."""
+
+    def __init__(self, session_key: bytes, client: bool) -> None:
+        k_c = hmac.new(session_key, b"ferry-frames client->server", hashlib.sha256).digest()
+        k_s = hmac.new(session_key, b"ferry-frames server->client", hashlib.sha256).digest()
+        self._out, self._in = (k_c, k_s) if client else (k_s, k_c)
+        self._seq_out = self._seq_in = 0
+        self.lock = threading.Lock()
+
+    def tag(self, data: bytes) -> bytes:
+        """(lock held) the tag of the next frame sent."""
+        seq, self._seq_out = self._seq_out, self._seq_out + 1
+        return hmac.new(self._out, seq.to_bytes(8, "little") + data, hashlib.sha256).digest()[:TAG_SIZE]
+
+    def check(self, head: bytes, payload: bytes, tag: bytes) -> bool:
+        seq, self._seq_in = self._seq_in, self._seq_in + 1
+        want = hmac.new(self._in, seq.to_bytes(8, "little") + head + payload, hashlib.sha256).digest()
+        return hmac.compare_digest(want[:TAG_SIZE], tag)
+
+
+def send_frame(conn: Stream, data: bytes) -> None:
+    """Send one encoded frame, with its MAC once the connection is sealed."""
+    sealer: Sealer | None = getattr(conn, "sealer", None)
+    if sealer is None:
+        conn.send(data)
+        return
+    with sealer.lock:
+        conn.send(data + sealer.tag(data))
+
+
 def write_frame(conn: Stream, ftype: int, body: dict[str, Any] | None = None) -> None:
-    conn.send(encode(ftype, body))
+    send_frame(conn, encode(ftype, body))
 
 
 def read_frame(conn: Stream, *, expect: Iterable[int] | None = None,
@@ -169,11 +211,16 @@ def read_frame(conn: Stream, *, expect: Iterable[int] | None = None,
     the payload maximum (the handshake reads only small frames from strangers)."""
     head = conn.recv_exact(HEADER_SIZE)
     ftype, length, crc = decode_header(head, limit)
+    sealer: Sealer | None = getattr(conn, "sealer", None)
     try:
         payload = conn.recv_exact(length)
+        tag = conn.recv_exact(TAG_SIZE) if sealer is not None else b""
     except PeerClosed as e:
         raise PeerClosed(f"peer stopped in the middle of a frame of type {ftype} "
                          f"({length} byte payload): {e.reason}") from None
+    if sealer is not None and not sealer.check(head, payload, tag):
+        raise FrameError(ErrorCode.AUTH, f"frame type {ftype} fails its MAC: changed, injected or "
+                         "replayed on the wire (or a peer of another protocol version)")
     frame = decode_payload(head, ftype, crc, payload)
     if ftype == FrameType.ERROR:
         code, msg = frame.body.get("code"), frame.body.get("message")

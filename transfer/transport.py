@@ -11,9 +11,12 @@ import os
 import select
 import socket
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import PeerClosed, PeerUnreachable, TransferError
+
+if TYPE_CHECKING:
+    from .frames import Sealer
 
 # Chunked fallback for sendfile: big enough to amortise Python overhead per call,
 # small enough that a throttled sender does not burst far past its rate.
@@ -38,6 +41,8 @@ class Conn:
 
     zero_copy = False
     peer = "?"
+    # set by the handshake (transfer.auth): every later frame carries a MAC
+    sealer: "Sealer | None" = None
 
     def send(self, data: bytes | memoryview) -> None:
         raise NotImplementedError

@@ -121,3 +121,25 @@ def test_fuzz_mutated_frames(ftype, body, flips, cut) -> None:
     _check_decoder(bytes(buf))
     if bytes(buf) == original:
         assert decode(bytes(buf))[0].body == body
+
+
+def test_sealed_frames_refuse_change_replay_reordering_and_the_other_direction() -> None:
+    key = b"k" * 32
+    client, server = frames.Sealer(key, client=True), frames.Sealer(key, client=False)
+    a = frames.encode(FrameType.RECEIVED, {"index": 1})
+    b = frames.encode(FrameType.RECEIVED, {"index": 2})
+    ta, tb = client.tag(a), client.tag(b)
+    h = frames.HEADER_SIZE
+    assert server.check(a[:h], a[h:], ta) and server.check(b[:h], b[h:], tb)
+    # replayed (the sequence moved on), reordered, changed, reflected back, other key
+    s2 = frames.Sealer(key, client=False)
+    assert not s2.check(b[:h], b[h:], tb)                       # b first: out of order
+    s3 = frames.Sealer(key, client=False)
+    assert s3.check(a[:h], a[h:], ta) and not s3.check(a[:h], a[h:], ta)   # a twice
+    s4 = frames.Sealer(key, client=False)
+    bad = bytearray(a)
+    bad[-1] ^= 1
+    assert not s4.check(bytes(bad[:h]), bytes(bad[h:]), ta)
+    c2 = frames.Sealer(key, client=True)
+    assert not c2.check(a[:h], a[h:], frames.Sealer(key, client=True).tag(a))   # its own direction
+    assert not frames.Sealer(b"x" * 32, client=False).check(a[:h], a[h:], frames.Sealer(key, client=True).tag(a))

@@ -142,7 +142,7 @@ BAD_FRAMES = [
 def test_bad_frames_get_error_frame_and_server_keeps_serving(server, src, dst, name, raw, code) -> None:
     data = write_part(src, 2, 3000)
     conn = _raw_session(server)
-    conn.send(raw)
+    frames.send_frame(conn, raw)          # sent by an authenticated peer: sealed
     with pytest.raises(RemoteError) as ei:
         frames.read_frame(conn)
     assert ei.value.code == code, ei.value
@@ -342,3 +342,33 @@ def test_rate_parse() -> None:
     assert parse_rate("200MB") == 200e6 and parse_rate("1.5GiB/s") == 1.5 * 2**30 and parse_rate("100") == 100
     with pytest.raises(ValueError):
         parse_rate("fast")
+
+
+def test_frames_changed_or_injected_after_the_handshake_are_refused(server, src, dst) -> None:
+    """After the handshake every frame carries a MAC under the session key: a frame
+    sent without it (injected by someone on the path) or changed in flight is refused
+    with ERROR AUTH, and the server goes on serving (replay and reordering:
+    test_frames.py)."""
+    data = write_part(src, 4, 3000)
+    good = frames.encode(FrameType.DEMAND, {"cache": "default", "partition": 4, "priority": 1,
+                                            "chunk_size": MB, "held": b""})
+    # injected: the right framing and checksum, no valid tag
+    conn = _raw_session(server)
+    conn.send(good + b"\0" * frames.TAG_SIZE)
+    with pytest.raises(RemoteError) as ei:
+        frames.read_frame(conn)
+    assert ei.value.code == ErrorCode.AUTH, ei.value
+    conn.close()
+    # changed in flight: a valid sealed frame with one payload byte flipped (CRC fixed up)
+    conn = _raw_session(server)
+    assert conn.sealer is not None
+    tag = conn.sealer.tag(good)
+    evil = frames.encode(FrameType.DEMAND, {"cache": "default", "partition": 5, "priority": 1,
+                                            "chunk_size": MB, "held": b""})
+    conn.send(evil + tag)
+    with pytest.raises(RemoteError) as ei:
+        frames.read_frame(conn)
+    assert ei.value.code == ErrorCode.AUTH, ei.value
+    conn.close()
+    _fetch(peer_of(server), dst, 4)
+    assert read(os.path.join(dst, "part-4.bin")) == data

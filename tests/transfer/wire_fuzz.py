@@ -98,9 +98,16 @@ def exchange(address: tuple[str, int], payload: bytes | list[bytes], *, secret: 
     parts = [payload] if isinstance(payload, bytes) else payload
     s = socket.create_connection(address, timeout=wait)
     got = bytearray()
+    sealed = False
     try:
         if secret is not None:
-            client_handshake(SocketConn(s), secret, role=role)
+            conn = SocketConn(s)
+            client_handshake(conn, secret, role=role)
+            # an authenticated peer gone hostile: what it sends is sealed like any
+            # frame (so the server's parsers behind the MAC are what is fuzzed)
+            assert conn.sealer is not None
+            parts = [seal(conn.sealer, part) for part in parts]
+            sealed = True
         closed = False
         for k, part in enumerate(parts):
             try:
@@ -119,7 +126,22 @@ def exchange(address: tuple[str, int], payload: bytes | list[bytes], *, secret: 
                 f"server neither closed nor finished answering within {wait} s"
     finally:
         s.close()
-    return parse(bytes(got))
+    return parse(bytes(got), sealed=sealed)
+
+
+def seal(sealer: frames.Sealer, raw: bytes) -> bytes:
+    """``raw`` with the MAC after each well-framed frame in it (its header's length
+    fits what follows; its checksum or body may be bad); anything else stays as it is."""
+    out = bytearray()
+    pos = 0
+    while pos + frames.HEADER_SIZE <= len(raw) and raw[pos:pos + 2] == frames.MAGIC:
+        length = int.from_bytes(raw[pos + 4:pos + 8], "little")
+        end = pos + frames.HEADER_SIZE + length
+        if end > len(raw):
+            break
+        out += raw[pos:end] + sealer.tag(raw[pos:end])
+        pos = end
+    return bytes(out + raw[pos:])
 
 
 def _read(s: socket.socket, got: bytearray, seconds: float, *, until_quiet: bool) -> bool:
@@ -144,9 +166,10 @@ def _read(s: socket.socket, got: bytearray, seconds: float, *, until_quiet: bool
         got += b
 
 
-def parse(buf: bytes) -> list[frames.Frame]:
-    """The frames of a server's answer; raw CHUNK data skipped. A cut-off tail (a reset
-    connection) ends the list; a malformed frame fails."""
+def parse(buf: bytes, *, sealed: bool = False) -> list[frames.Frame]:
+    """The frames of a server's answer; raw CHUNK data skipped (``sealed``: each frame
+    is followed by its MAC, skipped too). A cut-off tail (a reset connection) ends the
+    list; a malformed frame fails."""
     out = []
     pos = 0
     while pos < len(buf):
@@ -155,7 +178,7 @@ def parse(buf: bytes) -> list[frames.Frame]:
             break
         fr, n = got
         out.append(fr)
-        pos += n
+        pos += n + (frames.TAG_SIZE if sealed else 0)
         if fr.type == FrameType.CHUNK:
             pos += int(fr.body.get("length", 0))
     return out
