@@ -25,7 +25,7 @@ from .errors import (ChecksumError, FrameError, OutOfDiskError, PageCheckError, 
                      RemoteError, TransferError)
 from .frames import ErrorCode, FrameType, read_frame, send_error, write_frame
 from .limits import Limits
-from . import delta
+from . import datamac, delta
 from .messages import (BASE_PER_FRAME, Base, Demand, Manifest, Priority, Queued, Resend,
                        check_cache, check_partition)
 from .result import FetchResult, Progress, free_bytes
@@ -312,6 +312,7 @@ class _Fetch(DataStage):
         assert m is not None
         self.suspect: set[int] = set()
         self.fresh: set[int] = set()       # chunks received in this fetch
+        self.macs: dict[int, bytes] = {}   # chunk -> the MAC its CHUNK frame carried
         try:
             if m.delta:
                 self._read_ranges()
@@ -346,7 +347,9 @@ class _Fetch(DataStage):
                     continue          # verified on arrival or held (its record may be pending)
                 off, n = m.chunk_span(i)
                 data = os.pread(rec.fd, n, off)
-                if len(data) == n and checksum(data) == want:
+                key = self._data_key()
+                if len(data) == n and checksum(data) == want and (
+                        key is None or datamac.same(datamac.tag(key(off), data), self.macs.get(i, b""))):
                     rec.verified(i, n, want)
                     self.suspect.discard(i)
                     self.fresh.add(i)

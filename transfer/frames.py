@@ -184,6 +184,13 @@ class Sealer:
         seq, self._seq_out = self._seq_out, self._seq_out + 1
         return hmac.new(self._out, seq.to_bytes(8, "little") + data, hashlib.sha256).digest()[:TAG_SIZE]
 
+    def data_key(self, outgoing: bool, label: bytes) -> bytes:
+        """A one-time Poly1305 key for raw data of this session (transfer.datamac):
+        the sender's direction key (``outgoing`` on the sending side, not on the
+        receiving one) over ``label``, which names the data uniquely."""
+        k = self._out if outgoing else self._in
+        return hmac.new(k, b"ferry-data\0" + label, hashlib.sha256).digest()
+
     def check(self, head: bytes, payload: bytes, tag: bytes) -> bool:
         seq, self._seq_in = self._seq_in, self._seq_in + 1
         want = hmac.new(self._in, seq.to_bytes(8, "little") + head + payload, hashlib.sha256).digest()

@@ -64,6 +64,13 @@ def _bytes(body: dict[str, Any], key: str) -> bytes:
     return v
 
 
+def _mac(body: dict[str, Any]) -> bytes:
+    v = body.get("mac", b"")
+    if not isinstance(v, bytes) or len(v) not in (0, 16):
+        raise FrameError(ErrorCode.PROTOCOL, "field 'mac' must be 16 bytes")
+    return v
+
+
 def check_chunk_size(n: int) -> int:
     if not MIN_CHUNK <= n <= MAX_CHUNK or n & (n - 1):
         raise FrameError(ErrorCode.PROTOCOL, f"chunk size {n} must be a power of two {MIN_CHUNK}..{MAX_CHUNK}")
@@ -145,16 +152,20 @@ class Range:
     first: int
     pages: int
     checksum: int
+    mac: bytes = b""          # Poly1305 of the pages at C (transfer.datamac), sealed sessions
 
     TYPE = FrameType.RANGE
 
     def to_body(self) -> dict[str, Any]:
-        return {"first": self.first, "pages": self.pages, "sum": self.checksum}
+        body: dict[str, Any] = {"first": self.first, "pages": self.pages, "sum": self.checksum}
+        if self.mac:
+            body["mac"] = self.mac
+        return body
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> "Range":
         return cls(_int(body, "first", 0, 2**32 - 1), _int(body, "pages", 1, 1 << 16),
-                   _int(body, "sum", 0, 2**64 - 1))
+                   _int(body, "sum", 0, 2**64 - 1), _mac(body))
 
 
 @dataclass(frozen=True)
@@ -245,16 +256,20 @@ class Chunk:
     index: int
     length: int
     checksum: int
+    mac: bytes = b""          # Poly1305 of the bytes at C (transfer.datamac), sealed sessions
 
     TYPE = FrameType.CHUNK
 
     def to_body(self) -> dict[str, Any]:
-        return {"index": self.index, "length": self.length, "sum": self.checksum}
+        body: dict[str, Any] = {"index": self.index, "length": self.length, "sum": self.checksum}
+        if self.mac:
+            body["mac"] = self.mac
+        return body
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> "Chunk":
         return cls(_int(body, "index", 0, MAX_CHUNKS), _int(body, "length", 0, MAX_CHUNK),
-                   _int(body, "sum", 0, 2**64 - 1))
+                   _int(body, "sum", 0, 2**64 - 1), _mac(body))
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,8 @@ import queue
 import threading
 from typing import Callable, Iterable
 
+from . import datamac
+from .datamac import KeyFor, Tagger
 from .errors import TransferError
 from .resume import checksum, new_hasher
 from .storage import Snapshot
@@ -68,6 +70,31 @@ def chunk_as_of_c(snap: Snapshot, span: tuple[int, int], pre: Preimages | dict[i
     return view
 
 
+def chunk_sums(snap: Snapshot, span: tuple[int, int], pre: Preimages, buf: bytearray,
+               key: bytes | None) -> tuple[int, bytes]:
+    """(checksum, MAC) of the chunk at ``span`` as of C; the MAC (transfer.datamac) only
+    with a ``key`` (a sealed session), else b"". Read in cache-sized slices, as
+    :func:`chunk_checksum`."""
+    if key is None:
+        return chunk_checksum(snap, span, pre, buf), b""
+    off, n = span
+    view = memoryview(buf)[:SLICE]
+    h, t = new_hasher(), Tagger(key)
+    for lo in range(0, n, SLICE):
+        k = min(SLICE, n - lo)
+        if os.preadv(snap.fd, [view[:k]], off + lo) != k:
+            raise TransferError(f"{snap.path} is shorter than its snapshot size {snap.size} "
+                                f"(at offset {off + lo})")
+        h.update(view[:k])
+        t.update(view[:k])
+    pages = pre.current()
+    ps = snap.page_size
+    if pages and any(p in pages for p in range(off // ps, (off + n + ps - 1) // ps)):
+        data = chunk_as_of_c(snap, span, pre)
+        return checksum(data), datamac.tag(key, data)
+    return h.intdigest(), t.tag()
+
+
 def chunk_checksum(snap: Snapshot, span: tuple[int, int], pre: Preimages, buf: bytearray) -> int:
     """Checksum of the chunk at ``span`` as of C, read in cache-sized slices. Pre-images
     are looked at after the reads (see chunk_as_of_c); if one falls in the chunk, the
@@ -93,9 +120,11 @@ class AheadHasher:
     consumer. ``next()`` returns (index, checksum) or raises what the thread hit."""
 
     def __init__(self, snap: Snapshot, indexes: Iterable[int],
-                 span: Callable[[int], tuple[int, int]], pre: Preimages, depth: int = 4) -> None:
+                 span: Callable[[int], tuple[int, int]], pre: Preimages, depth: int = 4,
+                 key: KeyFor | None = None) -> None:
         self._q: queue.Queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
+        self._key = key                    # offset -> the chunk's MAC key (a sealed session)
         self._args = (snap, list(indexes), span, pre)
         self._thread = threading.Thread(target=self._run, name="ferry-hash-ahead", daemon=True)
         self._thread.start()
@@ -105,8 +134,9 @@ class AheadHasher:
         buf = bytearray(SLICE)
         try:
             for i in indexes:
-                s = chunk_checksum(snap, span(i), pre, buf)
-                if not self._put((i, s)):
+                sp = span(i)
+                s, mac = chunk_sums(snap, sp, pre, buf, self._key(sp[0]) if self._key else None)
+                if not self._put((i, s, mac)):
                     return
         except BaseException as e:   # handed to the consumer, which reports it
             self._put(e)
@@ -120,7 +150,8 @@ class AheadHasher:
                 continue
         return False
 
-    def next(self) -> tuple[int, int]:
+    def next(self) -> tuple[int, int, bytes]:
+        """(chunk index, checksum at C, MAC at C or b"")."""
         item = self._q.get()
         if isinstance(item, BaseException):
             raise item
@@ -163,14 +194,15 @@ class ChunkSink:
             try:
                 if item is None:
                     return
-                buf, index, offset, length, expected = item
+                buf, index, offset, length, expected, key, mac = item
                 if self._error is None:
                     if self._in_file is not None:
-                        ok = self._file_checksum(offset, length) == expected
+                        ok = self._file_sums(offset, length, key) == (expected, mac)
                     else:
                         data = buf[:length]
                         self._write(offset, data)
-                        ok = checksum(data) == expected
+                        ok = checksum(data) == expected and (
+                            key is None or datamac.same(datamac.tag(key, data), mac))
                     self._done(index, length, expected, ok)
                 self._free.put(buf)
             except BaseException as e:   # raised in the receive loop
@@ -180,20 +212,24 @@ class ChunkSink:
             finally:
                 self._work.task_done()
 
-    def _file_checksum(self, offset: int, length: int) -> int | None:
-        """The checksum of what is in the file now (None if it is shorter), read in
-        cache-sized slices into one reused buffer. (Hashing through an ``mmap`` of the
-        chunk instead measured the same CPU in the demander, 0.40-0.46 s/GiB for this
-        thread either way, and touching a mapping past the end of a file is SIGBUS.)"""
+    def _file_sums(self, offset: int, length: int, key: bytes | None) -> tuple[int, bytes] | None:
+        """The checksum (and with ``key`` the MAC, else b"") of what is in the file now
+        (None if it is shorter), read in cache-sized slices into one reused buffer.
+        (Hashing through an ``mmap`` of the chunk instead measured the same CPU in the
+        demander, 0.40-0.46 s/GiB for this thread either way, and touching a mapping
+        past the end of a file is SIGBUS.)"""
         fd = self._in_file
         assert fd is not None
         h, v = new_hasher(), self._slice
+        t = Tagger(key) if key is not None else None
         for lo in range(0, length, SLICE):
             k = min(SLICE, length - lo)
             if os.preadv(fd, [v[:k]], offset + lo) != k:
                 return None
             h.update(v[:k])
-        return h.intdigest()
+            if t is not None:
+                t.update(v[:k])
+        return h.intdigest(), t.tag() if t is not None else b""
 
     def _raise(self) -> None:
         if self._error is not None:
@@ -207,8 +243,11 @@ class ChunkSink:
             except queue.Empty:
                 continue
 
-    def put(self, buf: memoryview, index: int, offset: int, length: int, expected: int) -> None:
-        self._work.put((buf, index, offset, length, expected))
+    def put(self, buf: memoryview, index: int, offset: int, length: int, expected: int,
+            key: bytes | None = None, mac: bytes = b"") -> None:
+        """``key``/``mac``: the chunk's MAC key and the MAC its (sealed) frame carried
+        (transfer.datamac); the chunk is good only if both sums match."""
+        self._work.put((buf, index, offset, length, expected, key, mac))
 
     def drain(self) -> None:
         """Wait until every chunk handed over is written and recorded."""

@@ -15,7 +15,7 @@ from typing import Protocol
 
 from faults import crashpoint, fileio
 
-from . import delta
+from . import datamac, delta
 from .errors import ChecksumError, FrameError
 from .frames import ErrorCode, FrameType, read_frame, write_frame
 from .limits import Limits, TokenBucket
@@ -74,11 +74,24 @@ class DataStage:
     expected: dict[int, int]      # chunk -> checksum at C
     suspect: set[int]             # chunks that failed their checksum (decided in verify)
     fresh: set[int]               # chunks received in this fetch
+    macs: dict[int, bytes]        # chunk -> the MAC its CHUNK frame carried (sealed sessions)
     wire: int
     done: int
     preimages: int
     spliced: bool
     observer: ReceiveObserver | None
+    cache: str
+    partition: int
+
+    def _data_key(self) -> datamac.KeyFor | None:
+        """The MAC key of the data at each offset (a sealed session), else None."""
+        assert self.m is not None and self.conn is not None
+        return datamac.key_for(self.conn.sealer, False, self.cache, self.partition, self.m.counter)
+
+    def _chunk_mac(self, mac: bytes, what: str) -> bytes:
+        if self.conn is not None and self.conn.sealer is not None and not mac:
+            raise FrameError(ErrorCode.PROTOCOL, f"{what} carries no MAC on a sealed session")
+        return mac
 
     def _tell(self) -> None:        # progress report, defined by the fetch
         raise NotImplementedError
@@ -98,6 +111,7 @@ class DataStage:
         self.spliced = splicer is not None
         sink = ChunkSink(m.chunk_size, self._write_chunk, self._chunk_done, depth=4 if splicer else 3,
                          in_file=rec.fd if splicer else None)
+        key = self._data_key()
         try:
             while True:
                 frame = read_frame(self.conn, expect=[FrameType.CHUNK, FrameType.PREIMAGE, FrameType.END])
@@ -128,7 +142,9 @@ class DataStage:
                     else:
                         self.conn.recv_fill(view)
                 self.wire += ch.length
-                sink.put(buf, ch.index, ch.index * m.chunk_size, ch.length, ch.checksum)
+                off = ch.index * m.chunk_size
+                self.macs[ch.index] = self._chunk_mac(ch.mac, f"CHUNK {ch.index}")
+                sink.put(buf, ch.index, off, ch.length, ch.checksum, key(off) if key else None, ch.mac)
                 unacked += ch.length
                 if acknowledge and (unacked >= ACK_BYTES or ch.index == last_expected):
                     if not self.conn.peer_closed():      # else keep reading what arrived
@@ -152,6 +168,8 @@ class DataStage:
         assert m is not None and rec is not None and conn is not None
         ps, bucket = m.page_size, self.d.limits.bucket
         self.ranges: list[tuple[int, int, int]] = []     # (first page, pages, checksum at C)
+        self.range_macs: list[bytes] = []
+        key = self._data_key()
         self.suspect_ranges: set[int] = set()
         self.touched: set[int] = set()                   # pages written by pre-images
         buf = bytearray(0)
@@ -185,9 +203,12 @@ class DataStage:
                 if bucket.rate:
                     bucket.take(len(view[lo:lo + step]))
             rec.write_at(r.first * ps, view)
-            if checksum(view) != r.checksum:
+            mac = self._chunk_mac(r.mac, f"RANGE of page {r.first}")
+            if checksum(view) != r.checksum or (key is not None and not datamac.same(
+                    datamac.tag(key(r.first * ps), view), mac)):
                 self.suspect_ranges.add(len(self.ranges))
             self.ranges.append((r.first, r.pages, r.checksum))
+            self.range_macs.append(mac)
             if self.observer is not None:
                 self.observer.pages_written(r.first, r.first + r.pages)
             next_page, pages = r.first + r.pages, pages + r.pages
@@ -227,9 +248,12 @@ class DataStage:
         m, rec = self.m, self.rec
         assert m is not None and rec is not None
         ps = m.page_size
+        key = self._data_key()
         for i in sorted(self.suspect_ranges):
             first, count, want = self.ranges[i]
-            if checksum(os.pread(rec.fd, count * ps, first * ps)) != want:
+            data = os.pread(rec.fd, count * ps, first * ps)
+            if checksum(data) != want or (key is not None and not datamac.same(
+                    datamac.tag(key(first * ps), data), self.range_macs[i])):
                 raise ChecksumError(f"pages {first}..{first + count - 1} of partition {m.page_count}-page "
                                     "file arrived corrupted (the checksum at C does not match after the "
                                     "pre-images); nothing installed", "wire")

@@ -28,7 +28,8 @@ from .listener import HandshakeGate, accept_loop, refuse
 from . import delta
 from .messages import (Base, Chunk, Demand, End, Manifest, Preimage, Queued, Range, Received,
                        Resend, check_chunk_size)
-from .pipeline import SLICE, AheadHasher, Preimages, chunk_as_of_c, chunk_checksum
+from . import datamac
+from .pipeline import SLICE, AheadHasher, Preimages, chunk_as_of_c, chunk_checksum, chunk_sums
 from .resume import checksum
 from .stages import Stages
 from .storage import Snapshot, TransferStorage
@@ -58,6 +59,7 @@ class SupplierSession:
         self.conn = conn
         self.stages = Stages()
         self._refused = ""                         # why the last delta base was not used
+        self._demand: Demand | None = None         # the DEMAND being served
         self._ranges: list[tuple[int, int]] = []   # a delta fetch's (first page, pages)
         self._sums: dict[int, int] = {}     # chunk -> checksum at C the demander was told
 
@@ -88,6 +90,7 @@ class SupplierSession:
                 except PeerClosed:
                     return False      # clean end of the connection between demands
                 demand = Demand.from_body(frame.body)
+                self._demand = demand
                 base = self._base(demand)
             ctx = {"partition": demand.partition, "peer": self.conn.peer}
             before = dict(self.stages.seconds)     # a connection serves many demands
@@ -203,10 +206,11 @@ class SupplierSession:
         ps, total = snap.page_size, 0
         self._acked = -1
         buf = bytearray(SLICE)
+        key = self._data_key(snap)
         for n, (first, count) in enumerate(self._ranges):
             span = (first * ps, count * ps)
-            s = chunk_checksum(snap, span, self._pre, buf)
-            write_frame(self.conn, FrameType.RANGE, Range(first, count, s).to_body())
+            s, mac = chunk_sums(snap, span, self._pre, buf, key(span[0]) if key else None)
+            write_frame(self.conn, FrameType.RANGE, Range(first, count, s, mac).to_body())
             off, size = span
             done = 0
             while done < size:
@@ -226,6 +230,12 @@ class SupplierSession:
         snap.mark_sent(snap.size)
         self._check_unchanged(snap)
         return len(self._ranges), total
+
+    def _data_key(self, snap: Snapshot) -> datamac.KeyFor | None:
+        """The MAC key of the data at each offset (a sealed session), else None."""
+        assert self._demand is not None
+        return datamac.key_for(self.conn.sealer, True, self._demand.cache, self._demand.partition,
+                               snap.counter)
 
     def _take_received_range(self, snap: Snapshot) -> None:
         r = Received.from_body(read_frame(self.conn, expect=[FrameType.RECEIVED]).body)
@@ -256,13 +266,14 @@ class SupplierSession:
         last = -1                      # last chunk sent
         self._acked = -1
         todo = [i for i in range(m.chunk_count) if i not in m.skip]
-        hasher = AheadHasher(snap, todo, m.chunk_span, self._pre)
+        key = self._data_key(snap)
+        hasher = AheadHasher(snap, todo, m.chunk_span, self._pre, key=key)
         try:
             for i in todo:
-                _, s = hasher.next()
+                _, s, mac = hasher.next()
                 self._sums[i] = s
                 off, n = m.chunk_span(i)
-                write_frame(self.conn, FrameType.CHUNK, Chunk(i, n, s).to_body())
+                write_frame(self.conn, FrameType.CHUNK, Chunk(i, n, s, mac).to_body())
                 done = 0
                 while done < n:
                     k = min(bucket.slice_size(n), n - done)
@@ -335,7 +346,9 @@ class SupplierSession:
                            "(the file was written while being sent); demand it again")
                     send_error(self.conn, ErrorCode.SOURCE_CHANGED, msg)
                     raise TransferError(msg)
-                write_frame(self.conn, FrameType.CHUNK, Chunk(i, len(data), self._sums[i]).to_body())
+                key = self._data_key(snap)
+                mac = datamac.tag(key(m.chunk_span(i)[0]), data) if key else b""
+                write_frame(self.conn, FrameType.CHUNK, Chunk(i, len(data), self._sums[i], mac).to_body())
                 self.server.limits.bucket.take(len(data))
                 self.conn.send(data)
                 n_bytes += len(data)

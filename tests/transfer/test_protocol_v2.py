@@ -11,6 +11,8 @@ from typing import Callable
 import pytest
 import xxhash
 
+from transfer import datamac
+
 from transfer import ChecksumError, Demander, DirectoryStorage, FrameError
 from transfer.auth import server_handshake
 from transfer.frames import FrameType, read_frame, write_frame
@@ -139,6 +141,13 @@ def _data(n: int) -> bytes:
     return bytes(range(256)) * (n // 256)
 
 
+def _mac(conn: SocketConn, d: Demand, counter: int, offset: int, data: bytes) -> bytes:
+    """What a real supplier puts in a CHUNK frame of a sealed session (transfer.datamac)."""
+    key = datamac.key_for(conn.sealer, True, d.cache, d.partition, counter)
+    assert key is not None
+    return datamac.tag(key(offset), data)
+
+
 def test_manifest_skipping_a_chunk_not_offered_is_a_protocol_error(dst) -> None:
     def script(conn: SocketConn, d: Demand) -> None:
         write_frame(conn, FrameType.MANIFEST, Manifest(1, 2 * MB, 4096, 512, MB, frozenset({1})).to_body())
@@ -154,7 +163,8 @@ def test_end_without_every_chunk_is_a_protocol_error(dst) -> None:
         write_frame(conn, FrameType.MANIFEST, Manifest(1, 2 * MB, 4096, 512, MB).to_body())
         read_frame(conn, expect=[FrameType.ACCEPT])
         data = _data(MB)
-        write_frame(conn, FrameType.CHUNK, Chunk(0, MB, xxhash.xxh3_64_intdigest(data)).to_body())
+        write_frame(conn, FrameType.CHUNK, Chunk(0, MB, xxhash.xxh3_64_intdigest(data),
+                                                 _mac(conn, d, 1, 0, data)).to_body())
         conn.send(data)                  # chunk 1 never comes (no RECEIVED expected either)
         write_frame(conn, FrameType.END, End(1, MB, 0).to_body())
     peer, t = _fake_supplier(script)
@@ -171,12 +181,13 @@ def test_resent_chunk_with_another_checksum_is_a_protocol_error(dst) -> None:
         write_frame(conn, FrameType.MANIFEST, Manifest(1, MB, 4096, 256, MB).to_body())
         read_frame(conn, expect=[FrameType.ACCEPT])
         data = _data(MB)
-        write_frame(conn, FrameType.CHUNK, Chunk(0, MB, 12345).to_body())   # wrong checksum
+        write_frame(conn, FrameType.CHUNK, Chunk(0, MB, 12345, _mac(conn, d, 1, 0, data)).to_body())   # wrong checksum
         conn.send(data)
         read_frame(conn, expect=[FrameType.RECEIVED])
         write_frame(conn, FrameType.END, End(1, MB, 0).to_body())
         read_frame(conn, expect=[FrameType.RESEND])
-        write_frame(conn, FrameType.CHUNK, Chunk(0, MB, xxhash.xxh3_64_intdigest(data)).to_body())
+        write_frame(conn, FrameType.CHUNK, Chunk(0, MB, xxhash.xxh3_64_intdigest(data),
+                                                 _mac(conn, d, 1, 0, data)).to_body())
         conn.send(data)
         write_frame(conn, FrameType.END, End(1, MB, 0).to_body())
     peer, t = _fake_supplier(script)
@@ -206,3 +217,29 @@ def test_peer_closed_is_seen_before_its_last_bytes_are_read() -> None:
     assert bytes(got) == b"x" * 100_000
     conn.close()
     srv.close()
+
+
+def test_chunk_data_whose_checksum_matches_but_not_its_mac_is_never_installed(dst) -> None:
+    """The checksum in a CHUNK frame (xxh3) is no cryptographic hash: data forged on the
+    path to match it must still fail the chunk's MAC (Poly1305 under a key of the
+    session), so nothing is installed (the demander asks again, then gives up)."""
+    def script(conn: SocketConn, d: Demand) -> None:
+        write_frame(conn, FrameType.MANIFEST, Manifest(1, MB, 4096, 256, MB).to_body())
+        read_frame(conn, expect=[FrameType.ACCEPT])
+        real, forged = _data(MB), b"\xee" * MB
+        chunk = Chunk(0, MB, xxhash.xxh3_64_intdigest(forged), _mac(conn, d, 1, 0, real))
+        write_frame(conn, FrameType.CHUNK, chunk.to_body())
+        conn.send(forged)
+        read_frame(conn, expect=[FrameType.RECEIVED])
+        write_frame(conn, FrameType.END, End(1, MB, 0).to_body())
+        for _ in range(8):                     # each re-request gets the forgery again
+            fr = read_frame(conn, expect=[FrameType.RESEND])
+            assert fr.body["chunks"] == [0]
+            write_frame(conn, FrameType.CHUNK, chunk.to_body())
+            conn.send(forged)
+            write_frame(conn, FrameType.END, End(1, MB, 0).to_body())
+    peer, t = _fake_supplier(script)
+    with pytest.raises(ChecksumError):
+        _fetch(peer, dst, 0)
+    t.join(10)
+    assert not os.path.exists(os.path.join(dst, "part-0.bin"))
