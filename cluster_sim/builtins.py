@@ -77,6 +77,15 @@ BUILTINS: dict[str, Scenario] = {
         nodes=("n1", "n2"), workload=WorkloadSpec(ops=240), stream_index=True,
         events=(Event(60, "join", "n3"),), settle_timeout=60.0,
         roles={"supplier": "n2", "demander": "n3", "third": "n1"}),
+    "pair-catchup": Scenario(
+        name="pair-catchup",
+        description="two nodes with 2,400 preloaded entries (files of ~100 pages); n2 is "
+                    "SIGKILLed under writes and comes back: its stale copies catch up by deltas "
+                    "from n1, the only other copy",
+        nodes=("n1", "n2"), caches=(CacheSpec(partitions=4),),
+        workload=WorkloadSpec(ops=200, rate=40.0, keys=400, preload=2400, value_size=(500, 900)),
+        events=(Event(40, "kill", "n2"), Event(100, "restart", "n2", max_wait=4.0)),
+        roles={"supplier": "n1", "demander": "n2"}, settle_timeout=60.0),
     "join-under-load": Scenario(
         name="join-under-load", description="two writers, more keys; n3 then n4 join",
         nodes=("n1", "n2"), caches=(CacheSpec(partitions=16),),

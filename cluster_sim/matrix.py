@@ -3,16 +3,17 @@
 :data:`PLAN` says which scenario reaches a point on which side. Every scenario runs
 real ``ferry node`` processes, so every cell crashes the node's own code:
 
-- ``join`` (n3 joins n1 and n2): the demander's points of a file move on n3; the WAL
-  and checkpointer points on the supplier (n2) and the demander (n3);
+- ``join`` (n3 joins n1 and n2): the demander's points of a file move on n3;
   ``owner.mid_eviction`` on n2 and n1, which give copies away;
-- ``slow-join`` (n1 alone with a preload, n2 joins, 256 KiB/s transfers under writes):
-  the supplier's points on n1, which supplies every move; pages are overwritten
-  mid-send, so ``supplier.mid_preimages`` is reached;
+- ``slow-join`` (n1 alone with a preload, n2 joins, 256 KiB/s transfers under paced
+  writes): the supplier's points on n1, which supplies every move; pages are
+  overwritten mid-send, so ``supplier.mid_preimages`` is reached; the WAL and
+  checkpointer points on n1 and n2 (both take writes for seconds after the join);
 - ``join-stream-index`` (``join`` with ``[rebalance] stream_index`` on):
   ``demander.mid_stream_index`` on n3;
 - ``restart-catchup`` (n2 SIGKILLed and back, its copies catch up by delta fetches):
-  the delta points, ``supplier.mid_delta_send`` on n1 and the demander's on n2;
+  the demander's delta points on n2; ``pair-catchup`` (the same with two nodes, so
+  n1 supplies every delta): ``supplier.mid_delta_send`` on n1;
 - ``kill-restart``: the WAL and checkpointer points on the third node (n3).
 
 ``--scenario NAME`` (:func:`plan_cells`) runs every point on each role of NAME instead.
@@ -41,7 +42,7 @@ from .scenario import SIDES, CrashPlan
 FAULTS: tuple[str, ...] = FAULT_SCENARIOS
 NO_CRASH = "none"          # the point of a fault cell
 
-_DURABLE = {"supplier": "join", "demander": "join", "third": "kill-restart"}
+_DURABLE = {"supplier": "slow-join", "demander": "slow-join", "third": "kill-restart"}
 PLAN: dict[str, dict[str, str]] = {
     "wal.before_sync": _DURABLE,
     "wal.after_sync": _DURABLE,
@@ -49,7 +50,7 @@ PLAN: dict[str, dict[str, str]] = {
     "supplier.after_snapshot": {"supplier": "slow-join"},
     "supplier.mid_send": {"supplier": "slow-join"},
     "supplier.mid_preimages": {"supplier": "slow-join"},
-    "supplier.mid_delta_send": {"supplier": "restart-catchup"},
+    "supplier.mid_delta_send": {"supplier": "pair-catchup"},
     "demander.mid_base_copy": {"demander": "restart-catchup"},
     "demander.mid_delta_receive": {"demander": "restart-catchup"},
     "demander.after_demand": {"demander": "join"},

@@ -32,7 +32,8 @@ nth = 2
 
 
 def test_builtins_load_and_have_the_required_names() -> None:
-    names = ("join", "leave", "kill-restart", "join-under-load", "slow-join", "join-stream-index")
+    names = ("join", "leave", "kill-restart", "join-under-load", "slow-join", "join-stream-index",
+             "pair-catchup")
     for name in names:
         s = load_scenario(name)
         assert s.name == name and s.roles and s.driver == "cluster"
@@ -42,6 +43,9 @@ def test_builtins_load_and_have_the_required_names() -> None:
     assert slow.nodes == ("n1",) and slow.roles["supplier"] == "n1" and slow.transfer_rate > 0
     assert slow.workload.preload > 0 and slow.workload.rate > 0
     assert load_scenario("join-stream-index").stream_index and not load_scenario("join").stream_index
+    # pair-catchup: n1 is the only other copy of n2's partitions, so it supplies every delta
+    pair = load_scenario("pair-catchup")
+    assert pair.nodes == ("n1", "n2") and pair.roles == {"supplier": "n1", "demander": "n2"}
 
 
 def test_toml_and_json_files(tmp_path) -> None:
