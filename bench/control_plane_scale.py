@@ -280,6 +280,13 @@ def controller_node_main(a: argparse.Namespace) -> None:
             ctx.session = cp.session
             cp.session.grant()
             cp.session.start()
+            # a node puts its member key and its election key under its one lease, and a
+            # node only obeys an election key whose holder's member key shares its lease:
+            # this process is that member here, so its key moves under this lease
+            mkey = f"{a.prefix}/members/{a.me}"
+            mine = cp.etcd.get(mkey)
+            if mine is not None:
+                cp.etcd.put(mkey, mine.value, cp.session.lease)
             # the View loads everything (one range) in its watch thread, then watches
             cp.view = View(cp.etcd, cp.prefix, cp._on_view_change)
             loop = cp._control_loop
