@@ -156,6 +156,16 @@ def _prefix_end(prefix: str) -> str:
     return bytes(b).decode()
 
 
+def b64(s: str | bytes) -> str:
+    """A key or value as the etcd gateway takes it (base64)."""
+    return _b64(s)
+
+
+def prefix_end(prefix: str) -> str:
+    """The end of the key range of everything under ``prefix`` (exclusive)."""
+    return _prefix_end(prefix)
+
+
 @dataclass(frozen=True)
 class KV:
     value: Json         # decoded JSON (None for a value that is not JSON)
@@ -745,4 +755,5 @@ class View:
             return [(k[len(head):], v) for k, v in self._by_sub.get(sub, {}).items() if k.startswith(head)]
 
 
-__all__ = ["Etcd", "EtcdAccess", "ControlPlaneAccessError", "Session", "View", "KV", "parse_endpoints"]
+__all__ = ["Etcd", "EtcdAccess", "ControlPlaneAccessError", "Session", "View", "KV", "parse_endpoints",
+           "b64", "prefix_end"]

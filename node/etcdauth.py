@@ -23,7 +23,7 @@ import re
 import secrets
 from dataclasses import dataclass
 
-from .control import Etcd, EtcdAccess, _b64, _prefix_end
+from .control import Etcd, EtcdAccess, b64, prefix_end
 from .errors import ConfigError, ControlPlaneError
 
 
@@ -92,8 +92,8 @@ def _ensure_role(etcd: Etcd, role: str, prefix: str, perm: str, made: list[str])
         if not _refused(e, "already exists"):
             raise
     key = prefix + "/"
-    etcd.post("/auth/role/grant", {"name": role, "perm": {"permType": perm, "key": _b64(key),
-                                                          "range_end": _b64(_prefix_end(key))}})
+    etcd.post("/auth/role/grant", {"name": role, "perm": {"permType": perm, "key": b64(key),
+                                                          "range_end": b64(prefix_end(key))}})
 
 
 def _grant(etcd: Etcd, user: str, role: str) -> None:
