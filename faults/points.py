@@ -5,9 +5,9 @@ A crash point is one line at its site: ``crashpoint("demander.mid_replay")``. Na
 listed but never reached by any scenario, or reached in code but missing here.
 
 The ``demander.*`` points of a move are marked once, in the move engine
-(``node/move/engine.py``, ``node/move/messages.py``; ``mid_receive`` and
-``before_install`` in ``transfer/``), which the node, ``ferry demo --two-process`` and
-the harness's ``file-move`` mover all host: a crash cell exercises the node's code.
+(``node/move/engine.py``, ``node/move/messages.py``; ``mid_receive``,
+``mid_delta_receive``, ``mid_base_copy`` and ``before_install`` in ``transfer/``), which
+the node hosts; every crash cell of the harness runs real ``ferry node`` processes.
 """
 from __future__ import annotations
 

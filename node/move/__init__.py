@@ -1,7 +1,6 @@
 """The move of one partition, written once: a staged engine with
-typed ports, hosted by the node (:mod:`node.filemove`), the two-process demo
-(``ferry demo --two-process``) and the harness's ``file-move`` driver
-(:mod:`cluster_sim.mover`), so every crash cell runs the code the node runs.
+typed ports, hosted by the node (:mod:`node.filemove`); the crash harness runs real
+node processes, so every crash cell runs this code.
 
 - :class:`Stage`: the one vocabulary of stages (code, logs, metrics, status, docs);
 - :class:`MoveEngine` over a :class:`MoveContext` (the ports of :mod:`.ports`);

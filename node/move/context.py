@@ -43,9 +43,9 @@ class MoveContext:
     replaced: Callable[[str, int], None] = lambda cache, p: None
     # the streaming install: p's index built while its file arrives (node/move/stream.py);
     # off: rebuilt from the installed file after the install (the fallback either way).
-    # The node takes it from ``[rebalance] stream_index`` (off by default: slower on 2
-    # cores); the demo and the harness's mover keep it on, so the crash cell
-    # demander.mid_stream_index covers the streaming path.
+    # The node passes its ``[rebalance] stream_index`` (off by default: slower on 2
+    # cores); the harness's join-stream-index scenario turns it on for the crash cell
+    # demander.mid_stream_index.
     stream_index: bool = True
     # delta catch-up (transfer.delta): a copy holding an older file of p offers it as the
     # base and receives only the pages that differ, unless more than delta_limit

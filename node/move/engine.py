@@ -1,6 +1,5 @@
-"""The move of ONE partition to this process (the demander), written once: the node,
-the two-process demo and the harness's mover host this engine through the ports of
-:mod:`node.move.ports`. Stages (:class:`~node.move.stages.Stage`):
+"""The move of ONE partition to this process (the demander), written once: the node
+hosts this engine through the ports of :mod:`node.move.ports`. Stages (:class:`~node.move.stages.Stage`):
 
 ``prepare``         p -> MOVING (durable); a fresh temp WAL (:mod:`node.move.tempwal`)
                     becomes ``Move.sink``: from now on every update the primary

@@ -1,7 +1,6 @@
 """What the move engine needs from its host, as small typed protocols.
 
-Three hosts run the one engine: the node (:mod:`node.filemove`), the two-process demo
-(:mod:`ferry.demo`) and the harness's mover (:mod:`cluster_sim.mover.demander`). Each
+The node (:mod:`node.filemove`) hosts the engine; tests host it with fakes. A host
 gives it
 
 - a **state store** (:class:`StateStore`): MOVING / OWNING, durable on return, plus a
@@ -104,7 +103,7 @@ class MoveMetrics(Protocol):
 
 
 class NoMetrics:
-    """For hosts without a metrics endpoint (the demo, the harness mover)."""
+    """For hosts without a metrics endpoint (tests)."""
 
     def inc(self, name: str, amount: float = 1, **labels: str) -> None:
         pass

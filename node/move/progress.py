@@ -1,6 +1,6 @@
 """One move of one partition, as the demander sees it: :class:`Move` (stage, bytes,
-rates, the temp-WAL catch-up figures; what ``cluster status``, ``moves_done``, the demo's
-progress and the harness mover show) and :class:`MemorySink`, the messages mode's
+rates, the temp-WAL catch-up figures; what ``cluster status``, ``moves_done`` and the
+demo's progress show) and :class:`MemorySink`, the messages mode's
 buffer of updates replicated to a MOVING copy (the files mode puts a temp WAL there).
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The stages of one partition move, by name: the one vocabulary of code, logs
 (``stage=<value>``), the ``ferry_node_moves_by_stage`` metric's label, ``ferry cluster
-status``, the two-process demo's progress and the harness mover's output.
+status`` and the demo's progress.
 
 The values are the strings the node has always shown, so logs, metrics, status JSON
 and ``moves_done`` read as before (``Stage.INDEX_REBUILD == "index rebuild"``).
