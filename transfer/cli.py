@@ -156,6 +156,13 @@ def serve(directory: str, port: int, host: str, secret_file: str | None, rate: s
         click.echo(f"limits now: rate={'unlimited' if new_rate is None else f'{new_rate:.0f} B/s'}, "
                    f"max_transfers={new_max}", err=True)
     signal.signal(signal.SIGHUP, reload)
+
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+    # installed explicitly: a SIGINT ignored by the parent (inherited as SIG_IGN, as
+    # under some test runners and nohup-like launchers) must still stop the server
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
     h, p = server.address
     click.echo(f"serving {directory} on {h}:{p}", err=True)
     sys.stderr.flush()

@@ -152,3 +152,21 @@ def test_serve_with_a_fifo_as_secret_file_fails_at_once(tmp_path, py_env) -> Non
     os.mkfifo(fifo, 0o600)
     r = _run(["serve", "--dir", str(tmp_path), "--port", "0", "--secret-file", str(fifo)], py_env)
     assert r.returncode == 1 and "FIFO" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_serve_stops_on_sigint_or_sigterm_even_when_its_parent_ignores_sigint(src, secret_file, py_env, sig) -> None:
+    """A SIGINT ignored by the parent is inherited as SIG_IGN (test runners, nohup-like
+    launchers); ``transfer serve`` installs its own handlers, so it still stops."""
+    import signal
+    proc = subprocess.Popen(FERRY + ["transfer", "serve", "--dir", src, "--port", "0",
+                                     "--secret-file", secret_file], env=py_env, stderr=subprocess.PIPE,
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        assert proc.stderr.readline().startswith("serving ")
+        proc.send_signal(getattr(signal, sig))
+        err = proc.communicate(timeout=15)[1]
+        assert proc.returncode == 0, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
