@@ -164,9 +164,9 @@ def serve(directory: str, port: int, host: str, secret_file: str | None, rate: s
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
     h, p = server.address
-    click.echo(f"serving {directory} on {h}:{p}", err=True)
-    sys.stderr.flush()
-    try:
+    try:             # a stop signal may come as soon as the line below is out
+        click.echo(f"serving {directory} on {h}:{p}", err=True)
+        sys.stderr.flush()
         server.serve_forever()
     except KeyboardInterrupt:
         pass

@@ -336,6 +336,7 @@ class _Fetch(DataStage):
             self.release_slot()
             self._check_pages()
             return
+        key = self._data_key()
         for attempt in range(self.d.max_resends + 1):
             bad = []
             for i in range(m.chunk_count):
@@ -347,7 +348,6 @@ class _Fetch(DataStage):
                     continue          # verified on arrival or held (its record may be pending)
                 off, n = m.chunk_span(i)
                 data = os.pread(rec.fd, n, off)
-                key = self._data_key()
                 if len(data) == n and checksum(data) == want and (
                         key is None or datamac.same(datamac.tag(key(off), data), self.macs.get(i, b""))):
                     rec.verified(i, n, want)

@@ -202,7 +202,6 @@ class SupplierSession:
         """Each range: a RANGE frame with its checksum at C, then its pages by sendfile,
         in ascending order, so "sent up to" moves like a full send's and pages not yet
         sent keep getting pre-images."""
-        bucket = self.server.limits.bucket
         ps, total = snap.page_size, 0
         self._acked = -1
         buf = bytearray(SLICE)
@@ -212,16 +211,8 @@ class SupplierSession:
             s, mac = chunk_sums(snap, span, self._pre, buf, key(span[0]) if key else None)
             write_frame(self.conn, FrameType.RANGE, Range(first, count, s, mac).to_body())
             off, size = span
-            done = 0
-            while done < size:
-                k = min(bucket.slice_size(size), size - done)
-                bucket.take(k)
-                got = self.conn.sendfile(snap.fd, off + done, k)
-                if got < k:
-                    raise TransferError(f"{snap.path} shrank during the send (at offset {off + done})")
-                done += k
+            self._send_span(snap, off, size)
             total += size
-            self.server.stats.bytes_sent += size
             while self.conn.readable():
                 self._take_received_range(snap)
             crashpoint("supplier.mid_delta_send")
@@ -236,6 +227,19 @@ class SupplierSession:
         assert self._demand is not None
         return datamac.key_for(self.conn.sealer, True, self._demand.cache, self._demand.partition,
                                snap.counter)
+
+    def _send_span(self, snap: Snapshot, off: int, size: int) -> None:
+        """``size`` bytes of the file from ``off`` by sendfile, in slices the node-wide
+        rate limit allows (a chunk's or a delta range's data)."""
+        bucket = self.server.limits.bucket
+        done = 0
+        while done < size:
+            k = min(bucket.slice_size(size), size - done)
+            bucket.take(k)
+            if self.conn.sendfile(snap.fd, off + done, k) < k:
+                raise TransferError(f"{snap.path} shrank during the send (at offset {off + done})")
+            done += k
+        self.server.stats.bytes_sent += size
 
     def _take_received_range(self, snap: Snapshot) -> None:
         r = Received.from_body(read_frame(self.conn, expect=[FrameType.RECEIVED]).body)
@@ -261,7 +265,6 @@ class SupplierSession:
                         frozenset(self._sums), delta_refused=self._refused)
 
     def _send(self, snap: Snapshot, m: Manifest) -> tuple[int, int]:
-        bucket = self.server.limits.bucket
         chunks = total = 0
         last = -1                      # last chunk sent
         self._acked = -1
@@ -274,16 +277,8 @@ class SupplierSession:
                 self._sums[i] = s
                 off, n = m.chunk_span(i)
                 write_frame(self.conn, FrameType.CHUNK, Chunk(i, n, s, mac).to_body())
-                done = 0
-                while done < n:
-                    k = min(bucket.slice_size(n), n - done)
-                    bucket.take(k)
-                    got = self.conn.sendfile(snap.fd, off + done, k)
-                    if got < k:
-                        raise TransferError(f"{snap.path} shrank during the send (at offset {off + done})")
-                    done += k
+                self._send_span(snap, off, n)
                 chunks, total, last = chunks + 1, total + n, i
-                self.server.stats.bytes_sent += n
                 while self.conn.readable():
                     self._take_received(snap, m)
                 crashpoint("supplier.mid_send")

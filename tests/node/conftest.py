@@ -25,3 +25,14 @@ def _control_plane(tmp_path):
     reset_control_plane(str(tmp_path / "etcd"))
     yield
     reset_control_plane(None)
+
+
+@pytest.fixture
+def etcd(tmp_path):
+    """A real one-member etcd of its own and a client of it (a test module may define
+    its own ``etcd`` fixture instead)."""
+    from node.control import Etcd
+    from node.etcdserver import EtcdCluster
+    c = EtcdCluster(str(tmp_path / "etcd")).start()
+    yield Etcd(c.endpoints)
+    c.stop()

@@ -20,13 +20,6 @@ PREFIX = "/ferry/t"
 CACHE = CacheConfig("default", partitions=4, backups=1)
 
 
-@pytest.fixture
-def etcd(tmp_path):
-    c = EtcdCluster(str(tmp_path / "etcd")).start()
-    yield Etcd(c.endpoints)
-    c.stop()
-
-
 class World:
     """Members, reports and the election key written straight into etcd, and a
     controller with a live view of them."""

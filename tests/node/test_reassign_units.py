@@ -18,7 +18,6 @@ from node.config import CacheConfig
 from node.control import KV, Etcd, View
 from node.controller import Controller
 from node.errors import PlanError
-from node.etcdserver import EtcdCluster
 from node.mapview import map_from_keys
 from node.reassign import (CANCELLED, DONE, IN_SYNC, MOVING, WAITING, Move, assess, check, generate,
                            parse_plan, read_plan)
@@ -186,13 +185,6 @@ def test_assess_follows_a_move_through_its_stages():
 
 
 # -- the driver, against a real etcd --------------------------------------------------------------
-@pytest.fixture
-def etcd(tmp_path):
-    c = EtcdCluster(str(tmp_path / "etcd")).start()
-    yield Etcd(c.endpoints)
-    c.stop()
-
-
 class World:
     """Members, reports and records written straight into etcd, the controller with a
     view of them; the nodes' part (moving, admitting, handing over, evicting) is done

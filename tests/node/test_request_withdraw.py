@@ -32,7 +32,6 @@ from node.metrics import Metrics
 from node.states import StateTable
 
 from test_controller import CACHE, PREFIX, World
-from test_controller import etcd  # noqa: F401  (the fixture)
 
 P = 0
 REQ_A = f"{PREFIX}/requests/default/{P}/a"

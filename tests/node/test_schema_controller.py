@@ -11,17 +11,9 @@ from node.cluster_map import PartRecord
 from node.config import CacheConfig
 from node.control import Etcd, View
 from node.controller import Controller, part_key
-from node.etcdserver import EtcdCluster
 
 PREFIX = "/ferry/t"
 CACHE = CacheConfig("default", partitions=4, backups=1)
-
-
-@pytest.fixture
-def etcd(tmp_path):
-    c = EtcdCluster(str(tmp_path / "etcd")).start()
-    yield Etcd(c.endpoints)
-    c.stop()
 
 
 def world(etcd: Etcd) -> tuple[Controller, View]:

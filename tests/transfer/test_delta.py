@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from checkpoint import PartitionStore, pagefile
+from checkpoint import pagefile
 from transfer import (ChecksumError, Demander, FrameError, Limits, PartitionStoreStorage,
                       SupplierServer, delta)
 from transfer.frames import ErrorCode, FrameType
@@ -15,17 +15,7 @@ from transfer.messages import Base, Demand, Manifest, Range
 from transfer_helpers import SECRET, peer_of
 
 
-def _key(i: int) -> bytes:
-    return b"key-%06d" % i
-
-
-@pytest.fixture
-def stores(tmp_path):
-    a = PartitionStore.open(str(tmp_path / "a"), wal_sync="none", checkpoint_interval=None)
-    b = PartitionStore.open(str(tmp_path / "b"), wal_sync="none", checkpoint_interval=None)
-    yield a, b
-    a.close()
-    b.close()
+from test_partition_store import _key, stores  # noqa: F401  (stores: the fixture)
 
 
 def _fill(store, p: int, n: int, tag: bytes = b"v0") -> None:
