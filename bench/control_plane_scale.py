@@ -93,6 +93,7 @@ from node.context import MapHolder  # noqa: E402
 from node.controller import TXN_BATCH, part_key  # noqa: E402
 from node.mapview import MapBuilder  # noqa: E402
 from node.membership import REPORT_TXN_OPS, REQUEST_TIMEOUT_S  # noqa: E402
+from node.reqbatch import MAX_OPS as REQUEST_TXN_OPS  # noqa: E402
 
 PREFIX = "/ferry/scale"
 OWNING, MOVING = "OWNING", "MOVING"
@@ -526,6 +527,7 @@ class SimCounters:
     late: int = 0                # not answered in REQUEST_TIMEOUT_S, gone when withdrawn
     report_changes: int = 0      # report keys put or deleted
     report_txns: int = 0
+    request_txns: int = 0        # transactions carrying the requests (a node's group commit)
     ticks: int = 0
     max_outstanding: int = 0
     request_latency: list[float] = field(default_factory=list)
@@ -611,11 +613,18 @@ class Members:
                 e.txn([], pu, de)
         list(self.pool.map(one, calls))
 
-    def request(self, node: str, k: PartKey, doc: dict[str, Any]) -> tuple[str, int, float]:
-        """``ControlPlane.request``'s put: (key, revision, when it returned)."""
-        key = f"{PREFIX}/requests/{k[0]}/{k[1]}/{node}"
-        rev = self._client().put(key, doc, lease=self.leases[node])
-        return key, rev, time.monotonic()
+    def requests(self, node: str, reqs: list[tuple[PartKey, dict[str, Any]]]) -> list[tuple[str, int, float]]:
+        """``ControlPlane.request``'s puts of one node in one step: the node's
+        ``GroupCommit`` (node/reqbatch.py) puts the requests it makes together in one
+        transaction (at most MAX_OPS keys, no key twice). (key, revision, when it
+        returned) of each."""
+        out: list[tuple[str, int, float]] = []
+        e = self._client()
+        for i in range(0, len(reqs), REQUEST_TXN_OPS):
+            chunk = [(f"{PREFIX}/requests/{k[0]}/{k[1]}/{node}", doc) for k, doc in reqs[i:i + REQUEST_TXN_OPS]]
+            _, rev = e.txn([], [(key, doc, self.leases[node]) for key, doc in chunk])
+            out += [(key, rev, time.monotonic()) for key, _ in chunk]
+        return out
 
     def withdraw(self, r: Req) -> bool:
         ok, _ = self.etcd.txn([Etcd.mod_is(r.key, r.rev)], [], [r.key])
@@ -710,7 +719,15 @@ class Members:
                         active.discard(k)
             dirty = set()
             self.flush()             # evictions
-            done = list(self.pool.map(lambda a: self.request(a[0], a[1], a[2]), puts))
+            by_node: dict[str, list[tuple[PartKey, dict[str, Any]]]] = collections.defaultdict(list)
+            for node, k, doc, _, _ in puts:
+                by_node[node].append((k, doc))
+            order = list(by_node)
+            self.c.request_txns += sum(-(-len(v) // REQUEST_TXN_OPS) for v in by_node.values())
+            got = dict(zip(order, self.pool.map(self.requests, order, [by_node[n] for n in order])))
+            done = []
+            for node, _, _, _, _ in puts:
+                done.append(got[node].pop(0))
             for (node, k, doc, kind, want), (key, rev, t) in zip(puts, done):
                 out[k] = Req(kind, key, rev, t, want)
                 if kind == "alter_isr":
@@ -1015,7 +1032,8 @@ def _sim_counts(sim: Members) -> dict[str, Any]:
     c = sim.c
     return {"moves": c.moves, "evictions": c.evictions, "admission_requests": c.admissions,
             "handoff_requests": c.handoffs, "refused": c.refused, "timed_out": c.timed_out, "late": c.late,
-            "report_changes": c.report_changes, "report_txns": c.report_txns, "steps": c.ticks,
+            "report_changes": c.report_changes, "report_txns": c.report_txns,
+            "request_txns": c.request_txns, "steps": c.ticks,
             "max_outstanding_requests": c.max_outstanding,
             # from the request's put to the observer's first sight of the record applying it
             "request_latency_s": _quantiles(c.request_latency)}

@@ -76,6 +76,15 @@ class Controller:
         self.looked_at = 0               # partitions looked at, over all rounds (a metric)
         self._born = time.monotonic()
         self._unborn: set[tuple[str, int]] = set()   # new partitions waiting for initial owners
+        # records this controller wrote that its map may not show yet: (cache, p) -> (mod
+        # revision, record). Decided against these, a round right after a write compares
+        # the revision etcd holds, not an older one that would fail the whole batch. An
+        # entry goes when p is looked at with the map showing the write (the write's own
+        # event makes p dirty), so keeping it costs O(1) per write.
+        self._written: dict[tuple[str, int], tuple[int, PartRecord]] = {}
+        # requests this controller deleted (applied or refused) that its view may still
+        # show: key -> the mod revision read; not looked at again
+        self._deleted: dict[str, int] = {}
         # operator plans (P/reassign/*): applied by pinning owners, a bounded number at a time
         self.plans = PlanDriver(prefix, etcd, view, caches, self._guard)
 
@@ -158,6 +167,13 @@ class Controller:
                     mod = m.rec_mod[cache][p]
                     rec = m.parts[cache][p] if mod else None
                     bad = m.garbage.get((cache, p))
+                    mine = self._written.get((cache, p)) if self._written else None
+                    if mine is not None:
+                        if mine[0] > mod:
+                            mod, rec = mine      # written here since, not shown yet
+                            bad = None
+                        else:                    # shown now (its event made p dirty)
+                            self._written.pop((cache, p), None)
                     if bad is not None and not bad.known:
                         # malformed, and this map never held the record it replaced
                         owning = {n: m.counters[cache][p].get(n, 0) for n in self._owning_of(m, cache, p)}
@@ -177,8 +193,8 @@ class Controller:
             for i in range(0, len(writes), TXN_BATCH):
                 chunk = writes[i:i + TXN_BATCH]
                 try:
-                    ok, _ = self.etcd.txn([self._guard()] + [Etcd.mod_is(k, mod) for k, mod, _, _ in chunk],
-                                          [(k, new.to_json(), 0) for k, _, new, _ in chunk])
+                    ok, rev = self.etcd.txn([self._guard()] + [Etcd.mod_is(k, mod) for k, mod, _, _ in chunk],
+                                            [(k, new.to_json(), 0) for k, _, new, _ in chunk])
                 except NodeError:
                     self._again(writes[i:])
                     raise
@@ -186,6 +202,7 @@ class Controller:
                     log.info("stage=controller a record changed under this decision; next round")
                     self._again(writes[i:])
                     return done
+                self._wrote([(k, new) for k, _, new, _ in chunk], rev)
                 for k, _, new, old in chunk:
                     log.info("stage=controller %s: primary %s -> %s, in-sync %s -> %s, epoch %d%s",
                              k[len(self.prefix) + 7:], old.primary if old else None, new.primary,
@@ -281,8 +298,14 @@ class Controller:
         planned: list[tuple[str, int, str, int, PartRecord, str]] = []
         seen: set[str] = set()
         refusals: list[tuple[str, int]] = []
-        for key, kv in sorted(self.view.items("requests")):
+        shown = sorted(self.view.items("requests"))
+        if self._deleted:                # forget those the view shows gone (or put again)
+            mods = {f"{self.prefix}/requests/{key}": kv.mod for key, kv in shown}
+            self._deleted = {k: mod for k, mod in self._deleted.items() if mods.get(k) == mod}
+        for key, kv in shown:
             full = f"{self.prefix}/requests/{key}"
+            if self._deleted.get(full) == kv.mod:
+                continue                 # decided here already; the view does not show it yet
             try:
                 plan = self._plan(key, kv)
             except (NodeError, ValueError, KeyError, TypeError) as e:
@@ -299,13 +322,17 @@ class Controller:
             if not ok:                   # one was withdrawn meanwhile: each on its own
                 for k, mod in chunk:
                     self.etcd.txn([Etcd.mod_is(k, mod)], [], [k])
+            self._deleted.update(chunk)
         for i in range(0, len(planned), REQUEST_BATCH):
             chunk = planned[i:i + REQUEST_BATCH]
             with self.lock:
                 cmp = [self._guard()]
                 for req_key, req_mod, key, mod, _, _ in chunk:
                     cmp += [Etcd.mod_is(key, mod), Etcd.mod_is(req_key, req_mod)]
-                ok, _ = self.etcd.txn(cmp, [(c[2], c[4].to_json(), 0) for c in chunk], [c[0] for c in chunk])
+                ok, rev = self.etcd.txn(cmp, [(c[2], c[4].to_json(), 0) for c in chunk], [c[0] for c in chunk])
+                if ok:
+                    self._wrote([(c[2], c[4]) for c in chunk], rev)
+                    self._deleted.update((c[0], c[1]) for c in chunk)
             if ok:
                 for c in chunk:
                     log.info("stage=controller %s (epoch %d)", c[5], c[4].epoch)
@@ -322,6 +349,7 @@ class Controller:
                 except (NodeError, ValueError, KeyError, TypeError) as e:
                     log.info("stage=controller request %s refused: %s", key, e)
                     self.etcd.txn([Etcd.mod_is(req_key, req_mod)], [], [req_key])
+                self._deleted[req_key] = req_mod
         return n
 
     def _plan(self, key: str, kv: KV) -> tuple[str, int, str, int, PartRecord, str]:
@@ -352,12 +380,27 @@ class Controller:
             self.set_primary(cache, p, node, req.previous, req_key=full, req_mod=kv.mod)
 
     def _current(self, cache: str, p: int) -> tuple[PartRecord, int]:
-        """p's record and its mod revision as this controller's map shows it."""
+        """p's record and its mod revision as this controller's map shows it, or as this
+        controller wrote it since."""
         if self.live is not None:
             with self.live.lock:
-                return self.live.map.parts[cache][p], self.live.map.rec_mod[cache][p]
-        rec, mod = self._record(cache, p)
-        return rec or PartRecord(), mod
+                rec, mod = self.live.map.parts[cache][p], self.live.map.rec_mod[cache][p]
+        else:
+            got, mod = self._record(cache, p)
+            rec = got or PartRecord()
+        mine = self._written.get((cache, p))
+        if mine is not None:
+            if mine[0] > mod:
+                return mine[1], mine[0]
+            self._written.pop((cache, p), None)    # shown now
+        return rec, mod
+
+    def _wrote(self, writes: list[tuple[str, PartRecord]], rev: int) -> None:
+        """Records written here at ``rev`` (keys under ``P/parts/``), until the map shows them."""
+        head = len(self.prefix) + len("/parts/")
+        for key, rec in writes:
+            cache, _, p = key[head:].rpartition("/")
+            self._written[(cache, int(p))] = (rev, rec)
 
     def _altered(self, cache: str, p: int, rec: PartRecord, primary: str, term: int,
                  remove: list[str], add: list[str]) -> PartRecord:
@@ -396,9 +439,11 @@ class Controller:
             rec = self._parsed(kv, key) if kv else PartRecord()
             new = self._altered(cache, p, rec, primary, term, remove, add)
             isr = new.isr
-            ok, _ = self.etcd.txn([self._guard(), Etcd.mod_is(key, kv.mod if kv else 0)] + req,
-                                  [(key, new.to_json(), 0)], [req_key] if req_key else [])
-            if not ok:
+            ok, rev = self.etcd.txn([self._guard(), Etcd.mod_is(key, kv.mod if kv else 0)] + req,
+                                    [(key, new.to_json(), 0)], [req_key] if req_key else [])
+            if ok:
+                self._wrote([(key, new)], rev)
+            else:
                 if self._withdrawn(req_key, req_mod):
                     raise Unavailable(f"request {req_key} was withdrawn (or replaced) before it was "
                                       "applied; not applied")
@@ -421,8 +466,10 @@ class Controller:
             kv = self.etcd.get(key)
             rec = self._parsed(kv, key) if kv else PartRecord()
             new = self._handed(cache, p, rec, node, previous)
-            ok, _ = self.etcd.txn([self._guard(), Etcd.mod_is(key, kv.mod if kv else 0)] + req,
-                                  [(key, new.to_json(), 0)], [req_key] if req_key else [])
+            ok, rev = self.etcd.txn([self._guard(), Etcd.mod_is(key, kv.mod if kv else 0)] + req,
+                                    [(key, new.to_json(), 0)], [req_key] if req_key else [])
+            if ok:
+                self._wrote([(key, new)], rev)
             if not ok and self._withdrawn(req_key, req_mod):
                 log.info("stage=handoff %s/%d: request %s was withdrawn (or replaced) before it "
                          "was applied; not applied", cache, p, req_key)

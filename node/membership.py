@@ -23,6 +23,7 @@ from .controller import Controller, part_key
 from .errors import ConfigError, ControlPlaneDown, NodeError, OutcomeUnknown, Unavailable
 from .mapview import MapBuilder
 from .placement import Placement
+from .reqbatch import GroupCommit
 from .states import State
 
 log = logging.getLogger("ferry.node.membership")
@@ -119,6 +120,8 @@ class ControlPlane:
         self._forced: set[tuple[str, int]] = set()   # report keys, written even if unchanged
         self._member_lost = False                     # the member key is to be put back
         self._deregistered = False                    # a completed leave: nothing is put back
+        # requests to the controller made together go in one transaction (node/reqbatch.py)
+        self.requests = GroupCommit(self._put_requests)
 
     # -- start --------------------------------------------------------------------
     def connect(self) -> None:
@@ -536,6 +539,12 @@ class ControlPlane:
         return doc
 
     # -- requests to the controller, through etcd ---------------------------------------------
+    def _put_requests(self, items: list[tuple[str, dict[str, object]]]) -> int:
+        """One transaction putting every request of ``items`` under this node's lease."""
+        assert self.etcd is not None and self.session is not None
+        lease = self.session.lease
+        return self.etcd.txn([], [(k, doc, lease) for k, doc in items])[1]
+
     def request(self, cache: str, p: int, doc: dict[str, object], done: Callable[[PartRecord], bool],
                 timeout: float = REQUEST_TIMEOUT_S, patience: float = 0.0) -> PartRecord:
         """Leave a request for the controller at ``P/requests/<cache>/<p>/<me>`` and wait
@@ -558,10 +567,11 @@ class ControlPlane:
         the revision of the put, for a caller that must assume the worst until its map
         is at or past that revision without the key."""
         key = f"{self.prefix}/requests/{cache}/{p}/{self.ctx.id}"
-        # a one-operation transaction, not a plain put: etcd before 3.4.27 / 3.5.10 costs a
-        # plain put under a lease time proportional to the keys on that lease (every report
-        # key of this node), which a put inside a transaction does not pay (etcd #15993)
-        _, rev = self.etcd.txn([], [(key, doc, self.session.lease)])
+        # in one transaction with the other requests this node makes meanwhile; a
+        # transaction, not a plain put: etcd before 3.4.27 / 3.5.10 costs a plain put under
+        # a lease time proportional to the keys on that lease (every report key of this
+        # node), which a put inside a transaction does not pay (etcd #15993)
+        rev = self.requests.submit(key, doc)
         what = f"{doc.get('op')} of {cache}/{p}"
         m = self.ctx.map
 

@@ -225,3 +225,62 @@ def test_initial_owners_that_never_come_are_not_waited_for_forever(etcd, monkeyp
             assert w.rec(p) == PartRecord("a", ("a",), 1, False, 1)   # made with who came
         else:
             assert etcd.get(part_key(PREFIX, "default", p)) is None     # nobody holds it yet
+
+
+class _Counted:
+    """Counts the etcd requests a client makes (by gateway path)."""
+
+    def __init__(self, etcd: Etcd) -> None:
+        self.calls: list[str] = []
+        post = etcd.post
+
+        def counted(path, body):
+            self.calls.append(path)
+            return post(path, body)
+        etcd.post = counted  # type: ignore[method-assign]
+
+
+def test_a_round_on_a_view_behind_its_own_writes_decides_from_what_it_wrote(etcd):
+    """The controller's view shows its own writes only when the watch delivers them. A
+    round before that decides from the records it wrote, not the older ones: nothing
+    is written again, and no transaction fails on a revision it has moved past."""
+    w = World(etcd)
+    w.member("a", owning=[0, 1, 2, 3])
+    w.member("b")
+    assert w.decide() == 4                  # the view did not see these writes
+    n = _Counted(etcd)
+    assert w.ctl.decide() == 0              # same view: the records it wrote are current
+    assert n.calls == []
+    # and a change decided on that view compares the revision it wrote
+    w.view.load()
+    rec = w.ctl.alter_isr("default", 1, "a", 1, [], [])
+    assert rec.epoch == 2
+    w.gone("b")
+    w.view.load()                           # shows b gone; p1's record as alter_isr wrote it
+    assert w.ctl.decide() == 0
+
+
+def test_a_request_decided_here_is_not_decided_again_before_the_view_shows_it(etcd):
+    """A request the controller applied is deleted in the same transaction; until its
+    view shows the deletion it still lists the request. It is not planned again (no
+    refusal, no failed transaction, no extra read)."""
+    w = World(etcd)
+    w.member("a", owning=[0, 1, 2, 3])
+    w.member("b", owning=[0, 1])
+    w.decide()
+    for p in (0, 1):
+        etcd.put(f"{PREFIX}/requests/default/{p}/a", {"op": "alter_isr", "term": 1, "remove": [],
+                                                       "add": ["b"]})
+    w.view.load()
+    assert w.ctl.handle_requests() == 2
+    assert [w.rec(p).isr for p in (0, 1)] == [("a", "b"), ("a", "b")]
+    assert etcd.get(f"{PREFIX}/requests/default/0/a") is None
+    n = _Counted(etcd)
+    assert w.ctl.handle_requests() == 0     # the view still shows both requests
+    assert n.calls == []
+    # a new request for the same key (a new mod revision) is looked at as usual
+    etcd.put(f"{PREFIX}/requests/default/0/a", {"op": "alter_isr", "term": 1, "remove": ["b"],
+                                                 "add": []})
+    w.view.load()
+    assert w.ctl.handle_requests() == 1
+    assert w.rec(0).isr == ("a",) and w.rec(1).isr == ("a", "b")
