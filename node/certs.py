@@ -10,6 +10,12 @@ common name, so Ferry's client certificates have none (``--cn`` adds one, for et
 over gRPC) and the nodes log in with an etcd user and password (node/etcdauth.py).
 ``ferry certs show FILE`` prints what a certificate holds.
 
+The same CA signs the certificates of Ferry's own connections (mutual TLS for node RPC,
+client RPC and file transfers, :mod:`transfer.tls`): ``--node ID`` makes a node's
+certificate (a subject alternative name URI ``ferry://node/ID``, usable as server and
+client), ``--client NAME`` a client's (``ferry://client/NAME``, client use only: the
+client methods, never a node-only method or a transfer).
+
 Keys are ECDSA P-256, written 0600; certificates are valid for ``days`` (a year by
 default, the CA ten).
 """
@@ -18,6 +24,7 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import os
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -30,6 +37,7 @@ if TYPE_CHECKING:
 CA_DAYS = 3650
 CERT_DAYS = 365
 LOOPBACK_IPS = ("127.0.0.1", "::1")
+_IDENT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")    # node/config.py's node id rule
 
 
 def _now() -> datetime.datetime:
@@ -126,26 +134,34 @@ def init_ca(ca_dir: str, name: str = "ferry-etcd-ca", days: int = CA_DAYS, force
 
 def issue(ca_dir: str, name: str, out_dir: str | None = None, *, server: bool = False,
           ips: tuple[str, ...] = (), dns: tuple[str, ...] = (), days: int = CERT_DAYS,
-          cn: bool = False) -> Issued:
+          cn: bool = False, role: str | None = None) -> Issued:
     """Sign a certificate for ``name`` with the CA in ``ca_dir``; ``NAME.crt`` and
     ``NAME.key`` in ``out_dir`` (default ``ca_dir``). A server certificate (an etcd
     member) names ``ips`` and ``dns`` (loopback and localhost when both are empty) and
     may also be used as a client (etcd members dial each other with it). A client
     certificate names ``name`` in its organizational unit, and as its common name only
-    with ``cn`` (etcd's gateway refuses a client certificate with a common name)."""
+    with ``cn`` (etcd's gateway refuses a client certificate with a common name).
+    ``role`` ``node`` or ``client`` adds the Ferry identity ``ferry://ROLE/NAME`` (a
+    node certificate is also a server certificate; node ids follow the node config's
+    rule: letters, digits, ``_ . -``)."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
     if not name or "/" in name or name.startswith(".") or len(name) > 64:
         raise ConfigError(f"certificate name {name!r}: 1-64 characters, no '/', not starting with '.'")
+    if role not in (None, "node", "client"):
+        raise ConfigError(f"certificate role {role!r}: node or client")
+    if role is not None and not _IDENT.match(name):
+        raise ConfigError(f"{role} name {name!r} must be 1-64 letters, digits, _ . - (as a node id)")
+    server = server or role == "node"
     paths = ca_paths(ca_dir)
     ca_cert, ca_key = _read_cert(paths.cert), _read_key(paths.key)
     try:
         addrs = [ipaddress.ip_address(i) for i in ips]
     except ValueError as e:
         raise ConfigError(f"--ip: {e}") from None
-    if server and not addrs and not dns:
+    if server and role is None and not addrs and not dns:
         addrs = [ipaddress.ip_address(i) for i in LOOPBACK_IPS]
         dns = ("localhost",)
     key = ec.generate_private_key(ec.SECP256R1())
@@ -169,9 +185,11 @@ def issue(ca_dir: str, name: str, out_dir: str | None = None, *, server: bool = 
          .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
          .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
                         critical=False))
-    if addrs or dns:
+    if addrs or dns or role:
         sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns]
         sans += [x509.IPAddress(a) for a in addrs]
+        if role:
+            sans.append(x509.UniformResourceIdentifier(f"ferry://{role}/{name}"))
         b = b.add_extension(x509.SubjectAlternativeName(sans), critical=False)
     cert = b.sign(ca_key, hashes.SHA256())
     out_dir = out_dir or ca_dir
@@ -208,6 +226,9 @@ def describe(path: str) -> dict[str, object]:
         doc["dns"] = list(san.get_values_for_type(x509.DNSName))
     except x509.ExtensionNotFound:
         doc["ips"], doc["dns"] = [], []
+        san = None
+    uris = list(san.get_values_for_type(x509.UniformResourceIdentifier)) if san is not None else []
+    doc["ferry_identity"] = next((u for u in uris if u.startswith("ferry://")), "")
     try:
         eku = c.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
         doc["usages"] = sorted(u._name for u in eku)

@@ -120,9 +120,9 @@ def status_cmd(seed: tuple[str, ...], secret_file: str | None, as_json: bool, al
     """Nodes, topology version, partition states and moves in progress."""
     from .errors import NodeError
     from .status import collect, render, select
-    from .wire import Pool, load_secret
+    from .wire import client_pool
     try:
-        pool = Pool(load_secret(secret_file), role="client")
+        pool = client_pool(secret_file)
         last: Exception | None = None
         for s in seed:
             try:
@@ -144,7 +144,8 @@ def status_cmd(seed: tuple[str, ...], secret_file: str | None, as_json: bool, al
 
 def _client(seed: tuple[str, ...], secret_file: str | None):  # type: ignore[no-untyped-def]
     from .client import Client
-    return Client(list(seed), secret_file=secret_file)
+    from .wire import env_tls
+    return Client(list(seed), secret_file=secret_file, tls=env_tls())
 
 
 @cluster.command("put")
@@ -211,10 +212,10 @@ def remove_cmd(seed: tuple[str, ...], secret_file: str | None, cache: str, key: 
 def leave_cmd(seed: tuple[str, ...], secret_file: str | None, node_id: str) -> None:
     """Ask NODE_ID to leave gracefully: its partitions move away, then it exits."""
     from .errors import NodeError
-    from .wire import Pool, load_secret
+    from .wire import client_pool
     node_id = _text("NODE_ID", node_id)
     try:
-        Pool(load_secret(secret_file), role="client").call(seed[0], "leave", node=node_id)
+        client_pool(secret_file).call(seed[0], "leave", node=node_id)
     except NodeError as e:
         _fail(e)
     click.echo(f"{node_id} is leaving")
@@ -306,11 +307,11 @@ def _pool_or_none(secret_file: str | None):  # type: ignore[no-untyped-def]
     secret file is an error)."""
     import os
     from .errors import NodeError
-    from .wire import Pool, load_secret
-    if not secret_file and not os.environ.get("FERRY_SECRET"):
+    from .wire import TLS_ENV, client_pool
+    if not secret_file and not os.environ.get("FERRY_SECRET") and not any(os.environ.get(k) for k in TLS_ENV):
         return None
     try:
-        return Pool(load_secret(secret_file), role="client")
+        return client_pool(secret_file)
     except NodeError as e:
         raise InputError(str(e)) from None
 

@@ -35,6 +35,8 @@ import threading
 import time
 from typing import Any, Callable, Iterable
 
+from transfer.tls import TlsContexts, TlsError, TlsFiles
+
 from .assignment import partition_of
 from .cluster_map import ClusterMap
 from .errors import UNKNOWN, AuthFailed, NodeError, Unavailable
@@ -44,18 +46,37 @@ from .wire import Pool, as_bytes, load_secret
 LINEARIZABLE, STALE = "linearizable", "stale"
 
 class Client:
+    """``tls`` (``transfer.tls.TlsFiles``: the cluster CA, a client certificate from
+    ``ferry certs issue CA_DIR NAME --client`` and its key) authenticates by mutual TLS
+    instead of the secret; each node's certificate must then name the member the map
+    lists at its address."""
+
     def __init__(self, addresses: str | Iterable[str], secret_file: str | None = None, *,
-                 timeout: float = 30.0) -> None:
+                 timeout: float = 30.0, tls: TlsFiles | None = None) -> None:
         self.seeds = [addresses] if isinstance(addresses, str) else list(addresses)
         if not self.seeds:
             raise ValueError("Client needs at least one node address")
-        self.pool = Pool(load_secret(secret_file), role="client", timeout=10.0)
+        if tls is not None:
+            try:
+                contexts = TlsContexts(tls)
+            except TlsError as e:
+                raise AuthFailed(e.reason) from None
+            self.pool = Pool(b"", role="client", timeout=10.0, tls=contexts, expect=self._member_at)
+        else:
+            self.pool = Pool(load_secret(secret_file), role="client", timeout=10.0)
         self.timeout = timeout
         self.map: ClusterMap | None = None
         self.id = secrets.token_hex(8)          # this client's part of every request id
         self._seq = itertools.count(1)
         self._in_flight: set[int] = set()       # sequence numbers of writes not returned
         self._seq_lock = threading.Lock()
+
+    def _member_at(self, address: str) -> str | None:
+        m = self.map
+        if m is None:
+            return None
+        ids = [mem.id for mem in m.members.values() if mem.address == address]
+        return ids[0] if len(ids) == 1 else None
 
     # -- map ----------------------------------------------------------------------
     def _addresses(self) -> list[str]:

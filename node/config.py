@@ -17,6 +17,8 @@ from faults import fileio
 from .errors import ConfigError
 
 if TYPE_CHECKING:
+    from transfer.tls import TlsFiles
+
     from .control import EtcdAccess
 
 DEFAULT_PARTITIONS = 64
@@ -85,6 +87,12 @@ class NodeConfig:
     etcd_key: str | None = None
     etcd_user: str | None = None
     etcd_password_file: str | None = None
+    # mutual TLS for node RPC, client RPC and file transfers (transfer/tls.py): the
+    # cluster CA, this node's certificate (ferry://node/ID) and key; all three or none.
+    # Set, they replace the shared secret (secret_file is then not read)
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
     min_in_sync: int = 1                  # writes are refused with fewer in-sync copies (docs/node.md)
     # the members a new cluster starts with (like etcd's --initial-cluster): each
     # creates its rendezvous share of the partitions, empty, so nothing moves at start
@@ -216,6 +224,9 @@ _KEYS: dict[tuple[str, ...], str] = {
     ("control_plane", "key"): "etcd_key",
     ("control_plane", "user"): "etcd_user",
     ("control_plane", "password_file"): "etcd_password_file",
+    ("tls", "ca"): "tls_ca",
+    ("tls", "cert"): "tls_cert",
+    ("tls", "key"): "tls_key",
     ("cluster", "min_in_sync"): "min_in_sync",
     ("cluster", "initial_members"): "initial_members",
     ("limits", "max_key_bytes"): "max_key_bytes",
@@ -283,7 +294,7 @@ def load(path: str | None = None, **flags: Any) -> NodeConfig:
         values.update(_flatten(read_toml(path), path))
         base = os.path.dirname(os.path.abspath(path))
         for k in ("data", "secret_file", "etcd_ca", "etcd_cert", "etcd_key",
-                  "etcd_password_file"):  # relative paths are relative to the file
+                  "etcd_password_file", "tls_ca", "tls_cert", "tls_key"):  # relative paths are relative to the file
             if isinstance(values.get(k), str) and not os.path.isabs(values[k]):
                 values[k] = os.path.join(base, values[k])
     for k, v in flags.items():
@@ -371,6 +382,7 @@ def validate(cfg: NodeConfig) -> NodeConfig:
     for fld in ("advertise", "secret_file"):
         if getattr(cfg, fld) is not None and not isinstance(getattr(cfg, fld), str):
             raise ConfigError(f"{_key(fld)} must be a string, not {getattr(cfg, fld)!r}")
+    _check_tls(cfg)
     _choice(cfg, "log_level", LOG_LEVELS, upper=True)
     _choice(cfg, "wal_sync", ("group", "always", "none"))
     _choice(cfg, "rebalance_mode", ("messages", "files"))
@@ -442,7 +454,7 @@ def apply_each(cfg: NodeConfig, changes: Mapping[str, Any]) -> tuple[NodeConfig,
     refused: dict[str, str] = {}
     for name, value in changes.items():
         fld = field_of(name)
-        if fld is None or fld in ("id", "data", "source", "caches"):
+        if fld is None or fld in ("id", "data", "source", "caches", "tls_ca", "tls_cert", "tls_key"):
             refused[name] = f"unknown setting {name!r}"
         else:
             pending[name] = (fld, value)
@@ -490,6 +502,28 @@ def _choice(cfg: NodeConfig, fld: str, allowed: tuple[str, ...], *, upper: bool 
     v = getattr(cfg, fld)
     if not isinstance(v, str) or (v.upper() if upper else v) not in allowed:
         raise ConfigError(f"{_key(fld)} must be one of {', '.join(allowed)}, not {v!r}{hint}")
+
+
+def _check_tls(cfg: NodeConfig) -> None:
+    """[tls] ca, cert, key: all three paths or none (the files are read when the node
+    starts: transfer.tls names a file that does not load)."""
+    vals = {f: getattr(cfg, f) for f in ("tls_ca", "tls_cert", "tls_key")}
+    for f, v in vals.items():
+        if v is not None and (not isinstance(v, str) or not v):
+            raise ConfigError(f"{_key(f)} must be a file path, not {v!r}")
+    given = [f for f, v in vals.items() if v]
+    if given and len(given) != 3:
+        missing = ", ".join(_key(f) for f in vals if f not in given)
+        raise ConfigError(f"{_key(given[0])}: TLS needs all of tls.ca, tls.cert and tls.key; "
+                          f"missing {missing} (`ferry certs issue CA_DIR ID --node` makes them)")
+
+
+def tls_files(cfg: NodeConfig) -> "TlsFiles | None":
+    """The node's [tls] files, or None: the shared secret authenticates instead."""
+    if not cfg.tls_ca or not cfg.tls_cert or not cfg.tls_key:
+        return None
+    from transfer.tls import TlsFiles
+    return TlsFiles(cfg.tls_ca, cfg.tls_cert, cfg.tls_key)
 
 
 def _check_caches(caches: Any) -> None:

@@ -24,6 +24,8 @@ from .storage import CacheData
 from .wire import Pool
 
 if TYPE_CHECKING:
+    from transfer.tls import TlsContexts
+
     from .control import Session
     from .move import Move
 
@@ -189,6 +191,8 @@ class NodeContext:
     # again, the primary comparing counters) or elects them (every in-sync copy back)
     returning: set[PartKey] = field(default_factory=set)
     transfer_address: str = ""       # HOST:PORT of this node's file supplier
+    # mutual TLS (transfer.tls) for RPC and transfers, from [tls]; None: the secret
+    tls: "TlsContexts | None" = None
 
     def lease_valid(self) -> bool:
         """A primary acknowledges writes only while its lease is surely alive."""

@@ -13,8 +13,9 @@ class InputError(click.ClickException):
 
 @click.group("certs")
 def certs() -> None:
-    """A CA and certificates for etcd (the control plane): server certificates for its
-    members, client certificates for nodes and operators."""
+    """A CA and certificates: for etcd (the control plane: server certificates for its
+    members, client certificates for nodes and operators) and for Ferry's own mutual
+    TLS (node RPC, client RPC, file transfers: --node ID and --client NAME)."""
 
 
 @certs.command("init")
@@ -38,6 +39,10 @@ def certs_init(ca_dir: str, name: str, days: int, force: bool) -> None:
 @click.argument("ca_dir", type=click.Path(file_okay=False, exists=True))
 @click.argument("name")
 @click.option("--server", is_flag=True, help="A certificate for an etcd member (server and peer).")
+@click.option("--node", "as_node", is_flag=True, help="A Ferry node's certificate for mutual TLS: NAME is "
+              "the node id, named as the URI ferry://node/NAME (server and client use).")
+@click.option("--client", "as_client", is_flag=True, help="A Ferry client's certificate for mutual TLS "
+              "(ferry://client/NAME): the client methods only, never a node-only method or a transfer.")
 @click.option("--ip", "ips", multiple=True, help="IP address the server is reached at (repeatable; "
               "default with --server and no --dns: 127.0.0.1 and ::1).")
 @click.option("--dns", multiple=True, help="Host name the server is reached at (repeatable).")
@@ -46,13 +51,17 @@ def certs_init(ca_dir: str, name: str, days: int, force: bool) -> None:
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), help="Folder for NAME.crt and NAME.key "
               "(default: CA_DIR).")
 @click.option("--days", type=click.IntRange(1, 36500), default=365, show_default=True)
-def certs_issue(ca_dir: str, name: str, server: bool, ips: tuple[str, ...], dns: tuple[str, ...], cn: bool,
-                out_dir: str | None, days: int) -> None:
-    """Sign a certificate NAME with the CA in CA_DIR."""
+def certs_issue(ca_dir: str, name: str, server: bool, as_node: bool, as_client: bool, ips: tuple[str, ...],
+                dns: tuple[str, ...], cn: bool, out_dir: str | None, days: int) -> None:
+    """Sign a certificate NAME with the CA in CA_DIR (an etcd client certificate unless
+    --server, --node or --client)."""
     from .certs import issue
     from .errors import ConfigError
+    if as_node + as_client + server > 1:
+        raise InputError("--server, --node and --client are exclusive: one certificate, one role")
+    role = "node" if as_node else "client" if as_client else None
     try:
-        out = issue(ca_dir, name, out_dir, server=server, ips=ips, dns=dns, days=days, cn=cn)
+        out = issue(ca_dir, name, out_dir, server=server, ips=ips, dns=dns, days=days, cn=cn, role=role)
     except ConfigError as e:
         raise InputError(str(e)) from None
     click.echo(f"certificate {out.cert}\nkey         {out.key}")

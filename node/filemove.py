@@ -24,6 +24,7 @@ from typing import Callable
 
 from indexes import ScanPool
 from transfer import Limits, NotHeld, PartitionStoreStorage, Snapshot, SupplierServer
+from transfer.tls import TlsContexts
 
 from .config import NodeConfig
 from .context import NodeContext
@@ -128,7 +129,8 @@ def node_move_engine(ctx: NodeContext, recv_limits: Limits, scan_pool: ScanPool 
         tmpwal_sync="none" if ctx.cfg.wal_sync == "none" else "group",
         recv_limits=recv_limits, transfer_timeout=30.0, scan_pool=scan_pool,
         replay_rate_limit=lambda: ctx.cfg.replay_rate_limit, stream_index=ctx.cfg.stream_index,
-        delta=ctx.cfg.delta, delta_limit=ctx.cfg.delta_limit)   # cfg is replaced on a live change
+        delta=ctx.cfg.delta, delta_limit=ctx.cfg.delta_limit,   # cfg is replaced on a live change
+        tls=ctx.tls)
     engine = MoveEngine(mctx)
     engine.supplier_load = load
     return engine
@@ -162,12 +164,13 @@ def make_supplier_storage(data: Mapping[str, CacheData], in_use: dict[tuple[str,
     return NodeSupplierStorage({name: d.store for name, d in data.items()})
 
 
-def start_supplier(cfg: NodeConfig, secret: bytes, storage: PartitionStoreStorage) -> tuple[SupplierServer, Limits, str]:
+def start_supplier(cfg: NodeConfig, secret: bytes, storage: PartitionStoreStorage,
+                   tls: TlsContexts | None = None) -> tuple[SupplierServer, Limits, str]:
     """Start the node's file supplier: the server, its send limits (changed live) and
-    the address to advertise."""
+    the address to advertise. With ``tls`` only node certificates may fetch."""
     limits = Limits(cfg.transfer_concurrency, cfg.transfer_rate_limit or None)
     host, port = cfg.supplier_listen
-    server = SupplierServer(storage, secret, host, port, limits=limits, timeout=30.0).start()
+    server = SupplierServer(storage, secret, host, port, limits=limits, timeout=30.0, tls=tls).start()
     adv_host = cfg.address.rpartition(":")[0]
     return server, limits, f"{adv_host}:{server.address[1]}"
 

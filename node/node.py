@@ -17,13 +17,14 @@ import time
 import uuid
 
 from faults import fileio
+from transfer.tls import TlsContexts, TlsError
 
 from . import metrics as metrics_mod
 from . import tempwal
 from .cluster_map import ClusterMap
-from .config import NodeConfig
+from .config import NodeConfig, tls_files
 from .context import Events, MapHolder, MoveTable, NodeContext, PartitionLocks, Replication
-from .errors import BadRequest, DataDirLocked, NodeError
+from .errors import BadRequest, ConfigError, DataDirLocked, NodeError
 from .jsonvalue import JsonDoc
 from .membership import SETTINGS, ControlPlane, require_control_plane
 from .move import STAGES
@@ -39,6 +40,22 @@ from .watch import Watcher
 from .wire import Pool, load_secret
 
 log = logging.getLogger("ferry.node")
+
+
+def load_tls(cfg: NodeConfig) -> TlsContexts | None:
+    """The node's TLS contexts from [tls] (None: not configured), or ConfigError naming
+    the file that does not load. The certificate must be a node's, for this node's id."""
+    files = tls_files(cfg)
+    if files is None:
+        return None
+    try:
+        tls = TlsContexts(files)
+    except TlsError as e:
+        raise ConfigError(f"[tls]: {e.reason}") from None
+    if tls.identity.role != "node" or tls.identity.name != cfg.id:
+        raise ConfigError(f"[tls] cert {files.cert} is for {tls.identity}, not node {cfg.id!r}: "
+                          f"issue one with `ferry certs issue CA_DIR {cfg.id} --node`")
+    return tls
 CLEAN = "clean-shutdown"   # present only after a graceful stop: indexes need no rebuild
 
 
@@ -80,7 +97,9 @@ class Node:
         lock_fd = lock_data_dir(cfg.data)
         try:
             claim_node_id(cfg.data, cfg.id)
-            secret = load_secret(cfg.secret_file)
+            tls = load_tls(cfg)
+            # with TLS the certificates authenticate every connection: no secret is read
+            secret = b"" if tls is not None else load_secret(cfg.secret_file)
         except BaseException:
             os.close(lock_fd)
             raise
@@ -96,8 +115,9 @@ class Node:
             cfg=cfg, id=cfg.id, boot=uuid.uuid4().hex[:12], secret=secret,
             metrics=metrics_mod.Metrics(), data=data,
             states=StateTable(cfg.data, on_change=self._state_changed),
-            pool=Pool(secret, role="node"), map=MapHolder(ClusterMap({c.name: c for c in cfg.caches})),
-            plock=PartitionLocks(), events=Events(), repl=Replication(), moves=MoveTable())
+            pool=Pool(secret, role="node", tls=tls, expect=self._member_at),
+            map=MapHolder(ClusterMap({c.name: c for c in cfg.caches})),
+            plock=PartitionLocks(), events=Events(), repl=Replication(), moves=MoveTable(), tls=tls)
         self.control = ControlPlane(ctx, on_settings=self.apply_live_config)
         self.updates = UpdatePath(ctx, self.control)
         self.rebalancer = Rebalancer(ctx, self.control, self.updates)
@@ -155,7 +175,8 @@ class Node:
     def start(self) -> None:
         ctx = self.ctx
         require_control_plane(ctx.cfg)       # say so before binding anything
-        self.server = RpcServer(ctx.cfg.listen, ctx.secret, self.dispatch)
+        self.server = RpcServer(ctx.cfg.listen, ctx.secret, self.dispatch, tls=ctx.tls,
+                                claims=NODE_CLAIMS)
         self.server.start()
         ctx.transfer_address = self.rebalancer.start_supplier()
         log.info("stage=serving node=%s file supplier on %s", ctx.id, ctx.transfer_address)
@@ -196,6 +217,16 @@ class Node:
         ctx.pool.close()
         os.close(self._lock_fd)
         log.info("stage=shutdown node=%s stopped", ctx.id)
+
+    def _member_at(self, address: str) -> str | None:
+        """The node id a TLS peer at ``address`` must have: the one member the map
+        lists there (None when the map lists none or several: any node of the CA)."""
+        ctx = getattr(self, "ctx", None)
+        if ctx is None:
+            return None
+        with ctx.map.lock:
+            ids = [m.id for m in ctx.map.map.members.values() if m.address == address]
+        return ids[0] if len(ids) == 1 else None
 
     # -- dispatch -----------------------------------------------------------------
     def dispatch(self, method: str, args: dict[str, object], role: str) -> object:
@@ -290,6 +321,11 @@ class Node:
         for (cache, p), t in list(ctx.repl.last_applied.items()):
             m.set("ferry_node_replication_lag_seconds", now - t, cache=cache, partition=str(p))
 
+
+# Node-only methods whose argument names the calling node: over TLS the caller's
+# certificate must name that node (node/rpc.py refuses the request otherwise).
+NODE_CLAIMS = {"replicate": "primary", "replicate_batch": "primary", "register": "node",
+               "demand": "node", "join_isr": "node", "handoff": "to"}
 
 CLIENT_METHODS = {"ping", "get_map", "put", "put_batch", "get", "remove", "lookup", "range", "moves",
                   "moves_done", "admission",

@@ -65,7 +65,7 @@ class Rebalancer:
     def start_supplier(self) -> str:
         """Serve this node's partition files; returns the address to advertise."""
         storage = make_supplier_storage(self.ctx.data, self.ctx.repl.in_use, self.can_supply)
-        self.supplier, self.send_limits, address = start_supplier(self.ctx.cfg, self.ctx.secret, storage)
+        self.supplier, self.send_limits, address = start_supplier(self.ctx.cfg, self.ctx.secret, storage, self.ctx.tls)
         self.admission.start()          # (the node's start: its measurements begin too)
         return address
 

@@ -7,6 +7,12 @@ budget (``transfer.listener.process_budget``: a share of RLIMIT_NOFILE, in total
 per peer host), so no flood of connections can take the descriptors the storage
 needs; a connection over any limit is answered ERROR BUSY and closed at once.
 
+With ``tls`` (transfer.tls) each connection is mutual TLS instead of the secret's
+handshake: the peer's role (node or client) and name come from its certificate, a
+client certificate gets the client methods only (the dispatcher's rule), and a node
+certificate's id must match every node id a request claims to come from (``claims``:
+method -> the argument naming the calling node, e.g. ``replicate``'s ``primary``).
+
 Failures are contained per request: a handler error becomes an error REPLY; a
 malformed REQUEST (not a map, unknown method, bad arguments) becomes a ``bad_request``
 REPLY; a frame that breaks the framing gets an ERROR frame and only that connection
@@ -17,14 +23,15 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from faults.latch import report_refusal
 from transfer import frames
 from transfer.errors import FrameError, PeerClosed, TransferError
 from transfer import auth
+from transfer import tls as _tls
 from transfer.listener import ConnectionBudget, HandshakeGate, accept_loop, peer_host, process_budget, refuse
-from transfer.transport import SocketConn
+from transfer.transport import Conn, SocketConn
 
 from .config import parse_address
 from .errors import AuthFailed, BadRequest, NodeError, Unavailable
@@ -47,10 +54,14 @@ class RpcServer:
     def __init__(self, listen: str, secret: bytes, dispatch: Dispatch, *,
                  idle_timeout: float = 300.0, handshake_timeout: float = 10.0,
                  max_handshakes: int = 64, max_handshakes_per_peer: int = 16,
-                 budget: ConnectionBudget | None = None) -> None:
+                 budget: ConnectionBudget | None = None, tls: _tls.TlsContexts | None = None,
+                 claims: Mapping[str, str] | None = None) -> None:
         host, port = parse_address(listen)
         self.secret = secret
-        auth.handshake_key(secret)
+        self.tls = tls
+        self.claims = dict(claims or {})
+        if tls is None:
+            auth.handshake_key(secret)
         self.dispatch = dispatch
         self.idle_timeout = idle_timeout
         self.handshake_timeout = handshake_timeout
@@ -66,7 +77,7 @@ class RpcServer:
         self.sock.listen(128)
         self.port = self.sock.getsockname()[1]
         self._stop = threading.Event()
-        self._conns: set[SocketConn] = set()
+        self._conns: set[Conn] = set()
         self._lock = threading.Lock()
         self.thread = threading.Thread(target=self._accept, name="rpc-accept", daemon=True)
 
@@ -104,15 +115,30 @@ class RpcServer:
             self.budget.give(host)
             raise
 
-    def _serve(self, conn: SocketConn) -> None:
+    def _serve(self, tcp: SocketConn) -> None:
+        conn: Conn = tcp
         with self._lock:
             self._conns.add(conn)
         try:
             conn.set_timeout(self.handshake_timeout)
+            who: _tls.Peer | None = None
             try:
                 # one deadline for the whole handshake: a peer dripping a byte at a time
                 # (or sending nothing) is dropped after handshake_timeout
-                role = authenticate_incoming(conn, self.secret, deadline=self.handshake_timeout)
+                if self.tls is not None:
+                    try:
+                        conn = self.tls.accept(tcp.sock, tcp.peer, deadline=self.handshake_timeout)
+                    except _tls.TlsCut as e:
+                        raise Unavailable(e.reason) from None
+                    except _tls.TlsError as e:
+                        raise AuthFailed(e.reason) from None
+                    with self._lock:
+                        self._conns.discard(tcp)
+                        self._conns.add(conn)
+                    who = conn.peer_id
+                    role = who.role
+                else:
+                    role = authenticate_incoming(conn, self.secret, deadline=self.handshake_timeout)
             except AuthFailed as e:
                 log.warning("stage=auth refused %s: %s", conn.peer, e)
                 return
@@ -141,7 +167,7 @@ class RpcServer:
                     if not self._stop.is_set():
                         log.info("stage=rpc connection from %s ended: %s", conn.peer, e)
                     return
-                body = self._handle(fr.body, role)
+                body = self._handle(fr.body, role, who)
                 try:
                     frames.write_frame(conn, NodeFrame.REPLY, body)
                 except FrameError as e:  # the result itself is too big for one frame
@@ -155,12 +181,17 @@ class RpcServer:
             conn.close()
             self.budget.give(peer_host(conn.peer))
 
-    def _handle(self, req: dict[str, Any], role: str) -> dict[str, Any]:
+    def _handle(self, req: dict[str, Any], role: str, who: _tls.Peer | None = None) -> dict[str, Any]:
         rid = req.get("id")
         try:
             method, args = req.get("m"), req.get("a", {})
             if not isinstance(method, str) or not isinstance(args, dict) or not isinstance(rid, int):
                 raise BadRequest("request must be {id: int, m: str, a: map}")
+            if who is not None and who.role == _tls.NODE and method in self.claims:
+                claimed = args.get(self.claims[method])
+                if claimed != who.name:
+                    raise AuthFailed(f"{method} claims to come from node {claimed!r}, but the "
+                                     f"caller's certificate names node {who.name!r}; refused")
             return {"id": rid, "ok": True, "r": self.dispatch(method, args, role)}
         except NodeError as e:
             return {"id": rid, "ok": False, "e": error_body(e)}

@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import threading
 from enum import IntEnum
-from typing import Any
+from typing import Any, Callable
 
 from transfer import auth as _auth
 from transfer import frames
+from transfer import tls as _tls
 from transfer.errors import FrameError, PeerClosed, RemoteError, TransferError
 from transfer.transport import Conn, connect_tcp
 
@@ -117,23 +118,48 @@ def raise_remote(e: dict[str, Any]) -> None:
     raise err
 
 
+def connect_tls(conn: Conn, tls: _tls.TlsContexts, timeout: float,
+                expect: str | None = None) -> Conn:
+    """``conn`` (a fresh TCP connection) as mutual TLS; the peer must be a node, the
+    node ``expect`` when given. AuthFailed when a certificate is refused (either side),
+    Unavailable when the network cut the handshake."""
+    sock = getattr(conn, "sock", None)
+    if sock is None:
+        conn.close()
+        raise AuthFailed(f"TLS needs a TCP connection to {conn.peer}")
+    try:
+        return tls.connect(sock, conn.peer, deadline=timeout, expect=expect)
+    except _tls.TlsError as e:
+        if isinstance(e, _tls.TlsCut):
+            raise Unavailable(f"TLS handshake with {conn.peer} cut: {e.reason}") from None
+        raise AuthFailed(e.reason) from None
+
+
 class Channel:
-    """One authenticated connection to a node; ``call`` is serialised by a lock."""
+    """One authenticated connection to a node; ``call`` is serialised by a lock. With
+    ``tls`` the connection is mutual TLS (``expect``: the node id the peer's
+    certificate must name), else the shared-secret handshake."""
 
     def __init__(self, address: str, secret: bytes, *, role: str = "node",
-                 timeout: float = 10.0) -> None:
+                 timeout: float = 10.0, tls: _tls.TlsContexts | None = None,
+                 expect: str | None = None) -> None:
         host, port = parse_address(address)
         self.address = address
         try:
-            self.conn = connect_tcp(host, port, timeout=timeout)
+            conn: Conn = connect_tcp(host, port, timeout=timeout)
         except TransferError as e:
             raise Unavailable(f"node {address} unreachable: {e.reason}") from None
         try:
-            self.conn.set_timeout(timeout)
-            authenticate_outgoing(self.conn, secret, role)
+            conn.set_timeout(timeout)
+            if tls is not None:
+                conn = connect_tls(conn, tls, timeout, expect)
+                conn.set_timeout(timeout)
+            else:
+                authenticate_outgoing(conn, secret, role)
         except BaseException:
-            self.conn.close()
+            conn.close()
             raise
+        self.conn = conn
         self._lock = threading.Lock()
         self._next = 1
         self.broken = False
@@ -188,12 +214,46 @@ def _dropped(ch: Channel) -> bool:
         return True
 
 
+TLS_ENV = ("FERRY_TLS_CA", "FERRY_TLS_CERT", "FERRY_TLS_KEY")
+
+
+def env_tls() -> _tls.TlsFiles | None:
+    """A client's TLS files from ``$FERRY_TLS_CA``, ``$FERRY_TLS_CERT`` and
+    ``$FERRY_TLS_KEY`` (the ``ferry cluster`` commands), None when none is set;
+    AuthFailed when only some are."""
+    import os
+    vals = [os.environ.get(k) or "" for k in TLS_ENV]
+    if not any(vals):
+        return None
+    if not all(vals):
+        missing = ", ".join(f"${k}" for k, v in zip(TLS_ENV, vals) if not v)
+        raise AuthFailed(f"TLS needs all of ${', $'.join(TLS_ENV)}; {missing} not set")
+    return _tls.TlsFiles(*vals)
+
+
+def client_pool(secret_file: str | None) -> "Pool":
+    """The client pool of a ``ferry cluster`` command: mutual TLS when ``env_tls()``
+    names certificates, else the cluster secret."""
+    files = env_tls()
+    if files is None:
+        return Pool(load_secret(secret_file), role="client")
+    try:
+        return Pool(b"", role="client", tls=_tls.TlsContexts(files))
+    except _tls.TlsError as e:
+        raise AuthFailed(e.reason) from None
+
+
 class Pool:
     """Cached channels by address; a broken channel is dropped and redialled, and an
     idle one the peer closed meanwhile is not reused."""
 
-    def __init__(self, secret: bytes, *, role: str = "node", timeout: float = 10.0) -> None:
+    def __init__(self, secret: bytes, *, role: str = "node", timeout: float = 10.0,
+                 tls: _tls.TlsContexts | None = None,
+                 expect: Callable[[str], str | None] | None = None) -> None:
+        """``tls``: mutual TLS instead of the secret; ``expect(address)``: the node id
+        the certificate at that address must name (None: any node of the CA)."""
         self.secret, self.role, self.timeout = secret, role, timeout
+        self.tls, self.expect = tls, expect
         self._free: dict[str, list[Channel]] = {}
         self._lock = threading.Lock()
 
@@ -209,7 +269,8 @@ class Pool:
             # failing so makes the primary drop a healthy copy from the in-sync set
             ch.close()
         if ch is None:
-            ch = Channel(address, self.secret, role=self.role, timeout=timeout or self.timeout)
+            ch = Channel(address, self.secret, role=self.role, timeout=timeout or self.timeout,
+                         tls=self.tls, expect=self.expect(address) if self.expect else None)
         try:
             result = ch.call(method, timeout=timeout or self.timeout, **args)
         finally:

@@ -104,6 +104,27 @@ def _secret(path: str | None) -> bytes:
     return load_secret(path)
 
 
+def _tls_options(f: Any) -> Any:
+    for opt in reversed([
+            click.option("--tls-ca", type=click.Path(dir_okay=False), help="Mutual TLS: the cluster CA's "
+                         "certificate (with --tls-cert and --tls-key; replaces the secret)."),
+            click.option("--tls-cert", type=click.Path(dir_okay=False),
+                         help="Mutual TLS: this side's node certificate (ferry certs issue --node)."),
+            click.option("--tls-key", type=click.Path(dir_okay=False), help="Mutual TLS: its private key.")]):
+        f = opt(f)
+    return f
+
+
+def _tls(ca: str | None, cert: str | None, key: str | None) -> Any:
+    """TlsContexts from the three options, None when none is given."""
+    if not (ca or cert or key):
+        return None
+    from .tls import TlsContexts, TlsError, TlsFiles
+    if not (ca and cert and key):
+        raise TlsError("TLS needs all of --tls-ca, --tls-cert and --tls-key")
+    return TlsContexts(TlsFiles(ca, cert, key))
+
+
 @transfer.command("serve")
 @click.option("--dir", "directory", required=True, type=click.Path(file_okay=False, exists=True),
               help="Directory holding part-<p>.bin files (other caches in sub-directories).")
@@ -118,8 +139,10 @@ def _secret(path: str | None) -> bytes:
               help='JSON {"rate": "200MB", "max_transfers": 4}; overrides --rate/--max-transfers '
                    "and is re-read on SIGHUP while serving.")
 @click.option("-v", "--verbose", is_flag=True, help="Log every transfer, not only failures.")
+@_tls_options
 def serve(directory: str, port: int, host: str, secret_file: str | None, rate: str | None,
-          max_transfers: int, limits_file: str | None, verbose: bool) -> None:
+          max_transfers: int, limits_file: str | None, verbose: bool, tls_ca: str | None,
+          tls_cert: str | None, tls_key: str | None) -> None:
     """Serve the partition files of DIR to authenticated demanders."""
     import signal
 
@@ -136,7 +159,9 @@ def serve(directory: str, port: int, host: str, secret_file: str | None, rate: s
             file_rate, file_max = read_limits_file(limits_file)
             limits.set_rate(file_rate)
             limits.set_max_transfers(file_max)
-        server = SupplierServer(DirectoryStorage(directory), _secret(secret_file), host, port, limits=limits)
+        tls = _tls(tls_ca, tls_cert, tls_key)
+        server = SupplierServer(DirectoryStorage(directory), b"" if tls else _secret(secret_file), host, port,
+                                limits=limits, tls=tls)
     except (TransferError, ValueError, OSError) as e:
         _fail("serve", e)
 
@@ -192,9 +217,12 @@ def serve(directory: str, port: int, host: str, secret_file: str | None, rate: s
               callback=_between(0, None, "0 tries once, N retries N times after a lost connection"),
               help="Resume attempts after a lost connection.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON summary on stdout.")
+@_tls_options
+@click.option("--tls-node", default=None, help="With TLS: the node id the supplier's certificate must name.")
 def fetch(peer: str, partitions: tuple[int, ...], dest: str, cache: str, secret_file: str | None,
           ssh_spec: str | None, ssh_key: str | None, known_hosts: str | None, no_host_key_check: bool,
-          rate: str | None, retries: int, as_json: bool) -> None:
+          rate: str | None, retries: int, as_json: bool, tls_ca: str | None, tls_cert: str | None,
+          tls_key: str | None, tls_node: str | None) -> None:
     """Fetch partitions from the supplier at PEER (HOST:PORT) into DEST, verified."""
     import os
 
@@ -217,7 +245,11 @@ def fetch(peer: str, partitions: tuple[int, ...], dest: str, cache: str, secret_
             tunnel = SSHTunnel.parse(ssh_spec, key_filename=ssh_key, known_hosts=known_hosts,
                                      check_host_key=not no_host_key_check)
             connect = tunnel.connector(host, port)
-        demander = Demander(DirectoryStorage(dest), peer, _secret(secret_file), limits=limits, connect=connect)
+        tls = _tls(tls_ca, tls_cert, tls_key)
+        if tls is not None and ssh_spec:
+            raise ValueError("--ssh and --tls-* are exclusive: TLS runs over TCP to the supplier")
+        demander = Demander(DirectoryStorage(dest), peer, b"" if tls else _secret(secret_file), limits=limits,
+                            connect=connect, tls=tls, tls_peer=tls_node)
         with _Bars(len(partitions), quiet=False) as bars:
             for p in partitions:
                 for attempt in range(retries + 1):
@@ -233,17 +265,25 @@ def fetch(peer: str, partitions: tuple[int, ...], dest: str, cache: str, secret_
                 bars.done(p)
     except (TransferError, ValueError, OSError) as e:
         if as_json:
-            click.echo(json.dumps({"partitions": results, "ok": False, "error": _one_line(e)}))
+            click.echo(json.dumps({"partitions": results, "ok": False, "error": _one_line(e),
+                                   "ktls_available": _ktls()}))
         _fail("fetch", e)
     finally:
         if tunnel is not None:
             tunnel.close()
     if as_json:
-        click.echo(json.dumps({"partitions": results, "ok": True}))
+        # "path" per partition: sendfile, tls-userspace or ktls-sendfile (never chosen:
+        # kernel TLS is only detected, "ktls_available" says whether this kernel has it)
+        click.echo(json.dumps({"partitions": results, "ok": True, "ktls_available": _ktls()}))
     else:
         for r in results:
             click.echo(f"partition {r['partition']}: {r['bytes']} bytes, {r['bytes_wire']} over the wire, "
                        f"{r['bytes_reused']} reused, {r['mb_per_s']} MB/s, verified", err=True)
+
+
+def _ktls() -> bool:
+    from .tls import ktls_available
+    return ktls_available()
 
 
 def _one_line(e: BaseException) -> str:

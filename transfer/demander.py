@@ -21,7 +21,7 @@ from typing import Callable
 from faults import crashpoint
 
 from .auth import client_handshake
-from .errors import (ChecksumError, FrameError, OutOfDiskError, PageCheckError, PeerClosed,
+from .errors import (AuthError, ChecksumError, FrameError, OutOfDiskError, PageCheckError, PeerClosed,
                      RemoteError, TransferError)
 from .frames import ErrorCode, FrameType, read_frame, send_error, write_frame
 from .limits import Limits
@@ -33,7 +33,8 @@ from .receive import DataStage, ReceiveObserver
 from .resume import Receiving, checksum
 from .stages import Stages
 from .storage import DEFAULT_CACHE, BadPage, TransferStorage
-from .transport import Conn, connect_tcp, parse_hostport
+from .tls import PATH_CHANNEL, PATH_SENDFILE, TlsContexts, TlsConn
+from .transport import Conn, SocketConn, connect_tcp, parse_hostport
 
 log = logging.getLogger("ferry.transfer")
 
@@ -59,8 +60,11 @@ class Demander:
                  margin: int = DEFAULT_MARGIN, max_resends: int = 3,
                  sync_bytes: int = 32 << 20, splice: bool = True,
                  observer: ReceiveObserver | None = None, delta: bool = True,
-                 delta_limit: int = 500) -> None:
+                 delta_limit: int = 500, tls: TlsContexts | None = None,
+                 tls_peer: str | None = None) -> None:
         self.storage = storage
+        self.tls = tls               # mutual TLS instead of the secret's handshake
+        self.tls_peer = tls_peer     # the node id the supplier's certificate must name
         self.peer = peer
         self.secret = secret
         self.limits = limits or Limits(max_transfers=1 << 30)
@@ -134,7 +138,7 @@ class _Fetch(DataStage):
                     self.conn = self.d._connect()
                     self.conn.set_timeout(self.d.timeout)
                 with self.stages.stage("handshake", **ctx):
-                    client_handshake(self.conn, self.d.secret)
+                    self._authenticate()
                 with self.stages.stage("demand", **ctx):
                     self._demand()
                 with self.stages.stage("manifest", **ctx):
@@ -162,10 +166,30 @@ class _Fetch(DataStage):
                           time.perf_counter() - t0, True, m.counter, self.preimages,
                           self.resent, dict(self.stages.seconds), self.spliced, self.mode,
                           m.page_count if self.d.storage.verifies_pages else 0,
-                          m.delta_pages if m.delta else 0, self.delta_refused)
+                          m.delta_pages if m.delta else 0, self.delta_refused, self._path())
         log.info("demander: partition %s installed from %s: %s bytes, %s over the wire, %.1f MB/s",
                  self.partition, self.d.peer, res.bytes, res.bytes_wire, res.mb_per_s)
         return res
+
+    def _authenticate(self) -> None:
+        conn = self.conn
+        assert conn is not None
+        tls = self.d.tls
+        if tls is None:
+            client_handshake(conn, self.d.secret)
+            return
+        if not isinstance(conn, SocketConn):
+            raise AuthError(f"TLS to {conn.peer} needs a TCP connection (not a tunnel)",
+                            stage="handshake", peer=conn.peer)
+        self.conn = tls.connect(conn.sock, conn.peer, deadline=self.d.timeout, expect=self.d.tls_peer)
+        self.conn.set_timeout(self.d.timeout)
+
+    def _path(self) -> str:
+        """Which way the file data came: by sendfile in clear, encrypted through user
+        space (TLS), or through a byte channel (SSH)."""
+        if isinstance(self.conn, TlsConn):
+            return self.conn.data_path
+        return PATH_SENDFILE if isinstance(self.conn, SocketConn) else PATH_CHANNEL
 
     def _abort(self, e: BaseException) -> None:
         """Tell the supplier why (unless it told us), keep what is verified for resume."""

@@ -34,6 +34,10 @@ class FetchResult:
     pages: int = 0             # the partition's pages (page files)
     pages_sent: int = 0        # pages that travelled in a delta fetch
     delta_refused: str = ""    # why an offered base was not used (a full copy went)
+    # how the file data travelled (transfer.tls): "sendfile" (in clear, zero-copy),
+    # "tls-userspace" (TLS, encrypted through user space), "ktls-sendfile" (TLS in the
+    # kernel; never chosen here: only detected) or "channel" (an SSH tunnel)
+    path: str = "sendfile"
 
     @property
     def mb_per_s(self) -> float:
@@ -45,7 +49,7 @@ class FetchResult:
                 "bytes_reused": self.bytes_reused, "seconds": round(self.seconds, 3),
                 "mb_per_s": round(self.mb_per_s, 1), "verified": self.verified,
                 "mode": self.mode, "pages": self.pages, "pages_sent": self.pages_sent,
-                "delta_refused": self.delta_refused}
+                "delta_refused": self.delta_refused, "path": self.path}
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self) | {"mb_per_s": self.mb_per_s}

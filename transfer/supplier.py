@@ -33,6 +33,7 @@ from .pipeline import SLICE, AheadHasher, Preimages, chunk_as_of_c, chunk_checks
 from .resume import checksum
 from .stages import Stages
 from .storage import Snapshot, TransferStorage
+from .tls import NODE, TlsContexts
 from .transport import Conn, SocketConn
 
 log = logging.getLogger("ferry.transfer")
@@ -67,7 +68,17 @@ class SupplierSession:
         try:
             with self.stages.stage("handshake", peer=self.conn.peer):
                 try:
-                    server_handshake(self.conn, self.server.secret, deadline=self.server.handshake_timeout)
+                    tls = self.server.tls
+                    if tls is None:
+                        server_handshake(self.conn, self.server.secret, deadline=self.server.handshake_timeout)
+                    elif not isinstance(self.conn, SocketConn):
+                        send_error(self.conn, ErrorCode.AUTH, "this supplier takes TLS over TCP only")
+                        raise AuthError(f"{self.conn.peer}: TLS needs a TCP connection")
+                    else:
+                        # a node's certificate only: a client's may not read partition files
+                        self.conn = tls.accept(self.conn.sock, self.conn.peer,
+                                               deadline=self.server.handshake_timeout,
+                                               roles=(NODE,), what="fetch partition files")
                 finally:
                     self.server.gate.leave()     # authenticated (or gone): no longer counted
             while self._serve_one():
@@ -362,9 +373,10 @@ class SupplierServer:
     def __init__(self, storage: TransferStorage, secret: bytes, host: str = "127.0.0.1",
                  port: int = 0, *, limits: Limits | None = None, timeout: float = 60.0,
                  handshake_timeout: float = HANDSHAKE_DEADLINE, max_handshakes: int = 64,
-                 max_resend_rounds: int = MAX_RESEND_ROUNDS) -> None:
+                 max_resend_rounds: int = MAX_RESEND_ROUNDS, tls: TlsContexts | None = None) -> None:
         self.storage = storage
         self.secret = secret
+        self.tls = tls         # mutual TLS (node certificates only) instead of the secret
         self.limits = limits or Limits()
         self.timeout = timeout
         self.handshake_timeout = handshake_timeout

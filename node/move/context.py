@@ -9,6 +9,7 @@ from typing import Callable
 
 from indexes import ScanPool
 from transfer import Limits
+from transfer.tls import TlsContexts
 
 from .ports import (EntrySupply, MoveMetrics, NoMetrics, PartitionData, PartitionLock, ReplicaFeed,
                     StateStore, SupplierLocator)
@@ -37,6 +38,7 @@ class MoveContext:
     scan_pool: ScanPool | None = None
     replay_rate_limit: Callable[[], int] = lambda: 0   # records/s, 0 = unlimited (live)
     retry_s: float = 0.5                     # pause between two attempts of a move
+    tls: TlsContexts | None = None           # mutual TLS instead of the secret (transfer.tls)
     # (p's lock held) an attempt begins to replace p's copy here: the host forgets what
     # it knew of the data the copy held until now (the node: its request ids, which an
     # earlier attempt may have recorded for updates the new source never had)

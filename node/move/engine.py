@@ -247,6 +247,7 @@ class MoveEngine:
                 self.supplier_load[node] = self.supplier_load.get(node, 0) + 1
                 try:
                     res = Demander(storage, addr, ctx.secret, limits=ctx.recv_limits,
+                                   tls=ctx.tls, tls_peer=node,
                                    timeout=ctx.transfer_timeout, observer=observer,
                                    delta=ctx.delta, delta_limit=round(ctx.delta_limit * 1000),
                                    **opts).fetch(p, cache=cache, progress=progress)

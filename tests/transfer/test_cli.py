@@ -25,7 +25,7 @@ def test_fetch_json_summary(server, src, dst, secret_file) -> None:
     assert out["ok"] is True and [p["partition"] for p in out["partitions"]] == [1, 2]
     p1 = out["partitions"][0]
     assert set(p1) == {"partition", "bytes", "bytes_wire", "bytes_reused", "seconds", "mb_per_s", "verified",
-                       "mode", "pages", "pages_sent", "delta_refused"}
+                       "mode", "pages", "pages_sent", "delta_refused", "path"}
     assert p1["mode"] == "full" and p1["pages_sent"] == 0
     assert p1["bytes"] == 3 * MB and p1["bytes_wire"] == 3 * MB and p1["bytes_reused"] == 0 and p1["verified"]
     assert read(os.path.join(dst, "part-1.bin")) == a and read(os.path.join(dst, "part-2.bin")) == b

@@ -40,7 +40,7 @@ def test_fetch_installs_exact_copy(server, src, dst) -> None:
     assert _leftovers(dst) == []
     s = res.summary()
     assert set(s) == {"partition", "bytes", "bytes_wire", "bytes_reused", "seconds", "mb_per_s", "verified",
-                      "mode", "pages", "pages_sent", "delta_refused"}
+                      "mode", "pages", "pages_sent", "delta_refused", "path"}
 
 
 def test_empty_and_tiny_files_and_other_cache(server, src, dst) -> None:

@@ -1,0 +1,419 @@
+"""Mutual TLS for every Ferry connection (node RPC, client RPC, file transfers), the
+certificate alternative to the shared-secret handshake of :mod:`transfer.auth`.
+
+Both sides present a certificate signed by the cluster's CA (``ferry certs``) and
+check the other's; TLS 1.3 only. Who a peer is comes from its certificate alone, from
+a subject alternative name URI:
+
+    ferry://node/<id>       a node of the cluster (may call every method, supply and
+                            demand partition files)
+    ferry://client/<name>   a client (the client methods only; no transfers)
+
+A certificate with neither (an etcd server certificate of the same CA, say) is
+refused. Host names are not checked: the dialling side instead compares the node id
+in the peer's certificate with the member it meant to reach (``expect``).
+
+Inside TLS the frames are not sealed again (no ``Conn.sealer``, no per-frame HMAC, no
+Poly1305 over file data): TLS already authenticates every byte of the stream, in
+order, and refuses a changed, injected, replayed or dropped record by closing the
+connection.
+
+:class:`TlsContexts` holds the server and client ``ssl.SSLContext`` built from three
+files (CA, certificate, key) and rebuilds them when any of the files changes: each new
+connection checks, at most every ``check_every`` seconds, whether the files' size,
+mtime or inode changed. Connections already open keep the certificate they started
+with. A change that does not load (a key that does not match the certificate, a file
+half written) is logged and the previous contexts stay in use.
+
+File data goes through user space over TLS (:meth:`TlsConn.sendfile`: ``os.preadv``
+into one reused buffer, ``SSLSocket.sendall``); :func:`ktls_available` says whether
+the kernel offers TLS offload (the ``tls`` TCP ULP), which this module only reports.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import select
+import socket
+import ssl
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import AuthError, PeerClosed, RemoteError, TransferError
+from .frames import ErrorCode, FrameType, read_frame, send_error, write_frame
+from .transport import COPY_BLOCK, Conn, wait_fd
+
+log = logging.getLogger("ferry.tls")
+
+NODE_URI = "ferry://node/"
+CLIENT_URI = "ferry://client/"
+NODE, CLIENT = "node", "client"
+ULP_FILE = "/proc/sys/net/ipv4/tcp_available_ulp"
+
+# What FetchResult.path / `ferry transfer fetch --json` report for the data path
+PATH_SENDFILE = "sendfile"
+PATH_TLS_USERSPACE = "tls-userspace"
+PATH_KTLS_SENDFILE = "ktls-sendfile"
+PATH_CHANNEL = "channel"          # an SSH channel or another byte stream: copied through user space
+
+
+class TlsError(AuthError):
+    """A TLS handshake failed, a peer's certificate was refused, or the files do not load."""
+
+
+class TlsCut(TlsError):
+    """The network ended a TLS handshake (reset, closed, timed out): no certificate was
+    refused, and trying again may work."""
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """The three files of a TLS setup: the cluster CA's certificate, this side's
+    certificate and its private key (PEM)."""
+    ca: str
+    cert: str
+    key: str
+
+
+@dataclass(frozen=True)
+class Peer:
+    """Who a certificate names: ``role`` is ``node`` or ``client``."""
+    role: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.role} {self.name!r}"
+
+
+def ktls_available(path: str = ULP_FILE) -> bool:
+    """True when the kernel lists the ``tls`` upper-layer protocol for TCP (kernel TLS;
+    the module may also have to be loaded: ``modprobe tls``)."""
+    try:
+        with open(path) as f:
+            return "tls" in f.read().split()
+    except OSError:
+        return False
+
+
+def identity_of(uris: list[str]) -> Peer | None:
+    """The identity the ``ferry://`` URIs of a certificate give (None: none of them)."""
+    for uri in uris:
+        for prefix, role in ((NODE_URI, NODE), (CLIENT_URI, CLIENT)):
+            if uri.startswith(prefix) and len(uri) > len(prefix) and "/" not in uri[len(prefix):]:
+                return Peer(role, uri[len(prefix):])
+    return None
+
+
+def peer_identity(sock: ssl.SSLSocket) -> Peer | None:
+    cert: Any = sock.getpeercert()
+    if not cert:
+        return None
+    uris = [v for k, v in cert.get("subjectAltName", ()) if k == "URI"]
+    return identity_of(uris)
+
+
+def file_identity(path: str) -> Peer | None:
+    """The identity a certificate file names (read with ``cryptography``)."""
+    from cryptography import x509
+    try:
+        with open(path, "rb") as f:
+            cert = x509.load_pem_x509_certificate(f.read())
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except (OSError, ValueError, x509.ExtensionNotFound):
+        return None
+    return identity_of(list(san.get_values_for_type(x509.UniformResourceIdentifier)))
+
+
+def _stamp(files: TlsFiles) -> tuple[tuple[int, int, int, int], ...]:
+    out = []
+    for p in (files.ca, files.cert, files.key):
+        try:
+            st = os.stat(p)
+            out.append((st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+        except OSError:
+            out.append((0, 0, 0, 0))
+    return tuple(out)
+
+
+def _load(files: TlsFiles) -> tuple[ssl.SSLContext, ssl.SSLContext, Peer]:
+    """(server context, client context, own identity), or TlsError naming the file."""
+    for what, p in (("CA certificate", files.ca), ("certificate", files.cert), ("key", files.key)):
+        if not os.path.isfile(p):
+            raise TlsError(f"TLS {what} {p} is not a readable file")
+    me = file_identity(files.cert)
+    if me is None:
+        raise TlsError(f"certificate {files.cert} names no Ferry identity (a subject alternative "
+                       f"name {NODE_URI}ID or {CLIENT_URI}NAME): issue it with `ferry certs issue "
+                       "--node ID` or `--client NAME`")
+    out = []
+    for purpose in (ssl.PROTOCOL_TLS_SERVER, ssl.PROTOCOL_TLS_CLIENT):
+        ctx = ssl.SSLContext(purpose)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+        ctx.verify_mode = ssl.CERT_REQUIRED
+        ctx.check_hostname = False     # the peer's ferry:// identity is checked instead
+        if purpose == ssl.PROTOCOL_TLS_SERVER:
+            # no session tickets: nothing resumes sessions, and an unread ticket makes an
+            # idle client connection look readable (node.wire's check for a closed one)
+            ctx.num_tickets = 0
+        try:
+            ctx.load_verify_locations(cafile=files.ca)
+        except (ssl.SSLError, OSError) as e:
+            raise TlsError(f"TLS CA certificate {files.ca} does not load: {_reason(e)}") from None
+        try:
+            ctx.load_cert_chain(files.cert, files.key)
+        except (ssl.SSLError, OSError) as e:
+            raise TlsError(f"TLS certificate {files.cert} with key {files.key} does not load "
+                           f"(is the key this certificate's?): {_reason(e)}") from None
+        out.append(ctx)
+    return out[0], out[1], me
+
+
+def _reason(e: BaseException) -> str:
+    if isinstance(e, ssl.SSLCertVerificationError):
+        return e.verify_message or str(e)
+    if isinstance(e, ssl.SSLError):
+        return e.reason or str(e)
+    return getattr(e, "strerror", None) or str(e)
+
+
+class TlsContexts:
+    """The server and client contexts of one certificate, rebuilt when the files change
+    (checked on use, at most every ``check_every`` seconds). ``identity`` is the
+    certificate's own. Raises TlsError when the files do not load at first."""
+
+    def __init__(self, files: TlsFiles, *, check_every: float = 1.0) -> None:
+        self.files = files
+        self.check_every = check_every
+        self._lock = threading.Lock()
+        self._stamp = _stamp(files)
+        self._server, self._client, self.identity = _load(files)
+        self._checked = time.monotonic()
+        self.reloads = 0
+
+    def _current(self) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+        with self._lock:
+            now = time.monotonic()
+            if now - self._checked >= self.check_every:
+                self._checked = now
+                stamp = _stamp(self.files)
+                if stamp != self._stamp:
+                    try:
+                        self._server, self._client, self.identity = _load(self.files)
+                        self._stamp = stamp
+                        self.reloads += 1
+                        log.info("stage=tls reloaded certificate %s (%s), CA %s", self.files.cert,
+                                 self.identity, self.files.ca)
+                    except TlsError as e:
+                        # a rotation in progress (key written, certificate not yet):
+                        # keep what works, look again at the next connection
+                        log.warning("stage=tls the changed files do not load, still using the "
+                                    "previous ones: %s", e)
+            return self._server, self._client
+
+    def server_context(self) -> ssl.SSLContext:
+        return self._current()[0]
+
+    def client_context(self) -> ssl.SSLContext:
+        return self._current()[1]
+
+    # -- connections ------------------------------------------------------------------
+    def accept(self, sock: socket.socket, peer: str, *, deadline: float,
+               roles: tuple[str, ...] = (NODE, CLIENT), what: str = "connect") -> "TlsConn":
+        """The server side of a new TCP connection: TLS handshake within ``deadline``
+        seconds, the peer's certificate checked (its role must be one of ``roles``;
+        ``what`` names the refused action), then AUTH_OK or an ERROR frame saying why.
+        TlsError (the socket closed) on any failure."""
+        conn = self._handshake(sock, peer, deadline, server=True)
+        who = conn.peer_id
+        conn.set_deadline(deadline)
+        try:
+            if who.role not in roles:
+                why = f"a {who.role} certificate ({who.name!r}) cannot {what}"
+                send_error(conn, ErrorCode.AUTH, why)
+                conn.close()
+                raise TlsError(f"refused {peer}: {why}", stage="handshake", peer=peer)
+            write_frame(conn, FrameType.AUTH_OK, {})
+        except TransferError as e:
+            conn.close()
+            if isinstance(e, TlsError):
+                raise
+            raise TlsError(f"TLS with {peer} failed: {e.reason}", stage="handshake", peer=peer) from None
+        finally:
+            conn.set_deadline(None)
+        return conn
+
+    def connect(self, sock: socket.socket, peer: str, *, deadline: float,
+                expect: str | None = None) -> "TlsConn":
+        """The client side: TLS handshake, then the peer must be a node, and the node
+        ``expect`` when given, and it must accept us (AUTH_OK); TlsError (the socket
+        closed) if not."""
+        conn = self._handshake(sock, peer, deadline, server=False)
+        who = conn.peer_id
+        why = None
+        if who.role != NODE:
+            why = f"it presented a {who.role} certificate ({who.name!r}), not a node's"
+        elif expect is not None and who.name != expect:
+            why = f"its certificate names node {who.name!r}, not {expect!r}, the member at that address"
+        if why is not None:
+            conn.close()
+            raise TlsError(f"refused {peer}: {why}", stage="handshake", peer=peer)
+        conn.set_deadline(deadline)
+        try:
+            read_frame(conn, expect=[FrameType.AUTH_OK], limit=4096)
+        except RemoteError as e:
+            conn.close()
+            raise TlsError(f"{peer} refused this connection: {e.reason}", stage="handshake",
+                           peer=peer) from None
+        except PeerClosed as e:
+            conn.close()
+            raise TlsCut(f"TLS with {peer} failed: {e.reason}", stage="handshake", peer=peer) from None
+        except TransferError as e:
+            conn.close()
+            raise TlsError(f"TLS with {peer} failed: {e.reason}", stage="handshake", peer=peer) from None
+        finally:
+            conn.set_deadline(None)
+        return conn
+
+    def _handshake(self, sock: socket.socket, peer: str, deadline: float, *, server: bool) -> "TlsConn":
+        ctx = self.server_context() if server else self.client_context()
+        old = sock.gettimeout()
+        try:
+            sock.settimeout(deadline)
+            ssock = ctx.wrap_socket(sock, server_side=server, do_handshake_on_connect=False)
+        except (OSError, ValueError) as e:
+            sock.close()
+            raise TlsCut(f"TLS with {peer} failed: {_reason(e)}", stage="handshake", peer=peer) from None
+        try:
+            ssock.do_handshake()
+        except ssl.SSLCertVerificationError as e:
+            ssock.close()
+            side = "peer" if server else "node"
+            raise TlsError(f"refused {side} {peer}: its certificate is not trusted here "
+                           f"({_reason(e)}; signed by another cluster's CA?)",
+                           stage="handshake", peer=peer) from None
+        except ssl.SSLError as e:
+            ssock.close()
+            raise TlsError(f"TLS with {peer} refused: {_describe_alert(e)}",
+                           stage="handshake", peer=peer) from None
+        except (OSError, socket.timeout) as e:
+            ssock.close()
+            raise TlsCut(f"TLS with {peer} failed: {_reason(e) or 'timed out'}",
+                           stage="handshake", peer=peer) from None
+        ssock.settimeout(old)
+        who = peer_identity(ssock)
+        if who is None:
+            ssock.close()
+            raise TlsError(f"refused {peer}: its certificate names no ferry:// identity "
+                           f"({NODE_URI}ID or {CLIENT_URI}NAME)", stage="handshake", peer=peer)
+        return TlsConn(ssock, peer, who)
+
+
+def _describe_alert(e: ssl.SSLError) -> str:
+    reason = (e.reason or str(e)).lower()
+    if "bad_record_mac" in reason or "bad record mac" in reason or "decryption_failed" in reason:
+        return "a record failed its authentication tag (changed on the path)"
+    if "unknown_ca" in reason or "unknown ca" in reason or "certificate_unknown" in reason:
+        return "the peer does not trust our certificate (signed by another cluster's CA?)"
+    if "certificate_required" in reason or "peer did not return a certificate" in reason:
+        return "a certificate is required"
+    if "wrong_version" in reason or "unsupported_protocol" in reason or "protocol_version" in reason:
+        return "the peer does not speak TLS 1.3 (a node without TLS, or an old client?)"
+    return e.reason or str(e)
+
+
+class TlsConn(Conn):
+    """A TLS stream (``ssl.SSLSocket``). ``peer_id`` is who the certificate says the peer
+    is. File data is read into one reused buffer and encrypted in user space."""
+
+    zero_copy = False
+    data_path = PATH_TLS_USERSPACE
+
+    def __init__(self, sock: ssl.SSLSocket, peer: str, peer_id: Peer) -> None:
+        self.sock = sock
+        self.peer = peer
+        self.peer_id = peer_id
+        self._timeout = sock.gettimeout()
+        self._buf: memoryview | None = None
+
+    def _timed_out(self, doing: str) -> PeerClosed:
+        if self._deadline is not None and time.monotonic() >= self._deadline:
+            return self._deadline_passed()
+        return PeerClosed(f"timed out {doing} {self.peer}")
+
+    def send(self, data: bytes | memoryview) -> None:
+        try:
+            self._before_io()
+            self.sock.sendall(data)
+        except socket.timeout:
+            raise self._timed_out("sending to") from None
+        except ssl.SSLError as e:
+            raise PeerClosed(f"TLS connection to {self.peer} failed while sending: {_reason(e)}") from None
+        except OSError as e:
+            raise PeerClosed(f"connection to {self.peer} lost while sending: {e}") from None
+
+    def recv_into(self, view: memoryview) -> int:
+        try:
+            self._before_io()
+            return self.sock.recv_into(view)
+        except socket.timeout:
+            raise self._timed_out("waiting for") from None
+        except ssl.SSLEOFError:
+            return 0          # closed without close_notify: the end of the stream all the same
+        except ssl.SSLError as e:
+            # a record that fails its authentication tag (changed on the path) ends here
+            raise PeerClosed(f"TLS connection from {self.peer} refused: {_describe_alert(e)}") from None
+        except OSError as e:
+            raise PeerClosed(f"connection reset by {self.peer}: {e}") from None
+
+    def sendfile(self, fd: int, offset: int, count: int) -> int:
+        """``count`` bytes of ``fd`` from ``offset`` through one reused buffer."""
+        if self._buf is None:
+            self._buf = memoryview(bytearray(COPY_BLOCK))
+        buf = self._buf
+        sent = 0
+        while sent < count:
+            want = min(len(buf), count - sent)
+            n = os.preadv(fd, [buf[:want]], offset + sent)
+            if n <= 0:
+                break
+            self.send(buf[:n])
+            sent += n
+        return sent
+
+    def _apply_timeout(self, seconds: float | None) -> None:
+        try:
+            self.sock.settimeout(seconds)
+        except OSError:
+            pass        # closed already (a refused handshake): the next I/O says so
+
+    def readable(self) -> bool:
+        return self.sock.pending() > 0 or wait_fd(self.sock.fileno(), select.POLLIN, 0)
+
+    def peer_closed(self) -> bool:
+        try:
+            info = self.sock.getsockopt(socket.IPPROTO_TCP, getattr(socket, "TCP_INFO", 11), 8)
+        except (OSError, AttributeError):
+            return False
+        return info[0] == 8          # TCP_CLOSE_WAIT
+
+    def close(self) -> None:
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except (OSError, ValueError):
+            pass
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+def load(files: TlsFiles | None) -> TlsContexts | None:
+    return TlsContexts(files) if files is not None else None
+
+
+__all__ = ["TlsFiles", "TlsContexts", "TlsConn", "TlsError", "TlsCut", "Peer", "NODE", "CLIENT", "NODE_URI",
+           "CLIENT_URI", "ktls_available", "identity_of", "file_identity", "load",
+           "PATH_SENDFILE", "PATH_TLS_USERSPACE", "PATH_KTLS_SENDFILE", "PATH_CHANNEL",
+           "TransferError"]
