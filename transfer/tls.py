@@ -60,7 +60,12 @@ PATH_CHANNEL = "channel"          # an SSH channel or another byte stream: copie
 
 
 class TlsError(AuthError):
-    """A TLS handshake failed, a peer's certificate was refused, or the files do not load."""
+    """A TLS handshake failed, a peer's certificate was refused, or the files do not load.
+    ``detail``: what the TLS layer said, without where."""
+
+    def __init__(self, message: str, *, detail: str = "", **ctx: Any) -> None:
+        self.detail = detail
+        super().__init__(message, **ctx)
 
 
 class TlsCut(TlsError):
@@ -269,6 +274,10 @@ class TlsContexts:
         except PeerClosed as e:
             conn.close()
             raise TlsCut(f"TLS with {peer} failed: {e.reason}", stage="handshake", peer=peer) from None
+        except TlsError as e:
+            conn.close()
+            raise TlsError(f"TLS with {peer} refused: {e.detail or e.reason}", stage="handshake",
+                           peer=peer) from None
         except TransferError as e:
             conn.close()
             raise TlsError(f"TLS with {peer} failed: {e.reason}", stage="handshake", peer=peer) from None
@@ -349,7 +358,8 @@ class TlsConn(Conn):
         except socket.timeout:
             raise self._timed_out("sending to") from None
         except ssl.SSLError as e:
-            raise PeerClosed(f"TLS connection to {self.peer} failed while sending: {_reason(e)}") from None
+            raise TlsError(f"TLS connection to {self.peer} failed while sending: {_describe_alert(e)}",
+                           peer=self.peer, detail=_describe_alert(e)) from None
         except OSError as e:
             raise PeerClosed(f"connection to {self.peer} lost while sending: {e}") from None
 
@@ -363,7 +373,8 @@ class TlsConn(Conn):
             return 0          # closed without close_notify: the end of the stream all the same
         except ssl.SSLError as e:
             # a record that fails its authentication tag (changed on the path) ends here
-            raise PeerClosed(f"TLS connection from {self.peer} refused: {_describe_alert(e)}") from None
+            raise TlsError(f"TLS connection from {self.peer} refused: {_describe_alert(e)}",
+                           peer=self.peer, detail=_describe_alert(e)) from None
         except OSError as e:
             raise PeerClosed(f"connection reset by {self.peer}: {e}") from None
 
