@@ -239,8 +239,8 @@ class Controller:
                 if share:
                     return PartRecord(share[0], tuple(share), 1, False, 1)
             # a new cluster: the node that created it made every partition
-            prim = made_by if made_by in owning else ranked(cache, p, sorted(owning))[0]
-            return PartRecord(prim, (prim,), 1, False, 1)
+            first = made_by if made_by in owning else ranked(cache, p, sorted(owning))[0]
+            return PartRecord(first, (first,), 1, False, 1)
         live_isr = [n for n in rec.isr if n in members and n in owning]
         if not live_isr and rec.isr and back and all(n in members for n in rec.isr):
             # every in-sync copy is back and none is confirmed current (docs/node.md, "Returning copies"):
@@ -253,7 +253,7 @@ class Controller:
         isr = tuple(live_isr) if live_isr else rec.isr      # never empty the set
         # the primary stays while its lease lives and it is OWNING; otherwise the first
         # live in-sync copy takes over (a non-OWNING node does not lead: safe at once)
-        prim = rec.primary
+        prim: str | None = rec.primary
         if prim not in live_isr:
             cands = ranked(cache, p, live_isr)
             prim = cands[0] if cands else None
@@ -317,12 +317,12 @@ class Controller:
             seen.add(plan[2])
             planned.append(plan)
         for i in range(0, len(refusals), REQUEST_BATCH):
-            chunk = refusals[i:i + REQUEST_BATCH]
-            ok, _ = self.etcd.txn([Etcd.mod_is(k, mod) for k, mod in chunk], [], [k for k, _ in chunk])
+            gone = refusals[i:i + REQUEST_BATCH]
+            ok, _ = self.etcd.txn([Etcd.mod_is(k, mod) for k, mod in gone], [], [k for k, _ in gone])
             if not ok:                   # one was withdrawn meanwhile: each on its own
-                for k, mod in chunk:
+                for k, mod in gone:
                     self.etcd.txn([Etcd.mod_is(k, mod)], [], [k])
-            self._deleted.update(chunk)
+            self._deleted.update(gone)
         for i in range(0, len(planned), REQUEST_BATCH):
             chunk = planned[i:i + REQUEST_BATCH]
             with self.lock:
@@ -340,11 +340,11 @@ class Controller:
                 continue
             for req_key, req_mod, _, _, _, _ in chunk:
                 key = req_key[len(self.prefix) + len("/requests/"):]
-                kv = self.view.get(req_key)
-                if kv is None or kv.mod != req_mod:
+                now = self.view.get(req_key)
+                if now is None or now.mod != req_mod:
                     continue
                 try:
-                    self._apply_one(key, kv)
+                    self._apply_one(key, now)
                     n += 1
                 except (NodeError, ValueError, KeyError, TypeError) as e:
                     log.info("stage=controller request %s refused: %s", key, e)

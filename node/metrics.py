@@ -330,7 +330,7 @@ class MetricsServer:
         host, port = parse_address(listen)
         infos = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
         family, _, _, _, sockaddr = infos[0]
-        self.httpd = _BoundedServer((sockaddr[0], port), family=family, max_connections=max_connections,
+        self.httpd = _BoundedServer((str(sockaddr[0]), port), family=family, max_connections=max_connections,
                                     per_peer=per_peer, deadline=deadline,
                                     budget=budget if budget is not None else process_budget())
         self.httpd.set_app(make_wsgi_app(metrics.registry))

@@ -328,7 +328,7 @@ def record_fields(v: Json) -> tuple[str | None, tuple[str, ...], int, bool, int,
     if not isinstance(conf, dict) or len(conf) > len(isr) or \
             not all(n in isr and isinstance(b, str) and len(b) <= 64 for n, b in conf.items()):
         raise ValueError("confirmed must map in-sync copies to their boot ids")
-    return prim, isr, epoch, lost, term, tuple(sorted(conf.items()))
+    return prim, isr, epoch, lost, term, tuple(sorted((n, str(b)) for n, b in conf.items()))
 
 
 @dataclass
