@@ -404,7 +404,7 @@ def main() -> None:
                     help="[checkpoint] page_size of the nodes (default: the node's, 4096); a page "
                          "holds whole small entries, so it sets how full the moved file's pages are")
     ap.add_argument("--stream-index", choices=("on", "off"), default=None,
-                    help="[rebalance] stream_index of the nodes (default: the node's default, on)")
+                    help="[rebalance] stream_index of the nodes (default: the node's default, off)")
     ap.add_argument("--modes", default="files,messages",
                     help="comma-separated modes to run (ratios need both; one mode alone: "
                          "e.g. the messages baseline of an older tree)")
