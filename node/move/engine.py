@@ -3,7 +3,8 @@ hosts this engine through the ports of :mod:`node.move.ports`. Stages (:class:`~
 
 ``prepare``         p -> MOVING (durable); a fresh temp WAL (:mod:`node.move.tempwal`)
                     becomes ``Move.sink``: from now on every update the primary
-                    replicates here is appended to it durably before it may acknowledge.
+                    replicates here is appended to it durably before it may acknowledge
+                    (the log is created on disk by the first such update).
 ``demand``          ``ReplicaFeed.register`` with the primary: under its partition lock
                     it adds this copy to the ones it replicates to (buffer before
                     snapshot: every update after this point reaches the temp WAL).
@@ -254,7 +255,8 @@ class MoveEngine:
                     mv.bytes = mv.bytes_total = res.bytes
                     mv.wire = mv.wire_before + res.bytes_wire
                     mv.transfer_stages = {k: round(v, 3) for k, v in res.stages.items()}
-                    mv.copy = {"mode": res.mode, "pages": res.pages, "pages_sent": res.pages_sent}
+                    mv.copy = {"mode": res.mode, "pages": res.pages, "pages_sent": res.pages_sent,
+                               "path": res.path}
                     if res.delta_refused:
                         mv.copy["delta_refused"] = res.delta_refused
                     log.info("stage=install cache=%s partition=%d from %s: C=%d %s wire=%d reused=%d "
@@ -289,7 +291,7 @@ class MoveEngine:
         fsynced, marker durable)."""
         ctx, cache, p, sink = self.ctx, mv.cache, mv.p, mv.sink
         assert isinstance(sink, TempWalSink)
-        cursor = sink.cursor(sink.wal.first_lsn)
+        cursor = sink.cursor(sink.first_lsn)
         t0 = mv.replay_started = time.monotonic()
         cpu0 = time.thread_time()
         at_start = sink.appended
