@@ -15,6 +15,12 @@ The newest records also stay in memory, up to CACHE_BYTES of payload per temp WA
 bounded tail, as Raft/Kafka logs keep): the replay takes them from there and reads the
 disk only for what fell out of it, the older part of a large backlog. Memory stays
 bounded whatever the write rate; the log on disk stays the record of truth.
+
+A fresh temp WAL is created on disk at its first append (before that record is
+written, so every record is as durable as before): a move during which the primary
+replicates nothing (an idle or empty partition) creates and deletes no log, its
+directories, segment and their fsyncs, nor its sync thread. Nothing reads an absent
+log: a restart deletes whatever temp WAL it finds and starts the move over.
 """
 from __future__ import annotations
 
@@ -90,24 +96,54 @@ class TempWalSink:
     """``append`` (durable on return, with ``sync`` != none), ``read(lsn, limit)``,
     ``backlog()``, ``destroy()``. ``replayed`` is the LSN the replay has reached."""
 
-    def __init__(self, path: str, sync: str = "group", cache_bytes: int = CACHE_BYTES) -> None:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+    def __init__(self, path: str, sync: str = "group", cache_bytes: int = CACHE_BYTES, *,
+                 lazy: bool = False) -> None:
         self.path, self.sync_mode = path, sync
         # (lsn, update, payload bytes) of the newest records; the lock orders the
         # appender's evictions against the replay's takes
         self.cache: collections.deque[tuple[int, Update, int]] = collections.deque()
         self.cache_size, self.cache_bytes = 0, cache_bytes
         self.cache_lock = threading.Lock()
-        self.wal = Wal.open(path, sync=sync, segment_size=SEGMENT_SIZE)
-        self.replayed = self.wal.first_lsn - 1
+        self._wal: Wal | None = None
+        self._open_lock = threading.Lock()
+        self._ended = False               # closed or destroyed: never opened again
+        if not lazy:
+            self._open()
+        self.replayed = self.first_lsn - 1
         self.appended_bytes = 0
         self.appended = 0                 # records appended by this process (ingest rate)
 
     @classmethod
     def fresh(cls, data: str, cache: str, p: int, sync: str = "group") -> "TempWalSink":
-        """A new, empty temp WAL for p (whatever an earlier attempt left is deleted)."""
+        """A new, empty temp WAL for p (whatever an earlier attempt left is deleted),
+        created on disk at its first append."""
         remove(data, cache, p)
-        return cls(tmpwal_dir(data, cache, p), sync)
+        return cls(tmpwal_dir(data, cache, p), sync, lazy=True)
+
+    def _open(self) -> Wal:
+        with self._open_lock:
+            if self._wal is None:
+                if self._ended:
+                    raise WalClosedError(f"temp WAL {self.path} is closed")
+                os.makedirs(os.path.dirname(self.path), exist_ok=True)
+                self._wal = Wal.open(self.path, sync=self.sync_mode, segment_size=SEGMENT_SIZE)
+            return self._wal
+
+    @property
+    def wal(self) -> Wal:
+        """The log on disk (created now if no record made it exist yet)."""
+        w = self._wal
+        return w if w is not None else self._open()
+
+    @property
+    def on_disk(self) -> bool:
+        """Whether the log exists on disk (a record was appended, or it was opened)."""
+        return self._wal is not None
+
+    @property
+    def first_lsn(self) -> int:
+        w = self._wal
+        return w.first_lsn if w is not None else 1      # a new log's first LSN (Wal.open)
 
     def append(self, counter: int, key: bytes, value: bytes | None, *, durable: bool = True) -> None:
         """Durable on return (unless sync is none); ``durable=False``: written in order
@@ -125,9 +161,10 @@ class TempWalSink:
                     self.cache_size -= self.cache.popleft()[2]
 
     def sync(self) -> None:
-        """Make every append so far durable (no-op with sync = none)."""
-        if self.sync_mode != "none":
-            self.wal.sync()
+        """Make every append so far durable (no-op with sync = none, or no append)."""
+        w = self._wal
+        if self.sync_mode != "none" and w is not None:
+            w.sync()
 
     def read(self, lsn: int, limit: int | None) -> list[tuple[int, Update]]:
         """Up to ``limit`` (lsn, update) from ``lsn`` on; [] when nothing is there yet.
@@ -144,30 +181,43 @@ class TempWalSink:
         return TempWalCursor(self, lsn)
 
     def records(self) -> Iterator[Update]:
-        for r in self.wal.read_from(None):
+        w = self._wal
+        if w is None:
+            return
+        for r in w.read_from(None):
             yield Update.decode(r.payload)
 
     @property
     def last_lsn(self) -> int:
-        return self.wal.last_lsn
+        w = self._wal
+        return w.last_lsn if w is not None else self.first_lsn - 1
 
     def backlog(self) -> int:
         """Updates buffered and not yet replayed."""
-        return max(self.wal.last_lsn - self.replayed, 0)
+        return max(self.last_lsn - self.replayed, 0)
 
     def _drop_cache(self) -> None:
         with self.cache_lock:
             self.cache.clear()
             self.cache_size = 0
 
+    def _end(self) -> Wal | None:
+        with self._open_lock:
+            self._ended = True
+            return self._wal
+
     def destroy(self) -> None:
         self._drop_cache()
-        self.wal.destroy()
-        shutil.rmtree(self.path, ignore_errors=True)
+        w = self._end()
+        if w is not None:                 # else nothing was ever on disk
+            w.destroy()
+            shutil.rmtree(self.path, ignore_errors=True)
 
     def close(self) -> None:
         self._drop_cache()
-        self.wal.close()
+        w = self._end()
+        if w is not None:
+            w.close()
 
 
 class TempWalCursor:
@@ -194,7 +244,7 @@ class TempWalCursor:
         """Up to ``max_records`` (None: no limit) records, stopping once they hold
         ``max_bytes`` of payload (at least one record), from :attr:`next` up to the
         last record written when called; [] when there is none."""
-        end = self.sink.wal.last_lsn
+        end = self.sink.last_lsn
         out: list[tuple[int, Update]] = []
         size = 0
         while self.next <= end and (max_records is None or len(out) < max_records) \

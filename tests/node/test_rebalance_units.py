@@ -41,6 +41,31 @@ def test_temp_wal_round_trip_backlog_and_leftovers(tmp_path):
     assert leftovers(data) == []
 
 
+def test_fresh_temp_wal_is_on_disk_from_its_first_append(tmp_path):
+    """A move that buffers nothing creates and deletes no log; the first append
+    creates it before its record is written, and a destroyed sink never creates one."""
+    import os
+    from wal import WalClosedError
+    data = str(tmp_path)
+    sink = TempWalSink.fresh(data, "default", 3)
+    assert not sink.on_disk and not os.path.exists(tmpwal_dir(data, "default", 3))
+    assert sink.backlog() == 0 and sink.last_lsn == sink.first_lsn - 1 == 0
+    cursor = sink.cursor(sink.first_lsn)
+    assert cursor.read(None) == []
+    sink.sync()                                         # nothing to make durable
+    sink.append(5, b"k", b"v")
+    assert sink.on_disk and leftovers(data) == [("default", 3)]
+    assert [u for _, u in cursor.read(None)] == [Update(5, b"k", b"v")] and sink.backlog() == 1
+    cursor.close()
+    sink.destroy()
+    assert leftovers(data) == []
+    idle = TempWalSink.fresh(data, "default", 4)
+    idle.destroy()                                      # nothing was on disk: nothing to do
+    with pytest.raises(WalClosedError):
+        idle.append(1, b"k", b"v")
+    assert leftovers(data) == [] and not os.path.exists(tmpwal_dir(data, "default", 4))
+
+
 def test_temp_wal_reader_never_blocks_appends(tmp_path):
     sink = TempWalSink.fresh(str(tmp_path), "c", 1, sync="none")
     stop = threading.Event()
