@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 
 from .assignment import owners, ranked
 from .config import CacheConfig
-from .jsonvalue import JsonDoc
+from .jsonvalue import JsonDoc, WireDoc
 from .placement import Placement
 from .states import State
 
@@ -189,7 +189,7 @@ class ClusterMap:
             base += c.partitions
         return out
 
-    def to_wire(self, start: int = 0, count: int | None = None) -> JsonDoc:
+    def to_wire(self, start: int = 0, count: int | None = None) -> WireDoc:
         total = self.total_partitions()
         end = total if count is None else min(total, start + max(0, count))
         rng = self._ranges(start, end)
@@ -214,7 +214,7 @@ class ClusterMap:
         return {n for n, s in self.states[cache][p].items() if s == State.OWNING.value and n not in r.isr}
 
     @classmethod
-    def from_wire(cls, d: JsonDoc) -> "ClusterMap":
+    def from_wire(cls, d: WireDoc) -> "ClusterMap":
         caches = {c["name"]: CacheConfig.from_wire(c) for c in d["caches"]}
         m = cls(caches)
         m.version, m.epoch = int(d["version"]), int(d["epoch"])
@@ -226,7 +226,7 @@ class ClusterMap:
         m.merge_page(d)
         return m
 
-    def merge_page(self, d: JsonDoc) -> None:
+    def merge_page(self, d: WireDoc) -> None:
         """Fill the partitions of one page (``to_wire(start, count)``) into this map."""
         offsets = d.get("offsets", {})
         for c, lst in d.get("states", {}).items():
@@ -245,7 +245,7 @@ class ClusterMap:
                 self.parts[c][lo:lo + len(lst)] = [PartRecord(x, (x,) if x else ()) for x in lst]
 
     @classmethod
-    def fetch(cls, call: Callable[..., JsonDoc]) -> "ClusterMap":
+    def fetch(cls, call: Callable[..., WireDoc]) -> "ClusterMap":
         """The whole map from a node, page by page: ``call(**args)`` is the ``get_map``
         RPC. Pages may come from maps of different revisions (the map changes while
         it is read); the result is a route table, corrected by ``not_primary`` answers."""

@@ -30,12 +30,12 @@ import re
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterator, TypeVar
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence, TypeVar
 from urllib.parse import urlparse
 
 from .errors import (ConfigError, ControlPlaneDown, ControlPlaneError, ControlPlaneTLSError, LeaseGone,
                      NodeError, WatchCompacted)
-from .jsonvalue import Json, JsonDoc
+from .jsonvalue import Json, JsonDoc, WireDoc
 
 log = logging.getLogger("ferry.node.control")
 T = TypeVar("T")
@@ -119,9 +119,9 @@ class EtcdAccess:
         return pw
 
 
-def _describe(path: str, body: JsonDoc) -> str:
+def _describe(path: str, body: WireDoc) -> str:
     """What a request asked for, in words, naming its keys."""
-    def key_of(d: JsonDoc) -> str:
+    def key_of(d: WireDoc) -> str:
         k = _unb64(str(d.get("key", ""))).decode("utf-8", "backslashreplace")
         end = d.get("range_end")
         return f"the keys under {k}" if end else k
@@ -188,7 +188,7 @@ def _decode(raw: bytes) -> tuple[Json, str]:
         return None, f"not JSON ({str(e)[:80]})"
 
 
-def _kv(item: JsonDoc) -> tuple[str, KV]:
+def _kv(item: WireDoc) -> tuple[str, KV]:
     val, bad = _decode(_unb64(item.get("value", "")))
     # a key that is not UTF-8 keeps its bytes visible (and distinct); it matches no
     # key the nodes read, so it is ignored
@@ -405,7 +405,7 @@ class Etcd:
             raise ControlPlaneTLSError(f"control plane {eps}: etcd does not speak TLS there: write "
                                        "the endpoint as http:// or start etcd with a certificate")
 
-    def post(self, path: str, body: JsonDoc) -> JsonDoc:
+    def post(self, path: str, body: WireDoc) -> WireDoc:
         return self._call(lambda c: c.post(c.get_url(path), json=body), _describe(path, body))
 
     # -- keys ---------------------------------------------------------------------
@@ -418,8 +418,8 @@ class Etcd:
         kvs = r.get("kvs", [])
         return _kv(kvs[0])[1] if kvs else None
 
-    def put(self, key: str, value: Json, lease: int = 0) -> int:
-        body: JsonDoc = {"key": _b64(key), "value": _b64(json.dumps(value, sort_keys=True))}
+    def put(self, key: str, value: object, lease: int = 0) -> int:
+        body: WireDoc = {"key": _b64(key), "value": _b64(json.dumps(value, sort_keys=True))}
         if lease:
             body["lease"] = str(lease)
         return int(self.post("/kv/put", body)["header"]["revision"])
@@ -427,13 +427,13 @@ class Etcd:
     def delete(self, key: str) -> None:
         self.post("/kv/deleterange", {"key": _b64(key)})
 
-    def txn(self, compare: list[JsonDoc], puts: list[tuple[str, Json, int]],
+    def txn(self, compare: list[JsonDoc], puts: Sequence[tuple[str, object, int]],
             deletes: list[str] = (), prefixes: list[str] = ()) -> tuple[bool, int]:   # type: ignore[assignment]
         """All of ``compare`` hold -> every put (key, value, lease), delete and delete
         of every key under each of ``prefixes``; returns (succeeded, revision)."""
-        ops: list[JsonDoc] = []
+        ops: list[WireDoc] = []
         for k, v, lease in puts:
-            put: JsonDoc = {"key": _b64(k), "value": _b64(json.dumps(v, sort_keys=True))}
+            put: WireDoc = {"key": _b64(k), "value": _b64(json.dumps(v, sort_keys=True))}
             if lease:
                 put["lease"] = str(lease)
             ops.append({"request_put": put})
@@ -484,8 +484,8 @@ class Etcd:
         if self.access.user and "Authorization" not in first.session.headers and id(first) not in self._auth_off:
             self._call(lambda c: None, f"watch the keys under {prefix}")     # log in first
         c = self._clients[self._cur]
-        req = {"create_request": {"key": _b64(prefix), "range_end": _b64(_prefix_end(prefix)),
-                                  "start_revision": str(start_revision), "progress_notify": True}}
+        req: WireDoc = {"create_request": {"key": _b64(prefix), "range_end": _b64(_prefix_end(prefix)),
+                                           "start_revision": str(start_revision), "progress_notify": True}}
         what = f"watch the keys under {prefix}"
         import requests
         try:
@@ -499,7 +499,8 @@ class Etcd:
             if resp.status_code != 200:
                 self._watch_refused(c, resp.text[:300], what)
                 return
-            for line in resp.iter_lines(chunk_size=None):
+            # chunk_size None: each line as soon as it arrives (the stubs say int only)
+            for line in resp.iter_lines(chunk_size=None):  # type: ignore[call-overload]
                 if stop.is_set():
                     return
                 if not line.strip():
@@ -516,9 +517,9 @@ class Etcd:
                     return
                 evs = []
                 last = 0
-                for e in res.get("events", []):
-                    key, kv = _kv(e["kv"])
-                    typ = e.get("type", "PUT")
+                for ev in res.get("events", []):
+                    key, kv = _kv(ev["kv"])
+                    typ = ev.get("type", "PUT")
                     evs.append((typ, key, kv if typ == "PUT" else None))
                     last = max(last, kv.mod)
                 if evs:

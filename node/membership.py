@@ -102,7 +102,7 @@ class ControlPlane:
         self.ctx = ctx
         self.on_settings = on_settings
         self.prefix = ctx.cfg.control_prefix
-        self.etcd: Etcd | None = None          # set by connect (etcd may not be up yet)
+        self.etcd: Etcd                        # set by connect (etcd may not be up yet)
         self.session: Session | None = None
         self.view: View | None = None
         self.controller: Controller | None = None   # while this node is elected
@@ -232,12 +232,13 @@ class ControlPlane:
         """Put this node's whole report, then its member key, under a new lease: the
         controller never sees the member without the report (it removes an in-sync
         copy whose node does not report OWNING)."""
-        lease = self.session.grant()
+        lease = self._session().grant()
         with self._report_lock:
             with self._pending_lock:
                 self._report_pending.clear()
             entries = self._entries()
-            keys = [(self._report_key(k), v, lease) for k, v in sorted(entries.items())]
+            keys: list[tuple[str, object, int]] = [(self._report_key(k), v, lease)
+                                                   for k, v in sorted(entries.items())]
             member = (f"{self.prefix}/members/{self.ctx.id}", self._member_doc(), lease)
             chunks = [keys[i:i + REPORT_TXN_OPS] for i in range(0, len(keys), REPORT_TXN_OPS)] or [[]]
             chunks[-1].append(member)
@@ -245,6 +246,12 @@ class ControlPlane:
                 self.etcd.txn([], chunk)
             self._sent = dict(entries)
         self._registered_lease = lease
+
+    def _session(self) -> Session:
+        """The session (lease) of a connected node."""
+        if self.session is None:
+            raise ControlPlaneDown("not connected to the control plane yet")
+        return self.session
 
     def _reregister(self) -> None:
         """The lease expired in etcd (cut off, paused, control plane down too long):
@@ -328,7 +335,7 @@ class ControlPlane:
                     if e is None:
                         dels.append(self._report_key(k))
                     else:
-                        puts.append((self._report_key(k), e, self.session.lease))
+                        puts.append((self._report_key(k), e, self._session().lease))
                 for i in range(0, max(len(puts), len(dels)), REPORT_TXN_OPS // 2):
                     self.etcd.txn([], puts[i:i + REPORT_TXN_OPS // 2], dels[i:i + REPORT_TXN_OPS // 2])
             except BaseException:
@@ -482,8 +489,11 @@ class ControlPlane:
             try:
                 # the election key as the watch shows it: no etcd read per round; a won
                 # campaign shows up (and wakes this loop) with the next watch event
-                kv = self.view.get(key)
-                lease = self.session.lease
+                view = self.view
+                if view is None:
+                    continue             # not connected yet
+                kv = view.get(key)
+                lease = self._session().lease
                 if kv is None and self.ctx.lease_valid():
                     self.etcd.txn([Etcd.create_is(key, 0)], [(key, {"id": self.ctx.id, "boot": self.ctx.boot}, lease)])
                     continue
@@ -497,9 +507,10 @@ class ControlPlane:
                     continue
                 mine = (kv is not None and held is not None and held.id == self.ctx.id
                         and held.boot == self.ctx.boot and kv.lease == lease)
-                if mine and (self.controller is None or self.controller.election_rev != kv.create):
+                if kv is not None and mine and (self.controller is None
+                                                or self.controller.election_rev != kv.create):
                     self.ctx.map.controller_dirty.everything()
-                    self.controller = Controller(self.ctx.id, self.prefix, self.etcd, self.view,
+                    self.controller = Controller(self.ctx.id, self.prefix, self.etcd, view,
                                                  {c.name: c for c in self.ctx.cfg.caches}, kv.create,
                                                  live=self.ctx.map)
                     log.info("stage=controller node=%s is controller (election revision %d)",
@@ -541,8 +552,7 @@ class ControlPlane:
     # -- requests to the controller, through etcd ---------------------------------------------
     def _put_requests(self, items: list[tuple[str, dict[str, object]]]) -> int:
         """One transaction putting every request of ``items`` under this node's lease."""
-        assert self.etcd is not None and self.session is not None
-        lease = self.session.lease
+        lease = self._session().lease
         return self.etcd.txn([], [(k, doc, lease) for k, doc in items])[1]
 
     def request(self, cache: str, p: int, doc: dict[str, object], done: Callable[[PartRecord], bool],
@@ -635,9 +645,10 @@ class ControlPlane:
         m = self.ctx.map
         not_shown = OutcomeUnknown(f"the controller applied {what} as the wait ran out; this "
                                    "node's map does not show it yet", key=key, rev=rev)
+        applied_at = kv.mod if kv is not None else 0
 
         def look() -> PartRecord | None:
-            if m.map.epoch < kv.mod:
+            if m.map.epoch < applied_at:
                 return None
             mine = m.map.parts[cache][p]
             if done(mine):
@@ -668,7 +679,7 @@ class ControlPlane:
     def start_leave(self) -> None:
         self.ctx.events.leaving.set()
         try:
-            self.etcd.put(f"{self.prefix}/members/{self.ctx.id}", self._member_doc(), lease=self.session.lease)
+            self.etcd.put(f"{self.prefix}/members/{self.ctx.id}", self._member_doc(), lease=self._session().lease)
         except NodeError as e:
             log.warning("stage=leave cannot mark this node leaving yet: %s", e)
 

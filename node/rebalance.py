@@ -193,7 +193,8 @@ class Rebalancer:
         got = self.sessions.get(session)
         if got is None:
             raise Unavailable(f"no transfer session {session} on {self.ctx.id} (restarted?)")
-        entries, size, out = got[0], 0, []
+        entries, size = got[0], 0
+        out: list[list[object]] = []
         i = offset
         while i < len(entries) and (size < max_bytes or not out):
             k, v, c = entries[i]
@@ -221,9 +222,12 @@ class Rebalancer:
         """Take p's primary role from ``prim`` (fence, compare counters, the controller's
         hand-off). True when this node leads p now; False when it did not happen (the
         reason is logged; the reconcile loop asks again later, backing off)."""
-        addr = self.ctx.map.address(prim)
+        got = self.ctx.map.address(prim)
         ok = False
         try:
+            if got is None:
+                raise Unavailable(f"{prim} is not a live member")
+            addr = got
             theirs = self.ctx.pool.call(addr, "handoff", cache=cache, p=p, to=self.ctx.id)
             with self.ctx.plock(cache, p):
                 mine = self.ctx.data[cache].counter(p)

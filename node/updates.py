@@ -398,7 +398,7 @@ class UpdatePath:
             raise BadRequest(f"cache {cache} has no index {index!r}")
 
     # -- replication --------------------------------------------------------------
-    def _targets(self, cache: str, p: int) -> tuple[dict[str, str], set[str], int]:
+    def _targets(self, cache: str, p: int) -> tuple[dict[str, str | None], set[str], int]:
         """Every copy to send to, the in-sync ones among them, and p's epoch."""
         with self.ctx.map.lock:
             rec = self.ctx.map.map.parts[cache][p]
