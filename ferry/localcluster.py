@@ -330,9 +330,11 @@ class LocalCluster:
         return out
 
     def wait_all_owning(self, timeout: float = 300.0,
-                        progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+                        progress: Callable[[dict[str, Any]], None] | None = None,
+                        poll: float = 0.3) -> dict[str, Any]:
         """Until every live node is a member and each partition has exactly its B+1 ideal
-        owners OWNING, nothing else (no MOVING/RENTING), primary first, no move running."""
+        owners OWNING, nothing else (no MOVING/RENTING), primary first, no move running.
+        Asks every ``poll`` seconds (each ask reads the whole map from a node)."""
         deadline = time.monotonic() + timeout
         doc: dict[str, Any] = {}
         want_nodes = len(self.seeds)
@@ -340,13 +342,13 @@ class LocalCluster:
             try:
                 doc = self.status()
             except Exception:
-                time.sleep(0.3)
+                time.sleep(poll)
                 continue
             if progress:
                 progress(doc)
             if settled(doc, want_nodes, self.backups):
                 return doc
-            time.sleep(0.3)
+            time.sleep(poll)
         raise TimeoutError(f"partitions not all OWNING after {timeout}s: {json.dumps(doc)[:2000]}")
 
 
