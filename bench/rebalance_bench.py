@@ -53,6 +53,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from ferry.localcluster import LocalCluster, key_of, value_of  # noqa: E402
+from node.admission import QUIET_S  # noqa: E402
 
 
 def metric(cluster: LocalCluster, node, name: str) -> float:
@@ -134,9 +135,60 @@ def disk_counters() -> dict[str, int]:
     return out
 
 
+class LevelSampler:
+    """The joining node's foreground-protection gauges every ``every`` seconds while
+    it joins: ``ferry_node_rebalance_level`` (the AIMD level, in moves),
+    ``..._move_limit`` and ``..._transfer_rate_limit_bps`` (0: no limit). A node
+    that is not up yet is skipped. ``figures()``: the samples as [t, level, moves,
+    rate], and the seconds spent paced (a receive rate limit in force)."""
+
+    NAMES = ("ferry_node_rebalance_level", "ferry_node_rebalance_move_limit",
+             "ferry_node_rebalance_transfer_rate_limit_bps")
+
+    def __init__(self, cluster: LocalCluster, node_id: str, every: float = 0.25) -> None:
+        self.cluster, self.node_id, self.every = cluster, node_id, every
+        self.samples: list[list[float]] = []
+        self.stop = threading.Event()
+        self.t0 = time.monotonic()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> "LevelSampler":
+        self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        from node.wire import Pool, load_secret
+        pool = Pool(load_secret(self.cluster.secret_file), role="client")
+        try:
+            while not self.stop.wait(self.every):
+                node = next((n for n in self.cluster.nodes if n.id == self.node_id), None)
+                if node is None:
+                    continue
+                try:
+                    text = pool.call(node.address, "metrics", timeout=2.0)
+                except Exception:       # noqa: BLE001 (not up yet, or busy: the next sample)
+                    continue
+                vals = {name: 0.0 for name in self.NAMES}
+                for line in text.splitlines():
+                    name, _, val = line.rpartition(" ")
+                    if name in vals:
+                        vals[name] = float(val)
+                self.samples.append([round(time.monotonic() - self.t0, 2)] + [vals[n] for n in self.NAMES])
+        finally:
+            pool.close()
+
+    def figures(self) -> dict[str, object]:
+        self.stop.set()
+        self.thread.join(5)
+        paced = sum(self.every for s in self.samples if s[3] > 0)
+        return {"seconds_paced": round(paced, 2), "level_max": max((s[1] for s in self.samples), default=0.0),
+                "samples": [[s[0], s[1], int(s[2]), int(s[3])] for s in self.samples]}
+
+
 def join_and_wait(cluster: LocalCluster, node_id: str, writers: int, value_size: int,
                   timeout: float) -> dict[str, float]:
     before = {n.id: n.cpu_seconds() for n in cluster.nodes}
+    levels = LevelSampler(cluster, node_id).start()
     disk0 = disk_counters()
     t0 = time.monotonic()
     if writers:
@@ -170,7 +222,8 @@ def join_and_wait(cluster: LocalCluster, node_id: str, writers: int, value_size:
             "writes_per_s": round((ctx.acked if ctx else 0) / seconds, 1),
             **replay_figures(cluster, new),
             "catchup": catchup_figures(moves),
-            "stage_seconds_mean": stage_means(moves)}
+            "stage_seconds_mean": stage_means(moves),
+            "protection": levels.figures()}
 
 
 def stage_means(moves: list[dict]) -> dict[str, float]:
@@ -326,6 +379,9 @@ def run_mode(root: str, mode: str, args: argparse.Namespace, run: int = 0) -> di
         t0 = time.monotonic()
         c.load(args.entries, value_size=args.value_size, threads=args.threads)
         out["load_seconds"] = round(time.monotonic() - t0, 1)
+        # an idle join means a quiet cluster: the nodes' foreground protection treats a
+        # write seen within QUIET_S as load, so the join waits that long after the load
+        time.sleep(QUIET_S + 0.5)
         out["join_idle"] = join_and_wait(c, "n4", 0, args.value_size, args.timeout)
         out["join_under_writes"] = join_and_wait(c, "n5", args.writers, args.value_size, args.timeout)
         if mode == "files" and args.replay_writers:

@@ -37,6 +37,13 @@ def test_quick_run_reports_consistent_figures(tmp_path):
             assert j["seconds_from_join_polled"] <= j["seconds_to_owning"] + 0.01
             # stage means are over this join's moves: every stage a move of it went through
             assert set(j["stage_seconds_mean"]) <= set().union(*(r["stage_seconds"] for r in j["timeline"]))
+            # the joining node's protection gauges over the join: [t, level, moves, rate limit]
+            prot = j["protection"]
+            ts = [x[0] for x in prot["samples"]]
+            assert ts == sorted(ts) and all(len(x) == 4 and x[2] >= 0 and x[3] >= 0 for x in prot["samples"])
+            assert 0 <= prot["seconds_paced"] <= len(ts) * 0.25 + 1e-9
+            # the node takes over a second to start: its gauges were read at least once
+            assert prot["samples"] and prot["level_max"] > 0
         assert doc[mode]["join_under_writes"]["writes_during_move"] > 0
     for phase in ("join_idle", "join_under_writes"):
         r = doc["ratios"][phase]
