@@ -6,6 +6,11 @@ Live settings (``node.membership.SETTINGS``): ``[transfer] rate_limit`` and
 logged as needing a restart and not applied. A config that does not load (bad TOML,
 bad value) is logged and changes nothing.
 
+The observer watches the config file's folder for closes after a write, creations
+and renames only, not for every write: a folder that also holds log files (a node's
+own, or its neighbours') would otherwise wake it for each log line. A config file is
+read once its writer closes it (or renames it into place).
+
 (Reassignment plans live in etcd, not in a folder: node/reassign.py.)
 """
 from __future__ import annotations
@@ -36,13 +41,14 @@ class Watcher:
         src = self.ctx.cfg.source
         if not src:
             return                     # no config file: nothing to watch
-        from watchdog.events import FileSystemEventHandler
+        from watchdog.events import (FileClosedEvent, FileCreatedEvent, FileMovedEvent,
+                                     FileSystemEventHandler)
         from watchdog.observers import Observer
         watcher = self
 
         class Handler(FileSystemEventHandler):
             def on_any_event(self, event: Any) -> None:
-                # written, created or renamed into place; not opened/read
+                # closed after a write, created or renamed into place; not opened/read
                 if event.is_directory or event.event_type not in ("modified", "created", "moved",
                                                                   "closed"):
                     return
@@ -50,7 +56,11 @@ class Watcher:
                 watcher.changed(os.fsdecode(path))
 
         self.observer = Observer()
-        self.observer.schedule(Handler(), os.path.dirname(os.path.abspath(src)), recursive=False)
+        # no FileModifiedEvent: inotify then delivers no IN_MODIFY (one per write(2) to
+        # any file of the folder, a log line included); the close after the write
+        # (IN_CLOSE_WRITE) tells the same change once
+        self.observer.schedule(Handler(), os.path.dirname(os.path.abspath(src)), recursive=False,
+                               event_filter=[FileClosedEvent, FileCreatedEvent, FileMovedEvent])
         self.observer.daemon = True
         self.observer.start()
 
