@@ -349,3 +349,39 @@ def test_tls_config_is_checked(tmp_path, ca) -> None:
     assert "none.crt is not a readable file" in err
 
 
+
+
+def test_certs_cli_issues_node_and_client_certificates(tmp_path) -> None:
+    import json as _json
+
+    from click.testing import CliRunner
+
+    from node.etcd_cli import certs
+    d = str(tmp_path / "pki")
+    r = CliRunner()
+    assert r.invoke(certs, ["init", d]).exit_code == 0
+    out = r.invoke(certs, ["issue", d, "n1", "--node", "--out", str(tmp_path / "n1")])
+    assert out.exit_code == 0, out.output
+    out = r.invoke(certs, ["issue", d, "ops", "--client", "--out", str(tmp_path / "ops")])
+    assert out.exit_code == 0, out.output
+    shown = _json.loads(r.invoke(certs, ["show", str(tmp_path / "n1" / "n1.crt"), "--json"]).output)
+    assert shown["ferry_identity"] == "ferry://node/n1" and shown["usages"] == ["clientAuth", "serverAuth"]
+    shown = _json.loads(r.invoke(certs, ["show", str(tmp_path / "ops" / "ops.crt"), "--json"]).output)
+    assert shown["ferry_identity"] == "ferry://client/ops" and shown["usages"] == ["clientAuth"]
+    # refusals: two roles at once; a name that cannot be a node id
+    out = r.invoke(certs, ["issue", d, "x", "--node", "--client"])
+    assert out.exit_code == 2 and "exclusive" in out.output
+    out = r.invoke(certs, ["issue", d, "bad name", "--node"])
+    assert out.exit_code == 2 and "must be 1-64 letters" in out.output
+    assert "--node" in r.invoke(certs, ["issue", "--help"]).output
+
+
+def test_cluster_commands_need_all_three_tls_variables(monkeypatch, tmp_path) -> None:
+    from node.wire import client_pool, env_tls
+    monkeypatch.delenv("FERRY_TLS_CERT", raising=False)
+    monkeypatch.delenv("FERRY_TLS_KEY", raising=False)
+    monkeypatch.setenv("FERRY_TLS_CA", str(tmp_path / "ca.crt"))
+    with pytest.raises(AuthFailed, match=r"\$FERRY_TLS_CERT, \$FERRY_TLS_KEY not set"):
+        env_tls()
+    with pytest.raises(AuthFailed):
+        client_pool(None)
