@@ -1,5 +1,5 @@
-"""Transfer benchmark: Ferry plain and over SSH against raw sendfile, an rsync daemon
-and paramiko SFTP, all on loopback with the same file, in one run.
+"""Transfer benchmark: Ferry plain, sealed, over mutual TLS and over SSH against raw
+sendfile, an rsync daemon and paramiko SFTP, all on loopback with the same file, in one run.
 
 Prints ONE JSON object: per method MB/s, ratio to raw sendfile, CPU seconds per GiB
 on the sending and the receiving side; plus the rate-limit accuracy and the targets.
@@ -18,6 +18,20 @@ rounds, best of each kept), so a burst of load on the shared machine hits all of
 them rather than one. ``ferry_plain`` receives by splice (socket -> pipe -> file,
 transfer.splice) where Linux offers it; ``ferry_plain_copy`` is the same fetch
 forced onto the copying path (recv_into + pwrite) for comparison.
+
+The authenticated variants, each as a ratio to raw sendfile:
+
+- ``ferry_unsealed``: the shared-secret handshake, then frames without the per-frame
+  HMAC and file data without its Poly1305 MAC (data by sendfile). No configuration
+  gives this mode; the bench strips the session's sealer on both sides right after the
+  handshake to show what the MACs cost.
+- ``ferry_plain``: today's secret mode, sealed frames and Poly1305 over the data.
+- ``ferry_tls``: mutual TLS 1.3 with certificates from ``node.certs`` (``ferry transfer
+  serve --tls-*``): no sendfile, the file read into a reused buffer and encrypted in user
+  space; ``tls_path`` is what the fetch reported and ``ktls_available`` whether the
+  kernel lists the ``tls`` TCP ULP (kernel TLS is detected, never used).
+- ``ferry_ssh``: the secret mode through an SSH tunnel to a throwaway OpenSSH server; when
+  no sshd can be started, the output says so (``ssh``) instead of a figure.
 """
 from __future__ import annotations
 
@@ -145,28 +159,55 @@ ssh = {ssh!r}
 if ssh:
     t = SSHTunnel(ssh["user"], "127.0.0.1", ssh["port"], key_filename=ssh["key"], known_hosts=ssh["known_hosts"])
     connect = t.connector("127.0.0.1", {port})
+tls = None
+if {tls!r}:
+    from transfer.tls import TlsContexts, TlsFiles
+    tls = TlsContexts(TlsFiles(*{tls!r}))
+if {unsealed!r}:
+    import transfer.demander as dm
+    _hs = dm.client_handshake
+    def _unsealed(conn, secret, **kw):
+        _hs(conn, secret, **kw)
+        conn.sealer = None
+    dm.client_handshake = _unsealed
 d = Demander(DirectoryStorage({dst!r}), "127.0.0.1:{port}", {secret!r}.encode(), connect=connect,
-             limits=Limits(1, {rate!r}), splice={splice!r})
+             limits=Limits(1, {rate!r}), splice={splice!r}, tls=tls)
 c0 = cpu()
 r = d.fetch(0)
 print(json.dumps({{"seconds": r.seconds, "cpu": cpu() - c0, "bytes_wire": r.bytes_wire,
-                  "receive_seconds": r.stages["receive"], "spliced": r.spliced}}))
+                  "receive_seconds": r.stages["receive"], "spliced": r.spliced, "path": r.path}}))
+"""
+
+# `ferry transfer serve` whose sessions drop the sealer after the handshake (bench only)
+UNSEALED_SERVE = """
+import sys
+import transfer.supplier as sp
+_hs = sp.server_handshake
+def _unsealed(conn, secret, **kw):
+    role = _hs(conn, secret, **kw)
+    conn.sealer = None
+    return role
+sp.server_handshake = _unsealed
+from ferry.cli import main
+sys.argv = ["ferry"] + sys.argv[1:]
+main()
 """
 
 
 def ferry(serve: subprocess.Popen, port: int, dst: str, ssh: dict | None = None, rate: float | None = None,
-          extra: subprocess.Popen | None = None, splice: bool = True) -> dict:
+          extra: subprocess.Popen | None = None, splice: bool = True, tls: tuple[str, ...] | None = None,
+          unsealed: bool = False) -> dict:
     def run() -> dict:
         for f in os.listdir(dst):
             os.unlink(os.path.join(dst, f))
         return _client(FERRY_CLIENT.format(port=port, dst=dst, secret=SECRET, ssh=ssh, rate=rate,
-                                           splice=splice))
+                                           splice=splice, tls=tls, unsealed=unsealed))
     before_extra = _cpu_tree(extra) if extra else 0.0
     res = _served(serve, run)
     if extra:   # sshd encrypts on the supplier's side of the tunnel: count it there
         res["cpu_server"] += _cpu_tree(extra) - before_extra
     return {"seconds": res["seconds"], "cpu_send": res["cpu_server"], "cpu_recv": res["cpu"],
-            "receive_seconds": res["receive_seconds"], "spliced": res["spliced"]}
+            "receive_seconds": res["receive_seconds"], "spliced": res["spliced"], "path": res["path"]}
 
 
 def rsync_daemon(src: str, dst: str, work: str) -> dict:
@@ -271,6 +312,23 @@ def interleaved(methods: dict, repeat: int) -> dict[str, dict]:
     return best
 
 
+def make_certs(work: str) -> tuple[tuple[str, str, str], tuple[str, str, str]]:
+    """A CA and two node certificates (supplier n1, demander n2): (ca, cert, key) each."""
+    sys.path.insert(0, ROOT)
+    from node.certs import init_ca, issue
+    ca_dir = os.path.join(work, "ca")
+    init_ca(ca_dir, name="bench-ca")
+    ca = os.path.join(ca_dir, "ca.crt")
+    n1, n2 = issue(ca_dir, "n1", role="node"), issue(ca_dir, "n2", role="node")
+    return (ca, n1.cert, n1.key), (ca, n2.cert, n2.key)
+
+
+def _serve(src_dir: str, port: int, extra: list[str] | None = None, unsealed: bool = False) -> subprocess.Popen:
+    code = UNSEALED_SERVE if unsealed else "from ferry.cli import main; main()"
+    return subprocess.Popen([PY, "-c", code, "transfer", "serve", "--dir", src_dir, "--port", str(port),
+                             *(extra or [])], env=_env(), stderr=subprocess.DEVNULL)
+
+
 def bench_size(size: int, work: str, repeat: int, sshd: Sshd | None) -> dict:
     src_dir, dst_dir = os.path.join(work, "src"), os.path.join(work, "dst")
     for d in (src_dir, dst_dir):
@@ -279,23 +337,32 @@ def bench_size(size: int, work: str, repeat: int, sshd: Sshd | None) -> dict:
     src = os.path.join(src_dir, "part-0.bin")
     make_file(src, size)
     dst_file = os.path.join(dst_dir, "part-0.bin")
-    port = _free_port()
-    serve = subprocess.Popen([PY, "-c", "from ferry.cli import main; main()", "transfer", "serve",
-                              "--dir", src_dir, "--port", str(port)], env=_env(), stderr=subprocess.DEVNULL)
+    port, uport, tport = _free_port(), _free_port(), _free_port()
+    server_tls, client_tls = make_certs(os.path.join(work, f"certs-{size}"))
+    serve = _serve(src_dir, port)
+    serve_unsealed = _serve(src_dir, uport, unsealed=True)
+    serve_tls = _serve(src_dir, tport, ["--tls-ca", server_tls[0], "--tls-cert", server_tls[1],
+                                        "--tls-key", server_tls[2]])
     methods = {"raw_sendfile": lambda: raw_sendfile(src, dst_file),
+               "ferry_unsealed": lambda: ferry(serve_unsealed, uport, dst_dir, unsealed=True),
                "ferry_plain": lambda: ferry(serve, port, dst_dir),
-               "ferry_plain_copy": lambda: ferry(serve, port, dst_dir, splice=False)}
+               "ferry_plain_copy": lambda: ferry(serve, port, dst_dir, splice=False),
+               "ferry_tls": lambda: ferry(serve_tls, tport, dst_dir, tls=client_tls)}
     if shutil.which("rsync"):
         methods["rsync_daemon"] = lambda: rsync_daemon(src, dst_dir, work)
     if sshd:
         methods["ferry_ssh"] = lambda: ferry(serve, port, dst_dir, ssh=sshd.spec(), extra=sshd.proc)
         methods["paramiko_sftp"] = lambda: sshd.sftp(src, dst_file)
     try:
-        _wait_port(port, serve)
+        for pt, proc in ((port, serve), (uport, serve_unsealed), (tport, serve_tls)):
+            _wait_port(pt, proc)
         out = interleaved(methods, repeat)
     finally:
-        serve.terminate()
-        serve.wait()
+        for proc in (serve, serve_unsealed, serve_tls):
+            proc.terminate()
+            proc.wait()
+    if check(src, dst_file) is False:
+        raise RuntimeError("the last fetch did not install a byte-identical file")
     raw = out["raw_sendfile"]["seconds"]
     for name, r in out.items():
         r.pop("receive_seconds", None)
@@ -305,6 +372,19 @@ def bench_size(size: int, work: str, repeat: int, sshd: Sshd | None) -> dict:
         r["cpu_recv_s_per_gib"] = round(r.pop("cpu_recv") * GiB / size, 3)
         r["seconds"] = round(r["seconds"], 3)
     return out
+
+
+def check(src: str, dst: str) -> bool | None:
+    """Whether the last method's copy equals the source (None: no copy left)."""
+    if not os.path.exists(dst):
+        return None
+    with open(src, "rb") as a, open(dst, "rb") as b:
+        while True:
+            x, y = a.read(1 << 22), b.read(1 << 22)
+            if x != y:
+                return False
+            if not x:
+                return True
 
 
 def bench_rate(work: str, size: int, rate: float) -> dict:
@@ -341,10 +421,18 @@ def main() -> None:
     repeat = args.repeat or (1 if args.quick else 3)
     work = tempfile.mkdtemp(prefix="ferry-bench-", dir=args.dir)
     have_ssh = os.path.exists("/usr/sbin/sshd") and shutil.which("ssh-keygen") is not None
-    sshd = Sshd(work) if have_ssh else None
+    sshd, ssh_note = None, "not run: no /usr/sbin/sshd or ssh-keygen on this machine"
+    if have_ssh:
+        try:
+            sshd, ssh_note = Sshd(work), "OpenSSH on loopback"
+        except (RuntimeError, OSError, subprocess.CalledProcessError) as e:
+            ssh_note = f"not run: sshd did not start ({e})"
+    sys.path.insert(0, ROOT)
+    from transfer.tls import ktls_available
     result: dict = {"bench": "transfer", "dir": args.dir, "repeat": repeat, "cpus": os.cpu_count(),
                     "files": "source and all destinations under " + work,
-                    "loadavg_start": os.getloadavg()[0], "sizes": {}}
+                    "loadavg_start": os.getloadavg()[0], "ssh": ssh_note,
+                    "ktls_available": ktls_available(), "sizes": {}}
     try:
         for size in sizes:
             result["sizes"][f"{size >> 20}MiB"] = bench_size(size, work, repeat, sshd)
@@ -368,6 +456,12 @@ def main() -> None:
         t["ferry_ssh_vs_sftp"] = round(first["ferry_ssh"]["mb_per_s"] / first["paramiko_sftp"]["mb_per_s"], 2)
         t["ferry_ssh_vs_sftp_ok(>=1.3)"] = t["ferry_ssh_vs_sftp"] >= 1.3
     t["rate_limit_ok(within 5%)"] = abs(result["rate_limit"]["error"]) <= 0.05
+    # the authenticated modes side by side, each as a ratio to raw sendfile
+    modes = {"unsealed_sendfile": "ferry_unsealed", "secret_sealed_default": "ferry_plain",
+             "tls_userspace": "ferry_tls", "ssh_tunnel": "ferry_ssh"}
+    result["auth_modes_vs_raw_sendfile"] = {
+        k: first[m]["ratio_to_raw_sendfile"] if m in first else ssh_note for k, m in modes.items()}
+    result["tls_path"] = first["ferry_tls"].get("path")
     result["targets"] = t
     result["loadavg_end"] = os.getloadavg()[0]
     print(json.dumps(result, indent=1))
