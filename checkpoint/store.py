@@ -539,15 +539,20 @@ class PartitionStore:
 
     # -- transfer snapshots ------------------------------------------------------
     def open_transfer_snapshot(self, partition: int) -> TransferSnapshot:
-        """Force a checkpoint and fix a copy-on-write snapshot at its counter C. The
-        partition's file stays open (pinned) until the snapshot closes:
-        ``snap.fileno()`` is its descriptor, for the sender."""
+        """Fix a copy-on-write snapshot of the partition at its counter C, forcing a
+        checkpoint first unless the partition has nothing to write (its file already
+        holds it at its counter: see :meth:`_clean`). The partition's file stays open
+        (pinned) until the snapshot closes: ``snap.fileno()`` is its descriptor, for the
+        sender."""
         with self._ckpt_lock:
             self._check_open()
             if partition in self._snapshots:
                 raise SnapshotBusyError(f"partition {partition} already has an open transfer "
                                         "snapshot; close it first")
-            self._checkpoint_locked()
+            with self._cond:
+                clean = self._clean(partition)
+            if not clean:
+                self._checkpoint_locked()
             snap: TransferSnapshot | None = None
             try:
                 with self._cond:
@@ -568,6 +573,22 @@ class PartitionStore:
                     snap.close()          # unregistered, the file unpinned
                 raise
             return snap
+
+    def _clean(self, pid: int) -> bool:
+        """(store lock and checkpoint lock held) Whether the partition's file holds it
+        exactly: counter and page count as the last completed checkpoint published
+        them, and no dirty page (no checkpoint runs: the checkpoint lock is held, so
+        nothing is cut either). A checkpoint would write nothing of it; a snapshot
+        needs none. (Other partitions' dirty pages are no concern of its snapshot.)"""
+        part = self.parts.get(pid)
+        if part is None or part.counter != part.ckpt_counter or part.page_count != part.file_pages:
+            return False
+        dirty = self.mem.dirty
+        if not dirty:
+            return True
+        lo = pid << 32
+        hi = lo + (1 << 32)
+        return not any(lo <= k < hi for k in dirty)
 
     def _save_changed_pages(self, part: Partition, snap: TransferSnapshot) -> None:
         """Pages changed since the snapshot's checkpoint cut, before the snapshot was

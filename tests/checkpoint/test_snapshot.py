@@ -132,3 +132,34 @@ def test_preimages_are_saved_and_needed(tmp_path) -> None:
     assert overlay(copy, PAGE, snap.page_count, iter(pre)) == bytearray(reference)
     snap.close()
     s.close()
+
+
+def test_snapshot_of_a_clean_partition_needs_no_checkpoint(tmp_path) -> None:
+    """A partition whose file holds it at its counter is snapshotted without a
+    checkpoint (other partitions' dirty pages stay dirty); the snapshot is its image
+    at C all the same, and later writes still save their pre-images. A partition with
+    changes not yet checkpointed is checkpointed first, as before."""
+    s = PartitionStore.open(str(tmp_path / "store"), page_size=PAGE, memory_budget=64 * PAGE,
+                            checkpoint_interval=None, wal_sync="none")
+    for i in range(200):
+        s.put(0, b"k%d" % i, b"v" * 100)
+    s.checkpoint()
+    c0 = s.counter(0)
+    image = open(s.partition_path(0), "rb").read()
+    s.put(1, b"other", b"dirty")                     # another partition changes
+    before = s.last_stats
+    snap = s.open_transfer_snapshot(0)
+    assert s.last_stats is before                    # no checkpoint ran
+    assert s.last_checkpoint_counter(1) < s.counter(1)   # partition 1 is not written
+    assert snap.counter == c0 and open(snap.path, "rb").read(snap.size_bytes) == image
+    for i in range(200):
+        s.put(0, b"k%d" % i, b"w" * 100)             # every page of 0 changes after C
+    s.checkpoint()
+    copy = bytearray(open(snap.path, "rb").read(snap.size_bytes))
+    assert copy != bytearray(image)
+    assert overlay(copy, PAGE, snap.page_count, iter(list(snap.preimages()))) == bytearray(image)
+    snap.close()
+    snap = s.open_transfer_snapshot(1)               # not clean: checkpointed first
+    assert s.last_stats is not before and snap.counter == s.counter(1)
+    snap.close()
+    s.close()
