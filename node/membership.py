@@ -553,7 +553,10 @@ class ControlPlane:
     def _put_requests(self, items: list[tuple[str, dict[str, object]]]) -> int:
         """One transaction putting every request of ``items`` under this node's lease."""
         lease = self._session().lease
-        return self.etcd.txn([], [(k, doc, lease) for k, doc in items])[1]
+        rev = self.etcd.txn([], [(k, doc, lease) for k, doc in items])[1]
+        self.ctx.metrics.inc("ferry_node_controller_request_txns_total")
+        self.ctx.metrics.inc("ferry_node_controller_requests_total", len(items))
+        return rev
 
     def request(self, cache: str, p: int, doc: dict[str, object], done: Callable[[PartRecord], bool],
                 timeout: float = REQUEST_TIMEOUT_S, patience: float = 0.0) -> PartRecord:

@@ -46,6 +46,8 @@ METRICS: dict[str, tuple[Kind, str, tuple[str, ...]]] = {
     "ferry_node_update_seconds": ("summary", "Time from receiving an update to its acknowledgement.", ()),
     "ferry_node_replication_failures_total": ("counter", "Updates not acknowledged because a backup failed.", ("cache",)),
     "ferry_node_replication_lag_seconds": ("gauge", "Seconds since a backup partition last applied an update.", ("cache", "partition")),
+    "ferry_node_controller_requests_total": ("counter", "Requests this node put for the controller (in-sync changes, hand-offs).", ()),
+    "ferry_node_controller_request_txns_total": ("counter", "etcd transactions that carried them (requests made together share one).", ()),
     "ferry_node_moves_done_total": ("counter", "Partitions that reached OWNING through a move.", ("cache",)),
     "ferry_node_move_bytes_total": ("counter", "Bytes received by moves (files: on the wire; messages: keys and values).", ("cache",)),
     "ferry_node_moves_by_copy_total": ("counter", "Files moves that reached OWNING by how the file came: full, resume (chunks held from an earlier attempt) or delta (only the pages that differ from the copy held here).", ("cache", "copy")),

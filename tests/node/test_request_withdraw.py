@@ -17,10 +17,12 @@ says, with the World of test_controller.py.
 """
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any, Callable, Iterator
 
 import pytest
+from prometheus_client import generate_latest
 
 from node.cluster_map import ClusterMap, PartRecord
 from node.config import NodeConfig
@@ -70,12 +72,15 @@ class Racing:
         self.before_withdraw: Callable[[], None] | None = None
         self.down = False
         self.withdrawals = 0
+        self.put_txns: list[list[str]] = []     # the keys of each transaction that put
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.etcd, name)
 
     def txn(self, compare: list[Any], puts: list[Any],
             deletes: list[str] = ()) -> tuple[bool, int]:  # type: ignore[assignment]
+        if puts:
+            self.put_txns.append([p[0] for p in puts])
         if deletes and not puts:
             self.withdrawals += 1
             if self.down:
@@ -262,3 +267,41 @@ def test_a_patient_request_is_withdrawn_when_nothing_moves(node_a, world, etcd):
         node_a.request("default", P, admit(), admitted(), timeout=SHORT, patience=20 * SHORT)
     assert SHORT <= time.monotonic() - t0 < 2 * SHORT
     assert racing(node_a).withdrawals == 1 and etcd.get(REQ_A) is None
+
+
+# -- requests made together share a transaction ---------------------------------------------
+def test_requests_made_together_share_one_transaction_and_each_gets_its_answer(node_a, world, etcd):  # noqa: F811
+    node_a.requests.linger = 0.5          # both in the first transaction, whatever the scheduling
+    stop = threading.Event()
+
+    def controller() -> None:
+        while not stop.is_set():
+            world.view.load()
+            world.ctl.handle_requests()
+            time.sleep(0.05)
+    ctl = threading.Thread(target=controller, daemon=True)
+    ctl.start()
+    got: dict[int, object] = {}
+
+    def ask(p: int) -> None:
+        try:
+            got[p] = node_a.request("default", p, admit(), lambda r: "b" in r.isr, timeout=5.0)
+        except Exception as e:                  # noqa: BLE001 (the test looks at it)
+            got[p] = e
+    asks = [threading.Thread(target=ask, args=(p,)) for p in (0, 1)]
+    try:
+        for t in asks:
+            t.start()
+        for t in asks:
+            t.join(15)
+    finally:
+        stop.set()
+        ctl.join(5)
+    for p in (0, 1):
+        rec = got[p]
+        assert isinstance(rec, PartRecord) and rec.isr == ("a", "b") and world.rec(p) == rec, got
+    txns = racing(node_a).put_txns
+    assert len(txns) == 1 and sorted(txns[0]) == [f"{PREFIX}/requests/default/{p}/a" for p in (0, 1)]
+    exposed = generate_latest(node_a.ctx.metrics.registry).decode()
+    assert "ferry_node_controller_requests_total 2.0" in exposed
+    assert "ferry_node_controller_request_txns_total 1.0" in exposed
