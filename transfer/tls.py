@@ -285,6 +285,26 @@ class TlsContexts:
             conn.set_deadline(None)
         return conn
 
+    @staticmethod
+    def _drive(ssock: ssl.SSLSocket, peer: str, deadline: float) -> None:
+        """The TLS handshake within ``deadline`` seconds in all: non-blocking steps and
+        poll(2), so a peer that drips one byte at a time cannot stretch it (a socket
+        timeout would restart with every byte)."""
+        end = time.monotonic() + deadline
+        ssock.settimeout(0.0)
+        while True:
+            try:
+                ssock.do_handshake()
+                return
+            except ssl.SSLWantReadError:
+                events = select.POLLIN
+            except ssl.SSLWantWriteError:
+                events = select.POLLOUT
+            left = end - time.monotonic()
+            if left <= 0 or not wait_fd(ssock.fileno(), events, left):
+                raise TlsCut(f"{peer} did not finish the TLS handshake within {deadline:g} s (deadline)",
+                             stage="handshake", peer=peer)
+
     def _handshake(self, sock: socket.socket, peer: str, deadline: float, *, server: bool) -> "TlsConn":
         ctx = self.server_context() if server else self.client_context()
         old = sock.gettimeout()
@@ -295,7 +315,10 @@ class TlsContexts:
             sock.close()
             raise TlsCut(f"TLS with {peer} failed: {_reason(e)}", stage="handshake", peer=peer) from None
         try:
-            ssock.do_handshake()
+            self._drive(ssock, peer, deadline)
+        except TlsCut:
+            ssock.close()
+            raise
         except ssl.SSLCertVerificationError as e:
             ssock.close()
             side = "peer" if server else "node"

@@ -223,3 +223,19 @@ def test_cli_fetch_over_tls_reports_its_path(tmp_path, src, dst, ca) -> None:
         assert r.exit_code == 1 and "needs all of --tls-ca, --tls-cert and --tls-key" in r.output
     finally:
         srv.stop()
+
+
+def test_a_dripping_peer_gets_one_deadline_for_the_tls_handshake(src, ca) -> None:
+    from transfer_helpers import drip
+    srv = SupplierServer(DirectoryStorage(src), b"", timeout=10, handshake_timeout=1.0,
+                         tls=TlsContexts(node_files(ca, "n1"))).start()
+    try:
+        # the start of a TLS ClientHello, one byte every 0.3 s: each read is quick, the
+        # whole is not; the supplier drops it at its 1 s deadline, not 0.3 s per byte
+        hello = bytes.fromhex("160301020001") + b"\x00" * 200
+        closed, took = drip(srv.address, hello, 0.3)
+        assert closed and 0.9 <= took < 3.0, (closed, took)
+        assert srv.gate.enter()       # the slot was given back
+        srv.gate.leave()
+    finally:
+        srv.stop()
