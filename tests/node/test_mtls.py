@@ -149,6 +149,19 @@ def test_client_certificate_is_refused_every_node_only_method(pair) -> None:
         assert pool.call(n1.address, "ping")["id"] == "n1"
     finally:
         pool.close()
+    # a peer of the secret mode gets nothing from a TLS node: its HELLO is not TLS
+    from nodeharness import TEST_SECRET
+    plain = Pool(TEST_SECRET.encode(), role="node")
+    with pytest.raises(NodeError):
+        plain.call(n1.address, "replicate", cache="default", p=0, key=b"k0", value=b"evil",
+                   counter=10 ** 9, prev=0, primary="n1")
+    plain.close()
+    deadline = time.monotonic() + 5
+    while "does not speak TLS 1.3" not in open(n1.log).read() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "does not speak TLS 1.3" in open(n1.log).read()
+    with Client([n1.address], tls=ops) as c:
+        assert c.get("default", "k0") == b"v0"
 
 
 def test_foreign_ca_certificates_are_refused(pair, ca, other_ca) -> None:
