@@ -398,3 +398,35 @@ def test_cluster_commands_need_all_three_tls_variables(monkeypatch, tmp_path) ->
         env_tls()
     with pytest.raises(AuthFailed):
         client_pool(None)
+
+
+def test_idle_tls_channels_are_reused_and_the_role_comes_from_the_certificate(ca) -> None:
+    from node.rpc import RpcServer
+    from nodeharness import free_port
+    seen: list[tuple[str, str]] = []
+
+    def dispatch(method: str, args: dict[str, Any], role: str) -> Any:
+        seen.append((method, role))
+        return "pong"
+    port = free_port()
+    srv = RpcServer(f"127.0.0.1:{port}", b"", dispatch, tls=TlsContexts(_files(ca, "n1", "node")),
+                    claims={"replicate": "primary"})
+    srv.start()
+    try:
+        for files, role in ((_files(ca, "ops", "client"), "client"), (_files(ca, "n2", "node"), "node")):
+            pool = Pool(b"", role="node", tls=TlsContexts(files))   # the role argument is not a credential
+            assert pool.call(f"127.0.0.1:{port}", "ping") == "pong"
+            first = pool._free[f"127.0.0.1:{port}"][0]
+            assert pool.call(f"127.0.0.1:{port}", "ping") == "pong"
+            # no session ticket or other unread record makes the idle channel look closed
+            assert pool._free[f"127.0.0.1:{port}"] == [first] and not first.broken
+            assert seen[-1] == ("ping", role)
+            pool.close()
+        as_n2 = Pool(b"", tls=TlsContexts(_files(ca, "n2", "node")))
+        with pytest.raises(AuthFailed, match="claims to come from node 'n1'"):
+            as_n2.call(f"127.0.0.1:{port}", "replicate", primary="n1")
+        assert as_n2.call(f"127.0.0.1:{port}", "replicate", primary="n2") == "pong"
+        as_n2.close()
+        assert [m for m, _ in seen].count("replicate") == 1
+    finally:
+        srv.stop()
