@@ -239,3 +239,25 @@ def test_a_dripping_peer_gets_one_deadline_for_the_tls_handshake(src, ca) -> Non
         srv.gate.leave()
     finally:
         srv.stop()
+
+
+def test_a_certificate_of_the_ca_without_a_ferry_identity_is_refused(tls_server, src, ca, caplog) -> None:
+    import ssl
+    write_part(src, 1, MB)
+    etcd_client = issue(ca, "etcd-user", os.path.join(ca, "issued"))      # an etcd client certificate
+    with pytest.raises(TlsError, match="names no Ferry identity"):
+        TlsContexts(TlsFiles(os.path.join(ca, "ca.crt"), etcd_client.cert, etcd_client.key))
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.load_verify_locations(os.path.join(ca, "ca.crt"))
+    ctx.load_cert_chain(etcd_client.cert, etcd_client.key)
+    with caplog.at_level(logging.WARNING, logger="ferry.transfer"):
+        with socket.create_connection(tls_server.address, timeout=5) as raw:
+            with ctx.wrap_socket(raw) as s:
+                assert s.recv(100) == b""         # closed without a frame: nothing is served
+        deadline = time.monotonic() + 5
+        while not any("no ferry:// identity" in r.getMessage() for r in caplog.records) \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert any("no ferry:// identity" in r.getMessage() for r in caplog.records)
+    assert tls_server.stats.transfers_ok == 0
