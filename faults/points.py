@@ -33,8 +33,9 @@ POINTS: dict[str, str] = {
     "supplier.mid_preimages": "All file data is sent, pre-images partly: the demander has "
                               "not installed anything and re-demands.",
     # -- demander -----------------------------------------------------------------
-    "demander.after_demand": "The partition is MOVING and its temp WAL exists (buffering "
-                             "started before the DEMAND); nothing received yet.",
+    "demander.after_demand": "The partition is MOVING and its temp WAL is set up (buffering "
+                             "started before the DEMAND; on disk from the first buffered "
+                             "update); nothing received yet.",
     "demander.mid_base_copy": "A delta fetch copies this node's older copy into the temp "
                               "file (no journal records): the installed copy is untouched; "
                               "the restart copies it again.",
