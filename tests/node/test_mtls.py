@@ -135,6 +135,20 @@ def test_cluster_runs_over_mtls(pair) -> None:
             assert c.get("default", "after", consistency="stale") == b"join"
     for n in (n1, n2):
         assert "does not know the cluster secret" not in open(n.log).read()
+    # the ferry cluster commands take a client certificate from the environment
+    tls_env = env({"FERRY_TLS_CA": ops.ca, "FERRY_TLS_CERT": ops.cert, "FERRY_TLS_KEY": ops.key})
+    r = subprocess.run([sys.executable, "-m", "ferry", "cluster", "get", "--seed", n1.address, "after"],
+                       capture_output=True, text=True, env=tls_env, cwd=ROOT, timeout=60)
+    assert r.returncode == 0 and "join" in r.stdout, r.stderr
+    r = subprocess.run([sys.executable, "-m", "ferry", "cluster", "status", "--seed", n1.address, "--json"],
+                       capture_output=True, text=True, env=tls_env, cwd=ROOT, timeout=60)
+    assert r.returncode == 0, r.stderr
+    # the moves to n2 say which way their files came
+    pool = _pool(ops)
+    done = pool.call(n2.address, "moves_done")
+    pool.close()
+    files = [d for d in done if d.get("mode") == "files"]
+    assert files and all(d["copy"]["path"] == "tls-userspace" for d in files), done
 
 
 def test_client_certificate_is_refused_every_node_only_method(pair) -> None:
