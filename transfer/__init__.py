@@ -12,6 +12,9 @@ Public face:
   :mod:`transfer.frames` (versioned checksummed frames, ERROR frames), reusable by
   every Ferry protocol; :mod:`transfer.transport` (``Conn``, ``SocketConn``,
   ``ChannelConn``, ``connect_tcp``)
+- :mod:`transfer.tls` (mutual TLS 1.3 with certificates instead of the secret:
+  ``TlsFiles``, ``TlsContexts`` reloaded when their files change; ``SupplierServer(tls=)``,
+  ``Demander(tls=, tls_peer=)``, ``FetchResult.path``, ``ktls_available``)
 - :mod:`transfer.ssh` (``SSHTunnel``: reach a supplier through OpenSSH with paramiko)
 - :mod:`transfer.listener` (the accept loop and handshake cap shared with the node's
   RPC server), :mod:`transfer.safefs` (opening files in data directories without
