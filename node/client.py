@@ -72,11 +72,7 @@ class Client:
         self._seq_lock = threading.Lock()
 
     def _member_at(self, address: str) -> str | None:
-        m = self.map
-        if m is None:
-            return None
-        ids = [mem.id for mem in m.members.values() if mem.address == address]
-        return ids[0] if len(ids) == 1 else None
+        return self.map.member_at(address) if self.map is not None else None
 
     # -- map ----------------------------------------------------------------------
     def _addresses(self) -> list[str]:

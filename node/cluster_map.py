@@ -127,6 +127,21 @@ class ClusterMap:
         m = self.members.get(node) if node else None
         return m.address if m else None
 
+    def member_at(self, address: str) -> str | None:
+        """The node id a certificate at ``address`` must name (mutual TLS): the member
+        listed there, or the one live member when several are (a node restarted under
+        a new id); None when none is; when several live members claim the address, a
+        description that no node id can match, so no certificate is accepted there."""
+        at = [m for m in self.members.values() if m.address == address]
+        if len(at) == 1:
+            return at[0].id
+        live = [m.id for m in at if m.alive]
+        if len(live) == 1:
+            return live[0]
+        if not live:
+            return None
+        return f"one of several members listed at that address ({', '.join(sorted(live))})"
+
     def transfer_address(self, node: str | None) -> str | None:
         m = self.members.get(node) if node else None
         return m.transfer or None if m else None

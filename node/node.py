@@ -219,14 +219,13 @@ class Node:
         log.info("stage=shutdown node=%s stopped", ctx.id)
 
     def _member_at(self, address: str) -> str | None:
-        """The node id a TLS peer at ``address`` must have: the one member the map
-        lists there (None when the map lists none or several: any node of the CA)."""
+        """The node id a TLS peer at ``address`` must have (ClusterMap.member_at; None
+        when the map lists no member there: any node of the CA)."""
         ctx = getattr(self, "ctx", None)
         if ctx is None:
             return None
         with ctx.map.lock:
-            ids = [m.id for m in ctx.map.map.members.values() if m.address == address]
-        return ids[0] if len(ids) == 1 else None
+            return ctx.map.map.member_at(address)
 
     # -- dispatch -----------------------------------------------------------------
     def dispatch(self, method: str, args: dict[str, object], role: str) -> object:

@@ -444,3 +444,18 @@ def test_idle_tls_channels_are_reused_and_the_role_comes_from_the_certificate(ca
         assert [m for m, _ in seen].count("replicate") == 1
     finally:
         srv.stop()
+
+
+def test_the_member_a_certificate_must_name_at_an_address() -> None:
+    from node.cluster_map import Member
+    from node.config import CacheConfig
+    m = ClusterMap({"default": CacheConfig()})
+    m.members = {"n1": Member("n1", "127.0.0.1:7001", 1), "n2": Member("n2", "127.0.0.1:7002", 2)}
+    assert m.member_at("127.0.0.1:7001") == "n1" and m.member_at("127.0.0.1:7999") is None
+    # a node restarted under a new id at the old address: the live one
+    m.members["n0"] = Member("n0", "127.0.0.1:7002", 0, alive=False)
+    assert m.member_at("127.0.0.1:7002") == "n2"
+    # two live members at one address (a forged member key): no certificate can match
+    m.members["n9"] = Member("n9", "127.0.0.1:7001", 9)
+    claim = m.member_at("127.0.0.1:7001")
+    assert claim is not None and claim not in ("n1", "n9") and "n1, n9" in claim
