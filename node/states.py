@@ -22,7 +22,9 @@ MOVING partition restarts its move; an OWNING one is re-synced).
 On disk (``DATA/``): ``states.json``, a snapshot ``{"caches": {CACHE: {PARTITION:
 STATE}}}``, and ``states.log``, the changes made since (framing in
 :mod:`node.statelog`). A change is one frame appended and fsynced: its cost does not
-grow with the number of partitions. When the log has grown past the snapshot's size
+grow with the number of partitions, and changes made at the same time by several
+threads (a node's concurrent moves) share one fdatasync (group commit: each caller
+returns once its own frame is durable, and sees the table change only then). When the log has grown past the snapshot's size
 the table is written as a new snapshot (temp file, fsync, rename, fsync of the
 directory) and the log emptied, so rewriting the whole table is paid once per about
 as many bytes of changes: O(1) per change, amortised. A data dir of a node that
@@ -165,6 +167,17 @@ def _snapshot_bytes(states: dict[Key, State]) -> bytes:
     return json.dumps(doc, sort_keys=True).encode()
 
 
+class _Frame:
+    """A frame of changes written to the log: its end offset, its changes, and once
+    its sync is over, ``done`` (with ``error`` when that sync failed)."""
+    __slots__ = ("end", "changes", "done", "error")
+
+    def __init__(self, end: int, changes: dict[Key, State]) -> None:
+        self.end, self.changes = end, changes
+        self.done = False
+        self.error: BaseException | None = None
+
+
 class StateTable:
     """Durable ``(cache, partition) -> State`` of this node."""
 
@@ -181,6 +194,9 @@ class StateTable:
         self._snapshot_size = disk.snapshot_size
         self._log_size = disk.log_size
         self._log_exists = disk.log_exists
+        self._durable = disk.log_size         # log bytes known durable
+        self._pending: list[_Frame] = []      # frames written, not yet durable, in log order
+        self._sync_lock = threading.Lock()    # one fdatasync of the log at a time
         # no snapshot yet: the first change writes one (the table's file then exists)
         self._compact_at = self._threshold() if disk.snapshot_size is not None else 0
         # A torn tail is cut off by the first append (a frame after it would be lost in
@@ -206,15 +222,18 @@ class StateTable:
         """Move (cache, p) to ``new`` if the table allows it; durable on return.
         Setting the current state again is a no-op."""
         with self._lock:
-            old = self._states.get((cache, p))
+            old = self._intended((cache, p))
             if old == new:
-                return old
-            if not allowed(old, new):
-                raise IllegalTransition(
-                    f"partition {cache}/{p}: {old.value if old else 'absent'} -> {new.value} is "
-                    f"not an allowed transition ({reason or 'no reason given'})")
-            self._commit([(cache, p, new)])
-        if self._on_change:
+                entry = self._pending_of((cache, p))
+            else:
+                if not allowed(old, new):
+                    raise IllegalTransition(
+                        f"partition {cache}/{p}: {old.value if old else 'absent'} -> {new.value} is "
+                        f"not an allowed transition ({reason or 'no reason given'})")
+                entry = self._write([(cache, p, new)])
+        if entry is not None:
+            self._wait_durable(entry)
+        if old != new and self._on_change:
             self._on_change(cache, p, old, new)
         return old
 
@@ -223,29 +242,43 @@ class StateTable:
         with self._lock:
             olds = []
             for cache, p, new in changes:
-                old = self._states.get((cache, p))
+                old = self._intended((cache, p))
                 if old != new and not allowed(old, new):
                     raise IllegalTransition(f"partition {cache}/{p}: {old} -> {new.value} not allowed ({reason})")
                 olds.append(old)
-            if changes:
-                self._commit(changes)
+            entry = self._write(changes) if changes else None
+        if entry is not None:
+            self._wait_durable(entry)
         if self._on_change:
             for (cache, p, new), old in zip(changes, olds):
                 if old != new:
                     self._on_change(cache, p, old, new)
 
     # -- durability ------------------------------------------------------------------
-    def _commit(self, changes: list[tuple[str, int, State]]) -> None:
-        """(lock held) Append ``changes`` to the log as one frame, durably, then make
-        them the table: a reader (``get`` takes no lock) never sees a state that is not
-        on disk yet, and a failed write (a full disk) leaves the table as it was."""
-        self._append(statelog.encode([(c, p, s.value) for c, p, s in changes]))
-        for cache, p, new in changes:
-            self._states[(cache, p)] = new
-        if self._log_size > self._compact_at:
-            self._compact()
+    # Group commit: a change's frame is written under the table's lock, then made
+    # durable by ONE fdatasync shared with every frame written before it (the caller
+    # that finds no sync running does it for all, outside the table's lock, so others
+    # write their frames meanwhile); the frames it covered become the table in log
+    # order, and only then does each caller return. A failed sync takes back every
+    # frame it covered, and each of their callers raises.
+    def _intended(self, key: Key) -> State | None:
+        """(lock held) The state ``key`` has once every written frame is durable."""
+        for entry in reversed(self._pending):
+            if key in entry.changes:
+                return entry.changes[key]
+        return self._states.get(key)
 
-    def _append(self, frame: bytes) -> None:
+    def _pending_of(self, key: Key) -> "_Frame | None":
+        """(lock held) The newest written, not yet durable frame that changes ``key``."""
+        for entry in reversed(self._pending):
+            if key in entry.changes:
+                return entry
+        return None
+
+    def _write(self, changes: list[tuple[str, int, State]]) -> "_Frame":
+        """(lock held) Write ``changes`` to the log as one frame, not yet synced; a failed
+        write leaves the log as it was."""
+        frame = statelog.encode([(c, p, s.value) for c, p, s in changes])
         io = fileio.layer()     # per write: a layer swapped in by a test applies at once
         try:
             fd = io.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -259,26 +292,89 @@ class StateTable:
                 self._cut_log = False
             os.lseek(fd, self._log_size, os.SEEK_SET)
             fileio.write_all(fd, frame, self.log_path, io=io)
-            io.fdatasync(fd)
-            if not self._log_exists:    # a new name is durable with its directory's fsync
-                io.fsync_dir(self.dir)
-                self._log_exists = True
         except BaseException as e:
-            self._take_back(io, fd)
+            self._take_back(io, fd, self._log_size)
             if isinstance(e, OSError) and is_disk_full(e):
                 raise OutOfDiskError(self.log_path, len(frame), e.strerror or "") from e
             raise
         finally:
             io.close(fd)
         self._log_size += len(frame)
+        entry = _Frame(self._log_size, {(c, p): s for c, p, s in changes})
+        self._pending.append(entry)
+        return entry
 
-    def _take_back(self, io: fileio.FileLayer, fd: int) -> None:
-        """Cut the log back to its last acknowledged frame after a failed append: a
-        frame that reached the file without its fsync returning must not come back at
-        the next start as a change that was refused. Should that fail too, the next
-        append cuts it first (and appends at the right offset meanwhile)."""
+    def _wait_durable(self, entry: "_Frame") -> None:
+        """Return once ``entry`` is durable and in the table (raise what failed it)."""
+        while True:
+            with self._lock:
+                if entry.done:
+                    if entry.error is not None:
+                        raise entry.error
+                    return
+            with self._sync_lock:
+                with self._lock:
+                    if entry.done:
+                        continue
+                    upto, covered = self._log_size, list(self._pending)
+                    new_file = not self._log_exists
+                try:
+                    self._sync(new_file)
+                except BaseException as e:
+                    with self._lock:
+                        self._fail(covered, e)
+                    continue
+                with self._lock:
+                    self._durable = upto
+                    self._log_exists = True
+                    for done in covered:
+                        for (cache, p), new in done.changes.items():
+                            self._states[(cache, p)] = new
+                        done.done = True
+                    self._pending = self._pending[len(covered):]
+                    # compacted when no frame is pending (a snapshot of the table then
+                    # holds every frame of the log: emptying it loses none)
+                    if not self._pending and self._log_size > self._compact_at:
+                        self._compact()
+
+    def _sync(self, new_file: bool) -> None:
+        """fdatasync of the log (and of its folder when the log is new)."""
+        io = fileio.layer()
+        fd = io.open(self.log_path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
-            io.ftruncate(fd, self._log_size)
+            io.fdatasync(fd)
+        finally:
+            io.close(fd)
+        if new_file:            # a new name is durable with its directory's fsync
+            io.fsync_dir(self.dir)
+
+    def _fail(self, covered: list["_Frame"], e: BaseException) -> None:
+        """(lock held) The sync of ``covered`` failed: none of them is acknowledged.
+        The log goes back to its last durable frame; so does every frame written after
+        them (their callers raise too: their frames may follow one that is gone)."""
+        failed = list(self._pending)
+        for entry in failed:
+            entry.done, entry.error = True, e
+        self._pending = []
+        io = fileio.layer()
+        try:
+            fd = io.open(self.log_path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            self._cut_log = True
+        else:
+            try:
+                self._take_back(io, fd, self._durable)
+            finally:
+                io.close(fd)
+        self._log_size = self._durable
+
+    def _take_back(self, io: fileio.FileLayer, fd: int, size: int) -> None:
+        """Cut the log back to ``size`` after a failed write or sync: a frame that
+        reached the file without its fsync returning must not come back at the next
+        start as a change that was refused. Should that fail too, the next write cuts
+        it first (and writes at the right offset meanwhile)."""
+        try:
+            io.ftruncate(fd, size)
             io.fdatasync(fd)
         except OSError:
             self._cut_log = True
@@ -301,7 +397,7 @@ class StateTable:
                 io.fdatasync(fd)
             finally:
                 io.close(fd)
-            self._log_size = 0
+            self._log_size = self._durable = 0
             self._cut_log = False
         except (OSError, FerryError) as e:
             log.warning("compaction of %s into %s failed (%s); the changes are in the log, "
