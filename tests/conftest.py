@@ -31,3 +31,10 @@ def py_env() -> dict[str, str]:
 @pytest.fixture
 def python() -> str:
     return sys.executable
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The tests marked slow first (otherwise in collection order): under xdist the long
+    runs start while the many short tests can still fill the other worker, instead of
+    one of them starting last and running alone at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

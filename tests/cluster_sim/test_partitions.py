@@ -4,7 +4,10 @@ and the controller SIGKILLed under writes. Each run sends writes through every n
 (the cut-off one too), keeps the counters the puts returned, reads every key through
 every node after the heal, and holds the heal to convergence within 3 lease TTLs.
 
-Two seeds each; about 20-30 s per run on 2 cores."""
+One seed each: the seed only picks the workload's keys and values (cluster_sim/workload.py),
+the fault, its timing and the nodes are the same under any seed, so a second seed ran the
+same path again (`ferry sim matrix --faults all --seeds K` sweeps K seeds). About 20-30 s
+per run on 2 cores."""
 from __future__ import annotations
 
 import re
@@ -40,10 +43,9 @@ def _routed_via(r: cluster_sim.RunResult, node: str) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [1, 2])
 @pytest.mark.parametrize("name", PARTITION_SCENARIOS)
-def test_fault_scenario_loses_nothing_and_converges(tmp_path, name: str, seed: int) -> None:
-    r = cluster_sim.run(load_scenario(name), seed=seed, workdir=str(tmp_path))
+def test_fault_scenario_loses_nothing_and_converges(tmp_path, name: str) -> None:
+    r = cluster_sim.run(load_scenario(name), seed=1, workdir=str(tmp_path))
     assert r.passed, (r.problems, r.error, r.dir)
     assert all(r.invariants[c] for c in PARTITION_CHECKS) and r.acked > 0
     assert _mark(r, "converged"), "the heal was never seen to converge"

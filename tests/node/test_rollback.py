@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -16,9 +17,10 @@ from node import Client
 from nodeharness import NodeProc, wait_settled, write_secret
 
 PARTS = 8
+TTL = 2
 CONFIG = f"""
 [control_plane]
-lease_ttl_s = 2
+lease_ttl_s = {TTL}
 [checkpoint]
 interval_s = 0.5
 [[caches]]
@@ -62,15 +64,22 @@ def _restore(n2: NodeProc, saved: str) -> None:
     shutil.copytree(saved, n2.data)
 
 
-def _reads(seeds, secret, timeout: float = 3.0) -> dict[str, bytes | None | str]:
-    out: dict[str, bytes | None | str] = {}
+def _read(seeds, secret, timeout: float, key: str) -> bytes | None | str:
     with Client(seeds, secret_file=secret, timeout=timeout) as c:
-        for k in KEYS:
-            try:
-                out[k] = c.get("default", k)
-            except Exception as e:          # no primary to read from: waiting is right
-                out[k] = f"refused: {type(e).__name__}"
-    return out
+        try:
+            return c.get("default", key)
+        except Exception as e:              # no primary to read from: waiting is right
+            return f"refused: {type(e).__name__}"
+
+
+def _reads(seeds, secret, timeout: float = 5.0 * TTL) -> dict[str, bytes | None | str]:
+    """Every key read side by side, each by a client of its own that retries a refused
+    read for ``timeout``: every key is tried again and again for 5 lease TTLs, past the
+    lease expiry and any election the kill could bring (one after the other, 32 refused
+    reads would wait 32 x ``timeout``)."""
+    with ThreadPoolExecutor(len(KEYS)) as ex:
+        got = ex.map(lambda k: _read(seeds, secret, timeout, k), KEYS)
+        return dict(zip(KEYS, got))
 
 
 @pytest.mark.slow
