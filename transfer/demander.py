@@ -293,6 +293,9 @@ class _Fetch(DataStage):
             self.expected = {}
             self.m = m
             return
+        if m.chunk_count <= 1:
+            # nothing to resume from: no journal, a crash fetches it again
+            self.rec.without_journal()
         if self.base is not None:
             log.info("demander: partition %s: the whole file follows (%s)", self.partition,
                      m.delta_refused or "the supplier offers no delta")

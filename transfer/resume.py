@@ -14,6 +14,12 @@ appended and fdatasync'ed, so a record never names data a power cut could lose. 
 record is only an optimisation; any doubt (torn or bad record, a chunk that no longer
 hashes to its record) drops the chunk and it is fetched again. Flushes are batched
 (every ``sync_bytes``) because an fsync per chunk would cost more than the transfer.
+
+The journal is created by the first flush that has records to write, and not at all
+once the fetch is known to be of at most one chunk (:meth:`Receiving.without_journal`):
+such a file has nothing to resume from, a crash simply fetches it again, and the
+journal's atomic write (fsync, rename, directory fsync) and removal would be most of
+the fixed cost of installing an empty or small partition.
 """
 from __future__ import annotations
 
@@ -73,6 +79,7 @@ class Receiving:
         fd = safefs.open_existing(self.tmp_path, os.O_RDWR, self.io)
         self.fd = fd if fd is not None else safefs.create_new(self.tmp_path, os.O_RDWR, self.io)
         self._jfd = -1
+        self.journaling = True     # False: verified chunks are not recorded (one-chunk file)
         try:
             self._load()
         except BaseException:
@@ -90,8 +97,7 @@ class Receiving:
                 self.io.close(fd)
         records = self._parse(raw)
         if records is None:
-            self._new_journal()
-            return
+            return         # none to resume from; a new one is written by the first flush
         size = os.fstat(self.fd).st_size
         for idx, length, s in records:
             off = idx * self.chunk_size
@@ -100,7 +106,6 @@ class Receiving:
         jfd = safefs.open_existing(self.journal_path, os.O_WRONLY | os.O_APPEND, self.io)
         if jfd is None:                # replaced by something else meanwhile: start over
             self.held.clear()
-            self._new_journal()
         else:
             self._jfd = jfd
 
@@ -172,6 +177,14 @@ class Receiving:
         if self._pending_bytes >= self.sync_bytes:
             self.flush()
 
+    def without_journal(self) -> None:
+        """The file is empty or a single chunk: record nothing. A journal already here
+        (an earlier fetch's) is left as it is and deleted with the temp file; the chunk
+        received now is never listed as held, so a failed fetch leaves no litter and
+        the next one fetches it whole. The temp file is still fsynced by :meth:`finish`
+        before it is installed."""
+        self.journaling = False
+
     def forget(self, index: int) -> None:
         """Chunk ``index`` is about to be overwritten: it no longer counts as held.
         (Its old journal record stays; on reload the re-hash drops it.)"""
@@ -180,6 +193,12 @@ class Receiving:
     def flush(self) -> None:
         if not self._pending:
             return
+        if not self.journaling:
+            self._pending.clear()
+            self._pending_bytes = 0
+            return
+        if self._jfd < 0:
+            self._new_journal()
         try:
             self.io.fdatasync(self.fd)          # data first, then the records that name it
             recs = b"".join(_rec(i, n, s) for i, n, s in self._pending)

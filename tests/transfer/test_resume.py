@@ -129,3 +129,64 @@ def test_torn_and_lying_resume_records_are_refetched(server, src, dst) -> None:
     res = Demander(DirectoryStorage(dst), peer_of(server), SECRET).fetch(4)
     assert res.bytes_reused >= MB and res.bytes_wire >= MB    # chunk 0 fetched again
     assert read(os.path.join(dst, "part-4.bin")) == data
+
+
+# -- a file of at most one chunk: nothing to resume from, so no journal is kept
+def _count_journals(monkeypatch) -> list[str]:
+    from transfer.resume import Receiving
+    made: list[str] = []
+    real = Receiving._new_journal
+
+    def spy(self: Receiving) -> None:
+        made.append(self.journal_path)
+        real(self)
+    monkeypatch.setattr(Receiving, "_new_journal", spy)
+    return made
+
+
+@pytest.mark.parametrize("size", [0, 1, MB, 4 * MB], ids=["empty", "1-byte", "1MiB", "exactly-one-chunk"])
+def test_fetch_of_at_most_one_chunk_writes_no_journal(server, src, dst, monkeypatch, size) -> None:
+    from transfer_helpers import peer_of
+    made = _count_journals(monkeypatch)
+    data = write_part(src, 5, size)
+    res = Demander(DirectoryStorage(dst), peer_of(server), SECRET).fetch(5)    # 4 MiB chunks
+    assert res.verified and res.bytes == size                 # type: ignore[attr-defined]
+    assert read(os.path.join(dst, "part-5.bin")) == data
+    assert made == [] and _leftovers(dst) == []
+
+
+def test_fetch_of_two_chunks_still_keeps_a_journal(server, src, dst, monkeypatch) -> None:
+    from transfer_helpers import peer_of
+    made = _count_journals(monkeypatch)
+    data = write_part(src, 6, 4 * MB + 1)
+    Demander(DirectoryStorage(dst), peer_of(server), SECRET).fetch(6)
+    assert read(os.path.join(dst, "part-6.bin")) == data
+    assert made == [os.path.join(dst, "part-6.bin.ferry-resume")] and _leftovers(dst) == []
+
+
+def test_one_chunk_fetch_cut_mid_chunk_leaves_nothing_then_refetches(server, src, dst) -> None:
+    from transfer_helpers import Proxy, peer_of
+    data = write_part(src, 7, 3 * MB)
+    proxy = Proxy(server.address, cut_after=2 * MB)
+    with pytest.raises(PeerClosed):
+        Demander(DirectoryStorage(dst), proxy.peer, SECRET).fetch(7)
+    assert not os.path.exists(os.path.join(dst, "part-7.bin"))
+    assert _leftovers(dst) == []          # nothing verified, nothing to resume: no litter
+    res = Demander(DirectoryStorage(dst), peer_of(server), SECRET).fetch(7)
+    assert res.bytes_wire == len(data) and read(os.path.join(dst, "part-7.bin")) == data
+
+
+@pytest.mark.parametrize("crash", ["demander.mid_receive:1", "demander.before_install:1"])
+def test_one_chunk_fetch_sigkilled_installs_nothing_and_refetches_whole(server, src, dst, secret_file,
+                                                                        py_env, crash) -> None:
+    from transfer_helpers import peer_of
+    target = os.path.join(dst, "part-9.bin")
+    old = write_part(dst, 9, MB + 5, seed=1)        # an older copy already installed
+    data = write_part(src, 9, MB + 3)
+    rc = _fetch_in_child(peer_of(server), dst, 9, secret_file, py_env, crash)
+    assert rc == -signal.SIGKILL
+    assert read(target) == old                       # neither replaced nor mixed
+    assert "part-9.bin.ferry-resume" not in _leftovers(dst)
+    res = Demander(DirectoryStorage(dst), peer_of(server), SECRET).fetch(9)
+    assert res.bytes_reused == 0 and res.bytes_wire == len(data)
+    assert read(target) == data and _leftovers(dst) == []
