@@ -31,7 +31,7 @@ from __future__ import annotations
 from .demander import Demander
 from .errors import (AuthError, BadName, ChecksumError, FrameError, NotHeld, OutOfDiskError,
                      PageCheckError, PeerClosed, PeerUnreachable, RemoteError, SSHError,
-                     TransferError, UnsafePath)
+                     TlsCut, TlsError, TransferError, UnsafePath)
 from .limits import Limits, parse_rate
 from .messages import Priority
 from .receive import ReceiveObserver
@@ -46,5 +46,5 @@ __all__ = [
     "Limits", "Priority", "parse_rate", "partial_paths",
     "TransferError", "AuthError", "BadName", "ChecksumError", "FrameError", "NotHeld",
     "OutOfDiskError", "PageCheckError", "PeerClosed", "PeerUnreachable", "RemoteError",
-    "SSHError", "UnsafePath",
+    "SSHError", "TlsCut", "TlsError", "UnsafePath",
 ]

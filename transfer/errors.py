@@ -5,6 +5,8 @@ so a log line or a CLI one-liner says where it broke without a traceback.
 """
 from __future__ import annotations
 
+from typing import Any
+
 from faults import FerryError
 from faults import OutOfDiskError as _FaultsOutOfDisk
 
@@ -49,6 +51,20 @@ class PeerClosed(TransferError):
 
 class AuthError(TransferError):
     """The handshake failed: wrong secret, replay, or no handshake at all."""
+
+
+class TlsError(AuthError):
+    """A TLS handshake failed, a peer's certificate was refused, or the files do not load.
+    ``detail``: what the TLS layer said, without where."""
+
+    def __init__(self, message: str, *, detail: str = "", **ctx: Any) -> None:
+        self.detail = detail
+        super().__init__(message, **ctx)
+
+
+class TlsCut(TlsError):
+    """The network ended a TLS handshake (reset, closed, timed out): no certificate was
+    refused, and trying again may work."""
 
 
 class RemoteError(TransferError):

@@ -41,7 +41,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import AuthError, PeerClosed, RemoteError, TransferError
+from .errors import PeerClosed, RemoteError, TlsCut, TlsError, TransferError
 from .frames import ErrorCode, FrameType, read_frame, send_error, write_frame
 from .transport import COPY_BLOCK, Conn, wait_fd
 
@@ -57,20 +57,6 @@ PATH_SENDFILE = "sendfile"
 PATH_TLS_USERSPACE = "tls-userspace"
 PATH_KTLS_SENDFILE = "ktls-sendfile"
 PATH_CHANNEL = "channel"          # an SSH channel or another byte stream: copied through user space
-
-
-class TlsError(AuthError):
-    """A TLS handshake failed, a peer's certificate was refused, or the files do not load.
-    ``detail``: what the TLS layer said, without where."""
-
-    def __init__(self, message: str, *, detail: str = "", **ctx: Any) -> None:
-        self.detail = detail
-        super().__init__(message, **ctx)
-
-
-class TlsCut(TlsError):
-    """The network ended a TLS handshake (reset, closed, timed out): no certificate was
-    refused, and trying again may work."""
 
 
 @dataclass(frozen=True)
