@@ -141,6 +141,12 @@ def test_a_node_user_without_permission_on_its_prefix_is_refused_naming_key_and_
 
 
 def test_the_reader_reads_but_cannot_write(secure):
+    # a cluster record to read (whichever test of this module ran first on this worker)
+    root = Etcd(secure.endpoints, access=secure.access("root"))
+    meta = f"{P}/meta"
+    root.txn([Etcd.mod_is(meta, 0)],
+             [(meta, {"caches": [{"name": "default", "partitions": 4, "backups": 0, "indexes": []}],
+                      "created_by": "n1"}, 0)])
     ro = _env_of(secure.access("reader"))
     cp = ["--control-plane", secure.endpoints[0]]
     got = _ferry(["cluster", "settings", "get", *cp, "--json"], ro)
