@@ -31,18 +31,3 @@ def py_env() -> dict[str, str]:
 @pytest.fixture
 def python() -> str:
     return sys.executable
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    """Under xdist (``-n``), tests go to whichever worker is free, one at a time: by
-    default each worker is first handed a quarter of the suite in one consecutive
-    block, and with the slow tests first (below) one worker would get all of them."""
-    if getattr(config.option, "maxschedchunk", 0) is None:
-        config.option.maxschedchunk = 1
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The tests marked slow first (otherwise in collection order): under xdist the long
-    runs start while the many short tests can still fill the other worker, instead of
-    one of them starting last and running alone at the end."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -165,5 +165,7 @@ def test_a_report_written_over_by_someone_else_is_put_back(trio):
             break
         time.sleep(0.05)
     kv = e.get(key)
-    assert kv.lease == mine.lease and kv.value[0] == "OWNING", kv
+    # n3's own report again, under its lease: OWNING, or MOVING when the controller
+    # acted on the forged state first and n3 is catching up (its state, not the forgery)
+    assert kv.lease == mine.lease and kv.value[0] in ("OWNING", "MOVING"), kv
     assert os.path.exists(ns[2].log)
