@@ -724,10 +724,9 @@ class Members:
                 by_node[node].append((k, doc))
             order = list(by_node)
             self.c.request_txns += sum(-(-len(v) // REQUEST_TXN_OPS) for v in by_node.values())
-            got = dict(zip(order, self.pool.map(self.requests, order, [by_node[n] for n in order])))
-            done = []
-            for node, _, _, _, _ in puts:
-                done.append(got[node].pop(0))
+            got = {n: iter(r) for n, r in zip(order, self.pool.map(self.requests, order,
+                                                                   [by_node[n] for n in order]))}
+            done = [next(got[node]) for node, _, _, _, _ in puts]
             for (node, k, doc, kind, want), (key, rev, t) in zip(puts, done):
                 out[k] = Req(kind, key, rev, t, want)
                 if kind == "alter_isr":

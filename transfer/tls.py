@@ -355,11 +355,6 @@ class TlsConn(Conn):
         self._timeout = sock.gettimeout()
         self._buf: memoryview | None = None
 
-    def _timed_out(self, doing: str) -> PeerClosed:
-        if self._deadline is not None and time.monotonic() >= self._deadline:
-            return self._deadline_passed()
-        return PeerClosed(f"timed out {doing} {self.peer}")
-
     def send(self, data: bytes | memoryview) -> None:
         try:
             self._before_io()

@@ -88,6 +88,12 @@ class Conn:
             raise self._deadline_passed()
         self._apply_timeout(left if self._timeout is None else min(left, self._timeout))
 
+    def _timed_out(self, doing: str) -> PeerClosed:
+        """A socket timeout while ``doing``: the deadline passed, or the peer went quiet."""
+        if self._deadline is not None and time.monotonic() >= self._deadline:
+            return self._deadline_passed()
+        return PeerClosed(f"timed out {doing} {self.peer}")
+
     def _deadline_passed(self) -> PeerClosed:
         return PeerClosed(f"{self.peer} did not finish within {self._deadline_s:g} s (deadline)")
 
@@ -144,11 +150,6 @@ class SocketConn(Conn):
         except (OSError, TypeError):
             self.peer = peer or "local"
         self._timeout = sock.gettimeout()
-
-    def _timed_out(self, doing: str) -> PeerClosed:
-        if self._deadline is not None and time.monotonic() >= self._deadline:
-            return self._deadline_passed()
-        return PeerClosed(f"timed out {doing} {self.peer}")
 
     def send(self, data: bytes | memoryview) -> None:
         try:
