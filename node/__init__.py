@@ -10,6 +10,8 @@ Public face:
 - :class:`ClusterMap` (the map as a node sees it), :class:`Pool` and :func:`load_secret`
   (authenticated RPC to nodes), :class:`Etcd` (the control plane's client) and
   :class:`CacheData` (one cache's storage: WAL, pages, indexes; loaded on first use)
+- :mod:`node.rpcapi` (the RPC methods, typed: a request class per method, its reply,
+  ``Pool.request``, ``fetch_map``)
 - :mod:`node.move` (the move engine and its ports, hosted by the node), :mod:`node.status` (``collect``: the cluster status document)
 - :mod:`node.etcdserver` (``EtcdCluster``: a local etcd for ``ferry.localcluster``,
   the benchmarks and the harness); import it explicitly

@@ -55,6 +55,7 @@ from .config import NodeConfig
 from .context import NodeContext
 from .errors import NodeError
 from .metrics import Metrics
+from .rpcapi import AckLatency
 
 log = logging.getLogger("ferry.node.admission")
 
@@ -265,9 +266,9 @@ class Admission:
         return bool(ctx.moves.running) or any(ctx.repl.copies.values()) \
             or any(n > 0 for n in ctx.repl.in_use.values())
 
-    def op_ack_latency(self) -> dict[str, float | int | None]:
+    def op_ack_latency(self) -> LatencyReport:
         """RPC ``ack_latency`` (node-only): this node's window, for a demander's controller."""
-        return self.ctx.metrics.acks.report(self.busy()).to_wire()
+        return self.ctx.metrics.acks.report(self.busy())
 
     def config_changed(self, new: NodeConfig) -> None:
         with self._lock:
@@ -356,9 +357,8 @@ class Admission:
         out = {}
         for node, addr in self._peers().items():
             try:
-                out[node] = LatencyReport.from_wire(self.ctx.pool.call(addr, "ack_latency",
-                                                                       timeout=POLL_TIMEOUT_S))
-            except (NodeError, ValueError) as e:   # an old or busy peer: judge by the others
+                out[node] = self.ctx.pool.request(addr, AckLatency(), timeout=POLL_TIMEOUT_S)
+            except NodeError as e:   # an old or busy peer (or a malformed reply): judge by the others
                 log.debug("stage=admission no latency from %s: %s", node, e)
         return out
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from .context import NodeContext, PartKey
 from .dedup import RequestId, Requests
@@ -80,7 +80,7 @@ class Backup:
                          "%d, primary here): not serving it until the map catches up", cache, p,
                          sender, epoch, term)
 
-    def op_replicate_batch(self, cache: str, p: int, updates: list[Update], prev: int, primary: str,
+    def op_replicate_batch(self, cache: str, p: int, updates: Sequence[Update], prev: int, primary: str,
                            epoch: int | None = None, rid: object = None) -> str:
         """Consecutive updates of one partition (a bulk load): applied one by one under one
         hold of the partition lock; the first answer other than applied/buffered ends it.

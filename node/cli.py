@@ -212,10 +212,11 @@ def remove_cmd(seed: tuple[str, ...], secret_file: str | None, cache: str, key: 
 def leave_cmd(seed: tuple[str, ...], secret_file: str | None, node_id: str) -> None:
     """Ask NODE_ID to leave gracefully: its partitions move away, then it exits."""
     from .errors import NodeError
+    from .rpcapi import Leave
     from .wire import client_pool
     node_id = _text("NODE_ID", node_id)
     try:
-        client_pool(secret_file).call(seed[0], "leave", node=node_id)
+        client_pool(secret_file).request(seed[0], Leave(node_id))
     except NodeError as e:
         _fail(e)
     click.echo(f"{node_id} is leaving")

@@ -33,17 +33,20 @@ import random
 import secrets
 import threading
 import time
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable, TypeVar
 
 from transfer.tls import TlsContexts, TlsError, TlsFiles
 
 from .assignment import partition_of
 from .cluster_map import ClusterMap
-from .errors import UNKNOWN, AuthFailed, NodeError, Unavailable
+from .dedup import RequestId
+from .errors import UNKNOWN, AuthFailed, BadRequest, NodeError, Unavailable
+from .rpcapi import (LINEARIZABLE, METHODS, STALE, Get, Lookup, Put, PutBatch, Range, Remove, Req, Row,
+                     fetch_map)
 from .states import State
 from .wire import Pool, as_bytes, load_secret
 
-LINEARIZABLE, STALE = "linearizable", "stale"
+R = TypeVar("R")
 
 class Client:
     """``tls`` (``transfer.tls.TlsFiles``: the cluster CA, a client certificate from
@@ -89,7 +92,7 @@ class Client:
             addrs = [a for a in addrs if a != avoid] + [avoid]
         for addr in addrs:
             try:
-                m = ClusterMap.fetch(lambda **a: self.pool.call(addr, "get_map", timeout=5.0, **a))  # noqa: B023 - called at once, in this iteration
+                m = fetch_map(self.pool, addr)
             except AuthFailed:
                 raise       # a wrong secret is not a reason to try elsewhere
             except NodeError as e:
@@ -102,12 +105,21 @@ class Client:
             return self.map
         raise Unavailable(f"no node of the cluster answers ({', '.join(self._addresses())}): {last}")
 
-    def _call_primary(self, cache: str, key: bytes, method: str, **args: Any) -> Any:
-        return self._retrying(cache, key, method, lambda m, p: [m.address(m.primary(cache, p))], args)
+    def _call_primary(self, cache: str, key: bytes, method: str, **args: object) -> object:
+        """A request by method name (``put``, ``put_batch``, ``get``, ``remove``) to the
+        primary of ``key``: its arguments checked by the method's request class
+        (node/rpcapi.py), BadRequest before anything is sent when they do not decode."""
+        spec = METHODS.get(method)
+        if spec is None:
+            raise BadRequest(f"unknown method {method!r}")
+        return self._on_primary(cache, key, spec.request.from_wire({"cache": cache, "key": key, **args}))
 
-    def _retrying(self, cache: str, key: bytes, method: str,
-                  where: Callable[[ClusterMap, int], list[str | None]], args: dict[str, Any]) -> Any:
-        """``method`` at the first of ``where(map, p)`` (the primary; every OWNING copy
+    def _on_primary(self, cache: str, key: bytes, req: Req[R]) -> R:
+        return self._retrying(cache, key, req, lambda m, p: [m.address(m.primary(cache, p))])
+
+    def _retrying(self, cache: str, key: bytes, req: Req[R],
+                  where: Callable[[ClusterMap, int], list[str | None]]) -> R:
+        """``req`` at the first of ``where(map, p)`` (the primary; every OWNING copy
         for a stale read), retried as the class doc says until ``timeout``. The error
         finally raised says ``unknown`` if any attempt may have taken effect."""
         deadline = time.monotonic() + self.timeout
@@ -126,8 +138,8 @@ class Client:
                 hint = None
                 if addr is None:
                     raise Unavailable(f"partition {cache}/{p} has no "
-                                      f"{'OWNING copy' if args.get('consistency') == STALE else 'primary'} now")
-                return self.pool.call(addr, method, cache=cache, key=key, **args)
+                                      f"{'OWNING copy' if isinstance(req, Get) and req.consistency == STALE else 'primary'} now")
+                return self.pool.request(addr, req)
             except NodeError as e:
                 maybe = maybe or e.outcome == UNKNOWN
                 if not getattr(e, "retry", False) or time.monotonic() > deadline:
@@ -149,14 +161,15 @@ class Client:
                 except NodeError:
                     pass
 
-    def _write(self, cache: str, key: bytes, method: str, **args: Any) -> Any:
+    def _write(self, cache: str, key: bytes, make: Callable[[RequestId], Req[R]]) -> R:
         """A write with a request id, the same on every retry."""
         with _InFlight(self) as rid:
-            return self._call_primary(cache, key, method, rid=rid, **args)
+            return self._on_primary(cache, key, make(rid))
 
     # -- operations ---------------------------------------------------------------
     def put(self, cache: str, key: bytes | str, value: bytes | str) -> int:
-        return self._write(cache, as_bytes(key, "key"), "put", value=as_bytes(value, "value"))
+        k, v = as_bytes(key, "key"), as_bytes(value, "value")
+        return self._write(cache, k, lambda rid: Put(cache, k, v, rid))
 
     def put_many(self, cache: str, items: Iterable[tuple[bytes | str, bytes | str]], *,
                  batch: int = 256, max_bytes: int = 768 * 1024) -> int:
@@ -165,7 +178,7 @@ class Client:
         that fails raises (some of its items may be applied; putting them again is safe)."""
         cmap = self.map if self.map is not None else self.refresh()
         parts = cmap.caches[cache].partitions if cache in cmap.caches else 1
-        groups: dict[int, list[list[bytes]]] = {}
+        groups: dict[int, list[tuple[bytes, bytes]]] = {}
         sizes: dict[int, int] = {}
         n = 0
         for k, v in items:
@@ -173,17 +186,21 @@ class Client:
             p = partition_of(k, parts)
             g = groups.setdefault(p, [])
             if g and (len(g) >= batch or sizes[p] + len(k) + len(v) > max_bytes):
-                self._write(cache, g[0][0], "put_batch", items=g)
+                self._put_batch(cache, g)
                 n += len(g)
                 g = groups[p] = []
                 sizes[p] = 0
-            g.append([k, v])
+            g.append((k, v))
             sizes[p] = sizes.get(p, 0) + len(k) + len(v) + 16
         for g in groups.values():
             if g:
-                self._write(cache, g[0][0], "put_batch", items=g)
+                self._put_batch(cache, g)
                 n += len(g)
         return n
+
+    def _put_batch(self, cache: str, items: list[tuple[bytes, bytes]]) -> None:
+        batch = tuple(items)
+        self._write(cache, batch[0][0], lambda rid: PutBatch(cache, batch[0][0], batch, rid))
 
     def get(self, cache: str, key: bytes | str, consistency: str = LINEARIZABLE) -> bytes | None:
         """The value of ``key`` (None: absent). ``linearizable`` (default): from the
@@ -191,7 +208,7 @@ class Client:
         any OWNING copy, possibly older (see the module doc)."""
         key = as_bytes(key, "key")
         if consistency == LINEARIZABLE:
-            return self._call_primary(cache, key, "get")
+            return self._on_primary(cache, key, Get(cache, key))
         if consistency != STALE:
             raise ValueError(f"consistency must be {LINEARIZABLE!r} or {STALE!r}, not {consistency!r}")
 
@@ -199,33 +216,34 @@ class Client:
             nodes = m.holders(cache, p, State.OWNING)
             random.shuffle(nodes)
             return [m.address(n) for n in nodes]
-        return self._retrying(cache, key, "get", owners, {"consistency": STALE})
+        return self._retrying(cache, key, Get(cache, key, STALE), owners)
 
     def remove(self, cache: str, key: bytes | str) -> int:
-        return self._write(cache, as_bytes(key, "key"), "remove")
+        k = as_bytes(key, "key")
+        return self._write(cache, k, lambda rid: Remove(cache, k, rid))
 
-    def _everywhere(self, method: str, **args: Any) -> list[Any]:
+    def _everywhere(self, req: Req[R]) -> list[R]:
         """Ask every live node (each answers for the partitions it leads)."""
         deadline = time.monotonic() + self.timeout
         while True:
             m = self.refresh()
             try:
-                return [self.pool.call(mem.address, method, **args)
-                        for mem in m.members.values() if mem.alive]
+                return [self.pool.request(mem.address, req) for mem in m.members.values() if mem.alive]
             except NodeError as e:
                 if not getattr(e, "retry", False) or time.monotonic() > deadline:
                     raise
                 time.sleep(0.2)
 
-    def lookup(self, cache: str, index: str, value: Any) -> list[bytes]:
+    def lookup(self, cache: str, index: str, value: object) -> list[bytes]:
         out: set[bytes] = set()
-        for keys in self._everywhere("lookup", cache=cache, index=index, value=value):
+        for keys in self._everywhere(Lookup(cache, index, value)):
             out.update(keys)
         return sorted(out)
 
-    def range(self, cache: str, index: str, lo: Any, hi: Any, limit: int | None = None) -> list[tuple[Any, bytes]]:
-        rows = sorted({tuple(r) for part in self._everywhere("range", cache=cache, index=index,
-                                                              lo=lo, hi=hi, limit=limit) for r in part})
+    def range(self, cache: str, index: str, lo: object, hi: object, limit: int | None = None) -> list[Row]:
+        """``(value, key)`` rows with ``lo <= value < hi``, in order, from every node."""
+        found: set[Row] = {r for part in self._everywhere(Range(cache, index, lo, hi, limit)) for r in part}
+        rows: list[Row] = sorted(found)  # type: ignore[type-var]  # the values of one index compare
         return rows[:limit] if limit else rows
 
     def close(self) -> None:
@@ -247,13 +265,13 @@ class _InFlight:
     def __init__(self, client: Client) -> None:
         self.client = client
 
-    def __enter__(self) -> list[object]:
+    def __enter__(self) -> RequestId:
         c = self.client
         with c._seq_lock:
             self.seq = next(c._seq)
             c._in_flight.add(self.seq)
             low = min(c._in_flight)
-        return [c.id, self.seq, low]
+        return RequestId(c.id, self.seq, low)
 
     def __exit__(self, *exc: object) -> None:
         with self.client._seq_lock:

@@ -41,9 +41,10 @@ class RequestId:
 
     @classmethod
     def parse(cls, raw: object) -> "RequestId | None":
-        """From the wire (``[client, seq, low]`` or None), or BadRequest."""
-        if raw is None:
-            return None
+        """From the wire (``[client, seq, low]`` or None; one already parsed is
+        itself), or BadRequest."""
+        if raw is None or isinstance(raw, RequestId):
+            return raw
         if (not isinstance(raw, (list, tuple)) or len(raw) != 3 or not isinstance(raw[0], str)
                 or not 0 < len(raw[0]) <= MAX_CLIENT_ID or not isinstance(raw[1], int)
                 or not isinstance(raw[2], int) or not 0 <= raw[2] <= raw[1]):

@@ -73,6 +73,15 @@ class BadRequest(NodeError):
     code = "bad_request"
 
 
+class BadReply(NodeError):
+    """A peer's reply that does not decode as the method's reply (a garbage or forged
+    reply, or a peer that speaks another protocol): the request was sent, so it may
+    have had an effect."""
+
+    code = "bad_reply"
+    outcome = UNKNOWN
+
+
 class TooLarge(NodeError):
     """A key or value over the documented limits."""
 

@@ -29,6 +29,7 @@ from transfer.tls import TlsContexts
 from .config import NodeConfig
 from .context import NodeContext
 from .errors import Unavailable
+from .rpcapi import Demand, DemandDone, Fetch, Ping, Register
 from .move import FilesImpossible, MoveContext, MoveEngine, MoveRestart
 from .states import State
 from .storage import CacheData
@@ -42,8 +43,7 @@ class NodeFeed:
     def register(self, primary: str, cache: str, p: int) -> int:
         n = self.ctx
         epoch = n.map.record(cache, p).term   # the primary epoch this node knows for p
-        return int(n.pool.call(primary, "register", cache=cache, p=p, node=n.id,
-                               address=n.cfg.address, epoch=epoch)["counter"])
+        return n.pool.request(primary, Register(cache, p, n.id, n.cfg.address, epoch)).counter
 
 
 class NodeLocator:
@@ -92,8 +92,8 @@ class NodeLocator:
             key = (node, mem.boot if mem else "", addr)
             theirs = self.page_sizes.get(key)
             if theirs is None:
-                theirs = self.page_sizes[key] = int(n.pool.call(addr, "ping", timeout=5.0).get(
-                    "page_size", n.cfg.page_size))
+                got = n.pool.request(addr, Ping(), timeout=5.0).page_size
+                theirs = self.page_sizes[key] = n.cfg.page_size if got is None else got
             if theirs != n.cfg.page_size:
                 raise FilesImpossible(f"{node} stores {theirs}-byte pages, this node "
                                       f"{n.cfg.page_size}-byte pages: files cannot move")
@@ -106,17 +106,15 @@ class NodeEntrySupply:
     def demand(self, primary: str, cache: str, p: int) -> tuple[str, int, int]:
         n = self.ctx
         epoch = n.map.record(cache, p).term
-        r = n.pool.call(primary, "demand", cache=cache, p=p, node=n.id, address=n.cfg.address,
-                        epoch=epoch)
-        return str(r["session"]), int(r["counter"]), int(r["bytes"])
+        r = n.pool.request(primary, Demand(cache, p, n.id, n.cfg.address, epoch))
+        return r.session, r.counter, r.bytes
 
     def fetch(self, primary: str, session: str, offset: int, max_bytes: int) -> tuple[list[object], int, bool]:
-        b = self.ctx.pool.call(primary, "fetch", session=session, offset=offset, max_bytes=max_bytes,
-                                timeout=30.0)
-        return list(b["entries"]), int(b["next"]), bool(b["done"])
+        b = self.ctx.pool.request(primary, Fetch(session, offset, max_bytes), timeout=30.0)
+        return [list(e) for e in b.entries], b.next, b.done
 
     def done(self, primary: str, session: str) -> None:
-        self.ctx.pool.call(primary, "demand_done", session=session)
+        self.ctx.pool.request(primary, DemandDone(session))
 
 
 def node_move_engine(ctx: NodeContext, recv_limits: Limits, scan_pool: ScanPool | None) -> MoveEngine:

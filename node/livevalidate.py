@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Callable
 
 from .cluster_map import PartRecord
 from .errors import BadRequest, NotPrimary, Unavailable
+from .rpcapi import Fence
 from .storage import CacheData
 
 # Long enough for every in-sync owner to open its snapshot (a forced checkpoint of the
@@ -93,15 +94,15 @@ class LiveValidation:
     def debug_enabled(cls) -> bool:
         return os.environ.get(DEBUG_ENV) == "1"
 
-    def _check(self, cache: str, p: object) -> int:
+    def _check(self, cache: str, p: int) -> None:
+        """(the types are checked by the request's decoder, node/rpcapi.py)"""
         if cache not in self.data:
             raise BadRequest(f"unknown cache {cache!r}")
-        if not isinstance(p, int) or not 0 <= p < self.data[cache].cache.partitions:
+        if not 0 <= p < self.data[cache].cache.partitions:
             raise BadRequest(f"partition {p!r} is out of range for cache {cache!r}")
-        return p
 
-    def fence(self, cache: str, p: int, term: int) -> dict[str, object]:
-        p = self._check(cache, p)
+    def fence(self, cache: str, p: int, term: int) -> Fence:
+        self._check(cache, p)
         with self.plock(cache, p):
             rec = self.record(cache, p)
             if rec.primary != self.node_id or rec.term != term:
@@ -116,13 +117,13 @@ class LiveValidation:
             token = secrets.token_hex(8)
             self.fenced[(cache, p)] = deadline
             self._tokens[(cache, p)] = (token, deadline)
-            return {"token": token, "counter": self.counter(cache, p), "term": rec.term,
-                    "epoch": rec.epoch, "lease_s": FENCE_LEASE_S, "isr": list(rec.isr),
-                    "transfer": {n: self.transfer_address(n) or "" for n in rec.isr}}
+            return Fence(token=token, counter=self.counter(cache, p), term=rec.term, epoch=rec.epoch,
+                         lease_s=FENCE_LEASE_S, isr=tuple(rec.isr),
+                         transfer={n: self.transfer_address(n) or "" for n in rec.isr})
 
     def unfence(self, cache: str, p: int, token: str) -> bool:
         """True when the fence ``token`` names was still in force (not expired)."""
-        p = self._check(cache, p)
+        self._check(cache, p)
         with self.plock(cache, p):
             mine = self._tokens.get((cache, p))
             if mine is None or mine[0] != token:
@@ -135,9 +136,7 @@ class LiveValidation:
 
     def debug_set(self, cache: str, p: int, key: bytes, value: bytes | None) -> int:
         """Change this copy only (no replication), at the next counter of this copy."""
-        p = self._check(cache, p)
-        if not isinstance(key, bytes) or not (value is None or isinstance(value, bytes)):
-            raise BadRequest("debug_set takes bytes key and value (or null)")
+        self._check(cache, p)
         with self.plock(cache, p):
             c = self.counter(cache, p) + 1
             self.data[cache].store.apply(p, key, value, c)

@@ -25,13 +25,14 @@ from .cluster_map import ClusterMap
 from .config import NodeConfig, tls_files
 from .context import Events, MapHolder, MoveTable, NodeContext, PartitionLocks, Replication
 from .errors import BadRequest, ConfigError, DataDirLocked, NodeError
-from .jsonvalue import JsonDoc
 from .membership import SETTINGS, ControlPlane, require_control_plane
 from .move import STAGES
 from .ports import Handler
 from .rebalance import Rebalancer
 from .reconcile import Reconciler
 from .rpc import RpcServer
+from .rpcapi import (CLIENT_METHODS, MOVES_PAGE, NODE_CLAIMS, Leave, MapPage, PingReply, Req,
+                     decode_request, encode_reply)
 from .livevalidate import LiveValidation
 from .states import State, StateTable
 from .storage import CacheData, check_data_dir, open_lock_file, read_node_id
@@ -82,9 +83,6 @@ def claim_node_id(data: str, node_id: str) -> None:
     if have != node_id:
         raise NodeError(f"data dir {data} belongs to node {have!r}, not {node_id!r}; "
                         "use that id or another data dir")
-
-
-MOVES_PAGE = 500           # finished moves per moves_done reply (about 300 KB)
 
 
 class Node:
@@ -229,29 +227,41 @@ class Node:
 
     # -- dispatch -----------------------------------------------------------------
     def dispatch(self, method: str, args: dict[str, object], role: str) -> object:
+        """One request: its arguments decoded by the method's request class
+        (node/rpcapi.py), the cache and partition it names checked against this
+        node's, then its handler called with the decoded arguments."""
         fn = self.handlers.get(method)
         if fn is None:
-            raise BadRequest(f"unknown method {method!r}")
-        if role != "node" and method not in CLIENT_METHODS:
-            raise BadRequest(f"method {method!r} is for nodes only")
-        return fn(**args)
+            raise BadRequest(f"unknown method {method[:64]!r}")
+        req = decode_request(method, args, role)
+        self._check_target(req)
+        return encode_reply(fn(**req.kwargs()))
+
+    def _check_target(self, req: Req[object]) -> None:
+        cache = getattr(req, "cache", None)
+        if cache is None:
+            return
+        data = self.ctx.data.get(cache)
+        if data is None:
+            raise BadRequest(f"unknown cache {cache!r}; caches: {', '.join(self.ctx.data)}")
+        p = getattr(req, "p", None)
+        if p is not None and p >= data.cache.partitions:
+            raise BadRequest(f"partition {p} is out of range for cache {cache!r} "
+                             f"({data.cache.partitions} partitions)")
 
     # membership handlers
-    def op_ping(self) -> dict[str, object]:
+    def op_ping(self) -> PingReply:
         ctx = self.ctx
-        return {"id": ctx.id, "boot": ctx.boot, "epoch": ctx.map.map.epoch,
-                "page_size": ctx.cfg.page_size, "controller": ctx.map.map.controller,
-                "lease_valid": ctx.lease_valid(),
-                "settings": {name: getattr(ctx.cfg, fld) for name, fld in SETTINGS.items()}}
+        return PingReply(id=ctx.id, boot=ctx.boot, epoch=ctx.map.map.epoch, page_size=ctx.cfg.page_size,
+                         controller=ctx.map.map.controller, lease_valid=ctx.lease_valid(),
+                         settings={name: getattr(ctx.cfg, fld) for name, fld in SETTINGS.items()})
 
-    def op_get_map(self, start: int = 0, count: int | None = None) -> JsonDoc:
+    def op_get_map(self, start: int = 0, count: int | None = None) -> MapPage:
         """The map, or one page of its partitions (``ClusterMap.fetch`` reads them all);
         at most ClusterMap.PAGE partitions per reply, whatever is asked."""
-        if not isinstance(start, int) or start < 0 or (count is not None and (not isinstance(count, int) or count < 0)):
-            raise BadRequest("get_map: start and count must be non-negative integers")
         count = ClusterMap.PAGE if count is None else min(count, ClusterMap.PAGE)
         with self.ctx.map.lock:
-            return self.ctx.map.map.to_wire(start, count)
+            return MapPage(self.ctx.map.map.to_wire(start, count))
 
     def op_leave(self, node: str | None = None) -> bool:
         """Asked of any node: that node (default this one) leaves gracefully."""
@@ -259,7 +269,7 @@ class Node:
             addr = self.ctx.map.address(node)
             if addr is None:
                 raise BadRequest(f"no member {node!r}")
-            return bool(self.ctx.pool.call(addr, "leave"))
+            return self.ctx.pool.request(addr, Leave())
         self.control.start_leave()
         self.ctx.wake()
         return True
@@ -277,8 +287,6 @@ class Node:
         """Moves that ended OWNING on this node since it started (the last 4096), oldest
         first, ``count`` (at most MOVES_PAGE: a reply stays far below the frame) from
         ``start``; fewer than asked means the end."""
-        if not isinstance(start, int) or not isinstance(count, int) or start < 0 or count < 0:
-            raise BadRequest("moves_done: start and count must be non-negative integers")
         done = list(self.ctx.moves.done)
         return done[start:start + min(count, MOVES_PAGE)]
 
@@ -321,12 +329,8 @@ class Node:
             m.set("ferry_node_replication_lag_seconds", now - t, cache=cache, partition=str(p))
 
 
-# Node-only methods whose argument names the calling node: over TLS the caller's
-# certificate must name that node (node/rpc.py refuses the request otherwise).
-NODE_CLAIMS = {"replicate": "primary", "replicate_batch": "primary", "register": "node",
-               "demand": "node", "join_isr": "node", "handoff": "to"}
-
-CLIENT_METHODS = {"ping", "get_map", "put", "put_batch", "get", "remove", "lookup", "range", "moves",
-                  "moves_done", "admission",
-                  "metrics", "leave"}
-
+# The methods a client certificate (role ``client``) may call, and the node-only
+# methods whose argument names the calling node (over TLS the caller's certificate must
+# name that node: node/rpc.py): both from the one table, node/rpcapi.py METHODS.
+__all__ = ["Node", "CLIENT_METHODS", "NODE_CLAIMS", "MOVES_PAGE", "load_tls", "lock_data_dir",
+           "claim_node_id"]

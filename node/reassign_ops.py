@@ -27,6 +27,7 @@ from .reassign import (CANCELLED, DONE, IN_SYNC, MOVING, NAME, RATE_SETTING, STA
                        Move, Plan, assess, check, generate, plan_key, plans_from, stored_doc,
                        why_not_placeable)
 from .settings import parse as parse_setting
+from .rpcapi import Moves as MovesQuery
 from .wire import Pool
 
 NodeMoves = dict[tuple[str, int, str], dict[str, Any]]   # (cache, p, demander) -> its `moves` entry
@@ -165,10 +166,13 @@ def node_moves(pool: Pool | None, m: ClusterMap, nodes: set[str]) -> NodeMoves:
         if addr is None:
             continue
         try:
-            for mv in pool.call(addr, "moves", timeout=5.0):
-                out[(str(mv["cache"]), int(mv["partition"]), str(mv["to"]))] = mv
-        except (NodeError, KeyError, TypeError, ValueError):
-            pass
+            running = pool.request(addr, MovesQuery(), timeout=5.0)
+        except NodeError:
+            continue
+        for mv in running:
+            cache, p, to = mv.get("cache"), mv.get("partition"), mv.get("to")
+            if isinstance(cache, str) and isinstance(p, int) and isinstance(to, str):
+                out[(cache, p, to)] = mv
     return out
 
 

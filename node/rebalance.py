@@ -21,10 +21,11 @@ from transfer import Limits, SupplierServer
 from .admission import Admission
 from .config import NodeConfig
 from .context import NodeContext
-from .errors import BadRequest, NodeError, Unavailable
+from .errors import NodeError, Unavailable
 from .filemove import make_supplier_storage, node_move_engine, start_supplier
 from .move import FETCH_BYTES, Move, MoveEngine, supply_batch  # noqa: F401  (public here too)
 from .ports import Handlers, IsrControl, Leadership
+from .rpcapi import Demanded, Fetched, Handoff, Holds, Registered, Unfence, Update
 from .states import State
 
 log = logging.getLogger("ferry.node.rebalance")
@@ -139,7 +140,7 @@ class Rebalancer:
 
     # -- primary / supplier ------------------------------------------------------------
     def op_register(self, cache: str, p: int, node: str, address: str,
-                    epoch: int | None = None) -> dict[str, int]:
+                    epoch: int | None = None) -> Registered:
         """Primary: replicate p to ``node`` (a MOVING copy) from now on; returns the
         counter at registration (all earlier updates are replicated already)."""
         self.leader.require_serving()
@@ -148,17 +149,14 @@ class Rebalancer:
             if not self.leader.leads(cache, p):
                 raise self.leader.not_primary(cache, p)
             self.ctx.repl.copies.setdefault((cache, p), {})[node] = address
-            return {"counter": self.ctx.data[cache].counter(p)}
+            return Registered(self.ctx.data[cache].counter(p))
 
-    def op_holds(self, cache: str, p: int) -> dict[str, object]:
+    def op_holds(self, cache: str, p: int) -> Holds:
         """Which node this is and its copy of p: state and counter (a node asks before
         it evicts its own copy that the map gives to this one)."""
-        if cache not in self.ctx.data or isinstance(p, bool) or not isinstance(p, int) \
-                or not 0 <= p < self.ctx.data[cache].cache.partitions:
-            raise BadRequest(f"holds: no partition {p!r} of cache {cache!r} here")
         st = self.ctx.states.get(cache, p)
-        return {"node": self.ctx.id, "state": st.value if st else None,
-                "counter": self.ctx.data[cache].counter(p) if st == State.OWNING else 0}
+        return Holds(node=self.ctx.id, state=st.value if st else None,
+                     counter=self.ctx.data[cache].counter(p) if st == State.OWNING else 0)
 
     def can_supply(self, cache: str, p: int) -> str | None:
         """None when this node may send p's file; else why not."""
@@ -172,7 +170,7 @@ class Rebalancer:
 
     # -- supplier -----------------------------------------------------------------
     def op_demand(self, cache: str, p: int, node: str, address: str,
-                  epoch: int | None = None) -> dict[str, object]:
+                  epoch: int | None = None) -> Demanded:
         self.leader.require_serving()
         data = self.ctx.data[cache]
         with self.ctx.plock(cache, p):
@@ -187,21 +185,21 @@ class Rebalancer:
         self.sessions[sid] = (entries, time.monotonic())
         log.info("stage=supply cache=%s partition=%d to %s: %d entries, %d bytes at counter %d",
                  cache, p, node, len(entries), total, C)
-        return {"session": sid, "counter": C, "count": len(entries), "bytes": total}
+        return Demanded(session=sid, counter=C, count=len(entries), bytes=total)
 
-    def op_fetch(self, session: str, offset: int, max_bytes: int = FETCH_BYTES) -> dict[str, object]:
+    def op_fetch(self, session: str, offset: int, max_bytes: int = FETCH_BYTES) -> Fetched:
         got = self.sessions.get(session)
         if got is None:
             raise Unavailable(f"no transfer session {session} on {self.ctx.id} (restarted?)")
         entries, size = got[0], 0
-        out: list[list[object]] = []
+        out: list[Update] = []
         i = offset
         while i < len(entries) and (size < max_bytes or not out):
             k, v, c = entries[i]
-            out.append([k, v, c])
+            out.append((k, v, c))
             size += len(k) + (len(v) if v else 0) + 16
             i += 1
-        return {"entries": out, "next": i, "done": i >= len(entries)}
+        return Fetched(entries=tuple(out), next=i, done=i >= len(entries))
 
     def op_demand_done(self, session: str) -> bool:
         return self.sessions.pop(session, None) is not None
@@ -228,7 +226,7 @@ class Rebalancer:
             if got is None:
                 raise Unavailable(f"{prim} is not a live member")
             addr = got
-            theirs = self.ctx.pool.call(addr, "handoff", cache=cache, p=p, to=self.ctx.id)
+            theirs = self.ctx.pool.request(addr, Handoff(cache, p, self.ctx.id))
             with self.ctx.plock(cache, p):
                 mine = self.ctx.data[cache].counter(p)
             if mine == theirs:
@@ -239,7 +237,7 @@ class Rebalancer:
                 except NodeError as e:
                     log.info("stage=handoff cache=%s partition=%d refused: %s", cache, p, e)
             if not ok:
-                self.ctx.pool.call(addr, "unfence", cache=cache, p=p)
+                self.ctx.pool.request(addr, Unfence(cache, p))
                 log.info("stage=handoff cache=%s partition=%d not taken (counter %d vs %d)",
                          cache, p, mine, theirs)
         except NodeError as e:

@@ -21,6 +21,7 @@ from .context import NodeContext, PartKey
 from .controller import INITIAL_WAIT_S
 from .errors import NodeError
 from .ports import IsrControl, MoveActions
+from .rpcapi import HoldsQuery, JoinIsr
 from .states import State
 
 log = logging.getLogger("ferry.node.reconcile")
@@ -248,12 +249,11 @@ class Reconciler:
                     why = f"{n} has no address"
                     break
                 try:
-                    r = self.ctx.pool.call(addr, "holds", timeout=5.0, cache=cache, p=p)
+                    r = self.ctx.pool.request(addr, HoldsQuery(cache, p), timeout=5.0)
                 except NodeError as e:
                     why = f"{n} at {addr} did not answer: {str(e)[:120]}"
                     break
-                if not isinstance(r, dict) or r.get("node") != n or r.get("state") != State.OWNING.value \
-                        or not isinstance(r.get("counter"), int) or r["counter"] < mine:
+                if r.node != n or r.state != State.OWNING.value or r.counter < mine:
                     why = f"{n} at {addr} answered {str(r)[:160]} (this copy is at {mine})"
                     break
         except Exception as e:      # a bug here must not take the eviction path with it
@@ -316,7 +316,7 @@ class Reconciler:
             # the controller keeps in the set only copies that report OWNING: the report
             # must be in etcd before the primary admits this copy
             self.control.put_report()
-            r = self.ctx.pool.call(addr, "join_isr", timeout=10.0, cache=cache, p=p, node=self.ctx.id)
+            r = self.ctx.pool.request(addr, JoinIsr(cache, p, self.ctx.id), timeout=10.0)
             if r == "resync":
                 with self.ctx.map.lock:
                     ideal = self.ctx.map.map.ideal(cache, p)

@@ -3,18 +3,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from .cluster_map import ClusterMap
 from .errors import NodeError
+from .rpcapi import AdmissionStatus, Moves, fetch_map
 from .wire import Pool
 
 
 def collect(pool: Pool, seed: str) -> dict[str, Any]:
-    m = ClusterMap.fetch(lambda **a: pool.call(seed, "get_map", timeout=5.0, **a))
+    m = fetch_map(pool, seed)
     # the controller's map is as new as any; ask it when the seed is someone else
     coord_addr = m.address(m.controller)
     if coord_addr and coord_addr != seed:
         try:
-            m = ClusterMap.fetch(lambda **a: pool.call(coord_addr, "get_map", timeout=5.0, **a))
+            m = fetch_map(pool, coord_addr)
         except NodeError:
             pass
     moves: list[dict[str, Any]] = []
@@ -22,11 +22,12 @@ def collect(pool: Pool, seed: str) -> dict[str, Any]:
     for mem in m.members.values():
         if mem.alive:
             try:
-                moves += pool.call(mem.address, "moves", timeout=5.0)
+                running = pool.request(mem.address, Moves(), timeout=5.0)
+                moves += running
             except NodeError:
                 pass
             try:           # foreground protection of that node (node/admission.py)
-                admission.append(pool.call(mem.address, "admission", timeout=5.0))
+                admission.append(pool.request(mem.address, AdmissionStatus(), timeout=5.0))
             except NodeError:
                 pass       # an older node, or one stopping
     partitions: list[dict[str, Any]] = []

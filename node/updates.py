@@ -42,25 +42,23 @@ import contextlib
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterator
+from typing import Iterator, Sequence
 
 from .assignment import partition_of
 from .backup import Backup, Update
 from .context import NodeContext, PartKey
 from .dedup import RequestId, Requests
 from .ports import Handlers, IsrControl, MoveActions
+from .rpcapi import LINEARIZABLE, MAX_BATCH, STALE, Replicate, ReplicateAnswer, ReplicateBatch
 from .storage import CacheData
 from .errors import BadRequest, NodeError, NotPrimary, OutcomeUnknown, StaleEpoch, TooLarge, Unavailable
 from .states import State
 from .visible import Tenure, Visibility
-from .wire import as_bytes
 
 log = logging.getLogger("ferry.node.updates")
 REPLICATE_TIMEOUT = 5.0
 HANDOFF_WAIT_S = 1.0       # a write to a partition being handed off waits this long for the outcome
 FANOUT_THREADS = 16        # replicate calls in flight at once beyond each writer's own
-MAX_BATCH = 1024          # items of one put_batch request (it must also fit one 1 MiB frame)
-LINEARIZABLE, STALE = "linearizable", "stale"     # the read consistencies of ``get``
 
 
 class UpdatePath:
@@ -95,10 +93,11 @@ class UpdatePath:
                 "join_isr": self.op_join_isr}
 
     # -- helpers ------------------------------------------------------------------
-    def _locate(self, cache: object, key: object) -> tuple[CacheData, int, bytes]:
-        if not isinstance(cache, str) or cache not in self.ctx.data:
+    def _locate(self, cache: str, key: bytes) -> tuple[CacheData, int, bytes]:
+        """(the request's types are checked by its decoder, node/rpcapi.py) The cache's
+        data and the key's partition; BadRequest or TooLarge for a key out of limits."""
+        if cache not in self.ctx.data:
             raise BadRequest(f"unknown cache {cache!r}; caches: {', '.join(self.ctx.data)}")
-        key = as_bytes(key, "key")
         if not key:
             raise BadRequest("key must not be empty")
         if len(key) > self.ctx.cfg.max_key_bytes:
@@ -165,13 +164,12 @@ class UpdatePath:
             raise Unavailable(f"node {self.ctx.id} is {'stopping' if self.ctx.events.stopping.is_set() else 'joining'}")
 
     # -- client operations --------------------------------------------------------
-    def op_put(self, cache: str, key: object, value: object, rid: object = None) -> int:
-        value = as_bytes(value, "value")
+    def op_put(self, cache: str, key: bytes, value: bytes, rid: object = None) -> int:
         if len(value) > self.ctx.cfg.max_value_bytes:
             raise TooLarge(f"value of {len(value)} bytes exceeds the limit of {self.ctx.cfg.max_value_bytes} bytes")
         return self._write(cache, key, value, rid)
 
-    def op_remove(self, cache: str, key: object, rid: object = None) -> int:
+    def op_remove(self, cache: str, key: bytes, rid: object = None) -> int:
         return self._write(cache, key, None, rid)
 
     @contextlib.contextmanager
@@ -253,7 +251,7 @@ class UpdatePath:
             raise e.maybe_applied()
         self.visible.release(cache, p, term, ups[-1][2])
 
-    def _write(self, cache: str, key: object, value: bytes | None, rid: object = None) -> int:
+    def _write(self, cache: str, key: bytes, value: bytes | None, rid: object = None) -> int:
         self.require_serving()
         data, p, key = self._locate(cache, key)
         req = RequestId.parse(rid)
@@ -272,7 +270,8 @@ class UpdatePath:
         self.ctx.metrics.acks.add(dt)          # foreground protection (node/admission.py)
         return counter
 
-    def op_put_batch(self, cache: str, key: object, items: object, rid: object = None) -> list[int]:
+    def op_put_batch(self, cache: str, key: bytes, items: Sequence[tuple[bytes, bytes]],
+                     rid: object = None) -> list[int]:
         """Bulk load: many puts of ONE partition (``key`` routes; every item must map to
         the same partition) in one request, replicated in one request per copy. Each
         item gets its own counter; acknowledged as a whole (if not, some items may be
@@ -280,14 +279,11 @@ class UpdatePath:
         self.require_serving()
         data, p, key = self._locate(cache, key)
         req = RequestId.parse(rid)
-        if not isinstance(items, list) or not items or len(items) > MAX_BATCH:
+        if not 0 < len(items) <= MAX_BATCH:
             raise BadRequest(f"items must be a list of 1..{MAX_BATCH} [key, value] pairs")
         batch = []
-        for i, it in enumerate(items):
-            if not isinstance(it, (list, tuple)) or len(it) != 2:
-                raise BadRequest(f"items[{i}] must be a [key, value] pair")
-            _, q, k = self._locate(cache, it[0])
-            v = as_bytes(it[1], f"items[{i}] value")
+        for i, (k0, v) in enumerate(items):
+            _, q, k = self._locate(cache, k0)
             if len(v) > self.ctx.cfg.max_value_bytes:
                 raise TooLarge(f"items[{i}]: value of {len(v)} bytes exceeds the limit of "
                                f"{self.ctx.cfg.max_value_bytes} bytes")
@@ -309,7 +305,7 @@ class UpdatePath:
         self.ctx.metrics.acks.add(dt)
         return [ups[0][2], ups[-1][2]]
 
-    def op_get(self, cache: str, key: object, consistency: str = LINEARIZABLE) -> bytes | None:
+    def op_get(self, cache: str, key: bytes, consistency: str = LINEARIZABLE) -> bytes | None:
         """``linearizable`` (default): only the primary, only while it may take writes
         (checked before and again after the value is read: a lease that ran out, a
         fence or a newer term meanwhile fails the read), only acknowledged updates.
@@ -320,8 +316,6 @@ class UpdatePath:
             if self.ctx.states.get(cache, p) != State.OWNING:
                 raise Unavailable(f"node {self.ctx.id} holds no OWNING copy of {cache}/{p}; ask another owner")
             return self.visible.read(cache, p, data, key)
-        if consistency != LINEARIZABLE:
-            raise BadRequest(f"consistency must be {LINEARIZABLE!r} or {STALE!r}, not {consistency!r}")
         term = self._read_tenure(cache, p)
         value = self.visible.read(cache, p, data, key)
         if self.tenure(cache, p) != term:
@@ -391,9 +385,7 @@ class UpdatePath:
             mine = [p for p, r in enumerate(recs) if r.primary == me]
         return [p for p in mine if self.leads(cache, p, write=False)]
 
-    def _check_index(self, cache: str, index: object) -> None:
-        if cache not in self.ctx.data:
-            raise BadRequest(f"unknown cache {cache!r}")
+    def _check_index(self, cache: str, index: str) -> None:
         if index not in {i.name for i in self.ctx.data[cache].cache.indexes}:
             raise BadRequest(f"cache {cache} has no index {index!r}")
 
@@ -412,26 +404,23 @@ class UpdatePath:
         return {n: a for n, a in out.items() if a or n in isr}, isr, epoch
 
     def _send(self, addr: str | None, node: str, cache: str, p: int, ups: list[Update], prev: int,
-              epoch: int, rid: RequestId | None) -> object:
+              epoch: int, rid: RequestId | None) -> ReplicateAnswer | NodeError:
         """One copy's replicate call: its answer, or the NodeError it raised. No
         update: a confirmation (``replicate_batch`` of nothing at ``prev``)."""
-        extra = {"rid": rid.wire()} if rid is not None else {}
         try:
             if addr is None:
                 raise Unavailable(f"{node} is not a live member")
             if len(ups) == 1:
                 key, value, counter = ups[0]
-                return self.ctx.pool.call(addr, "replicate", timeout=REPLICATE_TIMEOUT, cache=cache, p=p,
-                                          key=key, value=value, counter=counter, prev=prev,
-                                          primary=self.ctx.id, epoch=epoch, **extra)
-            return self.ctx.pool.call(addr, "replicate_batch", timeout=REPLICATE_TIMEOUT * 4, cache=cache,
-                                      p=p, updates=[list(u) for u in ups], prev=prev, primary=self.ctx.id,
-                                      epoch=epoch, **extra)
+                return self.ctx.pool.request(addr, Replicate(cache, p, key, value, counter, prev, self.ctx.id,
+                                                             epoch, rid), timeout=REPLICATE_TIMEOUT)
+            return self.ctx.pool.request(addr, ReplicateBatch(cache, p, tuple(ups), prev, self.ctx.id, epoch, rid),
+                                         timeout=REPLICATE_TIMEOUT * 4)
         except NodeError as e:
             return e
 
     def _fan_out(self, targets: dict[str, str | None], cache: str, p: int, ups: list[Update], prev: int,
-                 epoch: int, rid: RequestId | None) -> dict[str, object]:
+                 epoch: int, rid: RequestId | None) -> dict[str, ReplicateAnswer | NodeError]:
         """Every copy's answer. With more than one copy (a move in progress: the backup
         and the MOVING or new copy) the calls go out at once, so a write waits for the
         slowest copy rather than for the sum of them; p's lock is held throughout, so
@@ -468,7 +457,7 @@ class UpdatePath:
             if isinstance(r, NodeError):
                 if node in isr:
                     failed[node] = str(r)
-                    if getattr(r, "code", "") == StaleEpoch.code:
+                    if r.code == StaleEpoch.code:
                         stale = f"{node}: {r}"
                 else:  # a MOVING copy that missed an update restarts its move (gap check)
                     self.ctx.repl.copies.get((cache, p), {}).pop(node, None)

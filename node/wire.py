@@ -34,6 +34,7 @@ from transfer.errors import FrameError, PeerClosed, RemoteError, TransferError
 from transfer.transport import Conn, connect_tcp
 
 from .config import parse_address
+from .rpcapi import Requester
 from .errors import (BY_CODE, UNKNOWN, AuthFailed, BadRequest, NodeError, RemoteFailure, TooLarge,
                      Unavailable)
 
@@ -243,9 +244,11 @@ def client_pool(secret_file: str | None) -> "Pool":
         raise AuthFailed(e.reason) from None
 
 
-class Pool:
+class Pool(Requester):
     """Cached channels by address; a broken channel is dropped and redialled, and an
-    idle one the peer closed meanwhile is not reused."""
+    idle one the peer closed meanwhile is not reused. ``request(address, req)`` sends a
+    typed request (node.rpcapi) and decodes its reply; ``call(address, method, **args)``
+    is the untyped form underneath."""
 
     def __init__(self, secret: bytes, *, role: str = "node", timeout: float = 10.0,
                  tls: _tls.TlsContexts | None = None,

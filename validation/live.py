@@ -87,7 +87,7 @@ def _members_from_etcd(endpoints: list[str], prefix: str) -> list[str]:
 
 def read_map(settings: LiveSettings) -> tuple["ClusterMap", list[str], str]:
     """(map, seeds, secret file) of the cluster, or a ValidationError that says why not."""
-    from node import ClusterMap
+    from node.rpcapi import fetch_map
     from node import AuthFailed, NodeError
     from node import Pool, load_secret
 
@@ -107,7 +107,7 @@ def read_map(settings: LiveSettings) -> tuple["ClusterMap", list[str], str]:
     try:
         for seed in seeds:
             try:
-                return ClusterMap.fetch(lambda **a: pool.call(seed, "get_map", **a)), seeds, secret_file  # noqa: B023 - called at once, in this iteration
+                return fetch_map(pool, seed, timeout=None), seeds, secret_file
             except AuthFailed as exc:
                 raise WrongSecret(f"node {seed} refused the secret in {secret_file}: it is not "
                                   f"this cluster's secret ({exc})") from exc

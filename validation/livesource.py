@@ -38,11 +38,16 @@ import stat
 import tempfile
 import threading
 import time
-from typing import Any, Generator, Iterator
+from typing import TYPE_CHECKING, Any, Generator, Iterator
 
 from pyspark.sql.datasource import DataSource
 
 from validation.source import COLUMNS, RAW_SCHEMA, FerryReader, decode_task, problem_type
+
+if TYPE_CHECKING:
+    from node import Pool
+    from node.rpcapi import Fence
+    from transfer import Limits
 
 SOURCE_NAME = "ferry_live"
 LIVE_SCHEMA = RAW_SCHEMA + ", at long, snapshot long, error string"
@@ -125,17 +130,17 @@ def live_task(task: dict) -> Iterator[Any]:
 class _PartitionCheck:
     """The fence -> snapshots -> unfence -> receive -> decode of one partition."""
 
-    def __init__(self, pool: Any, limits: Any, seeds: list[str], part: dict) -> None:
+    def __init__(self, pool: "Pool", limits: "Limits", seeds: list[str], part: dict) -> None:
         self.pool, self.limits, self.seeds = pool, limits, seeds
         self.cache, self.p = part["cache"], int(part["partition"])
         self.primary, self.address, self.term = part["primary"], part["address"], int(part["term"])
 
     def _reread_map(self) -> None:
         """After the primary refused: who leads p now (any node's map)."""
-        from node import ClusterMap
+        from node.rpcapi import fetch_map
         for seed in self.seeds:
             try:
-                m = ClusterMap.fetch(lambda **a: self.pool.call(seed, "get_map", timeout=5.0, **a))  # noqa: B023 - called at once, in this iteration
+                m = fetch_map(self.pool, seed)
             except Exception:  # noqa: BLE001 - that seed is down: ask the next
                 continue
             rec = m.parts[self.cache][self.p]
@@ -145,12 +150,13 @@ class _PartitionCheck:
 
     def run(self) -> Iterator[Any]:
         from node import NodeError
+        from node.rpcapi import ValidateFence
         deadline = time.monotonic() + RETRY_S
         why = "not tried"
         for attempt in range(ATTEMPTS):
             try:
-                fence = self.pool.call(self.address, "validate_fence", cache=self.cache, p=self.p,
-                                       term=self.term, timeout=RPC_TIMEOUT_S)
+                fence = self.pool.request(self.address, ValidateFence(self.cache, self.p, self.term),
+                                          timeout=RPC_TIMEOUT_S)
             except NodeError as e:
                 why = f"primary {self.primary} ({self.address}) refused the fence: {e}"
                 if time.monotonic() > deadline:
@@ -165,25 +171,26 @@ class _PartitionCheck:
         yield _marker(self.primary or "", self.cache, self.p, None, None,
                       f"not validated after {ATTEMPTS} attempts: {why}")
 
-    def _snapshot(self, fence: dict, *, last: bool) -> Generator[Any, None, bool]:
+    def _snapshot(self, fence: "Fence", *, last: bool) -> Generator[Any, None, bool]:
         """One attempt at counter C; False (nothing yielded) when it must be retried."""
-        C = int(fence["counter"])
-        isr: list[str] = list(fence["isr"])
+        from node.rpcapi import ValidateUnfence
+        C = fence.counter
+        isr: list[str] = list(fence.isr)
         scratch = tempfile.mkdtemp(prefix=f"ferry-live-{self.cache}-{self.p}-", dir=scratch_root())
-        fetches = [_CopyFetch(n, fence["transfer"].get(n, ""), self.cache, self.p,
+        fetches = [_CopyFetch(n, fence.transfer.get(n, ""), self.cache, self.p,
                               os.path.join(scratch, n), self.pool.secret, self.limits) for n in isr]
         try:
             for f in fetches:
                 f.start()
-            end = time.monotonic() + float(fence.get("lease_s", 2.0))
+            end = time.monotonic() + fence.lease_s
             for f in fetches:
                 f.opened.wait(max(0.0, end - time.monotonic()))
             # every snapshot opened before the unfence: all at C if the fence still held
             all_open = all(f.was_open_in_time for f in fetches)
             held = False
             try:
-                held = bool(self.pool.call(self.address, "validate_unfence", cache=self.cache,
-                                           p=self.p, token=fence["token"], timeout=RPC_TIMEOUT_S))
+                held = self.pool.request(self.address, ValidateUnfence(self.cache, self.p, fence.token),
+                                         timeout=RPC_TIMEOUT_S)
             except Exception:  # noqa: BLE001 - the fence expires by itself; retry below
                 held = False
             for f in fetches:

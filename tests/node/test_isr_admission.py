@@ -27,6 +27,7 @@ from node.context import Events, MapHolder, MoveTable, NodeContext, PartitionLoc
 from node.control import Session
 from node.errors import NodeError, StaleEpoch, Unavailable
 from node.metrics import Metrics
+from node.rpcapi import Requester
 from node.states import State, StateTable
 from node.storage import CacheData
 from node.updates import UpdatePath
@@ -54,7 +55,7 @@ class Call:
 Answer = Callable[[Call], object]
 
 
-class Peers:
+class Peers(Requester):
     """``ctx.pool``: the other nodes. ``answers[node]`` is what ``node`` answers (a
     value), raises (a NodeError) or does (a callable of the Call); default "applied"."""
 
