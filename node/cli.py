@@ -6,8 +6,15 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import TYPE_CHECKING, Callable, NoReturn
 
 import click
+
+if TYPE_CHECKING:
+    from .client import Client
+    from .control import Etcd
+    from .reassign_ops import PlanDoc
+    from .wire import Pool
 
 
 class InputError(click.ClickException):
@@ -101,7 +108,7 @@ _seed = click.option("--seed", required=True, multiple=True, help="HOST:PORT of 
 _secret = click.option("--secret-file", type=click.Path(dir_okay=False), help="Cluster secret file (or $FERRY_SECRET).")
 
 
-def _fail(e: Exception) -> None:
+def _fail(e: Exception) -> NoReturn:
     # the request itself is wrong (bad argument, too large, unknown cache): exit 2
     if getattr(e, "code", None) in ("bad_request", "too_large", "config"):
         raise InputError(str(e))
@@ -131,7 +138,7 @@ def status_cmd(seed: tuple[str, ...], secret_file: str | None, as_json: bool, al
             except NodeError as e:
                 last = e
         else:
-            raise last  # type: ignore[misc]
+            raise last if last is not None else NodeError("no --seed given")
     except NodeError as e:
         _fail(e)
     if one is not None:
@@ -142,7 +149,7 @@ def status_cmd(seed: tuple[str, ...], secret_file: str | None, as_json: bool, al
     click.echo(json.dumps(doc, indent=1) if as_json else render(doc, all_partitions=all_partitions))
 
 
-def _client(seed: tuple[str, ...], secret_file: str | None):  # type: ignore[no-untyped-def]
+def _client(seed: tuple[str, ...], secret_file: str | None) -> "Client":
     from .client import Client
     from .wire import env_tls
     return Client(list(seed), secret_file=secret_file, tls=env_tls())
@@ -234,7 +241,7 @@ _prefix = click.option("--prefix", default="/ferry/default", show_default=True,
                        help="The cluster's key prefix in etcd ([control_plane] prefix).")
 
 
-def _etcd(control_plane: tuple[str, ...]):  # type: ignore[no-untyped-def]
+def _etcd(control_plane: tuple[str, ...]) -> "Etcd":
     from .control import Etcd
     return Etcd([u for x in control_plane for u in x.split(",") if u])
 
@@ -294,7 +301,7 @@ _secret_opt = click.option("--secret-file", type=click.Path(dir_okay=False),
                                 "rate and ETA. Without it, stages come from etcd alone.")
 
 
-def _plan_error(e: Exception, refused: bool = False) -> None:
+def _plan_error(e: Exception, refused: bool = False) -> NoReturn:
     """A plan, name or flag that is wrong (``refused``: a plan refused whole, nothing
     stored): exit 2; anything else as _fail."""
     from .errors import PlanError
@@ -303,7 +310,7 @@ def _plan_error(e: Exception, refused: bool = False) -> None:
     _fail(e)
 
 
-def _pool_or_none(secret_file: str | None):  # type: ignore[no-untyped-def]
+def _pool_or_none(secret_file: str | None) -> "Pool | None":
     """A client pool when a secret is at hand; none without one (a named but unusable
     secret file is an error)."""
     import os
@@ -360,18 +367,19 @@ def reassign_generate(control_plane: tuple[str, ...], prefix: str, add: str | No
         click.echo("(preview: --output FILE writes the plan, --json prints it)")
 
 
-def _report_wait(as_json: bool):  # type: ignore[no-untyped-def]
+def _report_wait(as_json: bool) -> "Callable[[PlanDoc], None]":
     """A progress printer for waits: a line whenever the counts change, else every 10 s."""
     import time
     from .reassign_ops import summary_line
-    last = {"line": "", "t": 0.0}
+    last_line, last_t = "", 0.0
 
-    def report(doc: dict) -> None:  # type: ignore[type-arg]
+    def report(doc: "PlanDoc") -> None:
+        nonlocal last_line, last_t
         line = summary_line(doc)
         now = time.monotonic()
-        if line.split(";")[0] != last["line"].split(";")[0] or now - last["t"] >= 10:
+        if line.split(";")[0] != last_line.split(";")[0] or now - last_t >= 10:
             click.echo(line, err=as_json)
-            last["line"], last["t"] = line, now
+            last_line, last_t = line, now
     return report
 
 
@@ -426,7 +434,8 @@ def reassign_execute(control_plane: tuple[str, ...], prefix: str, secret_file: s
         out["status"] = doc
     if as_json:
         click.echo(json.dumps(out, indent=1))
-    if wait_end and out["status"]["state"] != "done":     # type: ignore[index]
+    st = out.get("status")
+    if wait_end and not (isinstance(st, dict) and st.get("state") == "done"):
         sys.exit(1)
 
 

@@ -31,6 +31,7 @@ from .rpcapi import Moves as MovesQuery
 from .wire import Pool
 
 NodeMoves = dict[tuple[str, int, str], dict[str, Any]]   # (cache, p, demander) -> its `moves` entry
+PlanDoc = dict[str, Any]     # one plan's status (``plan_status``), as ``--json`` prints it
 
 
 @dataclass
@@ -288,7 +289,7 @@ def holdings(m: ClusterMap, node: str) -> list[str]:
 
 # -- waiting for a plan -----------------------------------------------------------------------
 def wait(etcd: Etcd, prefix: str, name: str, *, pool: Pool | None, timeout: float,
-         report: Callable[[dict[str, Any]], None], every: float = 1.0) -> dict[str, Any]:
+         report: Callable[[PlanDoc], None], every: float = 1.0) -> PlanDoc:
     """Poll the plan until it ends or ``timeout`` (0: none) runs out; ``report`` gets
     each status (``plan_status``). Returns the last one."""
     deadline = time.monotonic() + timeout if timeout > 0 else None

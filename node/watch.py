@@ -2,7 +2,7 @@
 
 Live settings (``node.membership.SETTINGS``): ``[transfer] rate_limit`` and
 ``concurrency``, ``[rebalance] replay_rate_limit``, ``protect``, ``latency_target_ms``,
-``min_moves`` and ``max_moves``, ``[checkpoint] interval_s``, ``log_level``. Any other change is
+``min_moves`` and ``max_moves``, ``[checkpoint] interval_s``, ``log_level``. Every other change is
 logged as needing a restart and not applied. A config that does not load (bad TOML,
 bad value) is logged and changes nothing.
 
@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from .config import NodeConfig
 from .context import NodeContext
 from .errors import ConfigError
 from .membership import SETTINGS
+
+if TYPE_CHECKING:
+    from watchdog.observers.api import BaseObserver
 
 log = logging.getLogger("ferry.node.watch")
 # the fields a running node changes without a restart: the live settings
@@ -35,19 +38,19 @@ class Watcher:
     def __init__(self, ctx: NodeContext, apply_live_config: Callable[[NodeConfig, NodeConfig], None]) -> None:
         self.ctx = ctx
         self.apply_live_config = apply_live_config
-        self.observer: Any = None
+        self.observer: BaseObserver | None = None
 
     def start(self) -> None:
         src = self.ctx.cfg.source
         if not src:
             return                     # no config file: nothing to watch
-        from watchdog.events import (FileClosedEvent, FileCreatedEvent, FileMovedEvent,
+        from watchdog.events import (FileClosedEvent, FileCreatedEvent, FileMovedEvent, FileSystemEvent,
                                      FileSystemEventHandler)
         from watchdog.observers import Observer
         watcher = self
 
         class Handler(FileSystemEventHandler):
-            def on_any_event(self, event: Any) -> None:
+            def on_any_event(self, event: FileSystemEvent) -> None:
                 # closed after a write, created or renamed into place; not opened/read
                 if event.is_directory or event.event_type not in ("modified", "created", "moved",
                                                                   "closed"):
@@ -55,14 +58,14 @@ class Watcher:
                 path = getattr(event, "dest_path", "") or event.src_path
                 watcher.changed(os.fsdecode(path))
 
-        self.observer = Observer()
+        observer = self.observer = Observer()
         # no FileModifiedEvent: inotify then delivers no IN_MODIFY (one per write(2) to
         # any file of the folder, a log line included); the close after the write
         # (IN_CLOSE_WRITE) tells the same change once
-        self.observer.schedule(Handler(), os.path.dirname(os.path.abspath(src)), recursive=False,
-                               event_filter=[FileClosedEvent, FileCreatedEvent, FileMovedEvent])
-        self.observer.daemon = True
-        self.observer.start()
+        observer.schedule(Handler(), os.path.dirname(os.path.abspath(src)), recursive=False,
+                          event_filter=[FileClosedEvent, FileCreatedEvent, FileMovedEvent])
+        observer.daemon = True
+        observer.start()
 
     def stop(self) -> None:
         if self.observer is not None:
@@ -77,6 +80,8 @@ class Watcher:
     def reload_config(self) -> None:
         from . import config as cfgmod
         old = self.ctx.cfg
+        if not old.source:
+            return                     # no config file: nothing to reload
         try:
             fresh = cfgmod._flatten(cfgmod.read_toml(old.source), old.source)
             new = cfgmod.with_overrides(old, **{k: v for k, v in fresh.items() if k in LIVE})
