@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from faults import fileio
 
 from .errors import ConfigError
+from .jsonvalue import JsonDoc, WireDoc
 
 if TYPE_CHECKING:
     from transfer.tls import TlsFiles
@@ -57,12 +58,12 @@ class CacheConfig:
     backups: int = DEFAULT_BACKUPS
     indexes: tuple[IndexConfig, ...] = ()
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> JsonDoc:
         return {"name": self.name, "partitions": self.partitions, "backups": self.backups,
                 "indexes": [asdict(i) for i in self.indexes]}
 
     @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> "CacheConfig":
+    def from_wire(cls, d: WireDoc) -> "CacheConfig":
         return cls(d["name"], int(d["partitions"]), int(d["backups"]),
                    tuple(IndexConfig(i["name"], i["field"], bool(i.get("unique", False)))
                          for i in d.get("indexes", ())))
@@ -160,7 +161,7 @@ def parse_address(addr: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def _caches(raw: Any, where: str) -> tuple[CacheConfig, ...]:
+def _caches(raw: object, where: str) -> tuple[CacheConfig, ...]:
     if not isinstance(raw, list) or not raw:
         raise ConfigError(f"{where}: 'caches' must be a non-empty array of tables ([[caches]])")
     out = []
@@ -234,8 +235,8 @@ _KEYS: dict[tuple[str, ...], str] = {
 }
 
 
-def _flatten(doc: dict[str, Any], where: str) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _flatten(doc: dict[str, object], where: str) -> dict[str, object]:
+    out: dict[str, object] = {}
     known_tables = {k[0] for k in _KEYS if len(k) == 2} | {"caches"}
     for key, val in doc.items():
         if key == "caches":
@@ -258,7 +259,7 @@ def _flatten(doc: dict[str, Any], where: str) -> dict[str, Any]:
     return out
 
 
-def read_toml(path: str) -> dict[str, Any]:
+def read_toml(path: str) -> dict[str, object]:
     """The document of the TOML file ``path``, or ConfigError saying what is wrong.
     Opened non-blocking and only if it is a regular file: ``--config`` naming a FIFO
     hung the start, ``/dev/zero`` read until memory ran out."""
@@ -286,17 +287,18 @@ def read_toml(path: str) -> dict[str, Any]:
         raise ConfigError(f"config {path} nests arrays or tables too deeply") from None
 
 
-def load(path: str | None = None, **flags: Any) -> NodeConfig:
+def load(path: str | None = None, **flags: object) -> NodeConfig:
     """Read ``path`` (TOML, optional) and apply ``flags`` (None values are ignored)."""
-    values: dict[str, Any] = {}
+    values: dict[str, object] = {}
     where = path or "flags"
     if path:
         values.update(_flatten(read_toml(path), path))
         base = os.path.dirname(os.path.abspath(path))
         for k in ("data", "secret_file", "etcd_ca", "etcd_cert", "etcd_key",
                   "etcd_password_file", "tls_ca", "tls_cert", "tls_key"):  # relative paths are relative to the file
-            if isinstance(values.get(k), str) and not os.path.isabs(values[k]):
-                values[k] = os.path.join(base, values[k])
+            rel = values.get(k)
+            if isinstance(rel, str) and not os.path.isabs(rel):
+                values[k] = os.path.join(base, rel)
     for k, v in flags.items():
         if v is not None and v != ():
             values[k] = v
@@ -324,7 +326,7 @@ def load(path: str | None = None, **flags: Any) -> NodeConfig:
         # page_size = 1024 alone must not be refused for a key limit nobody set
         from checkpoint import max_key
         values["max_key_bytes"] = min(MAX_KEY_BYTES, max(1, max_key(values["page_size"])))
-    cfg = NodeConfig(**values, source=path)
+    cfg = _unchecked(NodeConfig(id="", data=""), dict(values, source=path))
     try:
         return validate(cfg)
     except ConfigError as e:
@@ -428,8 +430,16 @@ def validate(cfg: NodeConfig) -> NodeConfig:
     return cfg
 
 
-def with_overrides(cfg: NodeConfig, **changes: Any) -> NodeConfig:
-    return validate(replace(cfg, **changes))
+def _unchecked(cfg: NodeConfig, changes: Mapping[str, object]) -> NodeConfig:
+    """``cfg`` with fields replaced by values not checked yet (a file's, a flag's, a
+    live setting's): every caller passes the result to :func:`validate` at once, which
+    refuses a value of the wrong type or range with ConfigError."""
+    raw: dict[str, Any] = dict(changes)
+    return replace(cfg, **raw)
+
+
+def with_overrides(cfg: NodeConfig, **changes: object) -> NodeConfig:
+    return validate(_unchecked(cfg, changes))
 
 
 def field_of(name: str) -> str | None:
@@ -441,7 +451,7 @@ def field_of(name: str) -> str | None:
     return name if name in NodeConfig.__dataclass_fields__ else None
 
 
-def apply_each(cfg: NodeConfig, changes: Mapping[str, Any]) -> tuple[NodeConfig, dict[str, str]]:
+def apply_each(cfg: NodeConfig, changes: Mapping[str, object]) -> tuple[NodeConfig, dict[str, str]]:
     """Apply live setting changes one by one. ``changes`` maps a setting's name
     (``transfer.rate_limit``) or its NodeConfig field (``transfer_rate_limit``) to the
     new value. Each is checked on its own, on the config with the changes accepted so
@@ -450,7 +460,7 @@ def apply_each(cfg: NodeConfig, changes: Mapping[str, Any]) -> tuple[NodeConfig,
     ``max_moves``) is tried again after the others. Returns the new config and
     ``{name as given: why refused}``."""
     new = cfg
-    pending: dict[str, tuple[str, Any]] = {}
+    pending: dict[str, tuple[str, object]] = {}
     refused: dict[str, str] = {}
     for name, value in changes.items():
         fld = field_of(name)
@@ -463,7 +473,7 @@ def apply_each(cfg: NodeConfig, changes: Mapping[str, Any]) -> tuple[NodeConfig,
         progress = False
         for name, (fld, value) in list(pending.items()):
             try:
-                new = validate(replace(new, **{fld: value}))
+                new = validate(_unchecked(new, {fld: value}))
             except (ConfigError, TypeError, ValueError, OverflowError) as e:
                 refused[name] = str(e)
                 continue
@@ -526,7 +536,7 @@ def tls_files(cfg: NodeConfig) -> "TlsFiles | None":
     return TlsFiles(cfg.tls_ca, cfg.tls_cert, cfg.tls_key)
 
 
-def _check_caches(caches: Any) -> None:
+def _check_caches(caches: object) -> None:
     """Caches from the file (already shape-checked by :func:`_caches`) or from flags
     (``--partitions``/``--backups``): the same ranges either way."""
     if not isinstance(caches, tuple) or not caches:

@@ -159,7 +159,7 @@ class ControlPlane:
 
     def _ensure_cluster(self) -> None:
         meta_key = f"{self.prefix}/meta"
-        caches = sorted((c.to_wire() for c in self.ctx.cfg.caches), key=lambda c: c["name"])
+        caches = [c.to_wire() for c in sorted(self.ctx.cfg.caches, key=lambda c: c.name)]
         fresh = not any(True for _ in self.ctx.states.items())
         salt = os.urandom(16).hex()
         doc: dict[str, object] = {"caches": caches, "created_by": self.ctx.id, "secret_salt": salt,

@@ -228,7 +228,7 @@ class _Handler(WSGIRequestHandler):
 
     timeout = METRICS_DEADLINE
 
-    def log_message(self, format: str, *args: Any) -> None:
+    def log_message(self, format: str, *args: object) -> None:
         pass
 
 
@@ -255,7 +255,10 @@ class _BoundedServer(ThreadingMixIn, WSGIServer):
         self.report = Every()
         super().__init__(address, _Handler)
 
-    def verify_request(self, request: Any, client_address: Any) -> bool:
+    def verify_request(self, request: socket.socket | tuple[bytes, socket.socket],
+                       client_address: tuple[str, int]) -> bool:
+        if not isinstance(request, socket.socket):     # (a TCP server: always one)
+            return False
         host = str(client_address[0])
         with self._lock:
             n = self._by_host.get(host, 0)

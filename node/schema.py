@@ -81,8 +81,8 @@ class Meta:
     secret_salt: str
     secret_check: str
 
-    def caches_wire(self) -> list[dict[str, object]]:
-        return sorted((c.to_wire() for c in self.caches), key=lambda c: str(c["name"]))
+    def caches_wire(self) -> list[JsonDoc]:
+        return [c.to_wire() for c in sorted(self.caches, key=lambda c: c.name)]
 
 
 @dataclass(frozen=True)

@@ -7,10 +7,8 @@ A value is checked the same way the node's config file is before it is stored.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
-from typing import Any
 
-from .config import NodeConfig, apply_each, validate
+from .config import NodeConfig, apply_each, with_overrides
 from .control import Etcd
 from .errors import ConfigError
 from .jsonvalue import Json, JsonDoc
@@ -32,8 +30,7 @@ def parse(name: str, raw: str) -> Json:
             raise ConfigError(f"setting {name}: {raw!r} is not on/off (also true/false, 1/0, yes/no)")
         return _BOOLS[word]
     val: Json = raw if kind is str else _number(name, raw, whole=kind is int)
-    fields: dict[str, Any] = {fld: val}
-    validate(replace(DEFAULTS, **fields))         # the same checks as the config file
+    with_overrides(DEFAULTS, **{fld: val})        # the same checks as the config file
     return val
 
 
@@ -61,9 +58,8 @@ def put(etcd: Etcd, prefix: str, name: str, raw: str) -> Json:
     # (a malformed stored one, refused by the nodes too, does not block this one)
     others = {n: d["value"] for n, d in current(etcd, prefix).items() if d["set"] and n != name}
     base, _refused = apply_each(DEFAULTS, others)
-    fields: dict[str, Any] = {SETTINGS[name]: val}
     try:
-        validate(replace(base, **fields))
+        with_overrides(base, **{SETTINGS[name]: val})
     except ConfigError as e:
         raise ConfigError(f"setting {name} = {raw}: {e} (with the cluster's other settings)") from None
     etcd.put(f"{prefix}/settings/{name}", val)

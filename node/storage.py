@@ -16,7 +16,7 @@ import errno
 import logging
 import os
 import stat
-from typing import Any, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Sequence
 
 from checkpoint import PartitionStore
 from faults import FerryError, fileio
@@ -25,6 +25,9 @@ from checkpoint.pagefile import iter_entries
 from indexes import BadQueryError, IndexDefinition, IndexStore
 
 from .config import CacheConfig, NodeConfig
+
+if TYPE_CHECKING:
+    from checkpoint.checkpointer import CheckpointStats
 from .errors import BadRequest, DataDirError
 from .states import State, StateTable
 
@@ -249,7 +252,7 @@ class CacheData:
             self._index(p, self.indexes.apply, p, key, old, value)
         return done
 
-    def _index(self, p: int, fn: Any, *args: Any) -> None:
+    def _index(self, p: int, fn: Callable[..., object], *args: object) -> None:
         """An index change that follows a data change of p. One the system refused (a
         full disk ...) leaves p's index behind its data: noted, so p's next change
         rebuilds it first (:meth:`_catch_up`), and raised."""
@@ -342,7 +345,7 @@ class CacheData:
         return iter(self.store.scan(p))
 
     # -- indexes ------------------------------------------------------------------
-    def lookup(self, index: str, value: Any, partitions: Iterable[int] | None = None) -> list[bytes]:
+    def lookup(self, index: str, value: object, partitions: Iterable[int] | None = None) -> list[bytes]:
         """Keys whose document has ``value`` at ``index`` (``partitions``: only theirs).
         A value no index holds (a list, a map, NaN) is the client's error:
         :class:`BadRequest`, not an internal one with a traceback."""
@@ -352,8 +355,8 @@ class CacheData:
             raise BadRequest(f"lookup on {self.cache.name}.{index}: {e}") from None
         return [k if isinstance(k, bytes) else k[-1] for k in keys]
 
-    def range(self, index: str, lo: Any, hi: Any, limit: int | None,
-              partitions: Iterable[int] | None = None) -> list[Any]:
+    def range(self, index: str, lo: object, hi: object, limit: int | None,
+              partitions: Iterable[int] | None = None) -> list[tuple[object, bytes]]:
         """``[value, key]`` pairs with ``lo <= value < hi``; the scan ends after
         ``limit`` of them and reads only ``partitions`` when given. Bounds no index
         holds are :class:`BadRequest`, and so is a limit that is not a count."""
@@ -370,7 +373,7 @@ class CacheData:
         self._behind.discard(p)
 
     # -- lifecycle ----------------------------------------------------------------
-    def checkpoint(self) -> Any:
+    def checkpoint(self) -> "CheckpointStats | None":
         return self.store.checkpoint()
 
     def close(self) -> None:
