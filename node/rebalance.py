@@ -187,7 +187,9 @@ class Rebalancer:
                  cache, p, node, len(entries), total, C)
         return Demanded(session=sid, counter=C, count=len(entries), bytes=total)
 
-    def op_fetch(self, session: str, offset: int, max_bytes: int = FETCH_BYTES) -> Fetched:
+    def op_fetch(self, session: str, offset: int, max_bytes: int | None = None) -> Fetched:
+        if max_bytes is None:
+            max_bytes = FETCH_BYTES
         got = self.sessions.get(session)
         if got is None:
             raise Unavailable(f"no transfer session {session} on {self.ctx.id} (restarted?)")

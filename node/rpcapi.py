@@ -34,7 +34,6 @@ from .cluster_map import ClusterMap
 from .dedup import RequestId
 from .errors import BadReply, BadRequest, NodeError
 from .jsonvalue import JsonDoc, WireDoc
-from .move import FETCH_BYTES
 
 R = TypeVar("R")
 
@@ -561,10 +560,12 @@ class Demand(Req[Demanded]):
 
 @dataclass(frozen=True, slots=True)
 class Fetch(Req[Fetched]):
+    """``max_bytes`` None: the supplier's default (node.move.FETCH_BYTES)."""
     METHOD: ClassVar[str] = "fetch"
+    OMIT_DEFAULT: ClassVar[frozenset[str]] = frozenset({"max_bytes"})
     session: str = arg(_name)
     offset: int = arg(_count)
-    max_bytes: int = arg(_int(1), FETCH_BYTES)
+    max_bytes: int | None = arg(_optional(_int(1)), None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -748,6 +749,6 @@ __all__ = ["METHODS", "Method", "Req", "Reply", "Requester", "CLIENT_METHODS", "
            "Ping", "PingReply", "GetMap", "MapPage", "Put", "PutBatch", "Get", "Remove", "Lookup",
            "Range", "Row", "Moves", "MovesDone", "MOVES_PAGE", "AdmissionStatus", "Metrics", "Leave",
            "Replicate", "ReplicateBatch", "ReplicateAnswer", "JoinIsr", "JoinAnswer", "Update",
-           "Demand", "Demanded", "Fetch", "Fetched", "FETCH_BYTES", "DemandDone", "Register",
+           "Demand", "Demanded", "Fetch", "Fetched", "DemandDone", "Register",
            "Registered", "Handoff", "Unfence", "AckLatency", "HoldsQuery", "Holds", "ValidateFence",
            "Fence", "ValidateUnfence", "DebugSet", "MAX_BATCH", "LINEARIZABLE", "STALE"]
