@@ -39,10 +39,11 @@ from transfer.tls import TlsContexts, TlsError, TlsFiles
 
 from .assignment import partition_of
 from .cluster_map import ClusterMap
+from .config import CacheConfig
 from .dedup import RequestId
 from .errors import UNKNOWN, AuthFailed, BadRequest, NodeError, Unavailable
 from .rpcapi import (LINEARIZABLE, METHODS, STALE, Get, Lookup, Put, PutBatch, Range, Remove, Req, Row,
-                     fetch_map)
+                     fetch_map, fetch_map_page)
 from .states import State
 from .wire import Pool, as_bytes, load_secret
 
@@ -68,14 +69,35 @@ class Client:
         else:
             self.pool = Pool(load_secret(secret_file), role="client", timeout=10.0)
         self.timeout = timeout
-        self.map: ClusterMap | None = None
+        self._map: ClusterMap | None = None
+        # the route pages held in ``_map`` and the epoch each was read at (None: the
+        # whole map, read by refresh()); the caches outlive a map set to None
+        self._pages: dict[int, int] | None = {}
+        self._caches: dict[str, CacheConfig] | None = None
+        self._map_lock = threading.Lock()
         self.id = secrets.token_hex(8)          # this client's part of every request id
         self._seq = itertools.count(1)
         self._in_flight: set[int] = set()       # sequence numbers of writes not returned
         self._seq_lock = threading.Lock()
 
+    @property
+    def map(self) -> ClusterMap | None:
+        """The route table: the whole map after :meth:`refresh`, else the pages the
+        requests so far needed. Setting it to None makes the next request read its
+        page again."""
+        return self._map
+
+    @map.setter
+    def map(self, m: ClusterMap | None) -> None:
+        with self._map_lock:
+            self._map = m
+            self._pages = None if m is not None else {}
+            if m is not None:
+                self._caches = m.caches
+
     def _member_at(self, address: str) -> str | None:
-        return self.map.member_at(address) if self.map is not None else None
+        m = self._map
+        return m.member_at(address) if m is not None else None
 
     # -- map ----------------------------------------------------------------------
     def _addresses(self) -> list[str]:
@@ -98,11 +120,78 @@ class Client:
             except NodeError as e:
                 last = e
                 continue
-            if m.members and (self.map is None or m.epoch >= self.map.epoch):
+            held = self._map
+            if m.members and (held is None or self._pages or m.epoch >= held.epoch):
                 self.map = m
                 return m
         if self.map is not None and last is None:
             return self.map
+        raise Unavailable(f"no node of the cluster answers ({', '.join(self._addresses())}): {last}")
+
+    # -- routes by page ----------------------------------------------------------------
+    # A request needs one partition's record: the client reads the page of the map
+    # that holds it (ROUTE_PAGE partitions, get_map(start, count)) when it first routes
+    # a key there, and that page again after an answer that says the route is wrong
+    # (not_primary, unavailable, a dead connection). No request reads the whole map,
+    # so routing costs the same at 100,000 partitions as at 16.
+    ROUTE_PAGE = 256
+
+    def _page(self, caches: dict[str, CacheConfig], cache: str, p: int) -> int:
+        base = 0
+        for name, c in caches.items():
+            if name == cache:
+                break
+            base += c.partitions
+        return (base + p) // self.ROUTE_PAGE
+
+    def _route(self, cache: str, key: bytes) -> tuple[ClusterMap, int]:
+        """The map to route ``key`` of ``cache`` by, holding the page of its partition,
+        and that partition."""
+        m = self._map
+        caches = m.caches if m is not None else self._caches
+        if caches is None:
+            m = self._load_page(0)
+            caches = m.caches
+        if cache not in caches:
+            raise NodeError(f"unknown cache {cache!r}; caches: {', '.join(caches)}")
+        p = partition_of(key, caches[cache].partitions)
+        page = self._page(caches, cache, p)
+        if m is None or (self._pages is not None and page not in self._pages):
+            m = self._load_page(page)
+        return m, p
+
+    def _load_page(self, page: int, avoid: str | None = None) -> ClusterMap:
+        """Route page ``page`` from the first node that answers with it at least as
+        new as the one held (``avoid`` asked last); the map held if none is newer."""
+        last: Exception | None = None
+        addrs = self._addresses()
+        if avoid in addrs:
+            addrs = [a for a in addrs if a != avoid] + [avoid]
+        for addr in addrs:
+            with self._map_lock:
+                held, pages = self._map, self._pages
+            into = held if held is not None and held.caches == self._caches else None
+            min_epoch = 0
+            if into is not None:
+                min_epoch = into.epoch if pages is None else pages.get(page, 0)
+            try:
+                m = fetch_map_page(self.pool, addr, page * self.ROUTE_PAGE, self.ROUTE_PAGE,
+                                   into=into, min_epoch=min_epoch)
+            except AuthFailed:
+                raise
+            except NodeError as e:
+                last = e
+                continue
+            if m is None:
+                continue
+            with self._map_lock:
+                if into is None:
+                    self._map, self._pages, self._caches = m, {}, m.caches
+                if self._pages is not None:
+                    self._pages[page] = m.epoch
+            return m
+        if self._map is not None and last is None:
+            return self._map
         raise Unavailable(f"no node of the cluster answers ({', '.join(self._addresses())}): {last}")
 
     def _call_primary(self, cache: str, key: bytes, method: str, **args: object) -> object:
@@ -129,11 +218,10 @@ class Client:
         maybe = False
         while True:
             addr: str | None = None
+            page: int | None = None
             try:
-                cmap = self.map if self.map is not None else self.refresh()
-                if cache not in cmap.caches:
-                    raise NodeError(f"unknown cache {cache!r}; caches: {', '.join(cmap.caches)}")
-                p = partition_of(key, cmap.caches[cache].partitions)
+                cmap, p = self._route(cache, key)
+                page = self._page(cmap.caches, cache, p)
                 addr = hint or next(iter(a for a in where(cmap, p) if a), None)
                 hint = None
                 if addr is None:
@@ -155,9 +243,10 @@ class Client:
                     time.sleep(delay * (0.5 + random.random()))
                     delay = min(delay * 2, 0.5)
                 try:
-                    # (after a redirect: the next puts go there directly); a node that
-                    # answered unavailable is asked for a map last
-                    self.refresh(avoid=addr if isinstance(e, Unavailable) else None)
+                    # the partition's page again (after a redirect: the next puts go
+                    # there directly); a node that answered unavailable is asked last
+                    if page is not None:
+                        self._load_page(page, avoid=addr if isinstance(e, Unavailable) else None)
                 except NodeError:
                     pass
 
@@ -176,8 +265,8 @@ class Client:
         """Bulk load: the pairs grouped by partition, one ``put_batch`` request per group
         of at most ``batch`` items / ``max_bytes`` bytes. Returns the number put. A batch
         that fails raises (some of its items may be applied; putting them again is safe)."""
-        cmap = self.map if self.map is not None else self.refresh()
-        parts = cmap.caches[cache].partitions if cache in cmap.caches else 1
+        caches = self._caches if self._caches is not None else self._load_page(0).caches
+        parts = caches[cache].partitions if cache in caches else 1
         groups: dict[int, list[tuple[bytes, bytes]]] = {}
         sizes: dict[int, int] = {}
         n = 0
@@ -226,7 +315,7 @@ class Client:
         """Ask every live node (each answers for the partitions it leads)."""
         deadline = time.monotonic() + self.timeout
         while True:
-            m = self.refresh()
+            m = self._load_page(0)      # the members, with the first page
             try:
                 return [self.pool.request(mem.address, req) for mem in m.members.values() if mem.alive]
             except NodeError as e:

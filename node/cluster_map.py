@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import TypeVar
 
 from .assignment import owners, ranked
 from .config import CacheConfig
@@ -23,6 +24,7 @@ from .states import State
 from .schema import BadRecord, PartRecord  # noqa: F401  (PartRecord: this module's public face too)
 
 PartKey = tuple[str, int]
+_Row = TypeVar("_Row")
 
 
 @dataclass
@@ -242,22 +244,64 @@ class ClusterMap:
         return m
 
     def merge_page(self, d: WireDoc) -> None:
-        """Fill the partitions of one page (``to_wire(start, count)``) into this map."""
+        """Fill the partitions of one page (``to_wire(start, count)``) into this map.
+        The page is read whole before anything changes: ValueError (or the error of
+        the field that does not read) leaves the map as it was, and a page whose
+        partitions fall outside this map's caches never changes a table's length."""
         offsets = d.get("offsets", {})
+        staged: list[Callable[[], None]] = []
+
+        def stage(table: dict[str, list[_Row]], c: str, rows: list[_Row]) -> None:
+            lo = int(offsets.get(c, 0))
+            if c not in self.caches or lo < 0 or lo + len(rows) > self.caches[c].partitions:
+                raise ValueError(f"map page names partitions {lo}..{lo + len(rows) - 1} of {c!r}, "
+                                 f"outside the map's caches")
+
+            def put(t: list[_Row] = table[c]) -> None:
+                t[lo:lo + len(rows)] = rows
+            staged.append(put)
         for c, lst in d.get("states", {}).items():
-            lo = int(offsets.get(c, 0))
-            self.states[c][lo:lo + len(lst)] = [dict(x) for x in lst]
+            stage(self.states, c, [dict(x) for x in lst])
         for c, lst in d.get("counters", {}).items():
-            lo = int(offsets.get(c, 0))
-            self.counters[c][lo:lo + len(lst)] = [dict(x) for x in lst]
+            stage(self.counters, c, [dict(x) for x in lst])
         if "parts" in d:
             for c, lst in d["parts"].items():
-                lo = int(offsets.get(c, 0))
-                self.parts[c][lo:lo + len(lst)] = [PartRecord.from_json(x) for x in lst]
+                stage(self.parts, c, [PartRecord.from_json(x) for x in lst])
         else:
             for c, lst in d.get("primaries", {}).items():
-                lo = int(offsets.get(c, 0))
-                self.parts[c][lo:lo + len(lst)] = [PartRecord(x, (x,) if x else ()) for x in lst]
+                stage(self.parts, c, [PartRecord(x, (x,) if x else ()) for x in lst])
+        for put in staged:
+            put()
+
+    def global_index(self, cache: str, p: int) -> int:
+        """Partition ``p`` of ``cache`` in the numbering of the pages (every cache in
+        order)."""
+        base = 0
+        for name, c in self.caches.items():
+            if name == cache:
+                return base + p
+            base += c.partitions
+        raise KeyError(cache)
+
+    def absorb(self, d: WireDoc) -> None:
+        """One page of a newer map taken into this one: its members, controller,
+        pins, moves and epoch, and its partitions (a route table: the partitions of
+        other pages stay as they were read). Read whole before anything changes:
+        ValueError (or the error of the field that does not read) leaves the map as it
+        was, as does a page of other caches than this map's."""
+        caches = {c["name"]: CacheConfig.from_wire(c) for c in d["caches"]}
+        if caches != self.caches:
+            raise ValueError("map page of other caches")
+        version, epoch = int(d["version"]), int(d["epoch"])
+        members = {x["id"]: Member(**x) for x in d["members"]}
+        moves = list(d.get("moves", []))
+        pins: dict[str, dict[int, list[str]]] = {c: {} for c in self.caches}
+        for c, d2 in d.get("pins", {}).items():
+            pins[c] = {int(p): list(o) for p, o in d2.items()}
+        self.merge_page(d)                # the last check: nothing changed if it raises
+        self.version, self.epoch, self.controller = version, epoch, d.get("controller")
+        self.members, self.moves, self.pins = members, moves, pins
+        self.members_changes += 1
 
     @classmethod
     def fetch(cls, call: Callable[..., WireDoc]) -> "ClusterMap":

@@ -744,8 +744,30 @@ def fetch_map(pool: Requester, address: str, timeout: float | None = 5.0) -> Clu
         raise BadReply(f"{address} answered get_map with a malformed map: {e!r}"[:400]) from None
 
 
+def fetch_map_page(pool: Requester, address: str, start: int, count: int, *,
+                   into: ClusterMap | None = None, min_epoch: int = 0,
+                   timeout: float | None = 5.0) -> ClusterMap | None:
+    """One page of the map at ``address`` (partitions ``start`` to ``start + count``
+    in the page numbering, :meth:`ClusterMap.global_index`): a new map holding only
+    that page's partitions, or, with ``into``, that page taken into ``into``
+    (:meth:`ClusterMap.absorb`). None, and ``into`` unchanged, when the page is older
+    than ``min_epoch`` or names no member (a node that has not joined yet). BadReply
+    when the page does not read as a map or names other caches than ``into``;
+    ``into`` is then unchanged too."""
+    doc = pool.request(address, GetMap(start, count), timeout=timeout).doc
+    try:
+        if int(doc["epoch"]) < min_epoch or not doc["members"]:
+            return None
+        if into is None:
+            return ClusterMap.from_wire(doc)
+        into.absorb(doc)
+        return into
+    except (ValueError, TypeError, KeyError, AttributeError, IndexError) as e:
+        raise BadReply(f"{address} answered get_map with a malformed map: {e!r}"[:400]) from None
+
+
 __all__ = ["METHODS", "Method", "Req", "Reply", "Requester", "CLIENT_METHODS", "NODE_CLAIMS",
-           "decode_request", "encode_reply", "fetch_map", "Invalid",
+           "decode_request", "encode_reply", "fetch_map", "fetch_map_page", "Invalid",
            "Ping", "PingReply", "GetMap", "MapPage", "Put", "PutBatch", "Get", "Remove", "Lookup",
            "Range", "Row", "Moves", "MovesDone", "MOVES_PAGE", "AdmissionStatus", "Metrics", "Leave",
            "Replicate", "ReplicateBatch", "ReplicateAnswer", "JoinIsr", "JoinAnswer", "Update",
