@@ -263,8 +263,7 @@ class Admission:
         """Does a rebalance touch this node now (moves here, MOVING copies registered
         with it as primary, its files being sent)? Its latency then is no baseline."""
         ctx = self.ctx
-        return bool(ctx.moves.running) or any(ctx.repl.copies.values()) \
-            or any(n > 0 for n in ctx.repl.in_use.values())
+        return bool(ctx.moves.running) or ctx.repl.copies.any() or ctx.repl.in_use.any()
 
     def op_ack_latency(self) -> LatencyReport:
         """RPC ``ack_latency`` (node-only): this node's window, for a demander's controller."""

@@ -100,7 +100,7 @@ class Backup:
                 if st == State.OWNING and data.counter(p) == prev \
                         and all(u[2] == prev + 1 + i for i, u in enumerate(updates)):
                     data.apply_many(p, [(k, v, c) for k, v, c in updates])   # the common case
-                    self.ctx.repl.last_applied[(cache, p)] = time.time()
+                    self.ctx.repl.last_applied.touch((cache, p), time.time())
                     self.requests.record(cache, p, req, updates[0][2], updates[-1][2])
                     return "applied"
                 try:
@@ -194,5 +194,5 @@ class Backup:
             self.movers().request_resync(cache, p, f"counter gap at {counter}")
             return "resync"
         data.apply(p, key, value, counter)
-        self.ctx.repl.last_applied[(cache, p)] = time.time()
+        self.ctx.repl.last_applied.touch((cache, p), time.time())
         return "applied"

@@ -7,6 +7,25 @@ rebalancer are separate objects built by :class:`node.node.Node`, each handed th
 attribute another file set up on ``self``.
 
 The seams between the parts are the small protocols in :mod:`node.ports`.
+
+Who guards what, and the order locks are taken in (an earlier one before a later one,
+never the reverse):
+
+1. ``Controller.lock`` (node/controller.py): one decision at a time;
+2. the partition lock ``plock(cache, p)``: counters, replication order, state changes
+   and moves of p;
+3. ``MapHolder.lock``: the local map, changed in place by the watch thread
+   (``MapHolder.changed`` is taken before it: ``wait_for``);
+4. ``MoveTable.lock``: the moves in progress;
+5. leaves, each the lock of one small table, never held while any other lock is taken
+   or code outside the table runs: the :class:`Replication` tables (:class:`Copies`,
+   :class:`Fences`, :class:`SnapshotUse`, :class:`LastApplied`, :class:`Handoffs`,
+   :class:`Admissions`), :class:`DirtySet`, :class:`PartitionLocks`' guard and the
+   :class:`~node.states.StateTable`'s lock.
+
+A table's lock keeps each operation whole; where an operation must also agree with
+p's data or state (a registration against p's replication, an admission against p's
+writes) the caller holds p's lock as well, as the table's docstring says.
 """
 from __future__ import annotations
 
@@ -137,26 +156,215 @@ class Events:
     controller_wake: threading.Event = field(default_factory=threading.Event)
 
 
+class Copies:
+    """Primary side: the MOVING copies registered with this node by a DEMAND, per
+    partition (node -> its RPC address). ``register`` runs under p's lock (the
+    registration orders against p's replication); the other operations may run under
+    any lock or none."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by: dict[PartKey, dict[str, str]] = {}
+
+    def add(self, key: PartKey, node: str, address: str) -> None:
+        with self._lock:
+            self._by.setdefault(key, {})[node] = address
+
+    def of(self, key: PartKey) -> dict[str, str]:
+        """A copy of p's registrations."""
+        with self._lock:
+            return dict(self._by.get(key, {}))
+
+    def has(self, key: PartKey, node: str) -> bool:
+        with self._lock:
+            return node in self._by.get(key, {})
+
+    def discard(self, key: PartKey, node: str) -> None:
+        with self._lock:
+            regs = self._by.get(key)
+            if regs is not None:
+                regs.pop(node, None)
+
+    def drop(self, key: PartKey) -> None:
+        """Every registration of p (this node no longer leads it)."""
+        with self._lock:
+            self._by.pop(key, None)
+
+    def keep_members(self, members: set[str]) -> None:
+        """Forget registrations of nodes that are no longer members."""
+        with self._lock:
+            for regs in self._by.values():
+                for n in [n for n in regs if n not in members]:
+                    del regs[n]
+
+    def any(self) -> bool:
+        with self._lock:
+            return any(self._by.values())
+
+
+class Fences:
+    """Primary side: writes of p refused until this monotonic time (a hand-off of the
+    primary role, or a live validation's fence)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._until: dict[PartKey, float] = {}
+
+    def set(self, key: PartKey, until: float) -> None:
+        with self._lock:
+            self._until[key] = until
+
+    def until(self, key: PartKey) -> float | None:
+        with self._lock:
+            return self._until.get(key)
+
+    def lift(self, key: PartKey, until: float | None = None) -> bool:
+        """Remove p's fence (only the one ending at ``until``, when given); True when
+        one was removed."""
+        with self._lock:
+            now = self._until.get(key)
+            if now is None or (until is not None and now != until):
+                return False
+            del self._until[key]
+            return True
+
+    def __contains__(self, key: object) -> bool:
+        with self._lock:
+            return key in self._until
+
+
+class SnapshotUse:
+    """Supplier side: transfer snapshots open per partition (an eviction waits for 0).
+    Counted by the supplier's session threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open: dict[PartKey, int] = {}
+
+    def opened(self, key: PartKey) -> None:
+        with self._lock:
+            self._open[key] = self._open.get(key, 0) + 1
+
+    def closed(self, key: PartKey) -> None:
+        with self._lock:
+            n = self._open.get(key, 0) - 1
+            if n > 0:
+                self._open[key] = n
+            else:
+                self._open.pop(key, None)
+
+    def count(self, key: PartKey) -> int:
+        with self._lock:
+            return self._open.get(key, 0)
+
+    def any(self) -> bool:
+        with self._lock:
+            return bool(self._open)
+
+
+class LastApplied:
+    """Backup side: wall time of the last replicated update applied to p (lag metric)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._at: dict[PartKey, float] = {}
+
+    def touch(self, key: PartKey, when: float) -> None:
+        with self._lock:
+            self._at[key] = when
+
+    def items(self) -> list[tuple[PartKey, float]]:
+        with self._lock:
+            return list(self._at.items())
+
+
+class Handoffs:
+    """Hand-offs of the primary role to this node in progress (the reconcile thread
+    starts one, the hand-off worker ends it)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._keys: set[PartKey] = set()
+
+    def begin(self, key: PartKey) -> bool:
+        """Mark p's hand-off as started; False when one is in progress already."""
+        with self._lock:
+            if key in self._keys:
+                return False
+            self._keys.add(key)
+            return True
+
+    def end(self, key: PartKey) -> None:
+        with self._lock:
+            self._keys.discard(key)
+
+    def __contains__(self, key: object) -> bool:
+        with self._lock:
+            return key in self._keys
+
+
+class Admissions:
+    """Primary side: the copy whose admission to p's in-sync set is in flight (at most
+    one change of p's in-sync set at a time from this node; it counts as in sync for
+    acknowledgements until the admission ends, node/updates.py ``op_join_isr``), and
+    whether a write to it failed meanwhile ("spoiled"). Every caller also holds p's
+    lock, which orders these changes against p's writes."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._admitting: dict[PartKey, str] = {}
+        self._spoiled: set[PartKey] = set()
+
+    def begin(self, key: PartKey, node: str) -> str | None:
+        """Start admitting ``node``; returns the copy being admitted already (and
+        changes nothing), or None."""
+        with self._lock:
+            now = self._admitting.get(key)
+            if now is not None:
+                return now
+            self._admitting[key] = node
+            return None
+
+    def admitting(self, key: PartKey) -> str | None:
+        with self._lock:
+            return self._admitting.get(key)
+
+    def spoil(self, key: PartKey) -> None:
+        """A write to the copy being admitted failed."""
+        with self._lock:
+            if key in self._admitting:
+                self._spoiled.add(key)
+
+    def take_spoiled(self, key: PartKey) -> bool:
+        """Was p's admission spoiled? Clears the mark."""
+        with self._lock:
+            out = key in self._spoiled
+            self._spoiled.discard(key)
+            return out
+
+    def end(self, key: PartKey) -> None:
+        with self._lock:
+            self._admitting.pop(key, None)
+            self._spoiled.discard(key)
+
+    def snapshot(self) -> tuple[dict[PartKey, str], set[PartKey]]:
+        """(admitting, spoiled), copies."""
+        with self._lock:
+            return dict(self._admitting), set(self._spoiled)
+
+
 @dataclass
 class Replication:
     """Per-partition tables the update path, the control plane and the rebalancer
-    all consult (each under the partition lock of its key, unless noted)."""
-    # primary side: MOVING copies registered by a DEMAND (node -> address)
-    copies: dict[PartKey, dict[str, str]] = field(default_factory=dict)
-    # primary side: writes refused until this monotonic time (a hand-off in progress)
-    fenced: dict[PartKey, float] = field(default_factory=dict)
-    # backup side: wall time of the last applied replicated update (lag metric)
-    last_applied: dict[PartKey, float] = field(default_factory=dict)
-    # supplier side: open transfer snapshots per partition (eviction waits for 0)
-    in_use: dict[PartKey, int] = field(default_factory=dict)
-    # hand-offs of the primary role to this node in progress
-    handoffs: set[PartKey] = field(default_factory=set)
-    # primary side: the copy whose admission to the in-sync set is in flight (at most
-    # one change of p's in-sync set at a time from this node); it counts as in sync
-    # for acknowledgements until the admission ends (node/updates.py, op_join_isr)
-    admitting: dict[PartKey, str] = field(default_factory=dict)
-    # primary side: admissions during which a write to the admitted copy failed
-    spoiled: set[PartKey] = field(default_factory=set)
+    all consult. Each table owns its lock, a leaf: taken after any other lock of the
+    node and never held while another one is taken or the caller's code runs (see the
+    module docstring)."""
+    copies: Copies = field(default_factory=Copies)
+    fenced: Fences = field(default_factory=Fences)
+    last_applied: LastApplied = field(default_factory=LastApplied)
+    in_use: SnapshotUse = field(default_factory=SnapshotUse)
+    handoffs: Handoffs = field(default_factory=Handoffs)
+    admissions: Admissions = field(default_factory=Admissions)
 
 
 @dataclass
@@ -208,4 +416,4 @@ class NodeContext:
 
 
 __all__ = ["NodeContext", "PartitionLocks", "MapHolder", "DirtySet", "Events", "Replication", "MoveTable",
-           "PartKey"]
+           "PartKey", "Copies", "Fences", "SnapshotUse", "LastApplied", "Handoffs", "Admissions"]

@@ -27,7 +27,7 @@ from transfer import Limits, NotHeld, PartitionStoreStorage, Snapshot, SupplierS
 from transfer.tls import TlsContexts
 
 from .config import NodeConfig
-from .context import NodeContext
+from .context import NodeContext, SnapshotUse
 from .errors import Unavailable
 from .rpcapi import Demand, DemandDone, Fetch, Ping, Register
 from .move import FilesImpossible, MoveContext, MoveEngine, MoveRestart
@@ -135,7 +135,7 @@ def node_move_engine(ctx: NodeContext, recv_limits: Limits, scan_pool: ScanPool 
 
 
 # -- supplier side --------------------------------------------------------------------
-def make_supplier_storage(data: Mapping[str, CacheData], in_use: dict[tuple[str, int], int],
+def make_supplier_storage(data: Mapping[str, CacheData], in_use: SnapshotUse,
                           can_supply: Callable[[str, int], str | None]) -> PartitionStoreStorage:
     """transfer's PartitionStoreStorage limited to partitions this node OWNS (confirmed:
     ``can_supply`` says why not), counting open snapshots in ``in_use`` so an eviction
@@ -148,14 +148,14 @@ def make_supplier_storage(data: Mapping[str, CacheData], in_use: dict[tuple[str,
                 raise NotHeld(why, partition=partition)
             key = (cache, partition)
             snap = super().open_snapshot(cache, partition)
-            in_use[key] = in_use.get(key, 0) + 1
+            in_use.opened(key)
             inner = snap._close
 
             def close() -> None:
                 try:
                     inner()
                 finally:
-                    in_use[key] -= 1
+                    in_use.closed(key)
             snap._close = close
             return snap
 

@@ -49,7 +49,7 @@ DEBUG_ENV = "FERRY_DEBUG_RPC"
 PartKey = tuple[str, int]
 
 if TYPE_CHECKING:
-    from .context import NodeContext
+    from .context import Fences, NodeContext
 
 
 @dataclass
@@ -66,7 +66,7 @@ class LiveValidation:
     record: Callable[[str, int], PartRecord]
     leads: Callable[[str, int], bool]
     counter: Callable[[str, int], int]
-    fenced: dict[PartKey, float]
+    fenced: Fences
     transfer_address: Callable[[str], str | None]
     data: dict[str, CacheData]
     debug: bool = False
@@ -115,7 +115,7 @@ class LiveValidation:
                                   "in progress, its lease not valid, or not OWNING); retry")
             deadline = time.monotonic() + FENCE_LEASE_S
             token = secrets.token_hex(8)
-            self.fenced[(cache, p)] = deadline
+            self.fenced.set((cache, p), deadline)
             self._tokens[(cache, p)] = (token, deadline)
             return Fence(token=token, counter=self.counter(cache, p), term=rec.term, epoch=rec.epoch,
                          lease_s=FENCE_LEASE_S, isr=tuple(rec.isr),
@@ -130,8 +130,7 @@ class LiveValidation:
                 return False
             del self._tokens[(cache, p)]
             deadline = mine[1]
-            if self.fenced.get((cache, p)) == deadline:   # not replaced by a hand-off fence
-                del self.fenced[(cache, p)]
+            self.fenced.lift((cache, p), deadline)   # unless replaced by a hand-off fence
             return time.monotonic() < deadline
 
     def debug_set(self, cache: str, p: int, key: bytes, value: bytes | None) -> int:

@@ -436,8 +436,8 @@ class ControlPlane:
                     # no longer primary: registrations of moving copies belong to the new
                     # one, and a hand-off fence has done its job (left in place, it would
                     # refuse writes if the role came back here within FENCE_SECONDS)
-                    self.ctx.repl.copies.pop((cache, p), None)
-                    self.ctx.repl.fenced.pop((cache, p), None)
+                    self.ctx.repl.copies.drop((cache, p))
+                    self.ctx.repl.fenced.lift((cache, p))
         self._check_own_keys(events, d.garbage)
         self.ctx.map.dirty.add(d.parts)
         self.ctx.map.controller_dirty.add(d.parts)

@@ -325,7 +325,7 @@ class Node:
         m.set("ferry_node_lease_valid", 1 if ctx.lease_valid() else 0)
         m.set("ferry_node_is_controller", 1 if self.control.controller is not None else 0)
         now = time.time()
-        for (cache, p), t in list(ctx.repl.last_applied.items()):
+        for (cache, p), t in ctx.repl.last_applied.items():
             m.set("ferry_node_replication_lag_seconds", now - t, cache=cache, partition=str(p))
 
 

@@ -148,7 +148,7 @@ class Rebalancer:
             self.leader.check_epoch(cache, p, epoch, node, demand=True)
             if not self.leader.leads(cache, p):
                 raise self.leader.not_primary(cache, p)
-            self.ctx.repl.copies.setdefault((cache, p), {})[node] = address
+            self.ctx.repl.copies.add((cache, p), node, address)
             return Registered(self.ctx.data[cache].counter(p))
 
     def op_holds(self, cache: str, p: int) -> Holds:
@@ -177,7 +177,7 @@ class Rebalancer:
             self.leader.check_epoch(cache, p, epoch, node, demand=True)
             if not self.leader.leads(cache, p):
                 raise self.leader.not_primary(cache, p)
-            self.ctx.repl.copies.setdefault((cache, p), {})[node] = address
+            self.ctx.repl.copies.add((cache, p), node, address)
             C = data.counter(p)
             entries = sorted(data.entries(p), key=lambda e: e[2])
         sid = uuid.uuid4().hex
@@ -212,11 +212,11 @@ class Rebalancer:
         with self.ctx.plock(cache, p):
             if not self.leader.leads(cache, p):
                 raise self.leader.not_primary(cache, p)
-            self.ctx.repl.fenced[(cache, p)] = time.monotonic() + FENCE_SECONDS
+            self.ctx.repl.fenced.set((cache, p), time.monotonic() + FENCE_SECONDS)
             return self.ctx.data[cache].counter(p)
 
     def op_unfence(self, cache: str, p: int) -> bool:
-        return self.ctx.repl.fenced.pop((cache, p), None) is not None
+        return self.ctx.repl.fenced.lift((cache, p))
 
     def take_primary(self, cache: str, p: int, prim: str) -> bool:
         """Take p's primary role from ``prim`` (fence, compare counters, the controller's
@@ -245,6 +245,6 @@ class Rebalancer:
         except NodeError as e:
             log.info("stage=handoff cache=%s partition=%d from %s failed: %s", cache, p, prim, e)
         finally:
-            self.ctx.repl.handoffs.discard((cache, p))
+            self.ctx.repl.handoffs.end((cache, p))
             self.ctx.map.dirty.add([(cache, p)])
         return ok

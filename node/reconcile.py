@@ -106,10 +106,7 @@ class Reconciler:
             self.ctx.map.dirty.everything()    # not registered (lease lost): act on nothing
             return                              # until registered again, then on everything
         # registered MOVING copies that died or left need no registration
-        for regs in list(self.ctx.repl.copies.values()):
-            for n in list(regs):
-                if n not in members:
-                    regs.pop(n, None)
+        self.ctx.repl.copies.keep_members(members)
         keys = self._keys()
         if keys is None:
             keys = {(c, p) for c, d in self.ctx.data.items() for p in range(d.cache.partitions)}
@@ -203,7 +200,8 @@ class Reconciler:
                 if prim in owning:
                     if not self.backoff.ready(key, token):
                         return True             # its last hand-off failed: not yet
-                    self.ctx.repl.handoffs.add(key)
+                    if not self.ctx.repl.handoffs.begin(key):
+                        return True
                     self._pool.submit(self._hand_off, cache, p, prim, token)
                     return True
         else:
@@ -274,7 +272,7 @@ class Reconciler:
     def evict(self, cache: str, p: int, why: str) -> bool:
         """RENTING -> EVICTED: the file is deleted once no transfer reads it (else the
         partition stays RENTING and the next reconcile tries again: False)."""
-        if self.ctx.repl.in_use.get((cache, p)):
+        if self.ctx.repl.in_use.count((cache, p)):
             log.info("stage=evict cache=%s partition=%d still being sent; eviction waits", cache, p)
             return False
         with self.ctx.plock(cache, p):

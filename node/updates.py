@@ -70,7 +70,7 @@ class UpdatePath:
         self.control = control
         self.movers: MoveActions | None = None     # bound once the rebalancer exists
         # admissions whose outcome is unknown (op_join_isr): p -> (request key, revision
-        # of its put); the copy stays in repl.admitting until the map shows the outcome
+        # of its put); the copy stays in repl.admissions until the map shows the outcome
         self._limbo: dict[PartKey, tuple[str, int]] = {}
         # replication fan-out (_fan_out); its threads start on first use
         self._pool = ThreadPoolExecutor(max_workers=FANOUT_THREADS, thread_name_prefix="ferry-replicate")
@@ -128,7 +128,7 @@ class UpdatePath:
         prim, term = rec.primary, rec.term
         if prim != self.ctx.id:
             return None
-        until = self.ctx.repl.fenced.get((cache, p))
+        until = self.ctx.repl.fenced.until((cache, p))
         if until is not None and time.monotonic() < until:
             return None
         s = self.ctx.session
@@ -215,7 +215,7 @@ class UpdatePath:
         deadline = time.monotonic() + HANDOFF_WAIT_S
         with self.ctx.map.changed:
             while True:
-                until = self.ctx.repl.fenced.get(key)
+                until = self.ctx.repl.fenced.until(key)
                 now = time.monotonic()
                 if until is None or now >= min(until, deadline):
                     return
@@ -399,7 +399,7 @@ class UpdatePath:
                 out[n] = self.ctx.map.map.address(n)
             isr = set(rec.isr) - {self.ctx.id}
             epoch = rec.term
-        out.update(self.ctx.repl.copies.get((cache, p), {}))
+        out.update(self.ctx.repl.copies.of((cache, p)))
         out.pop(self.ctx.id, None)
         return {n: a for n, a in out.items() if a or n in isr}, isr, epoch
 
@@ -446,7 +446,7 @@ class UpdatePath:
         if self._limbo:
             self._settle_limbo(cache, p)
         targets, isr, epoch = self._targets(cache, p)
-        admitting = self.ctx.repl.admitting.get((cache, p))
+        admitting = self.ctx.repl.admissions.admitting((cache, p))
         if admitting is not None:
             isr.add(admitting)             # counts as in sync while it is admitted
         if not ups:
@@ -460,12 +460,12 @@ class UpdatePath:
                     if r.code == StaleEpoch.code:
                         stale = f"{node}: {r}"
                 else:  # a MOVING copy that missed an update restarts its move (gap check)
-                    self.ctx.repl.copies.get((cache, p), {}).pop(node, None)
+                    self.ctx.repl.copies.discard((cache, p), node)
                 continue
             if r != "applied" and node in isr:
                 failed[node] = f"answered {r!r}"
             if r in ("absent", "resync"):
-                self.ctx.repl.copies.get((cache, p), {}).pop(node, None)
+                self.ctx.repl.copies.discard((cache, p), node)
         if stale is None and not failed:
             return
         what = (f"update(s) {cache}/{p}#{ups[0][2]}..{ups[-1][2]}" if ups
@@ -480,7 +480,7 @@ class UpdatePath:
                 # an admission's round trip is in flight (op_join_isr): no second change
                 # of the in-sync set now; the copy being admitted is taken out after it
                 if admitting in failed:
-                    self.ctx.repl.spoiled.add((cache, p))
+                    self.ctx.repl.admissions.spoil((cache, p))
                 raise Unavailable(f"{what} {durable} on {self.ctx.id} but not on "
                                   f"{', '.join(f'{n} ({w})' for n, w in failed.items())} while "
                                   f"{admitting} joins the in-sync set: NOT acknowledged, retry")
@@ -505,7 +505,7 @@ class UpdatePath:
         The controller's round trip (etcd put, the controller's compare-and-swap, the
         watch back: tens of ms, more under load) runs WITHOUT p's lock, so writes of p
         go on meanwhile. For those writes the copy counts as in sync already
-        (``repl.admitting``): a write it fails to apply is not acknowledged and spoils
+        (``repl.admissions``): a write it fails to apply is not acknowledged and spoils
         the admission, which then takes the copy out again and answers "resync". So
         from the moment the controller may have admitted it, the copy holds every
         acknowledged update, as if the lock had been held throughout."""
@@ -518,12 +518,12 @@ class UpdatePath:
             rec = self.ctx.map.record(cache, p)
             if node in rec.isr:
                 return "ok"
-            if node not in self.ctx.repl.copies.get(key, {}):
+            if not self.ctx.repl.copies.has(key, node):
                 return "resync"
-            if key in self.ctx.repl.admitting:
+            busy = self.ctx.repl.admissions.begin(key, node)
+            if busy is not None:
                 raise Unavailable(f"{cache}/{p}: a change of the in-sync set is in progress "
-                                  f"({self.ctx.repl.admitting[key]}); ask again")
-            self.ctx.repl.admitting[key] = node
+                                  f"({busy}); ask again")
         try:
             self.control.alter_isr(cache, p, add=[node])
         except OutcomeUnknown as e:
@@ -549,7 +549,7 @@ class UpdatePath:
         and the request is gone (applied, refused, withdrawn or dropped with the lease;
         the controller applies a request only as it read it, so a gone one never is).
         The record then says whether the copy was admitted; it ends as any admission
-        (_end_admission). Until then the copy stays in repl.admitting."""
+        (_end_admission). Until then the copy stays in repl.admissions."""
         key = (cache, p)
         pending = self._limbo.get(key)
         if pending is None:
@@ -560,7 +560,7 @@ class UpdatePath:
                 return
             rec = self.ctx.map.map.parts[cache][p]
         del self._limbo[key]
-        node = self.ctx.repl.admitting.get(key)
+        node = self.ctx.repl.admissions.admitting(key)
         if node is None:
             return
         admitted = node in rec.isr
@@ -574,15 +574,14 @@ class UpdatePath:
         acknowledged) is taken out of the in-sync set again. A refused or unanswered
         admission leaves the copy registered (it asks again)."""
         key = (cache, p)
-        spoiled = key in self.ctx.repl.spoiled
+        spoiled = self.ctx.repl.admissions.take_spoiled(key)
         if admitted or spoiled:
-            self.ctx.repl.copies.get(key, {}).pop(node, None)
-        self.ctx.repl.spoiled.discard(key)
+            self.ctx.repl.copies.discard(key, node)
         try:
             if spoiled and node in self.ctx.map.record(cache, p).isr:
                 self.control.alter_isr(cache, p, remove=[node])
         finally:
-            self.ctx.repl.admitting.pop(key, None)
+            self.ctx.repl.admissions.end(key)
         return "resync" if spoiled else "ok"
 
     def copy_replaced(self, cache: str, p: int) -> None:

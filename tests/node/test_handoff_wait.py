@@ -92,8 +92,8 @@ def view_change_to(node: Primary, new_primary: str) -> None:
         m.parts[CACHE][P] = PartRecord(new_primary, (new_primary, PRIMARY), rec.epoch + 1, False,
                                        rec.term + 1)
         if m.parts[CACHE][P].primary != node.ctx.id and node.ctx.map.map.parts[CACHE][P].primary == node.ctx.id:
-            node.ctx.repl.copies.pop(KEY, None)
-            node.ctx.repl.fenced.pop(KEY, None)
+            node.ctx.repl.copies.drop(KEY)
+            node.ctx.repl.fenced.lift(KEY)
         node.ctx.map.map = m
     with node.ctx.map.changed:
         node.ctx.map.changed.notify_all()
@@ -110,7 +110,7 @@ def test_fence_is_what_op_handoff_sets(primary, reb):                 # noqa: F8
     """The fixture's fence is the real one: op_handoff under p's lock, FENCE_SECONDS."""
     t0 = time.monotonic()
     assert reb.op_handoff(CACHE, P, BACKUP) == 0
-    assert t0 + FENCE_SECONDS <= primary.ctx.repl.fenced[KEY] <= time.monotonic() + FENCE_SECONDS
+    assert t0 + FENCE_SECONDS <= (primary.ctx.repl.fenced.until(KEY) or 0.0) <= time.monotonic() + FENCE_SECONDS
     assert not primary.up.leads(CACHE, P)
     assert reb.op_unfence(CACHE, P) is True
     assert KEY not in primary.ctx.repl.fenced and primary.up.leads(CACHE, P)
@@ -200,7 +200,7 @@ def test_a_fence_that_expires_first_ends_the_wait_then(primary, monkeypatch):  #
     """A fence deadline earlier than HANDOFF_WAIT_S: the write is served once it passes."""
     monkeypatch.setattr(updates, "HANDOFF_WAIT_S", 1.0, raising=False)   # the default
     fenced_at = time.monotonic()
-    primary.ctx.repl.fenced[KEY] = fenced_at + DELAY
+    primary.ctx.repl.fenced.set(KEY, fenced_at + DELAY)
     fut = put(primary, b"k1", b"after-expiry")
     r, ended = fut.result(timeout=WAIT)
     assert r == 1, r
@@ -229,7 +229,7 @@ def test_a_write_to_a_node_that_is_not_the_primary_is_redirected_without_waiting
 
 
 def test_an_unfenced_write_is_served_at_once(primary):                 # noqa: F811
-    primary.ctx.repl.fenced[KEY] = time.monotonic() - 1.0   # an expired fence left behind
+    primary.ctx.repl.fenced.set(KEY, time.monotonic() - 1.0)   # an expired fence left behind
     t0 = time.monotonic()
     r, ended = put(primary).result(timeout=WAIT)
     assert r == 1 and ended - t0 < 0.05

@@ -149,11 +149,11 @@ class Primary:
         return self.ctx.map.record(CACHE, P)
 
     def copies(self) -> dict[str, str]:
-        return dict(self.ctx.repl.copies.get((CACHE, P), {}))
+        return self.ctx.repl.copies.of((CACHE, P))
 
     def register(self, node: str, state: State) -> None:
         """``node`` DEMANDed p (a registered MOVING copy) and reports ``state``."""
-        self.ctx.repl.copies.setdefault((CACHE, P), {})[node] = ADDR[node]
+        self.ctx.repl.copies.add((CACHE, P), node, ADDR[node])
         with self.ctx.map.lock:
             self.ctx.map.map.states[CACHE][P][node] = state.value
 
@@ -177,7 +177,7 @@ class Primary:
         fut = self.bg.submit(self.up.op_join_isr, CACHE, P, node)
         try:
             assert self.control.entered.wait(WAIT), "op_join_isr never asked the controller"
-            assert self.ctx.repl.admitting == {(CACHE, P): node}
+            assert self.ctx.repl.admissions.snapshot()[0] == {(CACHE, P): node}
             yield fut
         finally:
             self.control.gate.set()
@@ -218,8 +218,8 @@ def primary(tmp_path) -> Iterator[Primary]:
 
 
 def assert_admission_over(node: Primary) -> None:
-    assert node.ctx.repl.admitting == {}
-    assert node.ctx.repl.spoiled == set()
+    assert node.ctx.repl.admissions.snapshot()[0] == {}
+    assert node.ctx.repl.admissions.snapshot()[1] == set()
 
 
 # -- the admission ---------------------------------------------------------------------------
@@ -228,7 +228,7 @@ def test_a_write_during_the_admission_goes_on_and_reaches_the_admitted_copy(prim
     with primary.admitting() as join:
         c = primary.put(b"k1", b"during")         # ends while the admission waits
         assert not join.done()                    # the controller has not answered yet
-        assert primary.ctx.repl.admitting == {(CACHE, P): COPY}
+        assert primary.ctx.repl.admissions.snapshot()[0] == {(CACHE, P): COPY}
         assert c == 1 and primary.data.get(P, b"k1") == b"during"
         assert primary.peers.replicated(c) == {BACKUP, COPY}
         sent = next(x for x in primary.peers.calls if x.node == COPY)
@@ -258,7 +258,7 @@ def test_a_write_the_admitted_copy_fails_is_not_acknowledged_and_spoils_the_admi
             primary.put(b"k1")
         assert "NOT acknowledged" in str(e.value) and COPY in str(e.value)
         assert primary.data.counter(P) == 1       # durable here, just not acknowledged
-        assert primary.ctx.repl.spoiled == {(CACHE, P)}
+        assert primary.ctx.repl.admissions.snapshot()[1] == {(CACHE, P)}
         assert primary.control.calls == [([], [COPY])]   # no second in-sync change meanwhile
         assert not join.done()
     assert join.result(timeout=WAIT) == "resync"
@@ -281,7 +281,7 @@ def test_an_in_sync_copy_failing_during_the_admission_is_not_removed_meanwhile(p
             primary.put(b"k1")
         assert "NOT acknowledged" in str(e.value) and BACKUP in str(e.value)
         assert primary.control.calls == [([], [COPY])]   # no alter_isr(remove) during it
-        assert primary.ctx.repl.spoiled == set()         # the admitted copy has the write
+        assert primary.ctx.repl.admissions.snapshot()[1] == set()         # the admitted copy has the write
         assert primary.peers.replicated(1) == {BACKUP, COPY}
     assert join.result(timeout=WAIT) == "ok"
     assert primary.record().isr == (PRIMARY, BACKUP, COPY)
@@ -299,7 +299,7 @@ def test_a_second_admission_of_the_partition_meanwhile_is_refused(primary, secon
     with primary.admitting(COPY) as join:
         with pytest.raises(Unavailable, match="in progress"):
             primary.bg.submit(primary.up.op_join_isr, CACHE, P, second).result(timeout=WAIT)
-        assert primary.ctx.repl.admitting == {(CACHE, P): COPY}
+        assert primary.ctx.repl.admissions.snapshot()[0] == {(CACHE, P): COPY}
     assert join.result(timeout=WAIT) == "ok"
     assert primary.control.calls == [([], [COPY])]
     assert primary.record().isr == (PRIMARY, BACKUP, COPY)

@@ -1,7 +1,7 @@
 """An admission to the in-sync set whose outcome is unknown (node/updates.py,
 UpdatePath.op_join_isr / _settle_limbo): the controller's alter_isr(add) raised
 OutcomeUnknown (the request timed out and could not be withdrawn: it may still be
-applied). The copy keeps counting as in sync (``repl.admitting``) until this node's map
+applied). The copy keeps counting as in sync (``repl.admissions``) until this node's map
 is at or past the request's revision without the request key; then the record says
 whether it was admitted, and the admission ends as any other.
 
@@ -40,7 +40,7 @@ def unknown(node: Primary) -> None:
 
 
 def in_limbo(node: Primary) -> None:
-    assert node.ctx.repl.admitting == {(CACHE, P): COPY}
+    assert node.ctx.repl.admissions.snapshot()[0] == {(CACHE, P): COPY}
     assert COPY in node.copies()
 
 
@@ -64,7 +64,7 @@ def test_the_copy_counts_as_in_sync_while_the_outcome_is_unknown(primary):   # n
     primary.peers.answers[COPY] = Unavailable("connection reset")
     with pytest.raises(Unavailable, match="NOT acknowledged"):
         primary.put(b"k2")
-    assert primary.ctx.repl.spoiled == {(CACHE, P)}
+    assert primary.ctx.repl.admissions.snapshot()[1] == {(CACHE, P)}
     in_limbo(primary)
     # no second change of p's in-sync set meanwhile
     for node in (COPY, OTHER):
@@ -97,7 +97,7 @@ def test_admitted_after_all_the_next_write_ends_the_admission(primary):     # no
     assert primary.put(b"k1") == 1
     map_shows(primary, admitted=True)
     assert primary.put(b"k2") == 2                  # ends the limbo first, under p's lock
-    assert primary.ctx.repl.admitting == {} and primary.ctx.repl.spoiled == set()
+    assert primary.ctx.repl.admissions.snapshot()[0] == {} and primary.ctx.repl.admissions.snapshot()[1] == set()
     assert COPY not in primary.copies()             # admitted: no longer a registered copy
     assert primary.peers.replicated(2) == {BACKUP, COPY}
     # in sync by the record now: its failure takes it out, as any in-sync copy's
@@ -112,7 +112,7 @@ def test_not_admitted_after_all_the_copy_stays_registered_and_counts_for_nothing
     map_shows(primary, admitted=False)
     primary.peers.answers[COPY] = Unavailable("connection reset")
     assert primary.put(b"k1") == 1                  # acknowledged: it is not in sync
-    assert primary.ctx.repl.admitting == {} and primary.ctx.repl.spoiled == set()
+    assert primary.ctx.repl.admissions.snapshot()[0] == {} and primary.ctx.repl.admissions.snapshot()[1] == set()
     assert COPY not in primary.copies()             # it missed a write: dropped, as a MOVING copy
     assert primary.control.calls == [([], [COPY])]
     assert primary.record().isr == (PRIMARY, BACKUP)
@@ -124,7 +124,7 @@ def test_not_admitted_after_all_a_later_join_starts_again(primary):        # noq
     assert primary.up.op_join_isr(CACHE, P, COPY) == "ok"      # settles, then admits anew
     assert primary.control.calls == [([], [COPY]), ([], [COPY])]
     assert primary.record().isr == (PRIMARY, BACKUP, COPY)
-    assert primary.ctx.repl.admitting == {} and COPY not in primary.copies()
+    assert primary.ctx.repl.admissions.snapshot()[0] == {} and COPY not in primary.copies()
 
 
 def test_admitted_after_all_a_later_join_is_told_so(primary):             # noqa: F811
@@ -132,7 +132,7 @@ def test_admitted_after_all_a_later_join_is_told_so(primary):             # noqa
     map_shows(primary, admitted=True)
     assert primary.up.op_join_isr(CACHE, P, COPY) == "ok"
     assert primary.control.calls == [([], [COPY])]             # nothing asked again
-    assert primary.ctx.repl.admitting == {} and COPY not in primary.copies()
+    assert primary.ctx.repl.admissions.snapshot()[0] == {} and COPY not in primary.copies()
 
 
 @pytest.mark.parametrize("admitted", [True, False], ids=["admitted", "not-admitted"])
@@ -143,7 +143,7 @@ def test_a_spoiled_limbo_ends_with_the_copy_out(primary, admitted):        # noq
         primary.put(b"k1")
     map_shows(primary, admitted=admitted)
     assert primary.put(b"k2") == 2                  # the copy no longer counts: acknowledged
-    assert primary.ctx.repl.admitting == {} and primary.ctx.repl.spoiled == set()
+    assert primary.ctx.repl.admissions.snapshot()[0] == {} and primary.ctx.repl.admissions.snapshot()[1] == set()
     assert COPY not in primary.copies()
     # admitted meanwhile: taken out again at once (it lacks the write it failed)
     assert primary.control.calls == [([], [COPY])] + ([([COPY], [])] if admitted else [])

@@ -167,8 +167,8 @@ def test_a_replicate_in_a_newer_term_stops_the_reads_of_the_old_primary(primary:
 def test_a_read_waits_out_a_fence_like_a_write(primary: Primary) -> None:
     primary.up.op_put(CACHE, b"k", b"v1")
     get(primary)
-    primary.ctx.repl.fenced[(CACHE, P)] = time.monotonic() + 10
-    threading.Timer(0.1, lambda: primary.ctx.repl.fenced.pop((CACHE, P), None)).start()
+    primary.ctx.repl.fenced.set((CACHE, P), time.monotonic() + 10)
+    threading.Timer(0.1, lambda: primary.ctx.repl.fenced.lift((CACHE, P))).start()
     t0 = time.monotonic()
     assert get(primary) == b"v1"                        # served once the fence lifted
     assert 0.05 < time.monotonic() - t0 < 1.0
