@@ -240,8 +240,9 @@ class Admission:
             level, hi = self.aimd.level, self.aimd.hi
         if not cfg.rebalance_protect or level >= hi:
             return cap
-        ingest = max((max(mv.ingest_rate, mv.ingest_replay)
-                      for mv in list(self.ctx.moves.running.values())), default=0.0)
+        ingest = max((max(mv.fig.ingest_rate, mv.fig.ingest_replay)
+                      for mv in (m.progress() for m in list(self.ctx.moves.running.values()))),
+                     default=0.0)
         ref = self.peak_replay_rps or REPLAY_REF_RPS
         mine = int(max(REPLAY_MIN_RPS, REPLAY_OVER_INGEST * ingest, ref * level / hi))
         return min(cap, mine) if cap else mine
@@ -365,7 +366,8 @@ class Admission:
         """Receive bytes/s of this node's moves and the best replay rate seen: what
         the throttled limits are fractions of."""
         now = self.clock()
-        wire = {k: mv.wire for k, mv in list(self.ctx.moves.running.items()) if mv.mode == "files"}
+        moves = {k: mv.progress() for k, mv in list(self.ctx.moves.running.items())}
+        wire = {k: mv.fig.wire for k, mv in moves.items() if mv.mode == "files"}
         dt = now - self._wire_at
         if dt >= TICK_S / 2:
             delta = sum(max(0, w - self._wire[k]) for k, w in wire.items() if k in self._wire)
@@ -373,9 +375,9 @@ class Admission:
             if delta and (self._applied is None or self._applied[1] is None):
                 self.peak_recv_bps = max(self.peak_recv_bps, delta / dt)
             self._wire, self._wire_at = wire, now
-        for mv in list(self.ctx.moves.running.values()):
-            if mv.replayed >= 1000:        # a rate over a handful of records says little
-                self.peak_replay_rps = max(self.peak_replay_rps, mv.replay_rate)
+        for mv in moves.values():
+            if mv.fig.replayed >= 1000:    # a rate over a handful of records says little
+                self.peak_replay_rps = max(self.peak_replay_rps, mv.fig.replay_rate)
 
     def _apply(self) -> None:
         slots, rate = self.transfer_limits()

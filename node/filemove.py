@@ -117,8 +117,13 @@ class NodeEntrySupply:
         self.ctx.pool.request(primary, DemandDone(session))
 
 
-def node_move_engine(ctx: NodeContext, recv_limits: Limits, scan_pool: ScanPool | None) -> MoveEngine:
-    """The node's move engine: the ports above over the node's context."""
+def node_move_engine(ctx: NodeContext, recv_limits: Limits, scan_pool: ScanPool | None,
+                     replay_rate_limit: Callable[[], int] | None = None,
+                     replaced: Callable[[str, int], None] | None = None) -> MoveEngine:
+    """The node's move engine: the ports above over the node's context.
+    ``replay_rate_limit``: the replay's records/s now (default: the configured
+    ``[rebalance] replay_rate_limit``); ``replaced``: a move attempt begins to replace
+    p's copy (the update path forgets its request ids)."""
     load: dict[str, int] = {}
     mctx = MoveContext(
         me=ctx.id, data_dir=ctx.cfg.data, secret=ctx.secret, data=ctx.data,
@@ -126,12 +131,11 @@ def node_move_engine(ctx: NodeContext, recv_limits: Limits, scan_pool: ScanPool 
         stopping=ctx.events.stopping, metrics=ctx.metrics, entries=NodeEntrySupply(ctx),
         tmpwal_sync="none" if ctx.cfg.wal_sync == "none" else "group",
         recv_limits=recv_limits, transfer_timeout=30.0, scan_pool=scan_pool,
-        replay_rate_limit=lambda: ctx.cfg.replay_rate_limit, stream_index=ctx.cfg.stream_index,
+        replay_rate_limit=replay_rate_limit or (lambda: ctx.cfg.replay_rate_limit),
+        replaced=replaced or (lambda cache, p: None), stream_index=ctx.cfg.stream_index,
         delta=ctx.cfg.delta, delta_limit=ctx.cfg.delta_limit,   # cfg is replaced on a live change
         tls=ctx.tls)
-    engine = MoveEngine(mctx)
-    engine.supplier_load = load
-    return engine
+    return MoveEngine(mctx, supplier_load=load)
 
 
 # -- supplier side --------------------------------------------------------------------

@@ -304,19 +304,18 @@ class Node:
         for cache in ctx.data:
             for s in State:
                 m.set("ferry_node_partitions", counts.get((cache, s.value), 0), cache=cache, state=s.value)
-        moves = list(ctx.moves.running.values())
+        moves = [mv.progress() for mv in list(ctx.moves.running.values())]
         m.set("ferry_node_moves_in_progress", len(moves))
         by_stage: dict[str, int] = {}
         for mv in moves:
             by_stage[mv.stage] = by_stage.get(mv.stage, 0) + 1
-            m.set("ferry_node_move_bytes_in_progress", mv.wire if mv.mode == "files" else mv.bytes,
+            m.set("ferry_node_move_bytes_in_progress", mv.fig.wire if mv.mode == "files" else mv.fig.bytes,
                   cache=mv.cache, partition=str(mv.p))
-            sink = mv.sink
-            if sink is not None and mv.mode == "files":
-                b = sink.backlog()
+            if mv.buffering and mv.mode == "files":
+                b = mv.backlog
                 m.set("ferry_node_replay_backlog", b, cache=mv.cache, partition=str(mv.p))
-                if mv.replay_rate > 0:
-                    m.set("ferry_node_replay_lag_seconds", b / mv.replay_rate, cache=mv.cache,
+                if mv.fig.replay_rate > 0:
+                    m.set("ferry_node_replay_lag_seconds", b / mv.fig.replay_rate, cache=mv.cache,
                           partition=str(mv.p))
                 m.set("ferry_node_tempwal_ingest", mv.ingest_now(), cache=mv.cache, partition=str(mv.p))
         for stage in STAGES:

@@ -47,13 +47,13 @@ class Rebalancer:
         self.recv_limits = Limits(cfg.transfer_concurrency, cfg.transfer_rate_limit or None)
         self.send_limits: Limits | None = None
         self.supplier: SupplierServer | None = None
-        self.engine = node_move_engine(ctx, self.recv_limits, self.scan_pool)
         # foreground protection sets the move limit, the receive limits and the replay
         # rate; the engine asks for the replay rate through its context's callable
         self.admission = Admission(ctx, self.recv_limits)
-        self.engine.ctx.replay_rate_limit = self.admission.replay_limit
         # a move attempt replaces p's copy: the request ids it held describe other data
-        self.engine.ctx.replaced = leader.copy_replaced
+        self.engine = node_move_engine(ctx, self.recv_limits, self.scan_pool,
+                                       replay_rate_limit=self.admission.replay_limit,
+                                       replaced=leader.copy_replaced)
         # messages mode, primary side: session -> (entries at C, opened at)
         self.sessions: dict[str, tuple[list[tuple[bytes, bytes | None, int]], float]] = {}
 

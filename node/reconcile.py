@@ -164,7 +164,7 @@ class Reconciler:
             return False
         if key in self.ctx.moves.running:
             if me not in ideal and my_reported == State.MOVING.value and prim != me:
-                self.ctx.moves.running[key].cancelled = True
+                self.ctx.moves.running[key].cancel()
             return True                         # looked at again until the move has ended
         if st == State.OWNING and key in self.ctx.returning:
             if (me, self.ctx.boot) in rec.confirmed:

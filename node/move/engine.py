@@ -71,9 +71,10 @@ class _FetchOpts(TypedDict, total=False):
 
 
 class MoveEngine:
-    def __init__(self, ctx: MoveContext) -> None:
+    def __init__(self, ctx: MoveContext, supplier_load: dict[str, int] | None = None) -> None:
         self.ctx = ctx
-        self.supplier_load: dict[str, int] = {}     # fetches of this process per supplier
+        # fetches of this process per supplier (shared with the host's locator)
+        self.supplier_load: dict[str, int] = {} if supplier_load is None else supplier_load
 
     # -- the loop of attempts -------------------------------------------------------
     def run(self, mv: Move) -> bool:
@@ -88,8 +89,7 @@ class MoveEngine:
                 log.warning("stage=%s cache=%s partition=%d %s; falling back to the messages "
                             "mode for this move", mv.stage, mv.cache, mv.p, e)
                 with ctx.plock(mv.cache, mv.p):
-                    sink, mv.sink = mv.sink, None
-                    mv.mode = "messages"
+                    sink = mv.to_messages()
                 if isinstance(sink, TempWalSink):
                     sink.destroy()
                 continue
@@ -110,7 +110,7 @@ class MoveEngine:
         """After :meth:`run`: a cancelled move's temp WAL is deleted (nothing needs it);
         a move cut by a stop keeps it closed on disk (the restart starts over)."""
         with self.ctx.plock(mv.cache, mv.p):
-            sink, mv.sink = mv.sink, None
+            sink = mv.take_sink()
         if isinstance(sink, TempWalSink):
             if self.ctx.stopping.is_set():
                 sink.close()
@@ -125,15 +125,14 @@ class MoveEngine:
             if state is not None and ctx.states.get(cache, p) != state:
                 ctx.states.set(cache, p, state, reason="move (files)")
             ctx.replaced(cache, p)
-            if mv.sink is not None:
+            old = mv.take_sink()
+            if old is not None:
                 # only the files mode prepares: never the messages mode's MemorySink
-                assert isinstance(mv.sink, TempWalSink)
-                mv.sink.close()
-                mv.sink = None
-            mv.direct, mv.gap, mv.replayed = False, None, 0
-            mv.replay_rate = mv.ingest_rate = mv.ingest_replay = 0.0
-            sink = mv.sink = TempWalSink.fresh(ctx.data_dir, cache, p, sync=ctx.tmpwal_sync)
-            mv.buffer_started = time.monotonic()
+                assert isinstance(old, TempWalSink)
+                old.close()
+            sink = TempWalSink.fresh(ctx.data_dir, cache, p, sync=ctx.tmpwal_sync)
+            mv.use_sink(sink)
+            mv.fig.fresh_attempt(time.monotonic())
         return sink
 
     def files_once(self, mv: Move, data: PartitionData) -> bool:
@@ -149,13 +148,13 @@ class MoveEngine:
         feed = StreamFeed(data.indexes, cache, p) if ctx.stream_index else None
         try:
             res = self.fetch(mv, data, feed)
-            mv.snapshot_counter = res.counter
+            mv.fig.snapshot_counter = res.counter
             crashpoint("demander.after_install")
             mv.begin(Stage.INDEX_REBUILD)
 
             def progress(pr: IndexProgress) -> None:
-                mv.index_progress = (pr.done, pr.total, pr.eta)
-            mv.index_source = index_installed(cache, p, data, feed, progress, pool=ctx.scan_pool,
+                mv.fig.index_progress = (pr.done, pr.total, pr.eta)
+            mv.fig.index_source = index_installed(cache, p, data, feed, progress, pool=ctx.scan_pool,
                                               cancel=lambda: mv.cancelled or ctx.stopping.is_set())
         finally:
             if feed is not None:
@@ -176,30 +175,30 @@ class MoveEngine:
             if mine < theirs:
                 raise MoveRestart(f"{cache}/{p} at counter {mine} but the primary is at {theirs}")
             ctx.states.set(cache, p, State.OWNING, reason="files move complete")
-            sink, mv.sink = mv.sink, None
+            sink = mv.take_sink()
             assert isinstance(sink, TempWalSink)
-            mv.buffered = sink.appended
+            mv.fig.buffered = sink.appended
         crashpoint("demander.after_owning")
         sink.destroy()
         mv.begin(Stage.OWNING)
         log.info("stage=owning cache=%s partition=%d from %s: %d bytes (%d on the wire), "
                  "%d updates replayed, counter %d, replay %.0f/s vs ingest %.0f/s before it, "
-                 "stages %s", cache, p, mv.source, mv.bytes, mv.wire, mv.replayed, mine,
-                 mv.replay_rate, mv.ingest_rate, mv.stage_seconds)
+                 "stages %s", cache, p, mv.fig.source, mv.fig.bytes, mv.fig.wire, mv.fig.replayed, mine,
+                 mv.fig.replay_rate, mv.fig.ingest_rate, mv.fig.stage_seconds)
         m = ctx.metrics
         m.inc("ferry_node_moves_done_total", cache=cache)
-        m.inc("ferry_node_move_bytes_total", mv.wire, cache=cache)
-        m.inc("ferry_node_moves_by_copy_total", cache=cache, copy=str(mv.copy.get("mode", "full")))
-        pages, sent = mv.copy.get("pages"), mv.copy.get("pages_sent")
-        if mv.copy.get("mode") == "delta" and isinstance(pages, int) and isinstance(sent, int):
+        m.inc("ferry_node_move_bytes_total", mv.fig.wire, cache=cache)
+        m.inc("ferry_node_moves_by_copy_total", cache=cache, copy=str(mv.fig.copy.get("mode", "full")))
+        pages, sent = mv.fig.copy.get("pages"), mv.fig.copy.get("pages_sent")
+        if mv.fig.copy.get("mode") == "delta" and isinstance(pages, int) and isinstance(sent, int):
             m.inc("ferry_node_delta_pages_total", sent, cache=cache, kind="sent")
             m.inc("ferry_node_delta_pages_total", pages - sent, cache=cache, kind="kept")
-        m.inc("ferry_node_replayed_updates_total", mv.replayed, cache=cache)
-        m.inc("ferry_node_buffered_updates_total", mv.buffered, cache=cache)
-        if mv.replayed:
-            m.observe("ferry_node_replay_rate", mv.replay_rate)
-        if mv.ingest_rate > 0:
-            m.observe("ferry_node_tempwal_ingest_rate", mv.ingest_rate)
+        m.inc("ferry_node_replayed_updates_total", mv.fig.replayed, cache=cache)
+        m.inc("ferry_node_buffered_updates_total", mv.fig.buffered, cache=cache)
+        if mv.fig.replayed:
+            m.observe("ferry_node_replay_rate", mv.fig.replay_rate)
+        if mv.fig.ingest_rate > 0:
+            m.observe("ferry_node_tempwal_ingest_rate", mv.fig.ingest_rate)
         return True
 
     def resubscribe(self, mv: Move, data: PartitionData) -> bool:
@@ -213,7 +212,7 @@ class MoveEngine:
             return False
         self.replay(mv, data)
         with self.ctx.plock(mv.cache, mv.p):
-            sink, mv.sink = mv.sink, None
+            sink = mv.take_sink()
         if isinstance(sink, TempWalSink):
             sink.destroy()
         return True
@@ -237,14 +236,14 @@ class MoveEngine:
                 pool.warm()     # once per process: the workers' start runs during the transfer
             if pr.stage in ("verify", "install", "applied") and mv.stage != Stage.INSTALL:
                 mv.begin(Stage.INSTALL)
-            mv.bytes, mv.bytes_total, mv.wire = pr.done, pr.total, mv.wire_before + pr.wire
+            mv.fig.bytes, mv.fig.bytes_total, mv.fig.wire = pr.done, pr.total, mv.fig.wire_before + pr.wire
         while True:
             for node, addr in ctx.locator.suppliers(cache, p):
                 if mv.cancelled or ctx.stopping.is_set():
                     raise Unavailable("move cancelled")
                 if mv.gap:
                     raise MoveRestart(mv.gap)
-                mv.source, mv.wire_before = node, mv.wire
+                mv.fig.source, mv.fig.wire_before = node, mv.fig.wire
                 self.supplier_load[node] = self.supplier_load.get(node, 0) + 1
                 try:
                     res = Demander(storage, addr, ctx.secret, limits=ctx.recv_limits,
@@ -252,13 +251,13 @@ class MoveEngine:
                                    timeout=ctx.transfer_timeout, observer=observer,
                                    delta=ctx.delta, delta_limit=round(ctx.delta_limit * 1000),
                                    **opts).fetch(p, cache=cache, progress=progress)
-                    mv.bytes = mv.bytes_total = res.bytes
-                    mv.wire = mv.wire_before + res.bytes_wire
-                    mv.transfer_stages = {k: round(v, 3) for k, v in res.stages.items()}
-                    mv.copy = {"mode": res.mode, "pages": res.pages, "pages_sent": res.pages_sent,
+                    mv.fig.bytes = mv.fig.bytes_total = res.bytes
+                    mv.fig.wire = mv.fig.wire_before + res.bytes_wire
+                    mv.fig.transfer_stages = {k: round(v, 3) for k, v in res.stages.items()}
+                    mv.fig.copy = {"mode": res.mode, "pages": res.pages, "pages_sent": res.pages_sent,
                                "path": res.path}
                     if res.delta_refused:
-                        mv.copy["delta_refused"] = res.delta_refused
+                        mv.fig.copy["delta_refused"] = res.delta_refused
                     log.info("stage=install cache=%s partition=%d from %s: C=%d %s wire=%d reused=%d "
                              "preimages=%d%s", cache, p, node, res.counter, res.mode, res.bytes_wire,
                              res.bytes_reused, res.preimages,
@@ -292,17 +291,17 @@ class MoveEngine:
         ctx, cache, p, sink = self.ctx, mv.cache, mv.p, mv.sink
         assert isinstance(sink, TempWalSink)
         cursor = sink.cursor(sink.first_lsn)
-        t0 = mv.replay_started = time.monotonic()
+        t0 = mv.fig.replay_started = time.monotonic()
         cpu0 = time.thread_time()
         at_start = sink.appended
-        mv.ingest_rate = at_start / max(t0 - mv.buffer_started, 1e-6)
+        mv.fig.ingest_rate = at_start / max(t0 - mv.fig.buffer_started, 1e-6)
 
         def rates() -> None:
             span = max(time.monotonic() - t0, 1e-6)
-            mv.replay_cpu = time.thread_time() - cpu0
-            mv.replay_from_disk = cursor.from_disk
-            mv.replay_rate = mv.replayed / span
-            mv.ingest_replay = (sink.appended - at_start) / span
+            mv.fig.replay_cpu = time.thread_time() - cpu0
+            mv.fig.replay_from_disk = cursor.from_disk
+            mv.fig.replay_rate = mv.fig.replayed / span
+            mv.fig.ingest_replay = (sink.appended - at_start) / span
         try:
             while True:
                 if mv.cancelled or ctx.stopping.is_set():
@@ -317,7 +316,7 @@ class MoveEngine:
                                     REPLAY_BYTES)
                 self._apply_records(mv, data, sink, batch)
                 if limit:
-                    ahead = mv.replayed / limit - (time.monotonic() - t0)
+                    ahead = mv.fig.replayed / limit - (time.monotonic() - t0)
                     if ahead > 0:
                         ctx.stopping.wait(ahead)
                 rates()
@@ -326,7 +325,7 @@ class MoveEngine:
                 tail = cursor.read(None)    # appends hold this lock: this is all of them
                 self._apply_records(mv, data, sink, tail)
                 crashpoint("demander.mid_replay")
-                mv.direct = True
+                mv.go_direct()
                 rates()
         finally:
             cursor.close()
@@ -345,7 +344,7 @@ class MoveEngine:
                                       f"{u.counter} (an update was missed); restarting the move")
                 todo.append((u.key, u.value, u.counter))
                 cur = u.counter
-        mv.replayed += apply_chunked(data, p, todo, REPLAY_RECORDS, REPLAY_BYTES, logged=False)
+        mv.fig.replayed += apply_chunked(data, p, todo, REPLAY_RECORDS, REPLAY_BYTES, logged=False)
         if records:
             sink.replayed = records[-1][0]
 
@@ -361,8 +360,8 @@ class MoveEngine:
         if mv.direct:
             data = self.ctx.data[mv.cache]
             if prev is not None and data.counter(mv.p) != prev:
-                mv.gap = (f"{mv.cache}/{mv.p}: replicated update {counter} follows {prev} but the "
-                          f"copy is at {data.counter(mv.p)}; restarting the move")
+                mv.flag_gap(f"{mv.cache}/{mv.p}: replicated update {counter} follows {prev} but the "
+                            f"copy is at {data.counter(mv.p)}; restarting the move")
                 return "absent"
             data.apply(mv.p, key, value, counter)
             return "applied"
@@ -388,6 +387,6 @@ class MoveEngine:
         if sink.backlog() > 0:
             # a batch may wait longer: its replicate timeout is 4x the single one's
             cap = BACKPRESSURE_MAX_S * (4 if records > 1 else 1)
-            delay = min(cap, 3.0 * records / mv.replay_rate if mv.replay_rate > 0 else 0.01)
+            delay = min(cap, 3.0 * records / mv.fig.replay_rate if mv.fig.replay_rate > 0 else 0.01)
             self.ctx.metrics.inc("ferry_node_backpressure_seconds_total", delay, cache=mv.cache)
             time.sleep(delay)

@@ -65,20 +65,21 @@ def messages_once(ctx: "MoveContext", mv: Move, data: PartitionData, supply: Ent
     """One attempt of a messages-mode move; True when it ended (OWNING, LOST, cancelled)."""
     cache, p = mv.cache, mv.p
     mv.begin(Stage.PREPARE)
-    mv.bytes, mv.bytes_total = 0, 0
+    mv.fig.bytes, mv.fig.bytes_total = 0, 0
     with ctx.plock(cache, p):
         if ctx.states.get(cache, p) != State.MOVING:
             ctx.states.set(cache, p, State.MOVING, reason="move")
         ctx.replaced(cache, p)
         data.drop(p)
         data.create(p)
-        sink = mv.sink = MemorySink()
+        sink = MemorySink()
+        mv.use_sink(sink)
     prim = ctx.locator.primary(cache, p)
     if prim is None:
         return True                       # LOST, reported
-    mv.source, addr = prim
+    mv.fig.source, addr = prim
     mv.begin(Stage.DEMAND)
-    sid, C, mv.bytes_total = supply.demand(addr, cache, p)
+    sid, C, mv.fig.bytes_total = supply.demand(addr, cache, p)
     crashpoint("demander.after_demand")
     mv.begin(Stage.FETCH)
     offset, last = 0, 0
@@ -91,7 +92,7 @@ def messages_once(ctx: "MoveContext", mv: Move, data: PartitionData, supply: Ent
             apply_chunked(data, p, batch)      # the whole supply message at once
         if batch:
             last = batch[-1][2]
-        mv.bytes += sum(len(k) + (len(v) if v else 0) for k, v, _ in batch)
+        mv.fig.bytes += sum(len(k) + (len(v) if v else 0) for k, v, _ in batch)
         crashpoint("demander.mid_receive")   # a supply message applied, more may come
         if done:
             break
@@ -112,13 +113,13 @@ def messages_once(ctx: "MoveContext", mv: Move, data: PartitionData, supply: Ent
                               f"expected {want}; restarting the move")
         crashpoint("demander.before_owning")
         ctx.states.set(cache, p, State.OWNING, reason="messages move complete")
-        mv.sink = None
+        mv.take_sink()
     crashpoint("demander.after_owning")
     mv.begin(Stage.OWNING)
     log.info("stage=owning cache=%s partition=%d from %s: %d bytes, counter %d, stages %s",
-             cache, p, mv.source, mv.bytes, want, mv.stage_seconds)
+             cache, p, mv.fig.source, mv.fig.bytes, want, mv.fig.stage_seconds)
     ctx.metrics.inc("ferry_node_moves_done_total", cache=cache)
-    ctx.metrics.inc("ferry_node_move_bytes_total", mv.bytes, cache=cache)
+    ctx.metrics.inc("ferry_node_move_bytes_total", mv.fig.bytes, cache=cache)
     try:
         supply.done(addr, sid)
     except NodeError:

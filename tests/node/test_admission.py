@@ -211,7 +211,7 @@ def test_levers_follow_the_level_and_replay_never_drops_below_its_ingest():
     assert adm.move_limit() == 2
     assert adm.replay_limit() == max(REPLAY_MIN_RPS, 2500)
     mv = Move("default", 3, mode="files")
-    mv.ingest_rate = 3000.0                 # writes into p faster than 2,500/s
+    mv.fig.ingest_rate = 3000.0                 # writes into p faster than 2,500/s
     ctx.moves.running[("default", 3)] = mv
     assert adm.replay_limit() == int(REPLAY_OVER_INGEST * 3000)
     adm._apply()

@@ -10,6 +10,7 @@ import pytest
 
 from node.config import CacheConfig, load
 from node.errors import ConfigError
+from node.move import Stage
 from node.rebalance import Move
 from node.tempwal import TempWalSink, Update, leftovers, remove, tmpwal_dir
 
@@ -109,31 +110,74 @@ def test_transfer_and_replay_settings(tmp_path):
 def test_move_status_per_stage():
     mv = Move("default", 3, mode="files")
     mv.begin("transfer")
-    mv.bytes, mv.bytes_total = 100, 400
+    mv.fig.bytes, mv.fig.bytes_total = 100, 400
     st = mv.status("n3")
     assert st["stage"] == "transfer" and st["mode"] == "files" and "prepare" in st["stage_seconds"]
     assert st["eta_s"] is not None and st["eta_s"] >= 0
     mv.begin("replay")
     assert mv.status("n3")["eta_s"] is None            # no replay rate yet
-    assert set(mv.stage_seconds) == {"prepare", "transfer"}
+    assert set(mv.progress().fig.stage_seconds) == {"prepare", "transfer"}
 
 
 def test_move_reports_replay_against_ingest(tmp_path):
     """status/moves_done carry the temp-WAL ingest rate and the replay rate."""
     mv = Move("default", 3, mode="files")
-    mv.sink = TempWalSink(str(tmp_path / "t"), sync="none")
-    mv.buffer_started = time.monotonic() - 2.0
+    sink = TempWalSink(str(tmp_path / "t"), sync="none")
+    mv.use_sink(sink)
+    mv.fig.buffer_started = time.monotonic() - 2.0
     for c in range(1, 11):
-        mv.sink.append(c, b"k%d" % c, b"v")
+        sink.append(c, b"k%d" % c, b"v")
     st = mv.status("n3")
     assert st["buffered"] == 10 and 3.0 < st["ingest_rate"] <= 5.0   # ~10 records in 2 s
     assert st["replay_over_ingest"] is None                          # no replay yet
-    mv.replay_started, mv.ingest_rate, mv.replay_rate, mv.replayed = time.monotonic(), 5.0, 50.0, 10
-    c = mv.catchup()
+    mv.fig.replay_started, mv.fig.ingest_rate, mv.fig.replay_rate, mv.fig.replayed = time.monotonic(), 5.0, 50.0, 10
+    c = mv.progress().catchup()
     assert c["replay_over_ingest"] == 10.0 and c["replayed"] == 10
-    mv.buffered, sink, mv.sink = 10, mv.sink, None
+    mv.fig.buffered = 10
+    assert mv.take_sink() is sink
     sink.destroy()
     assert mv.summary("n3")["buffered"] == 10 and mv.summary("n3")["replay_over_ingest"] == 10.0
+
+
+def test_move_control_changes_through_its_methods(tmp_path):
+    """The engine changes a move's sink, mode, direct switch and gap through methods;
+    readers get a snapshot that later changes do not touch, with the JSON fields of
+    ``moves`` and ``moves_done``."""
+    import dataclasses
+
+    mv = Move("default", 3, mode="files", source="n1")
+    for name in ("sink", "mode", "direct", "gap", "cancelled", "stage"):
+        with pytest.raises(AttributeError):
+            setattr(mv, name, None)
+    sink = TempWalSink(str(tmp_path / "t"), sync="none")
+    mv.use_sink(sink)
+    mv.go_direct()
+    mv.flag_gap("missed")
+    assert mv.sink is sink and mv.direct and mv.gap == "missed"
+    mv.use_sink(sink)                                   # a new attempt: neither any more
+    assert not mv.direct and mv.gap is None
+    snap = mv.progress()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        snap.stage = Stage.REPLAY                       # type: ignore[misc]
+    snap.fig.stage_seconds["x"] = 1.0                   # the snapshot's own copy
+    mv.fig.bytes = 5
+    assert snap.fig.bytes == 0 and "x" not in mv.fig.stage_seconds
+    assert set(mv.status("n3")) == {
+        "cache", "partition", "from", "to", "mode", "stage", "bytes", "bytes_total", "rate_bps",
+        "backlog", "eta_s", "wire_bytes", "stage_seconds", "seconds", "copy", "buffered", "replayed",
+        "replay_rate", "ingest_rate", "ingest_rate_during_replay", "replay_cpu_s", "replay_from_disk",
+        "replay_over_ingest"}
+    assert set(mv.summary("n3")) == {
+        "cache", "partition", "from", "to", "mode", "bytes", "wire_bytes", "replayed",
+        "seconds_to_owning", "stage_seconds", "finished", "buffered", "replay_rate", "ingest_rate",
+        "ingest_rate_during_replay", "replay_cpu_s", "replay_from_disk", "replay_over_ingest",
+        "transfer_stages", "index_source", "copy"}
+    assert mv.to_messages() is sink and mv.mode == "messages" and mv.sink is None
+    assert set(mv.status("n3")) == {"cache", "partition", "from", "to", "mode", "stage", "bytes",
+                                    "bytes_total", "rate_bps", "backlog", "eta_s"}
+    mv.cancel()
+    assert mv.cancelled
+    sink.destroy()
 
 
 def test_cache_data_apply_many_batches_and_keeps_the_index_right(tmp_path):
