@@ -274,6 +274,8 @@ def _summary(ui: DemoUI, s: dict[str, Any]) -> None:
         cp = s["control_plane"]
         facts.add_row("control plane", f"etcd {escape(str(cp['etcd']))}, controller {cp['controller']}, "
                                        f"lease TTL {cp['lease_ttl_s']} s")
+    if "node_links" in s:
+        facts.add_row("node links", escape(str(s["node_links"])))
     if "load_put_seconds" in s:
         load = f"{s['entries']:,} entries in {s['load_put_seconds']} s ({s['load_entries_per_s']:,}/s"
         if "data_bytes" in s:
@@ -412,7 +414,7 @@ def _live(ui: DemoUI, v: dict[str, Any]) -> None:
     what failed (divergent keys, corrupt pages, copies not checked)."""
     out = ui.out
     if v.get("passed") is None:
-        out.print("[bold]Live validation[/]  skipped (--no-validate)")
+        out.print(f"[bold]Live validation[/]  skipped ({escape(str(v.get('skipped') or '--no-validate'))})")
         return
     if "error" in v:
         out.print(f"[bold]Live validation[/]  {_mark(ui, False)}: {escape(v['error'])}")

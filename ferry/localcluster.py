@@ -12,11 +12,20 @@ bench/rebalance_bench.py drive (tests/node use their own, smaller harness).
 
 ``wal_sync="none"`` (no fsync: survives a process crash, not a power cut) loads much
 faster on a slow disk; "group" (default) is the durable mode. Every node gets
-``--config ROOT/node.toml`` (caches, index ``by_city``, timings; with ``tls=True`` the
-embedded etcd serves https with client certificates and RBAC, and the file names the
-node's certificate, etcd user and password file: :meth:`LocalCluster.etcd_access`),
+``--config ROOT/node.toml`` (caches, index ``by_city``, timings; with ``etcd_tls=True``
+the embedded etcd serves https with client certificates and RBAC, and the file names
+the node's certificate, etcd user and password file: :meth:`LocalCluster.etcd_access`),
 ``--data ROOT/<id>``, ``--listen 127.0.0.1:<free port>``, the secret ``ROOT/secret``,
 and logs to ``ROOT/<id>.log``.
+
+``tls=True``: the nodes' own links (node RPC, client RPC, file transfers) are mutual
+TLS instead of the shared secret. The cluster gets a CA (:class:`ClusterCerts`, made
+with ``node.certs`` as ``ferry certs`` does; with ``etcd_tls`` the same CA signs
+etcd's certificates), each node a certificate ``ferry://node/<id>`` named in
+``[tls]`` of its own ``ROOT/<id>.toml`` (``node.toml`` plus that section; no secret
+is passed), and the cluster's clients (:meth:`LocalCluster.client`, :meth:`pool`,
+the status and move polls; :meth:`client_env` for ``ferry cluster`` commands) a
+client certificate ``ferry://client/localcluster``.
 """
 from __future__ import annotations
 
@@ -30,7 +39,11 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from node.wire import Pool
+    from transfer.tls import TlsFiles
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CITIES = ("oslo", "lima", "pune", "kyiv", "accra", "quito", "hanoi", "perth")
@@ -57,6 +70,52 @@ field = "city"
 """
 
 
+CLIENT_NAME = "localcluster"
+
+
+class ClusterCerts:
+    """A cluster CA in ``ca_dir`` (``node.certs.init_ca``, made once) and the
+    certificates it signs into ``out_dir`` (``node.certs.issue``, made once per name):
+    what ``ferry certs init`` and ``ferry certs issue --node ID | --client NAME`` write."""
+
+    def __init__(self, ca_dir: str, out_dir: str, name: str = "ferry-local-ca") -> None:
+        from node import certs
+        self.ca_dir, self.out_dir = ca_dir, out_dir
+        self.ca = certs.ca_paths(ca_dir).cert
+        if not os.path.exists(certs.ca_paths(ca_dir).key):
+            certs.init_ca(ca_dir, name=name)
+
+    def _files(self, name: str, role: str) -> "TlsFiles":
+        from node import certs
+        from transfer.tls import TlsFiles
+        sub = os.path.join(self.out_dir, f"{role}s")           # nodes/, clients/
+        crt, key = os.path.join(sub, f"{name}.crt"), os.path.join(sub, f"{name}.key")
+        if not (os.path.exists(crt) and os.path.exists(key)):
+            out = certs.issue(self.ca_dir, name, sub, role=role)
+            crt, key = out.cert, out.key
+        return TlsFiles(self.ca, crt, key)
+
+    def node(self, node_id: str) -> "TlsFiles":
+        """The files of node ``node_id`` (``ferry://node/<id>``: server and client use)."""
+        return self._files(node_id, "node")
+
+    def client(self, name: str = CLIENT_NAME) -> "TlsFiles":
+        """The files of client ``name`` (``ferry://client/<name>``: the client methods)."""
+        return self._files(name, "client")
+
+
+def tls_section(files: "TlsFiles") -> str:
+    """A node config's ``[tls]`` section naming ``files``."""
+    return (f"\n[tls]\nca = {json.dumps(files.ca)}\ncert = {json.dumps(files.cert)}\n"
+            f"key = {json.dumps(files.key)}\n")
+
+
+def tls_env(files: "TlsFiles") -> dict[str, str]:
+    """The environment a ``ferry cluster`` command reads its client certificate from
+    (node/wire.py ``TLS_ENV``)."""
+    return {"FERRY_TLS_CA": files.ca, "FERRY_TLS_CERT": files.cert, "FERRY_TLS_KEY": files.key}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -75,10 +134,11 @@ class LocalNode:
 
     def start(self, wait: bool = True, env: dict[str, str] | None = None) -> "LocalNode":
         self._env = env
-        args = [sys.executable, "-m", "ferry", "node", "start", "--config", self.cluster.config,
-                "--id", self.id, "--data", self.data, "--listen", self.address,
-                "--secret-file", self.cluster.secret_file,
-                "--control-plane", ",".join(self.cluster.control_plane)]
+        args = [sys.executable, "-m", "ferry", "node", "start", "--config", self.cluster.node_config(self.id),
+                "--id", self.id, "--data", self.data, "--listen", self.address]
+        if not self.cluster.tls:        # with [tls] the node reads no secret
+            args += ["--secret-file", self.cluster.secret_file]
+        args += ["--control-plane", ",".join(self.cluster.control_plane)]
         if self.cluster.initial_members:
             args += ["--initial-members", ",".join(self.cluster.initial_members)]
         e = dict(os.environ)
@@ -159,7 +219,11 @@ class LocalCluster:
                  index_offload: str | None = None, page_size: int | None = None,
                  lease_ttl: int = 3, control_plane: list[str] | None = None,
                  stream_index: bool | None = None, caches: int = 1,
-                 protect: bool | None = None, tls: bool = False) -> None:
+                 protect: bool | None = None, tls: bool = False,
+                 etcd_tls: bool | None = None) -> None:
+        """``tls``: mutual TLS between the nodes and for the clients (certificates of
+        the cluster's CA) instead of the shared secret. ``etcd_tls`` (default: as
+        ``tls``): the embedded etcd serves https with client certificates and RBAC."""
         self.root = os.path.abspath(root)
         os.makedirs(self.root, exist_ok=True)
         self.partitions, self.backups = partitions, backups
@@ -172,7 +236,15 @@ class LocalCluster:
         # the embedded default: a single-member etcd in this folder, unless given one
         self.etcd: Any = None
         self._control_plane = list(control_plane or [])
-        self.tls = tls and not control_plane       # (a given control plane comes with its own)
+        # (a given control plane comes with its own credentials)
+        self.etcd_tls = (tls if etcd_tls is None else etcd_tls) and not control_plane
+        self.tls = tls
+        # one CA for the cluster: with the embedded etcd's TLS, the one it uses (made
+        # here first, so EtcdCluster finds it and signs etcd's certificates with it)
+        self.certs: ClusterCerts | None = None
+        if tls:
+            ca_dir = os.path.join(self.root, "etcd", "pki") if self.etcd_tls else os.path.join(self.root, "pki")
+            self.certs = ClusterCerts(ca_dir, os.path.join(self.root, "certs"))
         self.config = os.path.join(self.root, "node.toml")
         with open(self.config, "w") as f:
             f.write(TOML.format(mode=mode, partitions=partitions, backups=backups,
@@ -201,14 +273,14 @@ class LocalCluster:
     def control_plane(self) -> list[str]:
         if not self._control_plane:
             from node.etcdserver import EtcdCluster
-            self.etcd = EtcdCluster(os.path.join(self.root, "etcd"), tls=self.tls,
-                                    auth_prefix="/ferry/default" if self.tls else None).start()
+            self.etcd = EtcdCluster(os.path.join(self.root, "etcd"), tls=self.etcd_tls,
+                                    auth_prefix="/ferry/default" if self.etcd_tls else None).start()
             self._control_plane = self.etcd.endpoints
         return self._control_plane
 
     def _tls_keys(self) -> str:
         """The node's [control_plane] credentials (the files the embedded etcd makes)."""
-        if not self.tls:
+        if not self.etcd_tls:
             return ""
         from node.etcdserver import EtcdCluster
         a = EtcdCluster.planned_access(os.path.join(self.root, "etcd"), "/ferry/default")
@@ -216,10 +288,43 @@ class LocalCluster:
 
     def etcd_access(self, who: str = "node") -> Any:
         """``node.control.EtcdAccess`` of "node", "reader" or "root" for ``Etcd(c.control_plane,
-        access=...)``; without ``tls``, the empty one."""
+        access=...)``; without ``etcd_tls``, the empty one."""
         _ = self.control_plane            # the embedded etcd, started on first use
         from node.control import EtcdAccess
         return self.etcd.access(who) if self.etcd is not None else EtcdAccess()
+
+    def node_config(self, node_id: str) -> str:
+        """The config file of node ``node_id``: ``node.toml``, or with ``tls`` a copy
+        of it with ``[tls]`` naming the node's certificate (issued on first use)."""
+        if self.certs is None:
+            return self.config
+        path = os.path.join(self.root, f"{node_id}.toml")
+        with open(self.config) as f:
+            base = f.read()
+        with open(path, "w") as f:
+            f.write(base + tls_section(self.certs.node(node_id)))
+        return path
+
+    @property
+    def client_tls(self) -> "TlsFiles | None":
+        """The client certificate of this cluster's clients (None: the secret)."""
+        return self.certs.client() if self.certs is not None else None
+
+    def client_env(self) -> dict[str, str]:
+        """Environment for a ``ferry cluster`` command run against this cluster: with
+        ``tls`` the client certificate (``$FERRY_TLS_*``); else empty (the command
+        takes ``--secret-file`` :attr:`secret_file`)."""
+        files = self.client_tls
+        return tls_env(files) if files is not None else {}
+
+    def pool(self, timeout: float = 10.0) -> "Pool":
+        """A client ``Pool`` of this cluster's credentials (close it when done)."""
+        from node import Pool, load_secret
+        files = self.client_tls
+        if files is None:
+            return Pool(load_secret(self.secret_file), role="client", timeout=timeout)
+        from transfer.tls import TlsContexts
+        return Pool(b"", role="client", timeout=timeout, tls=TlsContexts(files))
 
     def start(self, n: int = 3) -> list[LocalNode]:
         """Start ``n`` nodes as the cluster's initial members (each creates its share of
@@ -267,6 +372,8 @@ class LocalCluster:
     # -- data -------------------------------------------------------------------------
     def client(self, timeout: float = 60.0) -> Any:
         from node import Client
+        if self.tls:
+            return Client(self.seeds, timeout=timeout, tls=self.client_tls)
         return Client(self.seeds, secret_file=self.secret_file, timeout=timeout)
 
     def load(self, entries: int, *, value_size: int = 64, threads: int = 8, start: int = 0,
@@ -295,9 +402,8 @@ class LocalCluster:
 
     # -- status -----------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
-        from node import Pool, load_secret
         from node.status import collect
-        pool = Pool(load_secret(self.secret_file), role="client")
+        pool = self.pool()
         try:
             last: Exception | None = None
             for s in self.seeds:
@@ -312,8 +418,7 @@ class LocalCluster:
     def moves_done(self) -> list[dict[str, Any]]:
         """Every finished move of every running node: cache, partition, from, to, mode,
         bytes, wire_bytes, replayed, seconds_to_owning, stage_seconds, finished."""
-        from node import Pool, load_secret
-        pool = Pool(load_secret(self.secret_file), role="client")
+        pool = self.pool()
         out: list[dict[str, Any]] = []
         try:
             for n in self.nodes:

@@ -108,7 +108,10 @@ def test_cluster_demo_rebalances_a_join_under_writes(py_env, python, tmp_path) -
     assert s["updates_replayed"] >= 0 and s["control_plane"]["controller"] in ("n1", "n2", "n3")
     assert s["invariants_ok"] is True and all(s["invariants"].values()), s["invariants"]
     assert s["live_validation"] == {"passed": None, "skipped": "--no-validate"}
+    # the nodes' links are mutual TLS by default: each node's config names its certificate
+    assert s["node_links"] == "mutual TLS"
     work = tmp_path / "demo"
+    assert "[tls]" in (work / "n4.toml").read_text()
     assert not list(work.rglob("*.delta"))
     assert {p.name for p in work.iterdir() if (p / "node.id").exists()} == {"n1", "n2", "n3", "n4"}
 
@@ -119,8 +122,10 @@ def test_demo_with_spark_validation(py_env, python, tmp_path) -> None:
     # Mark every process of this demo (the Spark JVM inherits the environment), so the
     # check below finds this demo's JVM and not one of a parallel test.
     mark = f"demo-{os.getpid()}-{tmp_path.name}"
-    r, s = _run_demo(py_env | {"FERRY_TEST_MARK": mark}, python, tmp_path)
+    # the live validation authenticates with the cluster secret: the demo's --secret mode
+    r, s = _run_demo(py_env | {"FERRY_TEST_MARK": mark}, python, tmp_path, "--secret")
     assert r.returncode == 0, r.stderr
+    assert s["node_links"] == "shared secret"
     left = [p.pid for p in psutil.process_iter() if _environ(p).get("FERRY_TEST_MARK") == mark]
     assert left == [], f"processes of the demo still running after it exited: {left}"
     # first the running cluster, while the writer writes: every partition's copies

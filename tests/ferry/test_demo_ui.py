@@ -127,6 +127,14 @@ def test_a_failed_live_validation_says_what_and_fails_the_demo() -> None:
     # skipped (--no-validate) fails nothing
     s = summary() | {"live_validation": {"passed": None, "skipped": "--no-validate"}}
     assert passed(s)
+    # skipped for another reason (mutual TLS): said, and fails nothing either
+    ui, out, _ = plain_ui()
+    s = summary() | {"node_links": "mutual TLS",
+                     "live_validation": {"passed": None, "skipped": "it needs the secret"}}
+    print_summary(ui, s)
+    assert "Live validation  skipped (it needs the secret)" in out.getvalue()
+    assert "node links" in out.getvalue() and "mutual TLS" in out.getvalue()
+    assert passed(s)
 
 
 def test_moves_off_a_terminal_print_one_line_per_stage_entered() -> None:
