@@ -77,6 +77,13 @@ BUILTINS: dict[str, Scenario] = {
         nodes=("n1", "n2"), workload=WorkloadSpec(ops=240), stream_index=True,
         events=(Event(60, "join", "n3"),), settle_timeout=60.0,
         roles={"supplier": "n2", "demander": "n3", "third": "n1"}),
+    "join-tls": Scenario(
+        name="join-tls",
+        description="join with mutual TLS between the nodes (tls = true): certificates of the "
+                    "run's CA, no secret; the harness's clients with a client certificate",
+        nodes=("n1", "n2"), workload=WorkloadSpec(ops=240), tls=True,
+        events=(Event(60, "join", "n3"),), settle_timeout=60.0,
+        roles={"supplier": "n2", "demander": "n3", "third": "n1"}),
     "pair-catchup": Scenario(
         name="pair-catchup",
         description="two nodes with 2,400 preloaded entries (files of ~100 pages); n2 is "

@@ -46,10 +46,14 @@ def _crash(point: str | None, side: str, seed: int):
               help="Container mode: each node in its own container (the Docker engine at "
                    "DOCKER_HOST, else a private one; root). Also knows the container runs: "
                    "pause, slow-disk-join (docs/harness.md).")
+@click.option("--tls", is_flag=True,
+              help="The scenario with tls = true: the nodes' links mutual TLS with certificates "
+                   "of the run's CA, the harness's clients with a client certificate.")
 def run_cmd(scenario: str, crash: str | None, side: str, seed: int, as_json: bool, keep: bool,
             workdir: str | None, plot: str | None, expected: str | None,
-            in_containers: bool = False) -> None:
+            in_containers: bool = False, tls: bool = False) -> None:
     """Run one scenario under one seed (and crash plan); exit 0 only if every invariant holds."""
+    from dataclasses import replace
     from .diskfull import SimSkipped
     from .errors import SimError
     from .runner import run
@@ -59,10 +63,14 @@ def run_cmd(scenario: str, crash: str | None, side: str, seed: int, as_json: boo
         kw = dict(seed=seed, crash=plan, workdir=workdir, keep=keep, expected=expected,
                   log=(lambda m: None) if as_json else (lambda m: click.echo(m, err=True)))
         if in_containers:          # cluster_sim/drivers/container.py
+            if tls:
+                raise SimError("--tls does not run in container mode (the nodes' certificates "
+                               "are not mounted)")
             from .drivers.container import load as load_container_run, run_in_containers
             res = run_in_containers(*load_container_run(scenario), **kw)
         else:
-            res = run(load(scenario), **kw)
+            s = load(scenario)
+            res = run(replace(s, tls=True) if tls else s, **kw)
     except SimSkipped as e:      # a prerequisite of the scenario is missing here (e.g. tmpfs)
         click.echo(f"SKIPPED: {e}", err=True)
         sys.exit(SKIPPED_EXIT)
@@ -99,8 +107,10 @@ def run_cmd(scenario: str, crash: str | None, side: str, seed: int, as_json: boo
 @click.option("--report", "report_dir", type=click.Path(file_okay=False),
               help="Write report.md, report.html and per-cell timeline PNGs here.")
 @click.option("--workdir", type=click.Path(file_okay=False))
+@click.option("--tls", is_flag=True, help="Every cell with tls = true (the nodes' links mutual TLS).")
 def matrix_cmd(points: str, sides: str, seeds: int, first_seed: int, scenario: str | None,
-               faults: str | None, as_json: bool, report_dir: str | None, workdir: str | None) -> None:
+               faults: str | None, as_json: bool, report_dir: str | None, workdir: str | None,
+               tls: bool = False) -> None:
     """Every crash point x the side it hits x K seeds, and the fault scenarios x K
     seeds; exit 0 only if every cell passed."""
     from faults import POINTS
@@ -114,7 +124,7 @@ def matrix_cmd(points: str, sides: str, seeds: int, first_seed: int, scenario: s
         [f.strip() for f in faults.split(",") if f.strip()]
     try:
         cells = plan_cells(names, side_list, list(range(first_seed, first_seed + seeds)), scenario,
-                           faults=fault_list)
+                           faults=fault_list, tls=tls)
     except (KeyError, SimError) as e:
         raise click.ClickException(str(e))
     say = (lambda m: None) if as_json else (lambda m: click.echo(m, err=True))

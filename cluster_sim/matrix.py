@@ -16,7 +16,8 @@ real ``ferry node`` processes, so every cell crashes the node's own code:
   n1 supplies every delta): ``supplier.mid_delta_send`` on n1;
 - ``kill-restart``: the WAL and checkpointer points on the third node (n3).
 
-``--scenario NAME`` (:func:`plan_cells`) runs every point on each role of NAME instead.
+``--scenario NAME`` (:func:`plan_cells`) runs every point on each role of NAME instead;
+``--tls`` runs every cell with ``tls = true`` (the nodes' links mutual TLS).
 
 The Nth hit a crash fires on comes from the seed (:func:`default_nth`) for points hit
 many times per run, so seeds explore different moments; a failing cell prints the one
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 import random
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from faults import POINTS
@@ -75,11 +76,12 @@ def default_nth(point: str, seed: int) -> int:
     return random.Random(f"nth:{point}:{seed}").randint(1, hi) if hi > 1 else 1
 
 
-def replay_command(scenario: str, point: str, nth: int, side: str, seed: int) -> str:
+def replay_command(scenario: str, point: str, nth: int, side: str, seed: int, tls: bool = False) -> str:
+    flag = " --tls" if tls else ""
     if point == NO_CRASH:
-        return f"ferry sim run --scenario {shlex.quote(scenario)} --seed {seed}"
+        return f"ferry sim run --scenario {shlex.quote(scenario)} --seed {seed}{flag}"
     return ("ferry sim run --scenario " + shlex.quote(scenario) +
-            f" --crash {point}:{nth} --side {side} --seed {seed}")
+            f" --crash {point}:{nth} --side {side} --seed {seed}{flag}")
 
 
 @dataclass
@@ -92,10 +94,11 @@ class Cell:
     passed: bool = False
     seconds: float = 0.0
     result: RunResult | None = None
+    tls: bool = False           # the scenario with tls = true (mutual TLS between the nodes)
 
     @property
     def replay(self) -> str:
-        return replay_command(self.scenario, self.point, self.nth, self.side, self.seed)
+        return replay_command(self.scenario, self.point, self.nth, self.side, self.seed, self.tls)
 
     def to_json(self) -> dict[str, Any]:
         """One cell of ``ferry sim matrix --json`` (exactly these keys; docs/harness.md, "CLI")."""
@@ -121,11 +124,13 @@ class MatrixResult:
 
 
 def plan_cells(points: list[str], sides: list[str], seeds: list[int],
-               scenario: str | None = None, faults: list[str] | tuple[str, ...] = ()) -> list[Cell]:
+               scenario: str | None = None, faults: list[str] | tuple[str, ...] = (),
+               tls: bool = False) -> list[Cell]:
     """The cells to run. ``scenario`` replaces the plan: every point on each of the
     scenario's sides (a user's own scenario, or ``join``: the points through node/'s
     own file moves).
-    ``faults``: fault scenarios to run once per seed, without a crash plan."""
+    ``faults``: fault scenarios to run once per seed, without a crash plan.
+    ``tls``: every cell's scenario with ``tls = true``."""
     cells = []
     for name in faults:
         load(name)              # an unknown name fails before anything runs
@@ -141,6 +146,8 @@ def plan_cells(points: list[str], sides: list[str], seeds: list[int],
             if side in per_side:
                 for seed in seeds:
                     cells.append(Cell(point, side, seed, per_side[side], default_nth(point, seed)))
+    for c in cells:
+        c.tls = tls
     return cells
 
 
@@ -150,7 +157,10 @@ def run_matrix(cells: list[Cell], *, workdir: str | None = None,
     out = MatrixResult()
     for cell in cells:
         crash = None if cell.point == NO_CRASH else CrashPlan(cell.point, side=cell.side, nth=cell.nth)
-        res = run(load(cell.scenario), seed=cell.seed, workdir=workdir, log=log, crash=crash)
+        scenario = load(cell.scenario)
+        if cell.tls:
+            scenario = replace(scenario, tls=True)
+        res = run(scenario, seed=cell.seed, workdir=workdir, log=log, crash=crash)
         cell.passed, cell.seconds, cell.result = res.passed, res.seconds, res
         out.cells.append(cell)
         on_cell(cell)

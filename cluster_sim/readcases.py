@@ -28,7 +28,7 @@ an option, so the cases run unchanged against an older checkout of the node (cop
 ``cluster_sim/`` into it and run them there: that is how they were seen to fail before
 reads were made linearizable).
 
-    python -m cluster_sim.readcases etcd-cut-primary [--keep]
+    python -m cluster_sim.readcases etcd-cut-primary [--keep] [--tls]
 """
 from __future__ import annotations
 
@@ -75,9 +75,9 @@ class _Case:
     """A 3-node cluster of the ClusterDriver (RPC proxies, a control proxy per node),
     the history, and the calls the steps make."""
 
-    def __init__(self, name: str, run_dir: str) -> None:
+    def __init__(self, name: str, run_dir: str, *, tls: bool = False) -> None:
         self.name, self.dir = name, run_dir
-        scenario = Scenario(name=name, nodes=("n1", "n2", "n3"), proxy=True,
+        scenario = Scenario(name=name, nodes=("n1", "n2", "n3"), proxy=True, tls=tls,
                             caches=(CacheSpec(partitions=4, backups=1),), workload=WorkloadSpec(ops=0),
                             # (never fired: it makes the driver give each node control proxies)
                             events=(Event(0, "isolate", "n1"),), settle_timeout=60.0)
@@ -86,9 +86,8 @@ class _Case:
         self.notes: list[str] = []
         self.exercised = True       # the fault landed as the case needs
         self.d = ClusterDriver(scenario, 1, run_dir, self.timeline, Model(), None)
-        from node import Client, Pool, load_secret, partition_of
-        self.Client = Client
-        self.pool = Pool(load_secret(self.d.secret_file), role="client", timeout=CALL_TIMEOUT_S)
+        from node import partition_of
+        self.pool = self.d.client_pool(timeout=CALL_TIMEOUT_S)
         self.partition = partition_of(KEY, 4)
         self.clients: list[Any] = []
 
@@ -141,8 +140,8 @@ class _Case:
 
     def majority(self, without: str) -> Any:
         """A client of the other nodes (normal routing, retries)."""
-        c = self.Client([self.d.address(n) for n in ("n1", "n2", "n3") if n != without],
-                        secret_file=self.d.secret_file, timeout=15.0)
+        c = self.d.new_client([self.d.address(n) for n in ("n1", "n2", "n3") if n != without],
+                              timeout=15.0)
         self.clients.append(c)
         return c
 
@@ -249,11 +248,13 @@ CASES: dict[str, Callable[[_Case], None]] = {
 }
 
 
-def run_case(name: str, workdir: str | None = None, *, keep: bool = False) -> CaseResult:
-    """Play case ``name`` on a fresh cluster; its history checked."""
+def run_case(name: str, workdir: str | None = None, *, keep: bool = False,
+             tls: bool = False) -> CaseResult:
+    """Play case ``name`` on a fresh cluster (``tls``: its links mutual TLS, the
+    reader and writers with a client certificate); its history checked."""
     run_dir = tempfile.mkdtemp(prefix=f"readcase-{name}-", dir=workdir)
     t0 = time.monotonic()
-    c = _Case(name, run_dir)
+    c = _Case(name, run_dir, tls=tls)
     try:
         c.start()
         CASES[name](c)
@@ -272,8 +273,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("case", choices=sorted(CASES))
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--tls", action="store_true", help="mutual TLS between nodes and clients")
     args = ap.parse_args()
-    res = run_case(args.case, keep=args.keep)
+    res = run_case(args.case, keep=args.keep, tls=args.tls)
     t0 = min((o.call for o in res.ops), default=0.0)
     print("\n".join(res.report(t0)))
     for op in res.ops:

@@ -143,6 +143,10 @@ class Scenario:
     disk: DiskSpec | None = None   # one node's data dir on a small tmpfs (cluster)
     transfer_rate: int = 0         # [transfer] rate_limit of every node, bytes/s (0: none)
     stream_index: bool = False     # [rebalance] stream_index of every node (the streaming install)
+    # mutual TLS for the nodes' links (node RPC, client RPC, transfers) with certificates
+    # of the run's own CA, instead of the shared secret; the harness's clients hold a
+    # client certificate (cluster)
+    tls: bool = False
     settle_timeout: float = 90.0
     control_plane_members: int = 1 # etcd members of the run's control plane (cluster)
     # the nodes started first are the cluster's initial members (--initial-members):

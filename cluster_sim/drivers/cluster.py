@@ -17,7 +17,7 @@ import re
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from node.states import read_states
 
@@ -31,6 +31,38 @@ from .base import Driver
 from .clusterfaults import ClusterFaults
 from .convergence import settled_problems
 from .writes import NodeClients, WriteStats, verify_reads
+
+if TYPE_CHECKING:
+    from node.client import Client
+    from node.wire import Pool
+    from transfer.tls import TlsFiles
+
+TLS_CLIENT = "harness"          # the harness's client certificate: ferry://client/harness
+
+class RunCerts:
+    """The run's CA (``node.certs.init_ca``, what ``ferry certs init`` makes) in
+    ``<run>/pki`` and the certificates it signs (``node.certs.issue``): one per node,
+    ``ferry://node/<id>``, and the harness's client certificate."""
+
+    def __init__(self, run_dir: str) -> None:
+        from node import certs
+        self.dir = os.path.join(run_dir, "pki")
+        self.ca = certs.init_ca(self.dir, name="ferry-sim-ca").cert
+
+    def files(self, name: str, role: str) -> "TlsFiles":
+        from node import certs
+        from transfer.tls import TlsFiles
+        sub = os.path.join(self.dir, f"{role}s")
+        crt, key = os.path.join(sub, f"{name}.crt"), os.path.join(sub, f"{name}.key")
+        if not os.path.exists(key):
+            out = certs.issue(self.dir, name, sub, role=role)
+            crt, key = out.cert, out.key
+        return TlsFiles(self.ca, crt, key)
+
+
+def tls_toml(files: "TlsFiles") -> str:
+    """The ``[tls]`` section of a node's config."""
+    return f'[tls]\nca = "{files.ca}"\ncert = "{files.cert}"\nkey = "{files.key}"\n'
 
 
 def node_toml(s: Scenario) -> str:
@@ -48,6 +80,10 @@ def node_toml(s: Scenario) -> str:
 
 
 class ClusterDriver(ClusterFaults, Driver):
+    # with the scenario's tls: the run's CA and the harness's client certificate
+    certs: RunCerts | None = None
+    client_tls: "TlsFiles | None" = None
+
     def setup(self) -> None:
         s = self.scenario
         if not hasattr(self.net, "attach") and any(e.action in CONTAINER_ACTIONS for e in s.events):
@@ -56,6 +92,12 @@ class ClusterDriver(ClusterFaults, Driver):
         self.config = os.path.join(self.dir, "node.toml")
         with open(self.config, "w") as f:
             f.write(node_toml(s))
+        if s.tls:
+            if hasattr(self.net, "attach"):
+                raise SimError("tls = true runs on loopback or in network namespaces, not in "
+                               "container mode (the nodes' certificates are not mounted)")
+            self.certs = RunCerts(self.dir)
+            self.client_tls = self.certs.files(TLS_CLIENT, "client")
         self.ports = {n: free_port() for n in s.all_nodes()}
         self.procs: dict[str, Proc] = {}
         self.left: set[str] = set()       # left gracefully: gone for good
@@ -69,11 +111,35 @@ class ClusterDriver(ClusterFaults, Driver):
             self.net.attach(self)       # container mode (drivers/container.py): slow disks, checks
         self.last_problems: list[str] = []
         self.write_stats = WriteStats()
-        from node import Pool, load_secret
         # the harness's own calls (status, maps): settling, the convergence clock and the
         # lease watchers poll every 0.2 s; one pool reuses their connections instead of
         # dialling and authenticating (and reading the secret) for every call
-        self.pool = Pool(load_secret(self.secret_file), role="client")
+        self.pool = self.client_pool()
+
+    # -- the harness's credentials: the secret, or with tls its client certificate ------------
+    def client_pool(self, timeout: float = 10.0) -> "Pool":
+        """A client ``Pool`` (close it when done)."""
+        from node import Pool, load_secret
+        if self.client_tls is None:
+            return Pool(load_secret(self.secret_file), role="client", timeout=timeout)
+        from transfer.tls import TlsContexts
+        return Pool(b"", role="client", timeout=timeout, tls=TlsContexts(self.client_tls))
+
+    def new_client(self, addresses: list[str], timeout: float = 30.0) -> "Client":
+        """A ``node.Client`` of the given seeds."""
+        from node.client import Client
+        return Client(addresses, self.secret_file, timeout=timeout, tls=self.client_tls)
+
+    def config_of(self, node: str) -> str:
+        """The node's config file: ``node.toml``, with tls a copy of it per node with
+        ``[tls]`` naming the node's certificate."""
+        if self.certs is None:
+            return self.config
+        path = os.path.join(self.dir, f"node-{node}.toml")
+        if not os.path.exists(path):
+            with open(path, "w") as f:
+                f.write(node_toml(self.scenario) + tls_toml(self.certs.files(node, "node")))
+        return path
 
     def address(self, node: str) -> str:
         """Where the node listens (the harness's clients and status use it)."""
@@ -85,9 +151,10 @@ class ClusterDriver(ClusterFaults, Driver):
 
     def _proc(self, node: str) -> Proc:
         if node not in self.procs:
-            argv = [sys.executable, "-m", "ferry", "node", "start", "--config", self.config,
-                    "--id", node, "--data", self.data_dir(node), "--listen", self.address(node),
-                    "--secret-file", self.secret_file]
+            argv = [sys.executable, "-m", "ferry", "node", "start", "--config", self.config_of(node),
+                    "--id", node, "--data", self.data_dir(node), "--listen", self.address(node)]
+            if self.certs is None:          # with [tls] a node reads no secret
+                argv += ["--secret-file", self.secret_file]
             if node in self.proxies:
                 argv += ["--advertise", self.advertised(node)]
             argv += ["--control-plane", ",".join(self.control_plane_for(node))]
@@ -128,8 +195,6 @@ class ClusterDriver(ClusterFaults, Driver):
         """The workload's preload entries, put in bulk before the clock starts (so the
         partitions have files of many pages: a returning copy then catches up by a
         delta); the model knows them as acknowledged once put_batch returned."""
-        from node.client import Client
-
         from ..workload import preload
         entries = preload(self.scenario.workload, self.seed)
         from ..history import WRITE
@@ -140,7 +205,7 @@ class ClusterDriver(ClusterFaults, Driver):
         handles = [self.history.invoke("preload", WRITE, k, v) for k, v in entries]
         while True:
             try:
-                with Client(addresses, self.secret_file) as c:
+                with self.new_client(addresses) as c:
                     c.put_many(self.scenario.caches[0].name, entries)
                 break
             except Exception as e:       # the cluster may still be electing primaries
@@ -184,7 +249,7 @@ class ClusterDriver(ClusterFaults, Driver):
                            self.scenario.caches[0].name, self.write_stats,
                            advertised=lambda: {n: self.advertised(n) for n in nodes},
                            up=lambda: {n for n, p in self.procs.items() if p.alive() and n not in self.left},
-                           pinned=self.scenario.workload.pinned)
+                           pinned=self.scenario.workload.pinned, tls=self.client_tls)
 
     def apply(self, client: NodeClients, op: Op) -> Receipt:
         return client.apply(op)
@@ -208,9 +273,13 @@ class ClusterDriver(ClusterFaults, Driver):
             self.start_node(node, wait=False)
         elif action == "leave":
             live = [self.address(n) for n, p in self.procs.items() if p.alive() and n != node]
+            env = child_env(None, None)
+            if self.client_tls is not None:     # a client command's certificate: $FERRY_TLS_*
+                f = self.client_tls
+                env.update(FERRY_TLS_CA=f.ca, FERRY_TLS_CERT=f.cert, FERRY_TLS_KEY=f.key)
             r = subprocess.run([sys.executable, "-m", "ferry", "cluster", "leave", "--seed", live[0],
                                 "--secret-file", self.secret_file, node], capture_output=True,
-                               text=True, env=child_env(None, None), cwd=ROOT, timeout=60)
+                               text=True, env=env, cwd=ROOT, timeout=60)
             if r.returncode != 0:
                 raise ProcessError(f"cluster leave {node} failed: {r.stderr.strip()[-500:]}")
             self.left.add(node)
@@ -298,7 +367,8 @@ class ClusterDriver(ClusterFaults, Driver):
         self.timeline.mark("-", "writes", self.write_stats.summary())
         live = {n: self.address(n) for n in sorted(self.expected())}
         self.checks["reads_serve_last_acked"] = verify_reads(
-            live, self.secret_file, self.scenario.caches[0].name, self.model, self.history)
+            live, self.secret_file, self.scenario.caches[0].name, self.model, self.history,
+            tls=self.client_tls)
 
     def stop(self) -> dict[str, int | None]:
         self.freezer.thaw_all()           # a stopped process would wait for SIGCONT first

@@ -24,10 +24,13 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..history import READ, History
 from ..workload import Model, Op, Receipt
+
+if TYPE_CHECKING:
+    from transfer.tls import TlsFiles
 
 WRITE_TIMEOUT_S = 8.0      # a new primary is up about 1 lease TTL after its predecessor died
 CALL_TIMEOUT_S = 8.0       # one RPC (the node's own replication timeout is 5 s)
@@ -86,8 +89,11 @@ class NodeClients:
     def __init__(self, nodes: list[str], addresses: Callable[[], dict[str, str]], secret_file: str,
                  cache: str, stats: WriteStats | None = None,
                  advertised: Callable[[], dict[str, str]] | None = None,
-                 up: Callable[[], set[str]] | None = None, pinned: bool = False) -> None:
+                 up: Callable[[], set[str]] | None = None, pinned: bool = False,
+                 tls: "TlsFiles | None" = None) -> None:
+        """``tls``: the clients' certificate (mutual TLS) instead of ``secret_file``."""
         self.nodes = list(nodes)
+        self.tls = tls
         self.up = up
         self.pinned = pinned
         self.addresses, self.advertised = addresses, advertised or addresses
@@ -108,7 +114,8 @@ class NodeClients:
             have[1].close()
         self.names.update({a: n for n, a in adv.items()} | {a: n for n, a in addrs.items()})
         others = [a for m, a in addrs.items() if m != node]
-        c = Client([addrs[node], *others], secret_file=self.secret_file, timeout=WRITE_TIMEOUT_S)
+        c = Client([addrs[node], *others], secret_file=self.secret_file, timeout=WRITE_TIMEOUT_S,
+                   tls=self.tls)
         c.pool.timeout = CALL_TIMEOUT_S
         # the node's own refusals: the map names its advertised address, seeds the listen one
         c.pool.call = self._counting(node, {addrs[node], adv.get(node, addrs[node])}, c.pool.call)
@@ -166,7 +173,7 @@ class NodeClients:
 
 
 def verify_reads(addresses: dict[str, str], secret_file: str, cache: str, model: Model,
-                 history: History | None = None) -> list[str]:
+                 history: History | None = None, *, tls: "TlsFiles | None" = None) -> list[str]:
     """Through each node's client, every key the workload wrote reads as its last
     acknowledged value (or a later unacknowledged one; absent after a remove). Each
     read enters ``history`` (process ``final-<node>``)."""
@@ -174,7 +181,7 @@ def verify_reads(addresses: dict[str, str], secret_file: str, cache: str, model:
     problems: list[str] = []
     for n, addr in addresses.items():
         others = [a for m, a in addresses.items() if m != n]
-        with Client([addr, *others], secret_file=secret_file, timeout=WRITE_TIMEOUT_S) as c:
+        with Client([addr, *others], secret_file=secret_file, timeout=WRITE_TIMEOUT_S, tls=tls) as c:
             bad = 0
             for key in sorted(model.keys()):
                 h = history.invoke(f"final-{n}", READ, key, via=n) if history is not None else None
