@@ -69,7 +69,7 @@ def main() -> None:
         cli.main(prog_name="ferry", standalone_mode=True)
     except KeyboardInterrupt:
         sys.exit(130)
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - a FerryError becomes one line, anything else is re-raised
         # A FerryError is an error on purpose: its message says what, where and what to
         # do. One a command did not turn into its own output still gets one line, not
         # a traceback; anything else is a bug and keeps its traceback.

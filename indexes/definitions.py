@@ -52,7 +52,7 @@ def _json_loads(raw: bytes) -> Any:
 def _msgpack_loads(raw: bytes) -> Any:
     try:
         return msgpack.unpackb(raw, raw=False, strict_map_key=False)
-    except Exception as e:  # msgpack raises several unrelated types for bad input
+    except Exception as e:  # noqa: BLE001 - msgpack raises several unrelated types for bad input; re-raised
         raise BadDocument(f"not a valid msgpack document ({type(e).__name__}: {e})") from None
 
 

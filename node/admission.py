@@ -310,7 +310,7 @@ class Admission:
         while not stopping.is_set():
             try:
                 self.tick()
-            except Exception:
+            except Exception:  # noqa: BLE001 - the protection's thread goes on after a bad tick
                 log.exception("stage=admission tick failed")
             self._wake.wait(TICK_S if self.ctx.moves.running else IDLE_TICK_S)
             self._wake.clear()

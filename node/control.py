@@ -290,7 +290,8 @@ class Etcd:
                     grants.append(f"{p.get('permType', 'READ').lower()} {where}")
                 out.append(f"{r}: {', '.join(grants) or 'no permission'}")
             return "; ".join(out) or "no role"
-        except Exception:
+        except Exception as e:  # noqa: BLE001 - only words for an error message; the client raises its own
+            log.debug("stage=control roles of %s not readable: %r", self.access.user, e)
             return "roles not readable"
 
     def _access_error(self, c: "Etcd3Client", msg: str, what: str) -> ControlPlaneAccessError | None:
@@ -597,7 +598,7 @@ class Session:
         def run() -> None:
             try:
                 self.on_expired()      # type: ignore[misc]
-            except Exception:
+            except Exception:  # noqa: BLE001 - the lease thread must go on: retried
                 log.exception("stage=control re-registration failed; retrying")
             finally:
                 self._renewing.clear()
@@ -620,7 +621,7 @@ class Session:
                     log.warning("stage=control lease %x keepalive failing (%s); fence in %.1fs",
                                 lease, str(e)[:120], self.remaining())
                 continue
-            except Exception as e:     # a malformed answer must not stop the keepalives
+            except Exception as e:  # noqa: BLE001 - a malformed answer must not stop the keepalives
                 log.warning("stage=control lease keepalive error: %s", e)
                 continue
             if ttl > 0:
@@ -641,8 +642,8 @@ class Session:
         if revoke and self.lease:
             try:
                 self.etcd.revoke(self.lease)
-            except Exception:
-                pass
+            except NodeError as e:      # etcd unreachable: the lease ends by its TTL
+                log.info("stage=control lease %x not revoked: %s", self.lease, e)
 
 
 Event = tuple[str, "KV | None"]     # (key, its value now; None: deleted)
@@ -739,7 +740,7 @@ class View:
             except ConfigError as e:       # refused (certificate, user, permission): say so, slowly
                 log.error("stage=control watch refused: %s", e)
                 self._stop.wait(5.0)
-            except Exception:
+            except Exception:  # noqa: BLE001 - the watch thread goes on: it reloads the view
                 log.exception("stage=control watch failed; reloading")
                 reload = True
                 self._stop.wait(0.2)

@@ -524,7 +524,7 @@ class ControlPlane:
             except NodeError as e:
                 log.info("stage=controller round failed: %s", str(e)[:160])
                 self.ctx.events.stopping.wait(0.2)
-            except Exception:
+            except Exception:  # noqa: BLE001 - the controller's loop goes on after a bug
                 log.exception("stage=controller round crashed")
                 self.ctx.events.stopping.wait(0.5)
 

@@ -195,7 +195,7 @@ class Metrics:
             for c in self.collectors:
                 try:
                     c(self)
-                except Exception:                 # a scrape still shows everything else
+                except Exception:  # noqa: BLE001 - a scrape still shows everything else
                     log.exception("stage=metrics collector %r failed", c)
         finally:
             self._collecting = False

@@ -207,7 +207,7 @@ class Node:
             t0 = time.monotonic()
             try:
                 d.checkpoint()
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - shutdown goes on: the WAL has every update
                 log.error("stage=shutdown cache=%s checkpoint failed: %s", name, e)
             ctx.metrics.observe("ferry_node_checkpoint_seconds", time.monotonic() - t0)
             d.close()

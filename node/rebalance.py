@@ -117,7 +117,7 @@ class Rebalancer:
         try:
             if engine.run(mv):
                 self.ctx.moves.done.append(mv.summary(self.ctx.id))
-        except Exception:
+        except Exception:  # noqa: BLE001 - a move's bug: logged, and the move is cleaned up below
             log.exception("stage=%s cache=%s partition=%d move crashed", mv.stage, mv.cache, mv.p)
         finally:
             engine.finish(mv)

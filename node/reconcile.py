@@ -81,7 +81,7 @@ class Reconciler:
                 self.control.start_leave()
             try:
                 self.reconcile()
-            except Exception:
+            except Exception:  # noqa: BLE001 - the loop goes on: a bug in one pass is logged
                 log.exception("stage=reconcile failed")
                 self.ctx.map.dirty.everything()
 
@@ -254,7 +254,7 @@ class Reconciler:
                 if r.node != n or r.state != State.OWNING.value or r.counter < mine:
                     why = f"{n} at {addr} answered {str(r)[:160]} (this copy is at {mine})"
                     break
-        except Exception as e:      # a bug here must not take the eviction path with it
+        except Exception as e:  # noqa: BLE001 - a bug here must not take the eviction path with it
             why = f"confirmation failed: {e!r}"
             log.exception("stage=evict cache=%s partition=%d owner confirmation crashed", cache, p)
         finally:
@@ -289,7 +289,7 @@ class Reconciler:
     def _hand_off(self, cache: str, p: int, prim: str, token: Hashable = None) -> None:
         try:
             ok = self.movers.take_primary(cache, p, prim)
-        except Exception:
+        except Exception:  # noqa: BLE001 - a worker's bug: logged, and the hand-off backs off
             ok = False
             log.exception("stage=handoff cache=%s partition=%d crashed", cache, p)
         if ok:

@@ -197,7 +197,7 @@ class RpcServer:
             return {"id": rid, "ok": False, "e": error_body(e)}
         except TypeError as e:  # wrong or missing arguments for the method
             return {"id": rid, "ok": False, "e": error_body(BadRequest(f"bad arguments: {e}"))}
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - the caller gets an error reply, the log the cause
             # A full disk, a read-only file system, no descriptors left: the message
             # says what and where, and one WARNING a minute per cause says it in the
             # log (faults/latch.py), not a traceback per refused request.

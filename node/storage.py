@@ -258,7 +258,7 @@ class CacheData:
         rebuilds it first (:meth:`_catch_up`), and raised."""
         try:
             fn(*args)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - re-raised: any failure is noted first
             if cause_of(e) is not None:
                 self._behind.add(p)
                 self._index_latch.fail(e)
@@ -272,7 +272,7 @@ class CacheData:
             return
         try:
             self.indexes.rebuild(p, self.store)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - re-raised: any failure is noted first
             self._index_latch.fail(e)
             raise
         self._behind.discard(p)
@@ -390,5 +390,5 @@ class CacheData:
         for part in (self.indexes, self.store):
             try:
                 part.close()
-            except Exception as e:  # closing must go on for the other one
+            except Exception as e:  # noqa: BLE001 - closing must go on for the other one
                 log.warning("closing %s of cache %s: %s", type(part).__name__, self.cache.name, e)

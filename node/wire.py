@@ -23,6 +23,7 @@ proof of the secret is ``AuthFailed``.
 """
 from __future__ import annotations
 
+import logging
 import threading
 from enum import IntEnum
 from typing import Any, Callable
@@ -38,6 +39,7 @@ from .rpcapi import Requester
 from .errors import (BY_CODE, UNKNOWN, AuthFailed, BadRequest, NodeError, RemoteFailure, TooLarge,
                      Unavailable)
 
+log = logging.getLogger("ferry.node.rpc")
 
 
 def as_bytes(x: object, what: str) -> bytes:
@@ -202,8 +204,8 @@ class Channel:
         self.broken = True
         try:
             self.conn.close()
-        except Exception:
-            pass
+        except OSError as e:        # the socket's close: the channel is gone either way
+            log.debug("stage=rpc closing a connection: %s", e)
 
 
 def _dropped(ch: Channel) -> bool:

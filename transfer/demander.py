@@ -18,7 +18,7 @@ import stat
 import time
 from typing import Callable
 
-from faults import crashpoint
+from faults import FerryError, crashpoint
 
 from .auth import client_handshake
 from .errors import (AuthError, ChecksumError, FrameError, OutOfDiskError, PageCheckError, PeerClosed,
@@ -201,8 +201,9 @@ class _Fetch(DataStage):
         if self.rec is not None:
             try:
                 self.rec.flush()
-            except Exception:
-                pass        # the disk may be what failed; the journal is only an optimisation
+            except (OSError, FerryError) as fe:   # the disk may be what failed; the journal
+                # is only an optimisation
+                log.info("resume journal of partition %d not flushed: %s", self.partition, fe)
             if self.rec.held:
                 self.rec.close()             # kept for resume
             else:

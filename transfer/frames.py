@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import struct
 import threading
 from dataclasses import dataclass, field
@@ -31,6 +32,8 @@ import crc32c
 import msgpack
 
 from .errors import FrameError, PeerClosed, RemoteError
+
+log = logging.getLogger("ferry.transfer")
 
 MAGIC = b"FY"
 PROTOCOL_VERSION = 3   # 3: frames after the handshake carry a MAC; 2: checksums in CHUNK frames
@@ -133,7 +136,7 @@ def decode_payload(head: bytes, ftype: int, crc: int, payload: bytes) -> Frame:
         raise FrameError(ErrorCode.PROTOCOL, f"frame type {ftype} fails its checksum (corrupted on the wire)")
     try:
         body = msgpack.unpackb(payload, raw=False, strict_map_key=True)
-    except Exception as e:  # msgpack raises several unrelated types for garbage
+    except Exception as e:  # noqa: BLE001 - msgpack raises several unrelated types for garbage; re-raised
         raise FrameError(ErrorCode.PROTOCOL, f"frame type {ftype} payload is not msgpack: {e}") from None
     if not isinstance(body, dict):
         raise FrameError(ErrorCode.PROTOCOL, f"frame type {ftype} payload is not a map")
@@ -245,8 +248,8 @@ def send_error(conn: Stream, code: int, message: str) -> None:
     """Best-effort ERROR frame: the peer may already be gone, which is no new failure."""
     try:
         write_frame(conn, FrameType.ERROR, {"code": int(code), "message": message[:4000]})
-    except Exception:
-        pass
+    except Exception as e:  # noqa: BLE001 - best effort over any transport; the caller reports the failure
+        log.debug("ERROR frame (%s) not sent: %r", message[:200], e)
 
 
 def _type_name(t: int) -> str:

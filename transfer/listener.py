@@ -251,7 +251,7 @@ def accept_loop(sock: socket.socket, stop: threading.Event,
         peer = "%s:%s" % addr[:2] if isinstance(addr, tuple) else str(addr)
         try:
             handle(conn, peer)
-        except Exception as e:       # e.g. no thread could be started: drop this one only
+        except Exception as e:  # noqa: BLE001 - e.g. no thread could be started: drop this one only
             conn.close()
             if report.due():
                 log.error("%s: could not serve %s: %r; dropped it, still accepting", name, peer, e)

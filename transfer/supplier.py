@@ -85,7 +85,7 @@ class SupplierSession:
                 pass
         except AuthError as e:
             log.warning("supplier: refused %s: %s", self.conn.peer, e)
-        except Exception:   # a bug in one session must not take the server down
+        except Exception:  # noqa: BLE001 - a bug in one session must not take the server down
             log.exception("supplier: session with %s failed unexpectedly", self.conn.peer)
         finally:
             self.conn.close()

@@ -7,6 +7,7 @@ is a :class:`PeerClosed`, never a bare ``ConnectionResetError`` further up.
 """
 from __future__ import annotations
 
+import logging
 import os
 import select
 import socket
@@ -14,6 +15,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from .errors import PeerClosed, PeerUnreachable, TransferError
+
+log = logging.getLogger("ferry.transfer")
 
 if TYPE_CHECKING:
     from .frames import Sealer
@@ -251,8 +254,8 @@ class ChannelConn(Conn):
     def close(self) -> None:
         try:
             self.chan.close()
-        except Exception:
-            pass
+        except Exception as e:  # noqa: BLE001 - paramiko raises its own and socket errors; closing anyway
+            log.debug("closing an SSH channel: %r", e)
 
 
 def connect_tcp(host: str, port: int, *, timeout: float = 10.0) -> SocketConn:

@@ -32,6 +32,7 @@ Importable on an executor with the shipped zip (``validation.ship``): it needs
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import stat
@@ -48,6 +49,8 @@ if TYPE_CHECKING:
     from node import Pool
     from node.rpcapi import Fence
     from transfer import Limits
+
+log = logging.getLogger("ferry.validate")
 
 SOURCE_NAME = "ferry_live"
 LIVE_SCHEMA = RAW_SCHEMA + ", at long, snapshot long, error string"
@@ -141,7 +144,8 @@ class _PartitionCheck:
         for seed in self.seeds:
             try:
                 m = fetch_map(self.pool, seed)
-            except Exception:  # noqa: BLE001 - that seed is down: ask the next
+            except Exception as e:  # noqa: BLE001 - that seed is down: ask the next
+                log.info("map from %s not read: %r", seed, e)
                 continue
             rec = m.parts[self.cache][self.p]
             self.primary, self.term = rec.primary, rec.term
@@ -191,7 +195,8 @@ class _PartitionCheck:
             try:
                 held = self.pool.request(self.address, ValidateUnfence(self.cache, self.p, fence.token),
                                          timeout=RPC_TIMEOUT_S)
-            except Exception:  # noqa: BLE001 - the fence expires by itself; retry below
+            except Exception as e:  # noqa: BLE001 - the fence expires by itself; retry below
+                log.info("unfence of %s/%d at %s failed: %r", self.cache, self.p, self.address, e)
                 held = False
             for f in fetches:
                 f.join()

@@ -8,6 +8,7 @@ to start, so callers that validate often pass their own session in.
 """
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import tempfile
@@ -98,8 +99,8 @@ def stop_gateway(timeout: float = 20.0) -> bool:
         return False
     try:
         gw.shutdown()
-    except Exception:  # noqa: BLE001 - the JVM may already be on its way out
-        pass
+    except Exception as e:  # noqa: BLE001 - the JVM may already be on its way out
+        logging.getLogger("ferry.validate").debug("Spark gateway shutdown: %r", e)
     try:
         proc.stdin.close()                # PythonGatewayServer exits on EOF of stdin
     except (OSError, AttributeError):

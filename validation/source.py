@@ -14,9 +14,12 @@ pyarrow, pyspark and the shipped decoder (see ``validation.ship``).
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any, Iterator
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+log = logging.getLogger("ferry.validate")
 
 SOURCE_NAME = "ferry"
 
@@ -125,6 +128,8 @@ def decode_task(task: dict) -> Iterator[Any]:
         # The decoder raises on what it cannot skip (missing file, bad meta page):
         # report it against the whole file and keep what was decoded before it.
         problems.append(_row(FILE_PAGE, 0, f"{type(exc).__name__}: {exc}"))
+        log.warning("%s: decoding stopped (%s: %s); reported as a problem of the file", path,
+                    type(exc).__name__, exc)
     if unlisted:
         first, last, n = unlisted
         if n == 1:
