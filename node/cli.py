@@ -126,14 +126,14 @@ def status_cmd(seed: tuple[str, ...], secret_file: str | None, as_json: bool, al
                one: str | None) -> None:
     """Nodes, topology version, partition states and moves in progress."""
     from .errors import NodeError
-    from .status import collect, render, select
+    from .status import render, select, status_doc
     from .wire import client_pool
     try:
         pool = client_pool(secret_file)
         last: Exception | None = None
         for s in seed:
             try:
-                doc = collect(pool, s)
+                doc = status_doc(pool, s)
                 break
             except NodeError as e:
                 last = e

@@ -1,14 +1,51 @@
 """``ferry cluster status``: one JSON document (schema in docs/node.md) or a table."""
 from __future__ import annotations
 
-from typing import Any
+from typing import TypedDict, cast
 
 from .errors import NodeError
+from .jsonvalue import JsonDoc, MoveDoc
 from .rpcapi import AdmissionStatus, Moves, fetch_map
 from .wire import Pool
 
 
-def collect(pool: Pool, seed: str) -> dict[str, Any]:
+class NodeDoc(TypedDict):
+    id: str
+    address: str
+    alive: bool
+    leaving: bool
+
+
+class PartitionDoc(TypedDict):
+    cache: str
+    partition: int
+    states: dict[str, str]          # live node -> its state of p
+    primary: str | None
+    in_sync: list[str]
+    epoch: int
+    primary_epoch: int
+    owners: list[str]               # the ideal owners, the ideal primary first
+
+
+class StatusDoc(TypedDict):
+    """``ferry cluster status --json`` (docs/node.md)."""
+    topology_version: int
+    epoch: int
+    controller: str | None
+    coordinator: str | None         # the old name of ``controller``, kept for scripts
+    nodes: list[NodeDoc]
+    partitions: list[PartitionDoc]
+    moves: list[MoveDoc]
+    admission: list[JsonDoc]        # each node's foreground protection (node/admission.py)
+    lost: list[str]
+
+
+def collect(pool: Pool, seed: str) -> dict[str, object]:
+    """:func:`status_doc` as a plain document (what ``--json`` prints)."""
+    return dict(status_doc(pool, seed))
+
+
+def status_doc(pool: Pool, seed: str) -> StatusDoc:
     m = fetch_map(pool, seed)
     # the controller's map is as new as any; ask it when the seed is someone else
     coord_addr = m.address(m.controller)
@@ -17,20 +54,20 @@ def collect(pool: Pool, seed: str) -> dict[str, Any]:
             m = fetch_map(pool, coord_addr)
         except NodeError:
             pass
-    moves: list[dict[str, Any]] = []
-    admission: list[dict[str, Any]] = []
+    moves: list[MoveDoc] = []
+    admission: list[JsonDoc] = []
     for mem in m.members.values():
         if mem.alive:
             try:
                 running = pool.request(mem.address, Moves(), timeout=5.0)
-                moves += running
+                moves += cast("list[MoveDoc]", running)   # as the node reports them
             except NodeError:
                 pass
             try:           # foreground protection of that node (node/admission.py)
                 admission.append(pool.request(mem.address, AdmissionStatus(), timeout=5.0))
             except NodeError:
                 pass       # an older node, or one stopping
-    partitions: list[dict[str, Any]] = []
+    partitions: list[PartitionDoc] = []
     for cache, plist in m.states.items():
         for p, st in enumerate(plist):
             live = {n: s for n, s in st.items() if n in m.members and m.members[n].alive}
@@ -59,7 +96,7 @@ SMALL = 64          # up to this many partitions, every one gets a row
 ROWS = 40           # else: at most this many rows, the partitions that are not settled
 
 
-def settled_part(part: dict[str, Any]) -> bool:
+def settled_part(part: PartitionDoc) -> bool:
     """Its ideal owners hold it OWNING, in sync, nothing else, the ideal primary leads."""
     owners = part["owners"]
     return (sorted(n for n, s in part["states"].items() if s == "OWNING") == sorted(owners)
@@ -68,17 +105,19 @@ def settled_part(part: dict[str, Any]) -> bool:
             and sorted(part.get("in_sync", owners)) == sorted(owners))
 
 
-def select(doc: dict[str, Any], partition: str) -> dict[str, Any]:
+def select(doc: StatusDoc, partition: str) -> StatusDoc:
     """The document with only ``CACHE/P``'s partition (KeyError when there is none)."""
     cache, _, ps = partition.rpartition("/")
     parts = [x for x in doc["partitions"] if x["cache"] == cache and str(x["partition"]) == ps]
     if not parts:
         raise KeyError(partition)
-    return dict(doc, partitions=parts, moves=[mv for mv in doc["moves"]
-                                              if mv.get("cache") == cache and str(mv.get("partition")) == ps])
+    out = doc.copy()
+    out["partitions"] = parts
+    out["moves"] = [mv for mv in doc["moves"] if mv.get("cache") == cache and str(mv.get("partition")) == ps]
+    return out
 
 
-def render(doc: dict[str, Any], *, width: int | None = None, color: bool | None = None,
+def render(doc: StatusDoc, *, width: int | None = None, color: bool | None = None,
            all_partitions: bool = False) -> str:
     """The status document as tables: nodes with their partitions by state, the
     partitions' primary, in-sync copies and epochs, the moves with stage, bytes, rate
@@ -125,8 +164,9 @@ def render(doc: dict[str, Any], *, width: int | None = None, color: bool | None 
         for node_id, st in part["states"].items():
             c = by_node.setdefault(node_id, {})
             c[st] = c.get(st, 0) + 1
-        if part.get("primary"):
-            prims[part["primary"]] = prims.get(part["primary"], 0) + 1
+        prim_of = part.get("primary")
+        if prim_of:
+            prims[prim_of] = prims.get(prim_of, 0) + 1
     for n in doc["nodes"]:
         counts = {st: by_node.get(n["id"], {}).get(st, 0) for st in states}
         prim = prims.get(n["id"], 0)
@@ -182,20 +222,21 @@ def render(doc: dict[str, Any], *, width: int | None = None, color: bool | None 
     else:
         out.print(f"[bold]{moves.title}[/]")
     prot = table("Foreground protection (moves yield when writes slow down)")
-    rows = [a for a in doc.get("admission", []) if isinstance(a, dict)]
-    if rows:
+    adm = [a for a in doc.get("admission", []) if isinstance(a, dict)]
+    if adm:
         for col, right in (("node", False), ("protect", False), ("move limit", True), ("transfers", True),
                            ("transfer MB/s", True), ("replay /s", True), ("write p99 ms", True),
                            ("target ms", True), ("idle p99 ms", True)):
             prot.add_column(col, justify="right" if right else "left", no_wrap=True)
-        for a in rows:
+        for a in adm:
             lat = a.get("latency_ms")
-            over = lat is not None and a.get("target_ms") is not None and lat > a["target_ms"]
+            target = a.get("target_ms")
+            over = isinstance(lat, (int, float)) and isinstance(target, (int, float)) and lat > target
             seen = "-" if lat is None else f"{lat} ({escape(str(a.get('latency_node')))})"
             rate = a.get("transfer_rate_limit") or 0
             prot.add_row(escape(str(a.get("node"))), "on" if a.get("protect") else "[yellow]off[/]",
                          f"{a.get('move_limit')}/{a.get('max_moves')}", str(a.get("transfers")),
-                         f"{rate / 1e6:.0f}" if rate else "-",
+                         f"{rate / 1e6:.0f}" if isinstance(rate, (int, float)) and rate else "-",
                          str(a.get("replay_rate_limit") or "-"),
                          f"[yellow]{seen}[/]" if over else seen,
                          str(a.get("target_ms") if a.get("target_ms") is not None else "-"),
