@@ -15,13 +15,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict, cast
 
 from . import schema
 from .cluster_map import ClusterMap
 from .control import KV, Etcd
 from .errors import ConfigError, NodeError, PlanError
-from .jsonvalue import Json
+from .jsonvalue import Json, JsonDoc, MoveDoc
 from .mapview import map_from_keys
 from .reassign import (CANCELLED, DONE, IN_SYNC, MOVING, NAME, RATE_SETTING, STAGES, TERMINAL, WAITING,
                        Move, Plan, assess, check, generate, plan_key, plans_from, stored_doc,
@@ -30,8 +30,52 @@ from .settings import parse as parse_setting
 from .rpcapi import Moves as MovesQuery
 from .wire import Pool
 
-NodeMoves = dict[tuple[str, int, str], dict[str, Any]]   # (cache, p, demander) -> its `moves` entry
-PlanDoc = dict[str, Any]     # one plan's status (``plan_status``), as ``--json`` prints it
+NodeMoves = dict[tuple[str, int, str], MoveDoc]   # (cache, p, demander) -> its `moves` entry
+
+# one move of a plan's status (``plan_status``)
+PlanMoveDoc = TypedDict("PlanMoveDoc", {
+    "cache": str, "partition": int, "from": list[str], "to": list[str], "stage": str,
+    "waits_for": "str | None", "started": "float | None", "finished": "float | None",
+    "last_progress": "float | None", "node_stage": "str | None", "bytes": "int | None",
+    "bytes_total": "int | None", "rate_bps": "float | None", "eta_s": "float | None",
+})
+
+
+class PlanDoc(TypedDict):
+    """One plan's status (``plan_status``), as ``--json`` prints it."""
+    plan: str
+    state: str
+    created: float
+    max_moves: int
+    throttle: int | None
+    reason: object
+    ended: object
+    counts: dict[str, int]
+    moves: list[PlanMoveDoc]
+
+
+class PlansDoc(TypedDict):
+    """``ferry reassign status --json``."""
+    revision: int
+    plans: list[PlanDoc]
+
+
+class VerifyMoveDoc(TypedDict):
+    cache: str
+    partition: int
+    to: list[str]
+    ok: bool
+    primary: str | None
+    in_sync: list[str]
+    problem: str | None
+
+
+class VerifyDoc(TypedDict):
+    """``ferry reassign verify --json``."""
+    plan: str
+    state: str
+    ok: bool
+    moves: list[VerifyMoveDoc]
 
 
 @dataclass
@@ -173,7 +217,7 @@ def node_moves(pool: Pool | None, m: ClusterMap, nodes: set[str]) -> NodeMoves:
         for mv in running:
             cache, p, to = mv.get("cache"), mv.get("partition"), mv.get("to")
             if isinstance(cache, str) and isinstance(p, int) and isinstance(to, str):
-                out[(cache, p, to)] = mv
+                out[(cache, p, to)] = cast(MoveDoc, mv)   # as the node reports it
     return out
 
 
@@ -192,23 +236,25 @@ def _waiting(snap: Snapshot, pl: Plan, i: int) -> str:
     return f"a free slot: {len(pl.in_flight())} of the plan's moves in flight (max-moves {pl.max_moves})"
 
 
-def _progressed(now: dict[str, Any], before: dict[str, Any] | None) -> bool:
+def _progressed(now: MoveDoc, before: MoveDoc | None) -> bool:
     if before is None:
         return False
-    return any(now.get(k) != before.get(k) for k in ("stage", "bytes", "replayed", "buffered"))
+    return (now.get("stage") != before.get("stage") or now.get("bytes") != before.get("bytes")
+            or now.get("replayed") != before.get("replayed")
+            or cast(JsonDoc, now).get("buffered") != cast(JsonDoc, before).get("buffered"))
 
 
 def plan_status(snap: Snapshot, pl: Plan, live: NodeMoves | None = None,
-                earlier: NodeMoves | None = None, dt: float = 0.0) -> dict[str, Any]:
+                earlier: NodeMoves | None = None, dt: float = 0.0) -> PlanDoc:
     """Per move: stage, what it waits for, bytes, rate, ETA, last progress (wall time).
     ``live`` are the nodes' moves now, ``earlier`` the same ``dt`` seconds before."""
     t = time.time()
-    rows: list[dict[str, Any]] = []
+    rows: list[PlanMoveDoc] = []
     counts = {s: 0 for s in STAGES}
     for i, mv in enumerate(pl.moves):
         pr = pl.progress.get(i)
         stage = pl.stage_of(i)
-        row: dict[str, Any] = {"cache": mv.cache, "partition": mv.partition, "from": list(mv.source), "to": list(mv.to),
+        row: PlanMoveDoc = {"cache": mv.cache, "partition": mv.partition, "from": list(mv.source), "to": list(mv.to),
                         "stage": stage, "waits_for": None, "started": pr.started if pr else None,
                         "finished": pr.finished if pr else None, "last_progress": pr.since if pr else None,
                         "node_stage": None, "bytes": None, "bytes_total": None, "rate_bps": None, "eta_s": None}
@@ -225,8 +271,9 @@ def plan_status(snap: Snapshot, pl: Plan, live: NodeMoves | None = None,
                 nm = (live or {}).get((mv.cache, mv.partition, n))
                 if nm is None:
                     continue
-                row.update(node_stage=nm.get("stage"), bytes=nm.get("bytes"), bytes_total=nm.get("bytes_total"),
-                           rate_bps=nm.get("rate_bps"), eta_s=nm.get("eta_s"))
+                row["node_stage"], row["bytes"] = nm.get("stage"), nm.get("bytes")
+                row["bytes_total"], row["rate_bps"], row["eta_s"] = (nm.get("bytes_total"), nm.get("rate_bps"),
+                                                                     nm.get("eta_s"))
                 row["waits_for"] = (f"{n} to finish its move: {nm.get('stage')} from {nm.get('from')}"
                                     + (f", {int(nm.get('bytes') or 0) / 1e6:.1f} of "
                                        f"{int(nm.get('bytes_total') or 0) / 1e6:.1f} MB"
@@ -244,7 +291,7 @@ def plan_status(snap: Snapshot, pl: Plan, live: NodeMoves | None = None,
             "ended": (pl.end or {}).get("at"), "counts": counts, "moves": rows}
 
 
-def status(snap: Snapshot, name: str | None, pool: Pool | None = None, sample: float = 1.0) -> dict[str, Any]:
+def status(snap: Snapshot, name: str | None, pool: Pool | None = None, sample: float = 1.0) -> PlansDoc:
     """``{"plans": [plan_status ...]}`` of one plan or of every stored plan (newest
     first); with a pool, the moving nodes are asked for their figures."""
     if name is not None and name not in snap.plans:
@@ -265,13 +312,13 @@ def status(snap: Snapshot, name: str | None, pool: Pool | None = None, sample: f
     return {"revision": snap.revision, "plans": [plan_status(snap, pl, live, earlier, dt) for pl in plans]}
 
 
-def verify(snap: Snapshot, name: str) -> dict[str, Any]:
+def verify(snap: Snapshot, name: str) -> VerifyDoc:
     """Is every partition of the plan held by its target owners, OWNING and in sync,
     the first one primary, nobody else holding a copy? ``ok`` says."""
     pl = snap.plans.get(name)
     if pl is None:
         raise PlanError(f"no plan {name}; stored plans: {', '.join(sorted(snap.plans)) or 'none'}")
-    rows: list[dict[str, Any]] = []
+    rows: list[VerifyMoveDoc] = []
     for mv in pl.moves:
         stage, waits = assess(snap.m, mv.cache, mv.partition, mv.to)
         rec = snap.m.parts[mv.cache][mv.partition]
@@ -296,7 +343,7 @@ def wait(etcd: Etcd, prefix: str, name: str, *, pool: Pool | None, timeout: floa
     while True:
         t0 = time.monotonic()
         snap = read(etcd, prefix, name)
-        doc: dict[str, Any] = status(snap, name, pool, sample=every)["plans"][0]
+        doc = status(snap, name, pool, sample=every)["plans"][0]
         report(doc)
         if doc["state"] not in ("running", "cancelling"):
             return doc
@@ -305,12 +352,12 @@ def wait(etcd: Etcd, prefix: str, name: str, *, pool: Pool | None, timeout: floa
         time.sleep(max(0.0, every - (time.monotonic() - t0)))     # (status may have sampled)
 
 
-def _moves(doc: dict[str, Any]) -> list[dict[str, Any]]:
+def _moves(doc: PlanDoc) -> list[PlanMoveDoc]:
     mvs = doc.get("moves")
     return [mv for mv in mvs if isinstance(mv, dict)] if isinstance(mvs, list) else []
 
 
-def summary_line(doc: dict[str, Any]) -> str:
+def summary_line(doc: PlanDoc) -> str:
     """``drain-n3 running: 3/8 done, 2 moving, 3 waiting; 4.1 MB/s``"""
     counts = doc["counts"]
     assert isinstance(counts, dict)
@@ -331,7 +378,7 @@ def _ago(t: object, now: float) -> str:
     return f"{s:.0f}s ago" if s < 120 else f"{s / 60:.0f}m ago"
 
 
-def render(doc: dict[str, Any], *, with_figures: bool = True, width: int | None = None) -> str:
+def render(doc: PlansDoc, *, with_figures: bool = True, width: int | None = None) -> str:
     """``status``'s document as text: per plan a summary line and a table of its moves
     (past 64 moves, only those not done, at most ROWS)."""
     import io
@@ -372,7 +419,7 @@ def render(doc: dict[str, Any], *, with_figures: bool = True, width: int | None 
             t.add_row(f"{escape(mv['cache'])}/{mv['partition']}",
                       escape(f"{','.join(mv['from']) or '-'} -> {','.join(mv['to'])}"),
                       escape(str(mv["stage"]) + (f" ({mv['node_stage']})" if mv.get("node_stage") else "")),
-                      mb, f"{float(mv['rate_bps']) / 1e6:.1f}" if mv.get("rate_bps") is not None else "-",
+                      mb, f"{float(rate) / 1e6:.1f}" if (rate := mv.get("rate_bps")) is not None else "-",
                       f"{mv['eta_s']}s" if mv.get("eta_s") is not None else "-",
                       _ago(mv.get("finished") or mv.get("last_progress"), now), escape(mv.get("waits_for") or ""))
         out.print(t)
