@@ -37,7 +37,7 @@ import re
 import secrets
 import stat
 import threading
-from typing import Callable
+from typing import Any, Callable
 
 from . import safefs
 from .errors import AuthError, FrameError, PeerClosed, RemoteError, UnsafePath
@@ -253,7 +253,7 @@ def _mac(key: bytes, label: bytes, first: bytes, second: bytes, role: str) -> by
     return hmac.new(key, label + first + second + role.encode(), hashlib.sha256).digest()
 
 
-def _nonce(body: dict, key: str) -> bytes:
+def _nonce(body: dict[str, Any], key: str) -> bytes:
     v = body.get(key)
     if not isinstance(v, bytes) or len(v) != NONCE_SIZE:
         raise FrameError(ErrorCode.PROTOCOL, f"handshake field {key!r} must be {NONCE_SIZE} bytes")

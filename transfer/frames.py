@@ -105,7 +105,7 @@ class Frame:
 
 
 def encode(ftype: int, body: dict[str, Any] | None = None) -> bytes:
-    payload = msgpack.packb(body or {}, use_bin_type=True)
+    payload: bytes = msgpack.packb(body or {}, use_bin_type=True)
     if len(payload) > MAX_PAYLOAD:
         raise FrameError(ErrorCode.TOO_LARGE,
                          f"frame type {ftype} payload of {len(payload)} bytes exceeds {MAX_PAYLOAD}")

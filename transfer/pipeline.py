@@ -122,7 +122,7 @@ class AheadHasher:
     def __init__(self, snap: Snapshot, indexes: Iterable[int],
                  span: Callable[[int], tuple[int, int]], pre: Preimages, depth: int = 4,
                  key: KeyFor | None = None) -> None:
-        self._q: queue.Queue = queue.Queue(maxsize=depth)
+        self._q: queue.Queue[tuple[int, int, bytes] | BaseException] = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._key = key                    # offset -> the chunk's MAC key (a sealed session)
         self._args = (snap, list(indexes), span, pre)
@@ -141,7 +141,7 @@ class AheadHasher:
         except BaseException as e:   # handed to the consumer, which reports it
             self._put(e)
 
-    def _put(self, item: object) -> bool:
+    def _put(self, item: tuple[int, int, bytes] | BaseException) -> bool:
         while not self._stop.is_set():
             try:
                 self._q.put(item, timeout=0.2)
@@ -162,6 +162,11 @@ class AheadHasher:
         self._thread.join(5.0)
 
 
+# A chunk handed to the writer thread: buffer, index, offset, length, expected checksum,
+# MAC key (None: unsealed) and the MAC its frame carried.
+_Work = tuple[memoryview, int, int, int, int, "bytes | None", bytes]
+
+
 class ChunkSink:
     """The demander's writer thread. The receive loop takes a free chunk buffer
     (``buffer``), fills it from the socket and hands it over (``put``); this thread
@@ -180,10 +185,10 @@ class ChunkSink:
         # a chunk is hashed while its pages are still in the CPU's last-level cache.
         self._in_file = in_file
         self._slice = memoryview(bytearray(SLICE))
-        self._free: queue.Queue = queue.Queue()
+        self._free: queue.Queue[memoryview] = queue.Queue()
         for _ in range(depth):
             self._free.put(memoryview(bytearray(0 if in_file is not None else chunk_size)))
-        self._work: queue.Queue = queue.Queue()
+        self._work: queue.Queue[_Work | None] = queue.Queue()   # None: stop
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="ferry-chunk-sink", daemon=True)
         self._thread.start()

@@ -150,7 +150,8 @@ class Receiving:
             return None       # no journal, or not one to trust (a FIFO would block here)
         if len(raw) == _HEAD.size and raw[:8] == _MAGIC and \
                 _HEAD.unpack(raw)[2] == crc32c.crc32c(raw[:12]):
-            return _HEAD.unpack(raw)[1]
+            chunk_size: int = _HEAD.unpack(raw)[1]
+            return chunk_size
         return None
 
     # -- receiving -----------------------------------------------------------------

@@ -24,7 +24,7 @@ from typing import Callable, Iterator, Mapping, Protocol
 from faults import fileio
 
 from . import safefs
-from .errors import BadPage, Busy, NotHeld, TransferError, UnsafePath  # noqa: F401 (BadPage: re-exported)
+from .errors import BadPage as BadPage, Busy, NotHeld, TransferError, UnsafePath  # BadPage: re-exported
 from .messages import check_cache, check_partition
 
 DEFAULT_CACHE = "default"

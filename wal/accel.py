@@ -11,16 +11,28 @@ layer is not the real one (tests' fault-injecting layers must see every write).
 from __future__ import annotations
 
 import os
-from typing import Callable
+from typing import Callable, Protocol
 
+FrameWrite = Callable[[int, bytes, int, int, int, int], "tuple[int, int, int]"]
+
+
+class _Accel(Protocol):
+    """What this module uses of ``wal._accel`` (all of it: ``wal/_accel.pyi``)."""
+
+    @property
+    def frame_write(self) -> FrameWrite: ...
+
+    def hardware(self) -> bool: ...
+
+
+_accel: _Accel | None
 try:
-    from . import _accel  # type: ignore[attr-defined]  # optional C extension, no stub
+    from . import _accel as _built    # optional C extension
+    _accel = _built
 except ImportError:           # not built (no compiler): the pure-Python path runs
     _accel = None
 
 ENV = "FERRY_WAL_ACCEL"
-
-FrameWrite = Callable[[int, bytes, int, int, int, int], "tuple[int, int, int]"]
 
 
 def enabled() -> bool:
@@ -31,7 +43,7 @@ def enabled() -> bool:
 
 def frame_writer(real_layer: bool) -> FrameWrite | None:
     """``_accel.frame_write`` for a log on the real file layer when enabled, else None."""
-    return _accel.frame_write if real_layer and enabled() else None
+    return _accel.frame_write if _accel is not None and real_layer and enabled() else None
 
 
 def status() -> str:

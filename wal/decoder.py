@@ -18,13 +18,13 @@ from struct import error as struct_error
 
 from crc32c import crc32c
 
-from .blocks import BlockState, RawRecord, Stop
+from .blocks import BlockState as BlockState, RawRecord as RawRecord, Stop as Stop  # re-exported
 from .decoder_v1 import decode_block_v1
 from .format import (CHECK, CHECK_SIZE, FLAG_BATCH, HEAD3, HEAD_SIZE, VERSION,
                      batch_lengths, mix)
 
 
-class Record(tuple):
+class Record(tuple[int, int, bytes]):
     """One log record: ``.lsn``, ``.type``, ``.payload`` (bytes). A tuple underneath
     (``lsn, type, payload``) because building a tuple is the cheapest object Python
     makes, and replay builds a million of them per second."""
@@ -129,7 +129,7 @@ def _decode_v2(buf: bytes, off: int, chain: int, lsn: int, state: BlockState,
     return out
 
 
-def _lengths(buf: bytes, p: int, end: int, flags: int, batches: bool) -> array | None:
+def _lengths(buf: bytes, p: int, end: int, flags: int, batches: bool) -> array[int] | None:
     """The record lengths of a frame with ``flags``, or None when it is not a valid
     batch frame (unknown flags, flags in a version-2 segment, a malformed body)."""
     if flags != FLAG_BATCH or not batches:
@@ -137,7 +137,7 @@ def _lengths(buf: bytes, p: int, end: int, flags: int, batches: bool) -> array |
     return batch_lengths(buf, p, end)
 
 
-def _expand(buf: bytes, q: int, lens: array, lsn: int, typ: int) -> list[RawRecord]:
+def _expand(buf: bytes, q: int, lens: array[int], lsn: int, typ: int) -> list[RawRecord]:
     """The records of a batch frame whose payloads start at ``q``: ``(lsn, type,
     payload)`` tuples built by ``map``/``zip`` over C iterators (no Python-level loop)."""
     ends = list(accumulate(lens, initial=q))

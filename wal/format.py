@@ -43,9 +43,12 @@ import struct
 import sys
 from array import array
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 from crc32c import crc32c
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer    # bytes, or a batch frame's array of lengths
 
 MAGIC = b"FWAL"
 VERSION = 3                                   # what new segments are written as
@@ -167,7 +170,7 @@ def encode_frame(payload: bytes, lsn: int, type: int, chain: int) -> tuple[bytes
 
 
 def encode_batch(payloads: Sequence[bytes], first_lsn: int, type: int,
-                 chain: int) -> tuple[list, int, int]:
+                 chain: int) -> tuple[list[Buffer], int, int]:
     """A version-3 batch frame of ``payloads`` (at least one) as its parts, in file
     order (head with count, lengths, the joined payloads, check); its size; the chain
     after it. Per record this costs only ``len`` (mapped in C) and the join's copy:
@@ -191,7 +194,7 @@ def encode_batch(payloads: Sequence[bytes], first_lsn: int, type: int,
     return [head, lens, data, check], body + FRAME_OVERHEAD, crc32c(check, v)
 
 
-def batch_lengths(buf: bytes, p: int, end: int) -> array | None:
+def batch_lengths(buf: bytes, p: int, end: int) -> array[int] | None:
     """The record lengths of the batch body ``buf[p:end]``, or None when the body is
     malformed (count 0, lengths that do not add up to the body)."""
     if end - p < 4:

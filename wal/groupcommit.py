@@ -60,7 +60,7 @@ from typing import Protocol
 
 from .errors import WalError, WriteRefusedError
 from .segments import OpenSegment
-from .tickets import Ticket, finish, new_gate, wait  # noqa: F401  (wait: re-exported)
+from .tickets import Ticket as Ticket, finish, new_gate, wait as wait  # Ticket, wait: re-exported
 
 # Sync threads per log. More than one lets fsyncs of one file overlap (Linux runs
 # them concurrently: 2 and 4 threads fdatasync'ing one file reached 1.7x and 3x the

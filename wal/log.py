@@ -38,10 +38,10 @@ from . import groupcommit
 from .decoder import RawRecord
 from .format import (CHECK, CHECK_HEAD, FRAME_HEADER_SIZE, HEAD, HEADER_SIZE, MAX_PAYLOAD,
                      MAX_TYPE, check_type, mix)
-from .groupcommit import Ticket
 from .reader import Follower, WriterSource
 from .segments import OpenSegment
-from .walreader import WalReader, follow_dir  # noqa: F401  (re-exported)
+from .tickets import Ticket
+from .walreader import WalReader as WalReader, follow_dir as follow_dir  # re-exported
 from .writer import SegmentWriter
 
 MODES = ("always", "group", "none")

@@ -25,13 +25,16 @@ import itertools
 import os
 import threading
 import time
-from typing import Generator, Iterator, Protocol, Sequence
+from typing import TYPE_CHECKING, Generator, Iterator, Protocol, Sequence, cast
 
 from .decoder import BlockState, RawRecord, Record, Stop, as_record, decode_block
 from .errors import CorruptRecordError, WalError
 from .format import HEADER_SIZE
-from .segments import SegmentFile, list_segments, read_header
+from .segments import OpenSegment, SegmentFile, list_segments, read_header
 from .tail import classify_tail
+
+if TYPE_CHECKING:
+    from .writer import SegmentWriter    # the log (log.Wal), which imports this module
 
 BLOCK = 128 << 10
 _BAD = (Stop.BAD_CRC, Stop.BAD_LSN, Stop.BAD_BODY)   # a whole frame that is not acceptable
@@ -99,17 +102,18 @@ class WriterSource:
 
     trusted = True
 
-    def __init__(self, wal) -> None:   # wal: log.Wal (not imported: log imports us)
+    def __init__(self, wal: SegmentWriter) -> None:
         self.wal = wal
 
     def segments(self) -> Sequence[_Seg]:
         return list(self.wal._segs)
 
-    def end(self, seg, fd: int) -> int:
-        return seg.size
+    # The segments handed back are the log's own, as listed by segments().
+    def end(self, seg: _Seg, fd: int) -> int:
+        return cast(OpenSegment, seg).size
 
-    def complete(self, seg) -> bool:
-        return seg.complete
+    def complete(self, seg: _Seg) -> bool:
+        return cast(OpenSegment, seg).complete
 
     def progressed(self) -> None:
         pass

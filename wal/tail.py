@@ -150,7 +150,8 @@ def _frame_ok_v2(data: bytes, mv: memoryview, q: int, seed: int, batches: bool) 
     end = q + HEAD_SIZE + length
     if end + CHECK_SIZE > len(data):
         return False
-    return mix(crc32c(mv[q:end], seed)) == CHECK.unpack_from(data, end)[0]
+    check: int = CHECK.unpack_from(data, end)[0]
+    return mix(crc32c(mv[q:end], seed)) == check
 
 
 def _after_v1(data: bytes, state: BlockState) -> tuple[int, int] | None:
@@ -177,6 +178,8 @@ def _after_v1(data: bytes, state: BlockState) -> tuple[int, int] | None:
 def _frame_ok_v1(data: bytes, mv: memoryview, q: int, seed: int) -> bool:
     if q + FRAME_V1_SIZE > len(data):
         return False
+    fcrc: int
+    length: int
     fcrc, length, _, _ = FRAME.unpack_from(data, q)
     end = q + FRAME_V1_SIZE + length
     return end <= len(data) and crc32c(mv[q + 4:end], seed) == fcrc

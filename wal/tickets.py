@@ -6,14 +6,16 @@ to build per append); the waiters of one fsync are linked, and each wakes the ne
 from __future__ import annotations
 
 import threading
+from typing import Any, TypeAlias
 
 # One waiter: [payload or None, type, gate, result, next, abandoned]. ``result`` is set
 # by whoever finishes the ticket, before its gate opens: the LSN of the queued record (0
 # for a bare waiter), -1 when the fsync failed or the log closed first, or the exception
 # that kept the record from being written (a full disk). ``next`` is the following
 # waiter of the same fsync: the baton goes there. A list, not an object: the cheapest
-# mutable thing to build per append.
-Ticket = list
+# mutable thing to build per append. Its slots differ in type, which a list type cannot
+# say per index: the element type is Any.
+Ticket: TypeAlias = list[Any]
 # A ticket's gate: a plain lock, held until the ticket is finished.
 new_gate = threading.Lock
 
