@@ -18,6 +18,12 @@ from __future__ import annotations
 
 import os
 from types import ModuleType
+from typing import TYPE_CHECKING, Any, Callable, Protocol, cast
+
+if TYPE_CHECKING:           # the decoder runs on Spark executors: stdlib only at run time
+    from array import array
+
+    from typing_extensions import Buffer
 
 OFF_WORDS = ("0", "off", "no", "false")     # values of an accelerator switch that mean off
 ACCEL_ENV = "FERRY_PAGE_ACCEL"
@@ -38,12 +44,43 @@ def load_accel(module: str, abi: int, env: str = ACCEL_ENV) -> ModuleType | None
     return mod if getattr(mod, "ABI_VERSION", None) == abi else None
 
 
-def load_page_accel() -> ModuleType | None:
+# The page decoder's C entry points as its Python callers use them (all of the module:
+# checkpoint/_pageaccel.pyi). A chain page's source: page index -> (first page, bytes).
+Fetch = Callable[[int], "tuple[int, bytes]"]
+# scan_keys(chunk, first, j, page_size, need, space, quarter, roomy, free_pages)
+#   -> (hashes, locations, j): the open scan's columns (built only with xxhash.h)
+ScanKeys = Callable[["Buffer", int, int, int, int, "array[int]", int, "set[int]", "list[int]"],
+                    "tuple[bytes, bytes, int]"]
+
+
+class PageAccel(Protocol):
+    """``checkpoint._pageaccel``, of ABI version :data:`PAGE_ABI`."""
+
+    @property
+    def HW_CRC(self) -> int: ...
+
+    def check_pages(self, buf: Buffer, first: int, page_size: int, j: int, /) -> int: ...
+
+    # items: Entry tuples, or (key, value) pairs when ``pairs`` (decode.py's lists)
+    def decode(self, chunk: Buffer, first: int, j: int, ps: int, checked: bytearray,
+               tombstones: bool, pairs: bool, page_count: int, fetch: Fetch, entry: type, /
+               ) -> tuple[list[Any], int, BaseException | None]: ...
+
+    def chain_value(self, page: int, length: int, ps: int, page_count: int, checked: bytearray,
+                    fetch: Fetch, /) -> bytes | None: ...
+
+    def page_keys(self, chunk: Buffer, first: int, j: int, ps: int, /
+                  ) -> tuple[list[tuple[int, int, int, list[tuple[int, bytes]]]], int]: ...
+
+
+def load_page_accel() -> PageAccel | None:
     """``checkpoint._pageaccel`` or None, as at import (the environment read now)."""
-    return load_accel("checkpoint._pageaccel", PAGE_ABI, ACCEL_ENV)
+    mod = load_accel("checkpoint._pageaccel", PAGE_ABI, ACCEL_ENV)
+    # the ABI version checked by load_accel is what vouches for these entry points
+    return cast(PageAccel, mod) if mod is not None else None
 
 
-page: ModuleType | None = load_page_accel()
+page: PageAccel | None = load_page_accel()
 
 
 def accelerator() -> str | None:
@@ -53,7 +90,8 @@ def accelerator() -> str | None:
     return "c+sse4.2" if page.HW_CRC else "c"
 
 
-def key_scan_accel():
+def key_scan_accel() -> ScanKeys | None:
     """The C entry point of the open scan (``_pageaccel.scan_keys``), or None: no C
     decoder, or one built without xxhash.h."""
-    return getattr(page, "scan_keys", None)
+    scan: ScanKeys | None = getattr(page, "scan_keys", None)
+    return scan

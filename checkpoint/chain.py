@@ -31,7 +31,7 @@ def chain_limit(length: int, page_size: int) -> int:
     return max(1, -(-length // payload))
 
 
-def chain_link_problem(at: int, page: int, got: int, length: int, visited, page_size: int,
+def chain_link_problem(at: int, page: int, got: int, length: int, visited: set[int], page_size: int,
                        page_count: int) -> str | None:
     """Why the link from ``at`` to ``page`` (the next page of a chain that holds ``got``
     of ``length`` bytes over the pages in ``visited``) cannot be followed, or None.
@@ -62,7 +62,7 @@ def overflow_chain(read_page: Callable[[int], bytes | memoryview], first: int, l
     default: at ``first``). ``checked``: pages known to pass :func:`check_page`
     (index -> nonzero); pages checked here are added, so a bulk reader checks each
     page once. The walk visits at most :func:`chain_limit` pages and never one twice."""
-    parts: list = []
+    parts: list[memoryview] = []
     pages: list[int] = []
     visited: set[int] = set()
     got, page = 0, first
@@ -102,7 +102,7 @@ def chain_value(r: PageReader, page: int, length: int, origin: int) -> bytes | N
     accel = _switch.page
     if accel is not None:
         return accel.chain_value(page, length, r.meta.page_size, r.meta.page_count,
-                                  r.checked, r.held)
+                                 r.checked, r.held)
     return chain_value_py(r, page, length, origin)
 
 
@@ -116,7 +116,7 @@ def chain_value_py(r: PageReader, page: int, length: int, origin: int) -> bytes 
     checked = r.checked
     ncheck, room, limit = len(checked), ps - HDR, chain_limit(length, ps)
     crc = crc32c.crc32c
-    parts: list = []
+    parts: list[memoryview] = []
     visited: set[int] = set()
     got, cfirst, cend = 0, 0, 0
     mv: memoryview = memoryview(b"")

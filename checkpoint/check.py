@@ -56,7 +56,7 @@ def check_page(buf: bytes | bytearray | memoryview, page_index: int, page_size: 
     return None
 
 
-def check_data(buf, count: int, heap: int, page_size: int) -> str | None:
+def check_data(buf: bytes | bytearray | memoryview, count: int, heap: int, page_size: int) -> str | None:
     if not HDR + 2 * count <= heap <= page_size:
         return f"slot directory ({count} slots) overlaps heap start {heap}"
     for s in range(count):

@@ -73,7 +73,7 @@ import threading
 import time
 from bisect import bisect_left
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from faults import crashpoint, fileio, translate_os_error
 
@@ -83,6 +83,8 @@ from .records import RecordType, encode_images, encode_marker
 from .writeback import WriteBehind
 
 if TYPE_CHECKING:
+    from wal import Wal
+
     from .partition import Partition
     from .state import StoreState
 
@@ -237,7 +239,7 @@ class _Stages:
 
 
 def _runs(keys: list[int], cut: dict[int, bytearray], page_size: int, batch: int = BATCH,
-          head: bytearray | None = None):
+          head: bytearray | None = None) -> Iterator[tuple[int, list[bytearray]]]:
     """The pages of ``keys`` (page keys of one partition, ascending; buffers in ``cut``),
     consecutive ones joined into writes of at most ``batch`` bytes (and IOV_MAX pages).
     ``head``: page 0 (the new meta page), written first."""
@@ -273,7 +275,8 @@ class _Writer:
     write-behind they wait for it: writeback.py), and may be closed."""
 
     def __init__(self, state: StoreState, stats: CheckpointStats, total: int,
-                 cut: dict[int, bytearray], gate, wait_wal) -> None:
+                 cut: dict[int, bytearray], gate: Callable[[], bool],
+                 wait_wal: Callable[[], None]) -> None:
         self.state, self.stats, self.total, self.cut = state, stats, total, cut
         self.gate = gate      # write-behind waits for the WAL fsync (writeback.py)
         self.wait_wal = wait_wal
@@ -354,7 +357,7 @@ class _Syncer:
     """``wal.wait_durable(lsn)`` in a thread, so the WAL fsync overlaps the writes of
     appended pages (which need nothing durable first: no durable page refers to them)."""
 
-    def __init__(self, wal, lsn: int) -> None:
+    def __init__(self, wal: Wal, lsn: int) -> None:
         self.error: BaseException | None = None
         self.seconds = 0.0
         self.thread: threading.Thread | None = None
@@ -363,7 +366,7 @@ class _Syncer:
                                            name="ferry-checkpoint-walsync", daemon=True)
             self.thread.start()
 
-    def _run(self, wal, lsn: int) -> None:
+    def _run(self, wal: Wal, lsn: int) -> None:
         t0 = time.perf_counter()
         try:
             wal.wait_durable(lsn)

@@ -8,7 +8,7 @@ here by the reference code, so items, order and errors are the same with and wit
 """
 from __future__ import annotations
 
-from typing import Callable, Iterator, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 import crc32c
 
@@ -33,7 +33,7 @@ class Entry(NamedTuple):
     tombstone: bool
 
 
-def page_entries(buf) -> Iterator[tuple[int, int, bytes, int, int, int]]:
+def page_entries(buf: bytes | bytearray | memoryview) -> Iterator[tuple[int, int, bytes, int, int, int]]:
     """(slot, flags, key, counter, value_len, value_off_or_first_overflow) of each entry
     of a checked DATA page; an inline value is ``buf[value_off:value_off+value_len]``."""
     count = header_count(buf)
@@ -66,13 +66,13 @@ _OVF_SIZE = OVF_ENTRY              # 19
 
 
 def _data_page(chunk: bytes, base: int, ps: int, count: int, heap: int,
-               tombstones: bool, pairs: bool) -> list | object | None:
+               tombstones: bool, pairs: bool) -> list[Any] | object | None:
     """Items of the DATA page at ``chunk[base:base+ps]`` (CRC already checked): Entry
     tuples, or (key, value) pairs when ``pairs``. None: the page fails check_data.
     _SLOW: valid, but holds overflow entries."""
     if not HDR + 2 * count <= heap <= ps:
         return None
-    out: list = []
+    out: list[Any] = []               # Entry tuples, or (key, value) pairs
     append = out.append
     slow = False
     for off in slot_reader(count)(chunk, base + HDR):
@@ -110,10 +110,12 @@ def _data_page(chunk: bytes, base: int, ps: int, count: int, heap: int,
 
 def _batches(path: str, tombstones: bool, on_error: Callable[[PageProblem], None] | None,
              pairs: bool, pages: tuple[int, int] | None = None,
-             reader: PageReader | None = None) -> Iterator[list]:
+             reader: PageReader | None = None) -> Iterator[list[Any]]:
     """The decoder: lists of items in page order (see iter_entry_batches). Problems
     are reported in the same order relative to the items as entry by entry: what was
-    decoded before a bad page is handed out before the problem is raised/reported."""
+    decoded before a bad page is handed out before the problem is raised/reported.
+    The items are Entry tuples, or (key, value) pairs when ``pairs``: the public
+    functions below give the lists their item type."""
 
     def problem(p: PageProblem) -> None:
         if on_error is None:
@@ -141,19 +143,19 @@ def _batches(path: str, tombstones: bool, on_error: Callable[[PageProblem], None
             trunc = None                       # the range ends before the file end
         for first, chunk in r.chunks():
             view = memoryview(chunk)
-            acc: list = []
+            acc: list[Any] = []
             n, j = len(chunk) // ps, -1
             while True:                        # one page per turn; `continue` = next page
                 j += 1
                 if accel is not None and j < n:
                     # the C bulk path: pages j.. up to one it leaves to the code below
-                    got, j, exc = accel.decode(chunk, first, j, ps, checked, tombstones,
-                                               pairs, pcount, r.held, Entry)
-                    if got:
+                    bulk, j, exc = accel.decode(chunk, first, j, ps, checked, tombstones,
+                                                pairs, pcount, r.held, Entry)
+                    if bulk:
                         if acc:
-                            acc.extend(got)
+                            acc.extend(bulk)
                         else:
-                            acc = got
+                            acc = bulk
                     if exc is not None:        # a chain page's read failed on page j:
                         if acc:                # what came before it first, as below
                             yield acc
@@ -205,11 +207,11 @@ def _batches(path: str, tombstones: bool, on_error: Callable[[PageProblem], None
 
 
 def _overflow_page(r: PageReader, index: int, page: memoryview, tombstones: bool, pairs: bool,
-                   problem: Callable[[PageProblem], None]) -> Iterator[list]:
+                   problem: Callable[[PageProblem], None]) -> Iterator[list[Any]]:
     """A valid DATA page with overflow entries, entry by entry (the reference path);
     chain pages come from the reader's chunks when it has them, each checked once."""
     ps, pcount = r.meta.page_size, r.meta.page_count
-    items: list = []
+    items: list[Any] = []
     for _s, flags, key, counter, vlen, where in page_entries(page):
         if flags & F_TOMBSTONE:
             if tombstones:

@@ -140,7 +140,7 @@ class FileCache:
         finally:
             self.unpin(f)
 
-    def preadv(self, f: PageFile, bufs: list, offset: int) -> int:
+    def preadv(self, f: PageFile, bufs: list[bytearray | memoryview], offset: int) -> int:
         fd = self.pin(f)
         try:
             return os.preadv(fd, bufs, offset)

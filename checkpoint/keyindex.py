@@ -32,11 +32,14 @@ collisions) hashes in Python and only the probing, which never hashes, runs in C
 from __future__ import annotations
 
 from array import array
-from typing import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Protocol, Sequence, cast
 
 import xxhash
 
 from .accel import ACCEL_ENV, load_accel
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
 
 SEGMENT_BITS = 6            # 64 independently growing tables, chosen by the hash's top bits
 SEGMENTS = 1 << SEGMENT_BITS
@@ -55,13 +58,43 @@ _XXH3 = key_hash            # the real hash: what the C path computes
 _ACCEL_ABI = 1
 
 
-def _load_accel():
+# One page of keyscan.iter_page_keys: (page, type, bytes in use, [(slot, key)]).
+PageKeys = tuple[int, int, int, "list[tuple[int, bytes]]"]
+
+
+class KeyAccel(Protocol):
+    """``checkpoint._keyaccel`` as this module and the open scan use it (all of it:
+    checkpoint/_keyaccel.pyi). Columns are bytes of native u64."""
+
+    @property
+    def MAX_LOAD_NUM(self) -> int: ...
+
+    @property
+    def MAX_LOAD_DEN(self) -> int: ...
+
+    def hash_items(self, items: list[tuple[bytes, int]], /) -> tuple[bytes, bytes]: ...
+
+    def page_hashes(self, pages: Sequence[PageKeys], /) -> tuple[bytes, bytes]: ...
+
+    # -> (hashes, locations, more pages left)
+    def scan_pages(self, pages: Iterator[PageKeys], limit: int, page_size: int, quarter: int,
+                   space: array[int], roomy: set[int], free_pages: list[int], /
+                   ) -> tuple[bytes, bytes, bool]: ...
+
+    # -> None when all placed, else (index of the next item, the full segment)
+    def place(self, src_h: Buffer, src_l: Buffer, start: int, shift: int,
+              hashes: list[array[int]], locs: list[array[int]], masks: list[int],
+              used: list[int], /) -> tuple[int, int] | None: ...
+
+
+def _load_accel() -> KeyAccel | None:
     """``checkpoint._keyaccel`` when built, of this ABI version, not switched off, and
     with this module's load limits."""
     mod = load_accel("checkpoint._keyaccel", _ACCEL_ABI, ACCEL_ENV)
     if mod is None or (mod.MAX_LOAD_NUM, mod.MAX_LOAD_DEN) != (MAX_LOAD_NUM, MAX_LOAD_DEN):
         return None
-    return mod
+    # the ABI version checked by load_accel is what vouches for these entry points
+    return cast(KeyAccel, mod)
 
 
 _accel = _load_accel()      # read at each bulk call: tests swap it
@@ -72,7 +105,7 @@ def accelerator() -> str | None:
     return None if _accel is None else "c"
 
 
-def _zeros(n: int) -> array:
+def _zeros(n: int) -> array[int]:
     return array("Q", bytes(8 * n))
 
 
@@ -173,6 +206,8 @@ class KeyIndex:
             return
         acc = _accel
         if acc is not None:
+            src_h: bytes | array[int]
+            src_l: bytes | array[int]
             if self._native and type(items) is list:
                 src_h, src_l = acc.hash_items(items)      # checks the locations too
             else:
@@ -204,8 +239,7 @@ class KeyIndex:
             used[seg] += 1
         self._len += len(pairs)
 
-    def add_page_keys(self, pages: Sequence[tuple[int, int, int, list[tuple[int, bytes]]]]
-                      ) -> None:
+    def add_page_keys(self, pages: Sequence[PageKeys]) -> None:
         """:meth:`add_many` of the keys of ``pages``, items of ``keyscan.iter_page_keys``
         (``(page, type, used, [(slot, key)])``) at location ``page << 16 | slot``,
         hashed in C when it can be (no per-key tuple built)."""
@@ -222,7 +256,7 @@ class KeyIndex:
         """The hash this index files keys under (xxh3-64 unless a test set another)."""
         return self._hash
 
-    def scan_accel(self):
+    def scan_accel(self) -> KeyAccel | None:
         """The C module whose ``scan_pages`` hashes keys for :meth:`add_hashed`, or
         None: no C path, or this index has a custom hash (tests)."""
         return _accel if self._native else None
@@ -236,7 +270,8 @@ class KeyIndex:
             raise RuntimeError("add_hashed needs the C key index path and the real hash")
         self._add_columns(acc, hashes, locations)
 
-    def _add_columns(self, acc, src_h, src_l) -> None:
+    def _add_columns(self, acc: KeyAccel, src_h: bytes | array[int], src_l: bytes | array[int]
+                     ) -> None:
         """add_many's placing, in C: the u64 columns of hashes and locations."""
         n = len(src_l) // 8 if isinstance(src_l, bytes) else len(src_l)
         if not n:
@@ -245,7 +280,8 @@ class KeyIndex:
         self._place_all(acc, src_h, src_l)
         self._len += n
 
-    def _place_all(self, acc, src_h, src_l) -> None:
+    def _place_all(self, acc: KeyAccel, src_h: bytes | array[int], src_l: bytes | array[int]
+                   ) -> None:
         """Place every (hash, location) of the columns (location 0: skipped) in order,
         growing a segment when it is full - the pure-Python loops' exact steps."""
         start = 0

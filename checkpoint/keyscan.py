@@ -111,7 +111,7 @@ def iter_page_keys(path: str, chunk_bytes: int | None = None
         r.close()
 
 
-def scan_key_hashes(path: str, chunk_bytes: int | None, batch: int, space, quarter: int,
+def scan_key_hashes(path: str, chunk_bytes: int | None, batch: int, space: array[int], quarter: int,
                     roomy: set[int], free_pages: list[int], hash_key: Callable[[bytes], int]
                     ) -> Iterator[tuple[bytes, bytes]]:
     """The open scan of :func:`iter_page_keys` without a Python object per key: yields
@@ -157,7 +157,8 @@ def scan_key_hashes(path: str, chunk_bytes: int | None, batch: int, space, quart
         r.close()
 
 
-def _scan_page_py(item, ps: int, space, quarter: int, roomy: set[int], free_pages: list[int],
+def _scan_page_py(item: tuple[int, int, int, list[tuple[int, bytes]]], ps: int,
+                  space: array[int], quarter: int, roomy: set[int], free_pages: list[int],
                   hash_key: Callable[[bytes], int], hs: list[bytes], ls: list[bytes]) -> int:
     """One iter_page_keys item into scan_key_hashes' facts and columns: its key count."""
     index, ptype, used, keys = item

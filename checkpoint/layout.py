@@ -93,15 +93,18 @@ def read_header(buf: bytes | bytearray | memoryview, offset: int = 0) -> PageHea
 
 # One field of a header, without building the whole tuple (per-page hot paths).
 def header_count(buf: bytes | bytearray | memoryview, base: int = 0) -> int:
-    return _U16.unpack_from(buf, base + OFF_COUNT)[0]
+    count: int = _U16.unpack_from(buf, base + OFF_COUNT)[0]
+    return count
 
 
 def header_aux(buf: bytes | bytearray | memoryview, base: int = 0) -> int:
-    return _U32.unpack_from(buf, base + OFF_AUX)[0]
+    aux: int = _U32.unpack_from(buf, base + OFF_AUX)[0]
+    return aux
 
 
 def header_index(buf: bytes | bytearray | memoryview, base: int = 0) -> int:
-    return _U32.unpack_from(buf, base + OFF_INDEX)[0]
+    index: int = _U32.unpack_from(buf, base + OFF_INDEX)[0]
+    return index
 
 
 def set_count(buf: bytearray, count: int) -> None:
@@ -117,10 +120,12 @@ def pack_header(buf: bytearray, index: int, ptype: int, count: int = 0, aux: int
     HEADER.pack_into(buf, 0, 0, index, ptype, 0, count, aux)
 
 
-_SLOT_STRUCTS: dict[int, Callable] = {}
+# unpack_from of a slot directory: (buffer, offset) -> the slots' page offsets
+SlotReader = Callable[["bytes | bytearray | memoryview", int], "tuple[int, ...]"]
+_SLOT_STRUCTS: dict[int, SlotReader] = {}
 
 
-def slot_reader(count: int) -> Callable:
+def slot_reader(count: int) -> SlotReader:
     """``unpack_from`` of a directory of ``count`` u16 slots at once (counts are few:
     cached)."""
     f = _SLOT_STRUCTS.get(count)
@@ -143,7 +148,8 @@ def page_crc(buf: bytes | bytearray | memoryview) -> int:
 
 
 def crc_ok(buf: bytes | bytearray | memoryview) -> bool:
-    return _U32.unpack_from(buf, OFF_CRC)[0] == page_crc(buf)
+    stored: int = _U32.unpack_from(buf, OFF_CRC)[0]
+    return stored == page_crc(buf)
 
 
 def seal(buf: bytearray) -> None:

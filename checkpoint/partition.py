@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import heapq
 from array import array
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from . import page as pg
 from .accel import key_scan_accel
@@ -32,7 +32,7 @@ from .check import check_page
 from .decode import page_entries
 from .errors import CorruptPageError
 from .files import FileCache
-from .keyindex import KeyIndex
+from .keyindex import KeyIndex, PageKeys
 from .keyscan import iter_page_keys, scan_key_hashes
 from .layout import (ENTRY, F_OVERFLOW, F_TOMBSTONE, HDR, HEADER, OFF_TYPE, PTR, SLOT,
                      EntryFlag, PageType, header_count, header_index)
@@ -142,7 +142,7 @@ class Partition:
             return
         roomy_add, free_add = roomy.add, free_pages.append
         add_pages = self.index.add_page_keys
-        pending: list = []
+        pending: list[PageKeys] = []
         n = 0
         for page in pages:
             i, ptype, used, keys = page
@@ -163,7 +163,7 @@ class Partition:
         heapq.heapify(self.free_pages)
 
     # -- pages -------------------------------------------------------------------
-    def _load(self, index: int):
+    def _load(self, index: int) -> Callable[[], bytearray]:
         def load() -> bytearray:
             buf = self.mem.take()
             files, f = self.files, self.file

@@ -116,4 +116,5 @@ def decode_images(payload: bytes) -> Images:
 
 def record_partition(payload: bytes) -> int:
     """The partition of an UPDATE, INSTALL, DROP or IMAGES record (all start with it)."""
-    return _DROP.unpack_from(payload, 0)[0]
+    partition: int = _DROP.unpack_from(payload, 0)[0]
+    return partition

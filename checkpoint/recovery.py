@@ -39,7 +39,7 @@ from .records import (RecordType, decode_images, decode_marker, decode_update,
 from .undo import free_page
 
 if TYPE_CHECKING:
-    from wal import Wal
+    from wal import Wal, WalReader
 
     from .state import StoreState
 
@@ -133,7 +133,7 @@ def _first_pass(wal: Wal) -> tuple[int, int, dict[int, int], set[int]]:
     return mark, images_from, barrier, dropped
 
 
-def _images_after(wal, images_from: int) -> Iterator[tuple[int, bytes]]:
+def _images_after(wal: Wal | WalReader, images_from: int) -> Iterator[tuple[int, bytes]]:
     """(lsn, payload) of the IMAGES records with lsn > images_from, in WAL order."""
     start = max(wal.first_lsn or 0, images_from + 1)
     last = getattr(wal, "last_lsn", None)     # a WalReader does not know it: read to the end

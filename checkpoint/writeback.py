@@ -37,8 +37,11 @@ from typing import Callable
 SYNC_FILE_RANGE_WRITE = 2          # <linux/fs.h>: start writeback, do not wait
 WRITE_BEHIND_BYTES = 2 << 20       # issue once this much has been written to a file
 
+# sync_file_range(fd, offset, nbytes, flags) -> 0 or -1 (errno set)
+SyncFileRange = Callable[[int, int, int, int], int]
 
-def _load():
+
+def _load() -> SyncFileRange | None:
     if not sys.platform.startswith("linux"):
         return None
     try:
@@ -48,7 +51,8 @@ def _load():
         return None
     fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
     fn.restype = ctypes.c_int
-    return fn
+    sync: SyncFileRange = fn
+    return sync
 
 
 _sync_file_range = _load()
