@@ -12,6 +12,7 @@ peers and/or etcd, etcd members killed, a node's tmpfs disk filled) live in
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 
 TLS_CLIENT = "harness"          # the harness's client certificate: ferry://client/harness
 
+
 class RunCerts:
     """The run's CA (``node.certs.init_ca``, what ``ferry certs init`` makes) in
     ``<run>/pki`` and the certificates it signs (``node.certs.issue``): one per node,
@@ -62,7 +64,8 @@ class RunCerts:
 
 def tls_toml(files: "TlsFiles") -> str:
     """The ``[tls]`` section of a node's config."""
-    return f'[tls]\nca = "{files.ca}"\ncert = "{files.cert}"\nkey = "{files.key}"\n'
+    return (f"[tls]\nca = {json.dumps(files.ca)}\ncert = {json.dumps(files.cert)}\n"
+            f"key = {json.dumps(files.key)}\n")
 
 
 def node_toml(s: Scenario) -> str:
@@ -211,6 +214,9 @@ class ClusterDriver(ClusterFaults, Driver):
             except Exception as e:       # the cluster may still be electing primaries
                 if time.monotonic() > deadline:
                     raise SimError(f"preload of {len(entries)} entries failed for 60 s: {e}") from e
+                # a crash plan may fire during the preload (an early WAL sync): the
+                # crash is noticed and the node restarted, as during the workload
+                self.poll()
                 time.sleep(0.5)
         for h in handles:
             self.history.ok(h)
