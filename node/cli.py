@@ -229,10 +229,19 @@ def leave_cmd(seed: tuple[str, ...], secret_file: str | None, node_id: str) -> N
     click.echo(f"{node_id} is leaving")
 
 
-@cluster.group("settings")
+def _settings_help() -> str:
+    """The help of ``ferry cluster settings``: every live key of node/config.py with its
+    line of help, its values and its default."""
+    from .config import BY_KEY, LIVE_KEYS
+    keys = "\n".join(f"  {k}: {BY_KEY[k].help}; {BY_KEY[k].describe()}" for k in sorted(LIVE_KEYS))
+    return ("Live, cluster-wide settings kept in the control plane (etcd); every node applies "
+            "a change within a second, without a restart. A value is checked like the node's "
+            "config file (docs/node.md, \"Configuration keys\").\n\n\b\nSettings:\n" + keys)
+
+
+@cluster.group("settings", help=_settings_help())
 def settings_grp() -> None:
-    """Live, cluster-wide settings kept in the control plane (etcd); every node applies
-    a change within a second, without a restart."""
+    pass
 
 
 _cp = click.option("--control-plane", "control_plane", required=True, multiple=True,

@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 import re
 import tomllib
-from dataclasses import asdict, dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Mapping
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
+from typing import TYPE_CHECKING, Any, Callable, Mapping, TypeVar, Union
 
 from faults import fileio
 
@@ -69,70 +69,267 @@ class CacheConfig:
                          for i in d.get("indexes", ())))
 
 
+# -- the keys of the config file, declared once --------------------------------------
+# Each NodeConfig field that is a key of the config file is declared with setting()
+# (or field(metadata=declare(...)) when it has no default): its TOML name, how a
+# value is checked, whether it is live, a line of help. From these come the file's
+# keys (_KEYS), the checks of validate(), the live settings (LIVE_KEYS:
+# node.membership.SETTINGS, node.watch.LIVE, node.settings, `ferry cluster settings`)
+# and ping's settings. docs/node.md's key table lists every one
+# (tests/node/test_config_keys.py checks it).
+T = TypeVar("T")
+Bound = Union[int, float, Callable[["NodeConfig"], int], None]
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One key of the config file. ``kind`` says how a value is checked (and how
+    ``ferry cluster settings set`` reads one):
+
+    - ``whole``: an int (not a bool) ``lo``..``hi`` (``hi`` None: at most MAX_WHOLE);
+    - ``number``: an int or a float ``lo``..``hi``;
+    - ``bool``: true or false (``on``/``off`` and the like in ``ferry cluster settings``);
+    - ``choice``: one of ``choices`` (any case with ``fold_case``);
+    - ``text``: a string, non-empty when the field has no default;
+    - ``address``: HOST:PORT, when set (always when the default is set);
+    - ``other``: only ``check``.
+
+    ``lo``, ``hi`` and ``unit`` may be functions of the config (a bound that depends on
+    another key). ``rule`` replaces the kind's own words in the error ("KEY must be
+    RULE, not VALUE"). ``check`` runs after the kind's check, for what the kind does
+    not say (a power of two, a bound that depends on a later key). ``live``: the node
+    applies a change without a restart, from its config file and as a cluster setting
+    (``ferry cluster settings``)."""
+    key: str                       # as written: "transfer.rate_limit" is [transfer] rate_limit
+    kind: str
+    help: str                      # one line: what the key does
+    lo: Bound = None
+    hi: Bound = None
+    unit: "str | Callable[[NodeConfig], str]" = ""
+    choices: tuple[str, ...] = ()
+    fold_case: bool = False
+    hint: str = ""                 # appended to a choice's error
+    rule: str = ""
+    check: "Callable[[NodeConfig], None] | None" = None
+    live: bool = False
+    field: str = ""                # the NodeConfig field (filled in from the class)
+    default: object = None         # the field's default (filled in from the class)
+    required: bool = False         # the field has no default
+
+    @property
+    def path(self) -> tuple[str, ...]:
+        """The key as (table, name) or (name,)."""
+        return tuple(self.key.split("."))
+
+    def bounds(self, cfg: "NodeConfig") -> tuple[int | float | None, int | float | None, str]:
+        lo, hi, unit = self.lo, self.hi, self.unit
+        return (lo(cfg) if callable(lo) else lo, hi(cfg) if callable(hi) else hi,
+                unit(cfg) if callable(unit) else unit)
+
+    def describe(self) -> str:
+        """The values the key takes and its default, for help texts."""
+        lo, hi, _unit = self.bounds(NodeConfig(id="x", data="/"))
+        if self.kind in ("whole", "number"):
+            what = ("whole number " if self.kind == "whole" else "number ") + \
+                (f"{lo}..{hi}" if hi is not None else f">= {lo}")
+        elif self.kind == "bool":
+            what = "on/off"
+        elif self.kind == "choice":
+            what = "one of " + ", ".join(self.choices)
+        else:
+            what = self.kind
+        shown = {True: "on", False: "off"}.get(self.default, self.default) \
+            if isinstance(self.default, bool) else self.default
+        return f"{what}, default {shown}"
+
+
+def declare(key: str, kind: str, help: str, **rest: Any) -> dict[str, Setting]:
+    """The field metadata that makes a NodeConfig field the config file's ``key``."""
+    return {"setting": Setting(key, kind, help, **rest)}
+
+
+def setting(default: T, key: str, kind: str, help: str, **rest: Any) -> T:
+    """A NodeConfig field with ``default`` that is the config file's ``key`` (see
+    :class:`Setting` for the rest)."""
+    out: T = field(default=default, metadata=declare(key, kind, help, **rest))
+    return out
+
+
+def _min_memory(cfg: "NodeConfig") -> int:
+    from checkpoint import MIN_PAGES
+    return int(MIN_PAGES) * cfg.page_size
+
+
+def _memory_unit(cfg: "NodeConfig") -> str:
+    from checkpoint import MIN_PAGES
+    return f"bytes, at least {MIN_PAGES} pages of page memory"
+
+
+def _max_key(cfg: "NodeConfig") -> int:
+    from checkpoint import max_key
+    return int(max_key(cfg.page_size))
+
+
+def _endpoints(cfg: "NodeConfig") -> None:
+    if cfg.control_plane:
+        from .control import parse_endpoints
+        parse_endpoints(cfg.control_plane)
+
+
+def _prefix(cfg: "NodeConfig") -> None:
+    p = cfg.control_prefix
+    if not isinstance(p, str) or not p.startswith("/") or p.endswith("/") or len(p) > 200:
+        raise ConfigError(f"control_plane.prefix must look like /ferry/NAME, not {p!r}")
+
+
+def _lease_margin(cfg: "NodeConfig") -> None:
+    if not isinstance(cfg.lease_margin_s, (int, float)) or not 0 <= cfg.lease_margin_s < cfg.lease_ttl_s / 2:
+        raise ConfigError(f"control_plane.lease_margin_s must be 0 .. half the lease TTL, "
+                          f"not {cfg.lease_margin_s!r}")
+
+
+def _members(cfg: "NodeConfig") -> None:
+    im = cfg.initial_members
+    if not isinstance(im, (tuple, list)) or not all(isinstance(n, str) and _NAME.match(n) for n in im) \
+            or len(set(im)) != len(im) or len(im) > 10_000:
+        raise ConfigError(f"cluster.initial_members must be a list of distinct node ids, not {im!r}"[:200])
+
+
+def _transfer_listen(cfg: "NodeConfig") -> None:
+    if cfg.transfer_listen:
+        host, port = str(cfg.transfer_listen).rpartition(":")[::2]
+        if not isinstance(cfg.transfer_listen, str) or not host or not port.isdigit() \
+                or not 0 <= int(port) < 65536:
+            raise ConfigError(f"transfer.listen {cfg.transfer_listen!r}: expected HOST:PORT (port 0 = any)")
+
+
+def _power_of_two(cfg: "NodeConfig") -> None:
+    from checkpoint.pagefile import valid_page_size
+    if not valid_page_size(cfg.page_size):
+        raise ConfigError(f"checkpoint.page_size must be a power of two 1024..65536 (the partition "
+                          f"file format's page sizes), not {cfg.page_size!r}")
+
+
+def _max_moves(cfg: "NodeConfig") -> None:
+    if cfg.rebalance_max_moves and cfg.rebalance_max_moves < cfg.rebalance_min_moves:
+        raise ConfigError(f"rebalance.max_moves ({cfg.rebalance_max_moves}) must be 0 (automatic) or at "
+                          f"least rebalance.min_moves ({cfg.rebalance_min_moves})")
+
+
 @dataclass(frozen=True)
 class NodeConfig:
-    id: str
-    data: str
-    listen: str = "127.0.0.1:7001"
-    advertise: str | None = None          # address others use; defaults to listen
-    secret_file: str | None = None
+    id: str = field(metadata=declare("id", "text", "node id: 1-64 of A-Z a-z 0-9 _ . -"))
+    data: str = field(metadata=declare("data", "text", "data directory (relative to the config file)"))
+    listen: str = setting("127.0.0.1:7001", "listen", "address", "address served")
+    advertise: str | None = setting(None, "advertise", "address",
+                                    "address other nodes and clients use; defaults to listen")
+    secret_file: str | None = setting(None, "secret_file", "text",
+                                      "cluster secret (not read when [tls] is set)")
     # etcd client URLs of the control plane (membership, primaries, in-sync copies, settings)
-    control_plane: tuple[str, ...] = ()
-    control_prefix: str = "/ferry/default"   # key prefix: one etcd can hold several clusters
-    lease_ttl_s: int = 3                  # the node's etcd lease: a node silent this long is failed
-    lease_margin_s: float = 0.5           # a primary stops acknowledging this long before its lease may end
+    control_plane: tuple[str, ...] = setting((), "control_plane.endpoints", "other",
+                                             "etcd client URLs", check=_endpoints)
+    control_prefix: str = setting("/ferry/default", "control_plane.prefix", "other",
+                                  "key prefix: one etcd can hold several clusters", check=_prefix)
+    lease_ttl_s: int = setting(3, "control_plane.lease_ttl_s", "whole",
+                               "the node's etcd lease: a node silent this long is failed", lo=2, hi=600,
+                               rule="a whole number of seconds 2..600 (etcd's lease granularity)")
+    lease_margin_s: float = setting(0.5, "control_plane.lease_margin_s", "other",
+                                    "a primary stops acknowledging this long before its lease may end",
+                                    check=_lease_margin)
     # how the node proves itself to etcd (node/control.py EtcdAccess): etcd's CA, a
-    # client certificate and key, an etcd user and the file holding its password
-    etcd_ca: str | None = None
-    etcd_cert: str | None = None
-    etcd_key: str | None = None
-    etcd_user: str | None = None
-    etcd_password_file: str | None = None
+    # client certificate and key, an etcd user and the file holding its password;
+    # checked together (EtcdAccess.check)
+    etcd_ca: str | None = setting(None, "control_plane.ca", "other", "the CA that signed etcd's certificate")
+    etcd_cert: str | None = setting(None, "control_plane.cert", "other", "the node's etcd client certificate")
+    etcd_key: str | None = setting(None, "control_plane.key", "other", "the key of control_plane.cert")
+    etcd_user: str | None = setting(None, "control_plane.user", "other", "the node's etcd user")
+    etcd_password_file: str | None = setting(None, "control_plane.password_file", "other",
+                                             "the file holding control_plane.user's password")
     # mutual TLS for node RPC, client RPC and file transfers (transfer/tls.py): the
     # cluster CA, this node's certificate (ferry://node/ID) and key; all three or none.
-    # Set, they replace the shared secret (secret_file is then not read)
-    tls_ca: str | None = None
-    tls_cert: str | None = None
-    tls_key: str | None = None
-    min_in_sync: int = 1                  # writes are refused with fewer in-sync copies (docs/node.md)
+    # Set, they replace the shared secret (secret_file is then not read). Checked
+    # together (_check_tls)
+    tls_ca: str | None = setting(None, "tls.ca", "other", "the cluster CA's certificate")
+    tls_cert: str | None = setting(None, "tls.cert", "other", "this node's certificate (ferry://node/ID)")
+    tls_key: str | None = setting(None, "tls.key", "other", "the key of tls.cert")
+    min_in_sync: int = setting(1, "cluster.min_in_sync", "whole",
+                               "writes are refused with fewer in-sync copies", lo=1, hi=9, rule="1..9")
     # the members a new cluster starts with (like etcd's --initial-cluster): each
     # creates its rendezvous share of the partitions, empty, so nothing moves at start
-    initial_members: tuple[str, ...] = ()
-    metrics_listen: str | None = None     # "HOST:PORT" for Prometheus text; None = off
-    log_level: str = "INFO"
-    caches: tuple[CacheConfig, ...] = (CacheConfig(),)
-    wal_sync: str = "group"
-    checkpoint_interval_s: float = 5.0
-    page_size: int = 4096
-    memory_budget: int = 64 << 20
-    transfer_rate_limit: int = 0          # bytes/s, 0 = unlimited (used by the files mode)
-    transfer_concurrency: int = 4         # partitions moved at once
-    transfer_listen: str | None = None    # "HOST:PORT" of the file supplier; None = listen host, any port
-    rebalance_mode: str = "files"
-    rebalance_batch: int = 512            # entries per batch in the messages mode
-    replay_rate_limit: int = 0            # temp-WAL records/s replayed per move, 0 = unlimited
+    initial_members: tuple[str, ...] = setting((), "cluster.initial_members", "other",
+                                               "the node ids a new cluster starts with", check=_members)
+    metrics_listen: str | None = setting(None, "metrics_listen", "address",
+                                         "HOST:PORT for Prometheus text; unset = off")
+    log_level: str = setting("INFO", "log_level", "choice", "the level of the node's log",
+                             choices=LOG_LEVELS, fold_case=True, live=True)
+    caches: tuple[CacheConfig, ...] = (CacheConfig(),)     # [[caches]]: _caches, _check_caches
+    wal_sync: str = setting("group", "wal.sync", "choice", "when the WAL syncs",
+                            choices=("group", "always", "none"))
+    checkpoint_interval_s: float = setting(5.0, "checkpoint.interval_s", "number",
+                                           "seconds between checkpoints", lo=MIN_CHECKPOINT_INTERVAL_S,
+                                           hi=86400, unit="seconds", live=True)
+    page_size: int = setting(4096, "checkpoint.page_size", "whole", "bytes per page of a partition file",
+                             lo=1024, hi=65536, unit="bytes", check=_power_of_two)
+    memory_budget: int = setting(64 << 20, "checkpoint.memory_budget", "whole", "bytes of page memory",
+                                 lo=_min_memory, unit=_memory_unit)
+    transfer_rate_limit: int = setting(0, "transfer.rate_limit", "whole",
+                                       "bytes/s of file transfers (files mode), 0 = unlimited",
+                                       lo=0, unit="bytes/s, 0 = unlimited", live=True)
+    transfer_concurrency: int = setting(4, "transfer.concurrency", "whole", "partitions moved at once",
+                                        lo=1, hi=256, unit="partitions moved at once", live=True)
+    transfer_listen: str | None = setting(None, "transfer.listen", "other",
+                                          "HOST:PORT of the file supplier; unset = listen host, any port",
+                                          check=_transfer_listen)
+    rebalance_mode: str = setting("files", "rebalance.mode", "choice",
+                                  "rebalancing mode of this node as demander", choices=("messages", "files"))
+    rebalance_batch: int = setting(512, "rebalance.batch", "whole", "entries per batch in the messages mode",
+                                   lo=1, hi=65536, unit="entries per batch")
+    replay_rate_limit: int = setting(0, "rebalance.replay_rate_limit", "whole",
+                                     "temp-WAL records/s replayed per move, 0 = unlimited",
+                                     lo=0, unit="records/s, 0 = unlimited", live=True)
     # foreground protection (node/admission.py): moves yield when writes slow down
-    rebalance_protect: bool = True
-    latency_target_ms: float = 0.0        # write p99 target; 0 = 1.5 x each node's idle p99
-    rebalance_min_moves: int = 1          # the controller never goes below this many moves
-    rebalance_max_moves: int = 0          # moves at once; 0 = 2 x transfer.concurrency (files)
+    rebalance_protect: bool = setting(True, "rebalance.protect", "bool",
+                                      "foreground protection: moves yield when writes slow down", live=True)
+    latency_target_ms: float = setting(0.0, "rebalance.latency_target_ms", "number",
+                                       "the write p99 (ms) protection keeps, 0 = 1.5 x the idle p99", lo=0, hi=60_000,
+                                       unit="milliseconds of write p99, 0 = 1.5 x the idle p99", live=True)
+    rebalance_min_moves: int = setting(1, "rebalance.min_moves", "whole",
+                                       "moves at once the protection never goes below",
+                                       lo=1, hi=256, unit="moves the protection never goes below", live=True)
+    rebalance_max_moves: int = setting(0, "rebalance.max_moves", "whole", "moves at once, at most, 0 = 2 x transfer.concurrency",
+                                       lo=0, hi=256, unit="moves at once, 0 = 2 x transfer.concurrency",
+                                       check=_max_moves, live=True)
     # processes a files move may hand its index rebuild's scan to (indexes.ScanPool),
     # so the scan does not take the GIL from the other moves; 0 = never (the node's
     # process); index_offload "idle": only while a CPU is idle (docs/rebalancing.md)
-    index_workers: int = 2
-    index_offload: str = "idle"              # "idle": only while a CPU is idle; "always"
-    index_offload_min_bytes: int = 8 << 20   # smaller files are scanned in the node's process
+    index_workers: int = setting(2, "rebalance.index_workers", "whole",
+                                 "processes an index rebuild may hand its scan to",
+                                 lo=0, hi=64, unit="processes, 0 = in the node's process")
+    index_offload: str = setting("idle", "rebalance.index_offload", "choice",
+                                 "when a rebuild's scan goes to those processes: idle (a CPU is idle), always",
+                                 choices=("idle", "always"),
+                                 hint="; index_workers = 0 keeps every rebuild in the node's process")
+    index_offload_min_bytes: int = setting(8 << 20, "rebalance.index_offload_min_bytes", "whole",
+                                           "smaller files are scanned in the node's process",
+                                           lo=0, unit="bytes")
     # the streaming install: a files move builds p's index keys while its file arrives
     # (node/move/stream.py); off: rebuilt from the installed file (docs/rebalancing.md).
     # Off by default: on 2 cores it made every join slower (1.3-1.8x at 1-64 KiB values,
     # docs/benchmarks.md, `bench/rebalance_bench.py`); the decode competes with the receive.
-    stream_index: bool = False
+    stream_index: bool = setting(False, "rebalance.stream_index", "bool",
+                                 "a files move builds its index keys while the file arrives")
     # delta catch-up: a copy that still holds an older file of p fetches only the pages
     # that differ (transfer.delta), unless more than delta_limit of them do
-    delta: bool = True
-    delta_limit: float = 0.5
-    max_key_bytes: int = MAX_KEY_BYTES
-    max_value_bytes: int = MAX_VALUE_BYTES
+    delta: bool = setting(True, "rebalance.delta", "bool", "delta catch-up: fetch only the pages that differ")
+    delta_limit: float = setting(0.5, "rebalance.delta_limit", "number",
+                                 "the whole file is fetched when more than this fraction of pages differ",
+                                 lo=0.0, hi=1.0, rule="a fraction 0..1 of a partition's pages")
+    max_key_bytes: int = setting(MAX_KEY_BYTES, "limits.max_key_bytes", "whole", "longest key, bytes",
+                                 lo=1, hi=_max_key,
+                                 unit=lambda cfg: f"bytes: a key must fit in one {cfg.page_size}-byte data page")
+    max_value_bytes: int = setting(MAX_VALUE_BYTES, "limits.max_value_bytes", "whole", "longest value, bytes",
+                                   lo=0, hi=MAX_VALUE_LIMIT,
+                                   unit=f"bytes: a value travels in one {MAX_FRAME >> 20} MiB request frame")
     source: str | None = field(default=None, compare=False)   # the TOML file, if any
 
     @property
@@ -191,48 +388,16 @@ def _caches(raw: object, where: str) -> tuple[CacheConfig, ...]:
     return tuple(out)
 
 
-# TOML table.key -> NodeConfig field
-_KEYS: dict[tuple[str, ...], str] = {
-    ("id",): "id", ("data",): "data", ("listen",): "listen", ("advertise",): "advertise",
-    ("secret_file",): "secret_file", ("metrics_listen",): "metrics_listen",
-    ("log_level",): "log_level",
-    ("wal", "sync"): "wal_sync",
-    ("checkpoint", "interval_s"): "checkpoint_interval_s",
-    ("checkpoint", "page_size"): "page_size",
-    ("checkpoint", "memory_budget"): "memory_budget",
-    ("transfer", "rate_limit"): "transfer_rate_limit",
-    ("transfer", "concurrency"): "transfer_concurrency",
-    ("transfer", "listen"): "transfer_listen",
-    ("rebalance", "mode"): "rebalance_mode",
-    ("rebalance", "batch"): "rebalance_batch",
-    ("rebalance", "replay_rate_limit"): "replay_rate_limit",
-    ("rebalance", "protect"): "rebalance_protect",
-    ("rebalance", "latency_target_ms"): "latency_target_ms",
-    ("rebalance", "min_moves"): "rebalance_min_moves",
-    ("rebalance", "max_moves"): "rebalance_max_moves",
-    ("rebalance", "index_workers"): "index_workers",
-    ("rebalance", "index_offload"): "index_offload",
-    ("rebalance", "index_offload_min_bytes"): "index_offload_min_bytes",
-    ("rebalance", "stream_index"): "stream_index",
-    ("rebalance", "delta"): "delta",
-    ("rebalance", "delta_limit"): "delta_limit",
-    ("control_plane", "endpoints"): "control_plane",
-    ("control_plane", "prefix"): "control_prefix",
-    ("control_plane", "lease_ttl_s"): "lease_ttl_s",
-    ("control_plane", "lease_margin_s"): "lease_margin_s",
-    ("control_plane", "ca"): "etcd_ca",
-    ("control_plane", "cert"): "etcd_cert",
-    ("control_plane", "key"): "etcd_key",
-    ("control_plane", "user"): "etcd_user",
-    ("control_plane", "password_file"): "etcd_password_file",
-    ("tls", "ca"): "tls_ca",
-    ("tls", "cert"): "tls_cert",
-    ("tls", "key"): "tls_key",
-    ("cluster", "min_in_sync"): "min_in_sync",
-    ("cluster", "initial_members"): "initial_members",
-    ("limits", "max_key_bytes"): "max_key_bytes",
-    ("limits", "max_value_bytes"): "max_value_bytes",
-}
+# every key of the config file, in NodeConfig's order (the order validate() checks them)
+KEYS: tuple[Setting, ...] = tuple(
+    replace(f.metadata["setting"], field=f.name, required=f.default is MISSING,
+            default=None if f.default is MISSING else f.default)
+    for f in fields(NodeConfig) if "setting" in f.metadata)
+BY_KEY: dict[str, Setting] = {s.key: s for s in KEYS}
+# TOML (table, key) or (key,) -> NodeConfig field
+_KEYS: dict[tuple[str, ...], str] = {s.path: s.field for s in KEYS}
+# the live settings: name ("transfer.rate_limit") -> NodeConfig field
+LIVE_KEYS: dict[str, str] = {s.key: s.field for s in KEYS if s.live}
 
 
 def _flatten(doc: dict[str, object], where: str) -> dict[str, object]:
@@ -347,85 +512,13 @@ def access(cfg: NodeConfig) -> "EtcdAccess":
 
 
 def validate(cfg: NodeConfig) -> NodeConfig:
-    parse_address(cfg.listen)
-    if cfg.advertise:
-        parse_address(cfg.advertise)
-    if cfg.control_plane:
-        from .control import parse_endpoints
-        parse_endpoints(cfg.control_plane)
+    """``cfg`` if every key's value is of its type and in its range (its :class:`Setting`,
+    in NodeConfig's order), the keys that go together agree and the caches are sound;
+    else ConfigError naming the first key that is wrong."""
+    for s in KEYS:
+        _check(cfg, s)
     access(cfg).check(cfg.control_plane)
-    if not isinstance(cfg.lease_ttl_s, int) or isinstance(cfg.lease_ttl_s, bool) \
-            or not 2 <= cfg.lease_ttl_s <= 600:
-        raise ConfigError(f"control_plane.lease_ttl_s must be a whole number of seconds 2..600 "
-                          f"(etcd's lease granularity), not {cfg.lease_ttl_s!r}")
-    if not isinstance(cfg.lease_margin_s, (int, float)) or not 0 <= cfg.lease_margin_s < cfg.lease_ttl_s / 2:
-        raise ConfigError(f"control_plane.lease_margin_s must be 0 .. half the lease TTL, "
-                          f"not {cfg.lease_margin_s!r}")
-    if not isinstance(cfg.control_prefix, str) or not cfg.control_prefix.startswith("/") \
-            or cfg.control_prefix.endswith("/") or len(cfg.control_prefix) > 200:
-        raise ConfigError(f"control_plane.prefix must look like /ferry/NAME, not {cfg.control_prefix!r}")
-    if not isinstance(cfg.min_in_sync, int) or isinstance(cfg.min_in_sync, bool) \
-            or not 1 <= cfg.min_in_sync <= 9:
-        raise ConfigError(f"cluster.min_in_sync must be 1..9, not {cfg.min_in_sync!r}")
-    im = cfg.initial_members
-    if not isinstance(im, (tuple, list)) or not all(isinstance(n, str) and _NAME.match(n) for n in im) \
-            or len(set(im)) != len(im) or len(im) > 10_000:
-        raise ConfigError(f"cluster.initial_members must be a list of distinct node ids, not {im!r}"[:200])
-    if cfg.metrics_listen:
-        parse_address(cfg.metrics_listen)
-    if cfg.transfer_listen:
-        host, port = str(cfg.transfer_listen).rpartition(":")[::2]
-        if not isinstance(cfg.transfer_listen, str) or not host or not port.isdigit() \
-                or not 0 <= int(port) < 65536:
-            raise ConfigError(f"transfer.listen {cfg.transfer_listen!r}: expected HOST:PORT (port 0 = any)")
-    for fld in ("id", "data"):
-        if not isinstance(getattr(cfg, fld), str) or not getattr(cfg, fld):
-            raise ConfigError(f"{fld!r} must be a non-empty string, not {getattr(cfg, fld)!r}")
-    for fld in ("advertise", "secret_file"):
-        if getattr(cfg, fld) is not None and not isinstance(getattr(cfg, fld), str):
-            raise ConfigError(f"{_key(fld)} must be a string, not {getattr(cfg, fld)!r}")
     _check_tls(cfg)
-    _choice(cfg, "log_level", LOG_LEVELS, upper=True)
-    _choice(cfg, "wal_sync", ("group", "always", "none"))
-    _choice(cfg, "rebalance_mode", ("messages", "files"))
-    _choice(cfg, "index_offload", ("idle", "always"),
-            hint="; index_workers = 0 keeps every rebuild in the node's process")
-    _number(cfg, "checkpoint_interval_s", MIN_CHECKPOINT_INTERVAL_S, 86400, "seconds")
-    _whole(cfg, "page_size", 1024, 65536, "bytes")
-    from checkpoint.pagefile import valid_page_size
-    if not valid_page_size(cfg.page_size):
-        raise ConfigError(f"checkpoint.page_size must be a power of two 1024..65536 (the partition "
-                          f"file format's page sizes), not {cfg.page_size!r}")
-    from checkpoint import MIN_PAGES
-    _whole(cfg, "memory_budget", MIN_PAGES * cfg.page_size, None,
-           f"bytes, at least {MIN_PAGES} pages of page memory")
-    _whole(cfg, "transfer_rate_limit", 0, None, "bytes/s, 0 = unlimited")
-    _whole(cfg, "transfer_concurrency", 1, 256, "partitions moved at once")
-    _whole(cfg, "rebalance_batch", 1, 65536, "entries per batch")
-    _whole(cfg, "replay_rate_limit", 0, None, "records/s, 0 = unlimited")
-    _whole(cfg, "index_workers", 0, 64, "processes, 0 = in the node's process")
-    if not isinstance(cfg.rebalance_protect, bool):
-        raise ConfigError(f"rebalance.protect must be true or false, not {cfg.rebalance_protect!r}")
-    _number(cfg, "latency_target_ms", 0, 60_000, "milliseconds of write p99, 0 = 1.5 x the idle p99")
-    _whole(cfg, "rebalance_min_moves", 1, 256, "moves the protection never goes below")
-    _whole(cfg, "rebalance_max_moves", 0, 256, "moves at once, 0 = 2 x transfer.concurrency")
-    if cfg.rebalance_max_moves and cfg.rebalance_max_moves < cfg.rebalance_min_moves:
-        raise ConfigError(f"rebalance.max_moves ({cfg.rebalance_max_moves}) must be 0 (automatic) or at "
-                          f"least rebalance.min_moves ({cfg.rebalance_min_moves})")
-    _whole(cfg, "index_offload_min_bytes", 0, None, "bytes")
-    if not isinstance(cfg.stream_index, bool):
-        raise ConfigError(f"rebalance.stream_index must be true or false, not {cfg.stream_index!r}")
-    if not isinstance(cfg.delta, bool):
-        raise ConfigError(f"rebalance.delta must be true or false, not {cfg.delta!r}")
-    if isinstance(cfg.delta_limit, bool) or not isinstance(cfg.delta_limit, (int, float)) or \
-            not 0.0 <= cfg.delta_limit <= 1.0:
-        raise ConfigError(f"rebalance.delta_limit must be a fraction 0..1 of a partition's pages, "
-                          f"not {cfg.delta_limit!r}")
-    from checkpoint import max_key
-    _whole(cfg, "max_key_bytes", 1, max_key(cfg.page_size),
-           f"bytes: a key must fit in one {cfg.page_size}-byte data page")
-    _whole(cfg, "max_value_bytes", 0, MAX_VALUE_LIMIT,
-           f"bytes: a value travels in one {MAX_FRAME >> 20} MiB request frame")
     _check_caches(cfg.caches)
     return cfg
 
@@ -464,7 +557,7 @@ def apply_each(cfg: NodeConfig, changes: Mapping[str, object]) -> tuple[NodeConf
     refused: dict[str, str] = {}
     for name, value in changes.items():
         fld = field_of(name)
-        if fld is None or fld in ("id", "data", "source", "caches", "tls_ca", "tls_cert", "tls_key"):
+        if fld is None or fld not in LIVE_FIELDS:
             refused[name] = f"unknown setting {name!r}"
         else:
             pending[name] = (fld, value)
@@ -486,32 +579,50 @@ def apply_each(cfg: NodeConfig, changes: Mapping[str, object]) -> tuple[NodeConf
 def _key(fld: str) -> str:
     """The TOML name of a NodeConfig field (``transfer.rate_limit``), as users write it
     in the file and in ``ferry cluster settings set``."""
-    for k, f in _KEYS.items():
-        if f == fld:
-            return ".".join(k)
-    return fld
+    return _KEY_OF.get(fld, fld)
 
 
-def _whole(cfg: NodeConfig, fld: str, lo: int, hi: int | None, unit: str) -> None:
-    v = getattr(cfg, fld)
-    top = MAX_WHOLE if hi is None else hi
-    # bool is an int in Python; `true` is never a count
-    if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= top:
-        rng = f"{lo}..{hi}" if hi is not None else f">= {lo} (at most {MAX_WHOLE})"
-        raise ConfigError(f"{_key(fld)} must be a whole number {rng} ({unit}), not {v!r}")
+_KEY_OF = {s.field: s.key for s in KEYS}
+LIVE_FIELDS = frozenset(LIVE_KEYS.values())
 
 
-def _number(cfg: NodeConfig, fld: str, lo: float, hi: float, unit: str) -> None:
-    v = getattr(cfg, fld)
-    if not isinstance(v, (int, float)) or isinstance(v, bool) or not lo <= v <= hi:  # NaN fails too
-        raise ConfigError(f"{_key(fld)} must be a number {lo}..{hi} ({unit}), not {v!r}")
-
-
-def _choice(cfg: NodeConfig, fld: str, allowed: tuple[str, ...], *, upper: bool = False,
-            hint: str = "") -> None:
-    v = getattr(cfg, fld)
-    if not isinstance(v, str) or (v.upper() if upper else v) not in allowed:
-        raise ConfigError(f"{_key(fld)} must be one of {', '.join(allowed)}, not {v!r}{hint}")
+def _check(cfg: NodeConfig, s: Setting) -> None:
+    """Refuse the value of ``s`` in ``cfg`` with ConfigError if it is not of the
+    setting's kind and range, then run its own ``check``."""
+    v = getattr(cfg, s.field)
+    rule = s.rule
+    bad = False
+    if s.kind == "whole":
+        lo, hi, unit = s.bounds(cfg)
+        top = MAX_WHOLE if hi is None else hi
+        # bool is an int in Python; `true` is never a count
+        bad = not isinstance(v, int) or isinstance(v, bool) or not (lo is None or lo <= v) or not v <= top
+        if bad and not rule:
+            rng = f"{lo}..{hi}" if hi is not None else f">= {lo} (at most {MAX_WHOLE})"
+            rule = f"a whole number {rng} ({unit})"
+    elif s.kind == "number":
+        lo, hi, unit = s.bounds(cfg)
+        # NaN fails too: every comparison with it is False
+        bad = not isinstance(v, (int, float)) or isinstance(v, bool) \
+            or not (lo is None or lo <= v) or not (hi is None or v <= hi)
+        rule = rule or f"a number {lo}..{hi} ({unit})"
+    elif s.kind == "bool":
+        bad, rule = not isinstance(v, bool), rule or "true or false"
+    elif s.kind == "choice":
+        if not isinstance(v, str) or (v.upper() if s.fold_case else v) not in s.choices:
+            raise ConfigError(f"{s.key} must be one of {', '.join(s.choices)}, not {v!r}{s.hint}")
+    elif s.kind == "text":
+        if s.required and (not isinstance(v, str) or not v):
+            raise ConfigError(f"{s.key!r} must be a non-empty string, not {v!r}")
+        bad, rule = v is not None and not isinstance(v, str), rule or "a string"
+    elif s.kind == "address":
+        if v or s.default is not None:
+            parse_address(v)
+        bad, rule = v is not None and not isinstance(v, str), rule or "a string"
+    if bad:
+        raise ConfigError(f"{s.key} must be {rule}, not {v!r}")
+    if s.check is not None:
+        s.check(cfg)
 
 
 def _check_tls(cfg: NodeConfig) -> None:

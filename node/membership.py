@@ -16,7 +16,7 @@ from typing import Callable
 
 from . import schema
 from .cluster_map import PartRecord
-from .config import NodeConfig, access, apply_each
+from .config import LIVE_KEYS, NodeConfig, access, apply_each
 from .context import NodeContext
 from .control import KV, Etcd, Session, View
 from .controller import Controller, part_key
@@ -37,18 +37,9 @@ REQUEST_TIMEOUT_S = 3.0            # a request to the controller (in-sync change
 ADMISSION_PATIENCE_S = 8.0
 CATCH_UP_S = 1.0                   # a request applied as its wait ran out: the map has this long to show it
 
-# live, cluster-wide settings (P/settings/<name>) -> NodeConfig field
-SETTINGS = {
-    "transfer.rate_limit": "transfer_rate_limit",
-    "transfer.concurrency": "transfer_concurrency",
-    "rebalance.replay_rate_limit": "replay_rate_limit",
-    "rebalance.protect": "rebalance_protect",
-    "rebalance.latency_target_ms": "latency_target_ms",
-    "rebalance.min_moves": "rebalance_min_moves",
-    "rebalance.max_moves": "rebalance_max_moves",
-    "checkpoint.interval_s": "checkpoint_interval_s",
-    "log_level": "log_level",
-}
+# live, cluster-wide settings (P/settings/<name>) -> NodeConfig field: the keys
+# declared live in node/config.py
+SETTINGS = LIVE_KEYS
 
 
 VERIFIER_KDF = "scrypt1"       # the verifier's form: its prefix in P/meta's secret_check

@@ -2,13 +2,14 @@
 
 ``ferry cluster settings get/set`` writes them; every node watches them
 (:mod:`node.membership` applies a change through ``Node.apply_live_config``).
-A value is checked the same way the node's config file is before it is stored.
+A value is read as its key's kind (node/config.py ``Setting``) and checked the same
+way the node's config file is before it is stored.
 """
 from __future__ import annotations
 
 import math
 
-from .config import NodeConfig, apply_each, with_overrides
+from .config import BY_KEY, NodeConfig, apply_each, with_overrides
 from .control import Etcd
 from .errors import ConfigError
 from .jsonvalue import Json, JsonDoc
@@ -23,13 +24,13 @@ def parse(name: str, raw: str) -> Json:
     fld = SETTINGS.get(name)
     if fld is None:
         raise ConfigError(f"unknown setting {name!r}; live settings: {', '.join(sorted(SETTINGS))}")
-    kind = type(getattr(DEFAULTS, fld))
-    if kind is bool:              # bool("off") would be True
+    kind = BY_KEY[name].kind
+    if kind == "bool":              # bool("off") would be True
         word = raw.strip().lower()
         if word not in _BOOLS:
             raise ConfigError(f"setting {name}: {raw!r} is not on/off (also true/false, 1/0, yes/no)")
         return _BOOLS[word]
-    val: Json = raw if kind is str else _number(name, raw, whole=kind is int)
+    val: Json = _number(name, raw, whole=kind == "whole") if kind in ("whole", "number") else raw
     with_overrides(DEFAULTS, **{fld: val})        # the same checks as the config file
     return val
 

@@ -1,10 +1,9 @@
 """The node's watchdog observer of its config file: settings that can change live.
 
-Live settings (``node.membership.SETTINGS``): ``[transfer] rate_limit`` and
-``concurrency``, ``[rebalance] replay_rate_limit``, ``protect``, ``latency_target_ms``,
-``min_moves`` and ``max_moves``, ``[checkpoint] interval_s``, ``log_level``. Every other change is
-logged as needing a restart and not applied. A config that does not load (bad TOML,
-bad value) is logged and changes nothing.
+The live settings are the keys declared live in :mod:`node.config` (marked "Live." in
+docs/node.md's key table; ``node.membership.SETTINGS``). Every other change is logged
+as needing a restart and not applied. A config that does not load (bad TOML, bad
+value) is logged and changes nothing.
 
 The observer watches the config file's folder for closes after a write, creations
 and renames only, not for every write: a folder that also holds log files (a node's
