@@ -18,7 +18,8 @@ rate those updates went into the temp WAL (``replay_one_partition``).
 ``--foreground`` runs only the foreground phase instead (bench/rebalance_fg.py): 8 writer
 processes while a 4th node joins, their p50/p99/max and puts/s before, during and after,
 the join against a raw sendfile floor measured in the same run, protection on and off
-interleaved (``--protect on|off|both``).
+interleaved (``--protect on|off|both``); ``--tls on|off|both``: the nodes' links and the
+writers mutual TLS, the shared secret, or both interleaved in the same run.
 
 ``--restart`` runs bench/restart_bench.py instead (its own flags): a node SIGKILLed
 under writes and restarted, its catch-up by delta fetches against whole-file copies.
@@ -35,6 +36,7 @@ Prints ONE JSON object.
     .venv/bin/python bench/rebalance_bench.py --modes messages   # one mode (e.g. an older tree's baseline)
     .venv/bin/python bench/rebalance_bench.py --entries 1048576 --value-size 1024 --repeat 3 --replay-writers 0
     .venv/bin/python bench/rebalance_bench.py --foreground --entries 200000 --value-size 1024 --repeat 3
+    .venv/bin/python bench/rebalance_bench.py --foreground --protect on --tls both   # TLS vs the secret
 """
 from __future__ import annotations
 
@@ -473,6 +475,9 @@ def main() -> None:
                          "before/during/after a join, and the join against the sendfile floor")
     ap.add_argument("--protect", choices=("on", "off", "both"), default="both",
                     help="--foreground: rebalance.protect of the runs (both: interleaved)")
+    ap.add_argument("--tls", choices=("on", "off", "both"), default="off",
+                    help="--foreground: the nodes' links and the writers mutual TLS (on), the shared "
+                         "secret (off), or both interleaved in the same run (runs keyed PROTECT+tls)")
     ap.add_argument("--fg-writers", type=int, default=8, help="--foreground: writer processes")
     ap.add_argument("--fg-setting", action="append", default=[], metavar="NAME=VALUE",
                     help="--foreground: a live cluster setting put before the writers start "
@@ -544,15 +549,21 @@ def foreground(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         args.entries = 20000 if args.quick else 200000
     if args.value_size is None:
         args.value_size = 1024
-    settings = [True, False] if args.protect == "both" else [args.protect == "on"]
+    protects = [True, False] if args.protect == "both" else [args.protect == "on"]
+    tlss = [False, True] if args.tls == "both" else [args.tls == "on"]
+    settings = [(p, t) for p in protects for t in tlss]
+
+    def label(p: bool, t: bool) -> str:
+        return ("on" if p else "off") + ("+tls" if t else "")
     root = args.dir or tempfile.mkdtemp(prefix="ferry-rebalance-fg-")
-    runs: dict[str, list[dict]] = {("on" if p else "off"): [] for p in settings}
+    runs: dict[str, list[dict]] = {label(p, t): [] for p, t in settings}
     try:
-        for i in range(args.repeat):         # interleaved: on, off, on, off ...
-            for p in settings:
-                r = rebalance_fg.run(root, p, args, i)
-                runs["on" if p else "off"].append(r)
-                print(f"rebalance bench (foreground): protect {'on' if p else 'off'} run {i + 1}/"
+        for i in range(args.repeat):         # interleaved: on, off, on, off ... (each secret, then tls)
+            for p, t in settings:
+                r = rebalance_fg.run(root, p, args, i, tls=t)
+                runs[label(p, t)].append(r)
+                print(f"rebalance bench (foreground): protect {'on' if p else 'off'}, "
+                      f"{r['links']}, run {i + 1}/"
                       f"{args.repeat}: join {r['seconds_from_join']} s ({r['ratio_to_floor']}x floor), "
                       f"p99 {r['writers']['before']['p99_ms']} -> {r['writers']['during']['p99_ms']} ms, "
                       f"puts/s {r['writers']['before']['puts_per_s']} -> {r['writers']['during']['puts_per_s']}",
@@ -563,7 +574,7 @@ def foreground(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     print(json.dumps({
         "bench": "rebalance_foreground", "entries": args.entries, "value_size": args.value_size,
         "partitions": args.partitions, "backups": 1, "concurrency": args.concurrency,
-        "writers": args.fg_writers, "nodes": "3 -> 4", "repeat": args.repeat,
+        "writers": args.fg_writers, "nodes": "3 -> 4", "repeat": args.repeat, "tls": args.tls,
         "summary": {k: rebalance_fg.summary(v) for k, v in runs.items()}, "runs": runs,
         "target": "protect on: p99 during <= 2x idle p99, puts/s during >= 80% of idle; "
                   "join <= 1.3x the floor",

@@ -25,11 +25,15 @@ import os
 import statistics
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from node.control import Etcd
 from ferry.localcluster import LocalCluster, key_of, value_of
 from node.settings import put as put_setting
-from node.wire import Pool, load_secret
+from node.wire import Pool
+
+if TYPE_CHECKING:
+    from transfer.tls import TlsFiles
 
 FLOOR_BYTES = 256 << 20
 
@@ -49,15 +53,16 @@ def floor_rate(work: str) -> float:
 
 
 def writer_main(seeds: list[str], secret_file: str, idx: int, value_size: int,
-                stop: "multiprocessing.synchronize.Event", out_path: str, keys: bool = False) -> None:
+                stop: "multiprocessing.synchronize.Event", out_path: str, keys: bool = False,
+                tls: "TlsFiles | None" = None) -> None:
     """One writer process: new keys, one put at a time, until ``stop``; then its samples
     (answer wall time, latency seconds[, the key's number with ``keys``]) as doubles
-    into ``out_path``."""
+    into ``out_path``. ``tls``: a client certificate (mutual TLS) instead of the secret."""
     from node.client import Client
     samples = array.array("d")
     i = 2_000_000_000 + idx * 10_000_000
     value = value_of(i, value_size)
-    with Client(seeds, secret_file=secret_file, timeout=60) as c:
+    with Client(seeds, secret_file=secret_file, timeout=60, tls=tls) as c:
         while not stop.is_set():
             t0 = time.perf_counter()
             c.put("default", key_of(i), value)
@@ -126,15 +131,18 @@ def watch_admission(pool: Pool, address: str, stop: threading.Event, seen: list[
         stop.wait(0.1)
 
 
-def run(root: str, protect: bool, args: "object", run_no: int) -> dict[str, object]:
-    work = os.path.join(root, f"fg-{'on' if protect else 'off'}-{run_no}")
+def run(root: str, protect: bool, args: "object", run_no: int, tls: bool = False) -> dict[str, object]:
+    """One run; ``tls``: the nodes' links and the writers' connections mutual TLS
+    (``LocalCluster(tls=True)``; etcd plain in both modes), else the shared secret."""
+    work = os.path.join(root, f"fg-{'on' if protect else 'off'}{'-tls' if tls else ''}-{run_no}")
     os.makedirs(work, exist_ok=True)
-    out: dict[str, object] = {"protect": protect, "loadavg_before": os.getloadavg()}
+    out: dict[str, object] = {"protect": protect, "links": "mutual TLS" if tls else "shared secret",
+                              "loadavg_before": os.getloadavg()}
     floor = floor_rate(work)
     out["floor_bytes_per_s"] = round(floor)
     with LocalCluster(os.path.join(work, "c"), partitions=args.partitions, mode="files",
                       concurrency=args.concurrency, checkpoint_interval=2.0, log_level="WARNING",
-                      page_size=args.page_size) as c:
+                      page_size=args.page_size, tls=tls, etcd_tls=False) as c:
         c.start(3)
         t0 = time.monotonic()
         c.load(args.entries, value_size=args.value_size, threads=args.threads)
@@ -149,11 +157,12 @@ def run(root: str, protect: bool, args: "object", run_no: int) -> dict[str, obje
         mp = multiprocessing.get_context("spawn")
         stop = mp.Event()
         paths = [os.path.join(work, f"writer-{i}.bin") for i in range(args.fg_writers)]
-        procs = [mp.Process(target=writer_main, args=(c.seeds, c.secret_file, i, args.value_size, stop, p))
+        procs = [mp.Process(target=writer_main, args=(c.seeds, c.secret_file, i, args.value_size, stop, p),
+                            kwargs={"tls": c.client_tls})
                  for i, p in enumerate(paths)]
         for p in procs:
             p.start()
-        pool = Pool(load_secret(c.secret_file), role="client")
+        pool = c.pool()
         seen: list[dict] = []
         wstop = threading.Event()
         try:
