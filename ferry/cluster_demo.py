@@ -108,8 +108,7 @@ def run_cluster_demo(root: str, *, entries: int, value_size: int, partitions: in
 def links_line(tls: bool) -> str:
     """How the nodes' links are authenticated, for the demo's output."""
     if tls:
-        return ("mutual TLS 1.3, certificates of the cluster CA (ferry://node/ID; the demo's "
-                "clients: ferry://client/localcluster)")
+        return "mutual TLS 1.3 (a certificate of the cluster CA per node and for the demo's clients)"
     return "shared secret (HMAC handshake, sealed frames, no encryption; --secret)"
 
 
