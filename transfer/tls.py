@@ -305,6 +305,12 @@ class TlsContexts:
         except TlsCut:
             ssock.close()
             raise
+        except ssl.SSLEOFError as e:
+            # the peer's end closed mid-handshake without an alert (a reset, a cut link,
+            # a relay that dropped it): the network, not a refusal, as in secret mode
+            ssock.close()
+            raise TlsCut(f"TLS with {peer} failed: the connection closed during the handshake "
+                         f"({_reason(e)})", stage="handshake", peer=peer) from None
         except ssl.SSLCertVerificationError as e:
             ssock.close()
             side = "peer" if server else "node"

@@ -261,3 +261,32 @@ def test_a_certificate_of_the_ca_without_a_ferry_identity_is_refused(tls_server,
             time.sleep(0.05)
     assert any("no ferry:// identity" in r.getMessage() for r in caplog.records)
     assert tls_server.stats.transfers_ok == 0
+
+
+def test_a_handshake_the_peer_closes_midway_is_a_cut_not_a_refusal(ca) -> None:
+    """A connection closed during the TLS handshake without an alert (a relay that cut
+    it, a peer that went away) is TlsCut, retried like a cut handshake in secret mode,
+    not a refusal."""
+    import threading
+
+    from transfer.errors import TlsCut
+    client = TlsContexts(client_files(ca, "c1"))
+    with socket.create_server(("127.0.0.1", 0)) as srv:
+        port = srv.getsockname()[1]
+
+        def accept_and_close() -> None:
+            conn, _ = srv.accept()
+            conn.settimeout(0.3)
+            try:                         # the whole ClientHello, then close without a word
+                while conn.recv(65536):  # (read first: unread bytes would make it a reset)
+                    pass
+            except socket.timeout:
+                pass
+            conn.shutdown(socket.SHUT_RDWR)
+            conn.close()
+        t = threading.Thread(target=accept_and_close, daemon=True)
+        t.start()
+        sock = socket.create_connection(("127.0.0.1", port), timeout=5.0)
+        with pytest.raises(TlsCut):
+            client.connect(sock, f"127.0.0.1:{port}", deadline=5.0)
+        t.join(5.0)
