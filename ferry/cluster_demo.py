@@ -109,11 +109,11 @@ def links_line(tls: bool) -> str:
     """How the nodes' links are authenticated, for the demo's output."""
     if tls:
         return "mutual TLS 1.3 (a certificate of the cluster CA per node and for the demo's clients)"
-    return "shared secret (HMAC handshake, sealed frames, no encryption; --secret)"
+    return "shared secret (HMAC handshake, sealed frames, no encryption; --tls: mutual TLS)"
 
 
 # the live validation's executors authenticate with the cluster secret (validation/live.py)
-LIVE_NEEDS_SECRET = "it authenticates with the cluster secret: ferry demo --secret runs it"
+LIVE_NEEDS_SECRET = "it authenticates with the cluster secret: ferry demo without --tls runs it"
 
 
 def _run(root: str, *, entries: int, value_size: int, partitions: int, nodes: int,

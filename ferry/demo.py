@@ -28,10 +28,10 @@ from .demo_ui import passed as demo_passed
 @click.option("--no-protect", is_flag=True,
               help="Turn the nodes' foreground protection off ([rebalance] protect), "
                    "so the moves are not paced while the writer writes.")
-@click.option("--secret", "use_secret", is_flag=True,
-              help="Authenticate the nodes' links with a shared secret instead of mutual TLS "
-                   "(certificates of the cluster's CA, the default); the live validation "
-                   "runs only then.")
+@click.option("--tls", "use_tls", is_flag=True,
+              help="The nodes' links mutual TLS (certificates of the cluster's CA, one per "
+                   "node and one for the demo's clients) instead of the shared secret; the "
+                   "live validation is then skipped (it authenticates with the secret).")
 @click.option("--partitions", default=16, show_default=True)
 @click.option("--nodes", default=3, show_default=True, help="Nodes before the join.")
 @click.option("--no-validate", is_flag=True, help="Skip the Spark validation job.")
@@ -39,14 +39,14 @@ from .demo_ui import passed as demo_passed
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--keep", is_flag=True, help="Keep the work folder.")
 def demo(root: str | None, entries: int | None, value_size: int | None, raw_mb: int,
-         no_protect: bool, use_secret: bool, partitions: int, nodes: int, no_validate: bool, master: str, as_json: bool, keep: bool) -> None:
+         no_protect: bool, use_tls: bool, partitions: int, nodes: int, no_validate: bool, master: str, as_json: bool, keep: bool) -> None:
     """Rebalance a live cluster file-based and validate it with Spark.
 
-    Starts 3 node processes on loopback (their links mutual TLS with certificates of
-    the cluster's CA; --secret: the shared secret), loads 512 MB of indexed entries (16 partitions
+    Starts 3 node processes on loopback (their links authenticated with the cluster
+    secret; --tls: mutual TLS with certificates of the cluster's CA), loads 512 MB of indexed entries (16 partitions
     of about 32 MB), measures a raw sendfile over loopback, adds a 4th node and moves its
     partitions file-based while a writer keeps writing, validates the running cluster
-    with Spark (live mode, the writer still writing; with --secret only), then checks the invariants on
+    with Spark (live mode, the writer still writing; not with --tls), then checks the invariants on
     every node's files and runs the Spark validation job on them. The summary gives
     each move's rate, the whole rebalance's, and the raw rate beside them.
     Exit 0 only when every invariant holds and both validations pass."""
@@ -64,7 +64,7 @@ def demo(root: str | None, entries: int | None, value_size: int | None, raw_mb: 
     summary = run_cluster_demo(root, entries=ENTRIES if entries is None else entries,
                                value_size=value_size, partitions=partitions, nodes=nodes,
                                validate=not no_validate, master=master, ui=ui, raw_mb=raw_mb,
-                               protect=not no_protect, tls=not use_secret)
+                               protect=not no_protect, tls=use_tls)
     summary["dir"] = root
     ok = demo_passed(summary)
     if as_json:

@@ -78,7 +78,7 @@ def test_the_model_holds_the_validations_value_hash() -> None:
 
 
 def test_cluster_demo_rebalances_a_join_under_writes(py_env, python, tmp_path) -> None:
-    r, s = _run_demo(py_env, python, tmp_path, "--no-validate", "--raw-mb", "16")
+    r, s = _run_demo(py_env, python, tmp_path, "--no-validate", "--raw-mb", "16", "--tls")
     assert r.returncode == 0, r.stderr
     assert s["flow"].startswith("3-node cluster")
     # rendezvous hashing: a 4th node takes about a quarter of the 16 primaries+backups
@@ -108,7 +108,7 @@ def test_cluster_demo_rebalances_a_join_under_writes(py_env, python, tmp_path) -
     assert s["updates_replayed"] >= 0 and s["control_plane"]["controller"] in ("n1", "n2", "n3")
     assert s["invariants_ok"] is True and all(s["invariants"].values()), s["invariants"]
     assert s["live_validation"] == {"passed": None, "skipped": "--no-validate"}
-    # the nodes' links are mutual TLS by default: each node's config names its certificate
+    # --tls: the nodes' links are mutual TLS, each node's config names its certificate
     assert s["node_links"] == "mutual TLS"
     work = tmp_path / "demo"
     assert "[tls]" in (work / "n4.toml").read_text()
@@ -122,8 +122,8 @@ def test_demo_with_spark_validation(py_env, python, tmp_path) -> None:
     # Mark every process of this demo (the Spark JVM inherits the environment), so the
     # check below finds this demo's JVM and not one of a parallel test.
     mark = f"demo-{os.getpid()}-{tmp_path.name}"
-    # the live validation authenticates with the cluster secret: the demo's --secret mode
-    r, s = _run_demo(py_env | {"FERRY_TEST_MARK": mark}, python, tmp_path, "--secret")
+    # the default mode: the shared secret, which the live validation authenticates with
+    r, s = _run_demo(py_env | {"FERRY_TEST_MARK": mark}, python, tmp_path)
     assert r.returncode == 0, r.stderr
     assert s["node_links"] == "shared secret"
     left = [p.pid for p in psutil.process_iter() if _environ(p).get("FERRY_TEST_MARK") == mark]
