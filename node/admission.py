@@ -241,7 +241,7 @@ class Admission:
         if not cfg.rebalance_protect or level >= hi:
             return cap
         ingest = max((max(mv.fig.ingest_rate, mv.fig.ingest_replay)
-                      for mv in (m.progress() for m in list(self.ctx.moves.running.values()))),
+                      for mv in (m.progress() for m in self.ctx.moves.moves())),
                      default=0.0)
         ref = self.peak_replay_rps or REPLAY_REF_RPS
         mine = int(max(REPLAY_MIN_RPS, REPLAY_OVER_INGEST * ingest, ref * level / hi))
@@ -264,7 +264,7 @@ class Admission:
         """Does a rebalance touch this node now (moves here, MOVING copies registered
         with it as primary, its files being sent)? Its latency then is no baseline."""
         ctx = self.ctx
-        return bool(ctx.moves.running) or ctx.repl.copies.any() or ctx.repl.in_use.any()
+        return bool(ctx.moves) or ctx.repl.copies.any() or ctx.repl.in_use.any()
 
     def op_ack_latency(self) -> LatencyReport:
         """RPC ``ack_latency`` (node-only): this node's window, for a demander's controller."""
@@ -312,7 +312,7 @@ class Admission:
                 self.tick()
             except Exception:  # noqa: BLE001 - the protection's thread goes on after a bad tick
                 log.exception("stage=admission tick failed")
-            self._wake.wait(TICK_S if self.ctx.moves.running else IDLE_TICK_S)
+            self._wake.wait(TICK_S if self.ctx.moves else IDLE_TICK_S)
             self._wake.clear()
 
     def stop(self) -> None:
@@ -320,7 +320,7 @@ class Admission:
 
     def tick(self) -> None:
         ctx = self.ctx
-        moving = bool(ctx.moves.running)
+        moving = bool(ctx.moves)
         reports = {ctx.id: ctx.metrics.acks.report(self.busy())}
         if moving and self.protect():
             reports.update(self._poll_peers())
@@ -346,7 +346,7 @@ class Admission:
         out: dict[str, str] = {}
         with ctx.map.lock:
             m = ctx.map.map
-            for (cache, p), mv in list(ctx.moves.running.items()):
+            for (cache, p), mv in ctx.moves.items():
                 for n in (m.parts[cache][p].primary, mv.source):
                     addr = m.address(n)
                     if n and n != ctx.id and addr and len(out) < MAX_PEERS:
@@ -366,7 +366,7 @@ class Admission:
         """Receive bytes/s of this node's moves and the best replay rate seen: what
         the throttled limits are fractions of."""
         now = self.clock()
-        moves = {k: mv.progress() for k, mv in list(self.ctx.moves.running.items())}
+        moves = {k: mv.progress() for k, mv in self.ctx.moves.items()}
         wire = {k: mv.fig.wire for k, mv in moves.items() if mv.mode == "files"}
         dt = now - self._wire_at
         if dt >= TICK_S / 2:

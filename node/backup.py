@@ -164,7 +164,7 @@ class Backup:
             self.visible.forget(cache, p)              # a backup of p: it serves no read of p
             st = self.ctx.states.get(cache, p)
             if st == State.MOVING:
-                mv = self.ctx.moves.running.get((cache, p))
+                mv = self.ctx.moves.get((cache, p))
                 if mv is not None and mv.mode == "files" and (mv.sink is not None or mv.direct):
                     r = self.movers().buffer_update(mv, cache, p, key, value, counter, prev,
                                                      durable=durable)

@@ -369,12 +369,51 @@ class Replication:
 
 @dataclass
 class MoveTable:
-    """Moves of partitions to this node in progress (guarded by ``lock``) and the
-    last ones that ended OWNING."""
+    """Moves of partitions to this node in progress (``running``, guarded by ``lock``:
+    read and changed only through the methods below) and the last ones that ended
+    OWNING (``done``, appended by the move threads, read as a copy).
+
+    ``lock`` comes after a partition lock and ``MapHolder.lock`` in the node's order;
+    ``start`` calls its ``admit`` (``Admission.admit``, which takes ``Admission._lock``)
+    with it held, and nothing else runs under it."""
     running: dict[PartKey, "Move"] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     done: collections.deque[dict[str, object]] = field(
         default_factory=lambda: collections.deque(maxlen=4096))
+
+    def start(self, key: PartKey, admit: Callable[[int], bool], make: Callable[[], "Move"]) -> "Move | None":
+        """The move ``make()`` registered for ``key``, unless one runs for it already or
+        ``admit(moves running)`` says no (None)."""
+        with self.lock:
+            if key in self.running or not admit(len(self.running)):
+                return None
+            mv = self.running[key] = make()
+            return mv
+
+    def end(self, key: PartKey) -> None:
+        with self.lock:
+            self.running.pop(key, None)
+
+    def get(self, key: PartKey) -> "Move | None":
+        with self.lock:
+            return self.running.get(key)
+
+    def __contains__(self, key: object) -> bool:
+        with self.lock:
+            return key in self.running
+
+    def __len__(self) -> int:
+        with self.lock:
+            return len(self.running)
+
+    def moves(self) -> list["Move"]:
+        """The running moves, as a list taken under the lock."""
+        with self.lock:
+            return list(self.running.values())
+
+    def items(self) -> list[tuple[PartKey, "Move"]]:
+        with self.lock:
+            return list(self.running.items())
 
 
 @dataclass

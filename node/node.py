@@ -291,7 +291,7 @@ class Node:
         return done[start:start + min(count, MOVES_PAGE)]
 
     def op_moves(self) -> list[dict[str, object]]:
-        return [mv.status(self.ctx.id) for mv in list(self.ctx.moves.running.values())]
+        return [mv.status(self.ctx.id) for mv in self.ctx.moves.moves()]
 
     def op_metrics(self) -> str:
         return self.ctx.metrics.render()
@@ -304,7 +304,7 @@ class Node:
         for cache in ctx.data:
             for s in State:
                 m.set("ferry_node_partitions", counts.get((cache, s.value), 0), cache=cache, state=s.value)
-        moves = [mv.progress() for mv in list(ctx.moves.running.values())]
+        moves = [mv.progress() for mv in ctx.moves.moves()]
         m.set("ferry_node_moves_in_progress", len(moves))
         by_stage: dict[str, int] = {}
         for mv in moves:

@@ -90,14 +90,14 @@ class Rebalancer:
         reached (then the next reconcile tries again); True when started."""
         key = (cache, p)
         engine = self.engine
-        with self.ctx.moves.lock:
-            # files mode: by default twice the transfer limit, so the index rebuild and
-            # replay of some moves overlap the transfers of others; foreground
-            # protection lowers it while writes slow down (node/admission.py)
-            if key in self.ctx.moves.running or not self.admission.admit(len(self.ctx.moves.running)):
-                return False
-            mv = Move(cache, p, mode=self.ctx.cfg.rebalance_mode, on_stage=self._stage_done)
-            self.ctx.moves.running[key] = mv
+        # files mode: by default twice the transfer limit, so the index rebuild and
+        # replay of some moves overlap the transfers of others; foreground protection
+        # lowers it while writes slow down (node/admission.py)
+        mv = self.ctx.moves.start(key, self.admission.admit,
+                                  lambda: Move(cache, p, mode=self.ctx.cfg.rebalance_mode,
+                                               on_stage=self._stage_done))
+        if mv is None:
+            return False
         self.admission.started()
         log.info("stage=prepare cache=%s partition=%d move starts: %s", cache, p, why)
         threading.Thread(target=self._run_move, args=(engine, mv), name=f"move-{cache}-{p}",
@@ -122,8 +122,7 @@ class Rebalancer:
         finally:
             engine.finish(mv)
             with self.ctx.plock(mv.cache, mv.p):
-                with self.ctx.moves.lock:
-                    self.ctx.moves.running.pop((mv.cache, mv.p), None)
+                self.ctx.moves.end((mv.cache, mv.p))
             self.ctx.map.dirty.add([(mv.cache, mv.p)])     # what comes after the move
             self.ctx.wake()
 

@@ -125,7 +125,7 @@ class Reconciler:
         """Start the waiting moves while slots are free (in the order they came)."""
         for key, why in list(self._to_move.items()):
             if not self.movers.start_move(key[0], key[1], why):
-                if key in self.ctx.moves.running:
+                if key in self.ctx.moves:
                     del self._to_move[key]
                     continue
                 return                          # no slot: the next pass tries again
@@ -162,9 +162,10 @@ class Reconciler:
             data.create(p)
             self.ctx.states.set(cache, p, State.OWNING, reason="new cluster: its initial owners did not come")
             return False
-        if key in self.ctx.moves.running:
+        running = self.ctx.moves.get(key)
+        if running is not None:
             if me not in ideal and my_reported == State.MOVING.value and prim != me:
-                self.ctx.moves.running[key].cancel()
+                running.cancel()
             return True                         # looked at again until the move has ended
         if st == State.OWNING and key in self.ctx.returning:
             if (me, self.ctx.boot) in rec.confirmed:

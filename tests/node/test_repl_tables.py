@@ -174,3 +174,49 @@ def test_copies_changed_while_others_read() -> None:
     assert not errors
     c.keep_members({f"n{i}" for i in range(50)})
     assert all(c.of(("default", k)) == {f"n{i}": f"a{i}" for i in range(50)} for k in range(8))
+
+
+# -- MoveTable: the moves in progress -------------------------------------------------
+
+def test_move_table_starts_one_move_per_partition_within_the_admitted_count() -> None:
+    from node.context import MoveTable
+    from node.move.progress import Move
+    t = MoveTable()
+    seen: list[int] = []
+
+    def admit(n: int) -> bool:
+        assert t.lock.locked()          # decided under the table's lock
+        seen.append(n)
+        return n < 2
+
+    a = t.start(("c", 1), admit, lambda: Move("c", 1, mode="files"))
+    assert a is not None and t.get(("c", 1)) is a and ("c", 1) in t and len(t) == 1
+    assert t.start(("c", 1), admit, lambda: Move("c", 1, mode="files")) is None   # already moving
+    assert t.start(("c", 2), admit, lambda: Move("c", 2, mode="files")) is not None
+    assert t.start(("c", 3), admit, lambda: Move("c", 3, mode="files")) is None   # not admitted
+    assert seen == [0, 1, 2]
+    assert {k for k, _ in t.items()} == {("c", 1), ("c", 2)} and len(t.moves()) == 2
+    t.end(("c", 1))
+    t.end(("c", 1))                      # ending twice is harmless
+    assert ("c", 1) not in t and len(t) == 1 and bool(t)
+
+
+def test_move_table_concurrent_starts_never_pass_the_limit() -> None:
+    from node.context import MoveTable
+    from node.move.progress import Move
+    t = MoveTable()
+    barrier = threading.Barrier(8)
+    started: list[int] = []
+
+    def worker(i: int) -> None:
+        barrier.wait()
+        for p in range(i * 100, i * 100 + 100):
+            if t.start(("c", p), lambda n: n < 5, lambda p=p: Move("c", p, mode="files")) is not None:
+                started.append(p)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert len(started) == 5 and len(t) == 5
