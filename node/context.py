@@ -11,12 +11,15 @@ The seams between the parts are the small protocols in :mod:`node.ports`.
 Who guards what, and the order locks are taken in (an earlier one before a later one,
 never the reverse):
 
+0. ``NodeContext.cfg_lock``: one replacement of ``cfg`` at a time (a cluster setting
+   or the config file), taken with no other lock held;
 1. ``Controller.lock`` (node/controller.py): one decision at a time;
 2. the partition lock ``plock(cache, p)``: counters, replication order, state changes
    and moves of p;
 3. ``MapHolder.lock``: the local map, changed in place by the watch thread
    (``MapHolder.changed`` is taken before it: ``wait_for``);
-4. ``MoveTable.lock``: the moves in progress;
+4. ``MoveTable.lock``: the moves in progress (then ``Admission._lock``, which
+   ``MoveTable.start``'s admit takes inside it);
 5. leaves, each the lock of one small table, never held while any other lock is taken
    or code outside the table runs: the :class:`Replication` tables (:class:`Copies`,
    :class:`Fences`, :class:`SnapshotUse`, :class:`LastApplied`, :class:`Handoffs`,
@@ -440,6 +443,10 @@ class NodeContext:
     transfer_address: str = ""       # HOST:PORT of this node's file supplier
     # mutual TLS (transfer.tls) for RPC and transfers, from [tls]; None: the secret
     tls: "TlsContexts | None" = None
+    # held by whoever replaces ``cfg`` (a cluster setting, the config file), across the
+    # read of the old value, the replacement and its application: one change at a time,
+    # none lost. Taken with no other lock held; the application takes its own inside.
+    cfg_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def lease_valid(self) -> bool:
         """A primary acknowledges writes only while its lease is surely alive."""

@@ -447,25 +447,26 @@ class ControlPlane:
         """Apply the stored cluster settings that differ from this node's, each on its
         own (``config.apply_each``): a malformed one is logged once and does not hold
         back the others."""
-        changes: dict[str, object] = {}
-        for name, val in settings.items():
-            fld = SETTINGS.get(name)
-            if fld is None:
-                continue
-            if getattr(self.ctx.cfg, fld) != val:
-                changes[name] = val
-        if not changes or changes == self._last_settings:
-            return
-        self._last_settings = changes
-        new, refused = apply_each(self.ctx.cfg, changes)
-        for name, why in refused.items():
-            log.error("stage=settings refused cluster setting %s = %r: %s", name, changes[name], why)
-        if new == self.ctx.cfg:
-            return
-        old, self.ctx.cfg = self.ctx.cfg, new
-        self.on_settings(old, new)
-        log.info("stage=settings applied cluster settings %s",
-                 {k: v for k, v in changes.items() if k not in refused})
+        with self.ctx.cfg_lock:     # one change of ctx.cfg at a time (the config file too)
+            changes: dict[str, object] = {}
+            for name, val in settings.items():
+                fld = SETTINGS.get(name)
+                if fld is None:
+                    continue
+                if getattr(self.ctx.cfg, fld) != val:
+                    changes[name] = val
+            if not changes or changes == self._last_settings:
+                return
+            self._last_settings = changes
+            new, refused = apply_each(self.ctx.cfg, changes)
+            for name, why in refused.items():
+                log.error("stage=settings refused cluster setting %s = %r: %s", name, changes[name], why)
+            if new == self.ctx.cfg:
+                return
+            old, self.ctx.cfg = self.ctx.cfg, new
+            self.on_settings(old, new)
+            log.info("stage=settings applied cluster settings %s",
+                     {k: v for k, v in changes.items() if k not in refused})
 
     # -- the controller ----------------------------------------------------------------
     def _control_loop(self) -> None:

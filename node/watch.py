@@ -78,23 +78,24 @@ class Watcher:
     # -- config -----------------------------------------------------------------------
     def reload_config(self) -> None:
         from . import config as cfgmod
-        old = self.ctx.cfg
-        if not old.source:
-            return                     # no config file: nothing to reload
-        try:
-            fresh = cfgmod._flatten(cfgmod.read_toml(old.source), old.source)
-            new = cfgmod.with_overrides(old, **{k: v for k, v in fresh.items() if k in LIVE})
-        except (ConfigError, TypeError) as e:
-            log.error("stage=config %s not applied: %s", old.source, e)
-            return
-        others = sorted(k for k, v in fresh.items() if k not in LIVE and k not in ("data", "secret_file")
-                        and getattr(old, k, v) != v)
-        if others:
-            log.warning("stage=config %s changed %s: needs a restart, not applied",
-                        old.source, ", ".join(others))
-        changed = sorted(k for k in LIVE if getattr(new, k) != getattr(old, k))
-        if not changed:
-            return
-        self.ctx.cfg = new
-        self.apply_live_config(old, new)
-        log.info("stage=config applied live: %s", ", ".join(f"{k}={getattr(new, k)}" for k in changed))
+        with self.ctx.cfg_lock:     # one change of ctx.cfg at a time (cluster settings too)
+            old = self.ctx.cfg
+            if not old.source:
+                return                     # no config file: nothing to reload
+            try:
+                fresh = cfgmod._flatten(cfgmod.read_toml(old.source), old.source)
+                new = cfgmod.with_overrides(old, **{k: v for k, v in fresh.items() if k in LIVE})
+            except (ConfigError, TypeError) as e:
+                log.error("stage=config %s not applied: %s", old.source, e)
+                return
+            others = sorted(k for k, v in fresh.items() if k not in LIVE and k not in ("data", "secret_file")
+                            and getattr(old, k, v) != v)
+            if others:
+                log.warning("stage=config %s changed %s: needs a restart, not applied",
+                            old.source, ", ".join(others))
+            changed = sorted(k for k in LIVE if getattr(new, k) != getattr(old, k))
+            if not changed:
+                return
+            self.ctx.cfg = new
+            self.apply_live_config(old, new)
+            log.info("stage=config applied live: %s", ", ".join(f"{k}={getattr(new, k)}" for k in changed))
