@@ -219,8 +219,14 @@ def accept_loop(sock: socket.socket, stop: threading.Event,
                 log: logging.Logger, name: str, poll: float = 0.5) -> None:
     """Accept on ``sock`` until ``stop`` is set, passing each connection and its peer
     ("host:port") to ``handle``, which must not block. Waking every ``poll`` seconds
-    lets a foreground server run signal handlers and notice ``stop``."""
-    sock.settimeout(poll)
+    lets a foreground server run signal handlers and notice ``stop``. A socket closed
+    before the loop starts (a server stopped at once) ends it quietly."""
+    try:
+        sock.settimeout(poll)
+    except OSError as e:
+        if not stop.is_set():
+            log.error("%s: the listening socket failed (%s); no longer accepting connections", name, e)
+        return
     failures = 0
     backoff = MIN_BACKOFF
     report = Every()
