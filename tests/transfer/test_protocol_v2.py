@@ -18,6 +18,7 @@ from transfer.auth import server_handshake
 from transfer.frames import FrameType, read_frame, write_frame
 from transfer.messages import Chunk, Demand, End, Manifest
 from transfer.transport import SocketConn
+from transfer.errors import RemoteError
 from transfer_helpers import SECRET, Proxy, peer_of, read, write_part
 
 MB = 1 << 20
@@ -223,6 +224,8 @@ def test_chunk_data_whose_checksum_matches_but_not_its_mac_is_never_installed(ds
     """The checksum in a CHUNK frame (xxh3) is no cryptographic hash: data forged on the
     path to match it must still fail the chunk's MAC (Poly1305 under a key of the
     session), so nothing is installed (the demander asks again, then gives up)."""
+    gave_up: list[RemoteError] = []
+
     def script(conn: SocketConn, d: Demand) -> None:
         write_frame(conn, FrameType.MANIFEST, Manifest(1, MB, 4096, 256, MB).to_body())
         read_frame(conn, expect=[FrameType.ACCEPT])
@@ -233,7 +236,11 @@ def test_chunk_data_whose_checksum_matches_but_not_its_mac_is_never_installed(ds
         read_frame(conn, expect=[FrameType.RECEIVED])
         write_frame(conn, FrameType.END, End(1, MB, 0).to_body())
         for _ in range(8):                     # each re-request gets the forgery again
-            fr = read_frame(conn, expect=[FrameType.RESEND])
+            try:
+                fr = read_frame(conn, expect=[FrameType.RESEND])
+            except RemoteError as e:           # the demander gave up: its ERROR frame
+                gave_up.append(e)
+                return
             assert fr.body["chunks"] == [0]
             write_frame(conn, FrameType.CHUNK, chunk.to_body())
             conn.send(forged)
@@ -242,4 +249,5 @@ def test_chunk_data_whose_checksum_matches_but_not_its_mac_is_never_installed(ds
     with pytest.raises(ChecksumError):
         _fetch(peer, dst, 0)
     t.join(10)
+    assert gave_up and "CHECKSUM" in str(gave_up[0])     # said to the supplier, once
     assert not os.path.exists(os.path.join(dst, "part-0.bin"))
