@@ -183,11 +183,11 @@ def test_supplier_killed_mid_send_and_old_owner_mid_eviction(tmp_path, nodes):
     finish_and_check(w, nodes, secret)
 
 
-def slow_moves(replay_rate: int, partitions: int = 8) -> str:
+def slow_moves(replay_rate: int, partitions: int = 8, transfer_rate: int = 5000) -> str:
     """Files mode with a transfer of a few seconds per partition (updates pile up in
     the temp WAL meanwhile) and a replay limited to ``replay_rate`` records/s."""
     return (FILES.replace("mode = \"files\"", f"mode = \"files\"\nreplay_rate_limit = {replay_rate}\n"
-                          "[transfer]\nrate_limit = 5000")
+                          f"[transfer]\nrate_limit = {transfer_rate}")
             .replace("partitions = 8", f"partitions = {partitions}"))
 
 
@@ -196,7 +196,7 @@ def test_move_converges_when_writes_outrun_the_replay(tmp_path, nodes):
     """Two partitions, three writers: each partition takes far more updates per second
     than the replay (limited to 40 records/s) applies. Backpressure slows the
     acknowledgements of a partition in replay, so every move still finishes."""
-    secret, cfg, n1, n2 = start_pair(tmp_path, nodes, slow_moves(40, partitions=2))
+    secret, cfg, n1, n2 = start_pair(tmp_path, nodes, slow_moves(40, partitions=2, transfer_rate=15000))
     ws = [Writer([n1.address], secret) for _ in range(3)]
     for i, w in enumerate(ws):
         w.i = i * 10_000_000
