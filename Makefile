@@ -40,8 +40,11 @@ demo: sysdeps-demo $(STAMP)
 	$(VENV)/bin/ferry demo
 
 # system packages first: the editable install compiles the C accelerators with gcc
+# Three workers on two cores: about half of the suite's time is waiting (clusters
+# settling, leases expiring, Spark starting), not CPU. TEST_WORKERS=2 for a slower machine.
+TEST_WORKERS ?= 3
 test: sysdeps $(STAMP) lint
-	$(PY) -m pytest -n 2 -q
+	$(PY) -m pytest -n $(TEST_WORKERS) -q
 
 # ruff and mypy, as configured in pyproject.toml ([tool.ruff], [tool.mypy])
 lint: $(STAMP)
@@ -55,7 +58,7 @@ sysdeps-demo:
 	./scripts/system-deps demo
 
 test-quick: $(STAMP)
-	$(PY) -m pytest -n 2 -q -m "not slow"
+	$(PY) -m pytest -n $(TEST_WORKERS) -q -m "not slow"
 
 # every benchmark with its defaults (docs/benchmarks.md); the control-plane one has two
 bench: $(STAMP)
