@@ -5,7 +5,8 @@ transfer stage, the whole rebalance's over its wall time) beside the raw rate of
 machine, measured in the same run (:func:`raw_sendfile_rate`). Right
 after the rebalance, with the writer still writing, Spark validates the RUNNING cluster
 (live mode: each partition's copies fetched through the transfer agents at one fenced
-counter, validation/live.py). Then the nodes stop, the demo checks the invariants on
+counter, validation/live.py; authenticated as the nodes' links are, with the cluster
+secret or, with ``tls``, a validator certificate). Then the nodes stop, the demo checks the invariants on
 the files every node left, and the Spark job validates those files (folder mode)
 against the model of acknowledged writes.
 
@@ -108,12 +109,19 @@ def run_cluster_demo(root: str, *, entries: int, value_size: int, partitions: in
 def links_line(tls: bool) -> str:
     """How the nodes' links are authenticated, for the demo's output."""
     if tls:
-        return "mutual TLS 1.3 (a certificate of the cluster CA per node and for the demo's clients)"
+        return ("mutual TLS 1.3 (a certificate of the cluster CA per node, for the demo's clients "
+                "and for the live validator)")
     return "shared secret (HMAC handshake, sealed frames, no encryption; --tls: mutual TLS)"
 
 
-# the live validation's executors authenticate with the cluster secret (validation/live.py)
-LIVE_NEEDS_SECRET = "it authenticates with the cluster secret: ferry demo without --tls runs it"
+def validator_line(c: LocalCluster) -> str:
+    """How the live validation authenticates, for the demo's output and summary."""
+    files = c.validator_tls
+    if files is None:
+        return "the cluster secret"
+    from transfer.tls import file_identity
+    who = file_identity(files.cert)
+    return f"mutual TLS, certificate {who.role}/{who.name}" if who is not None else "mutual TLS"
 
 
 def _run(root: str, *, entries: int, value_size: int, partitions: int, nodes: int,
@@ -160,9 +168,6 @@ def _run(root: str, *, entries: int, value_size: int, partitions: int, nodes: in
         time.sleep(0.5)                     # writes after OWNING go to the new owners
         if spark is None:
             live = dict(SKIPPED)
-        elif tls:
-            live = {"passed": None, "skipped": LIVE_NEEDS_SECRET}
-            ui.step(f"live validation skipped: {LIVE_NEEDS_SECRET}")
         else:
             live = validate_live(ui, spark, c, writer, master)
         writer.stop_evt.set()
@@ -269,22 +274,29 @@ SKIPPED: dict[str, Any] = {"passed": None, "skipped": "--no-validate"}
 def validate_live(ui: DemoUI, spark: DemoSpark, c: LocalCluster, writer: Writer,
                   master: str) -> dict[str, Any]:
     """Live validation of the running cluster while ``writer`` writes: the
-    ``live_validation`` object of the summary. A cluster the validator cannot reach
-    (or that refuses its secret) is a failed check, not a crash of the demo."""
+    ``live_validation`` object of the summary. With ``tls`` every connection of the
+    validation (the map, the fences, the file fetches) is mutual TLS with the cluster's
+    validator certificate (``ferry://validator/spark``), else the cluster secret. A
+    cluster the validator cannot reach (or that refuses its secret or certificate) is a
+    failed check, not a crash of the demo."""
     from validation import ValidationError
     from validation.live import LiveSettings
 
+    auth = validator_line(c)
     ui.step(f"validating the running cluster with Spark ({master}) through the transfer "
-            f"agents while the writer writes")
+            f"agents while the writer writes ({auth})")
     before = writer.writes
+    files = c.validator_tls
+    settings = (LiveSettings(seeds=c.seeds, tls=files) if files is not None
+                else LiveSettings(seeds=c.seeds, secret_file=c.secret_file))
     try:
-        v = spark.validate("live validation", [], live=LiveSettings(seeds=c.seeds,
-                                                                      secret_file=c.secret_file),
+        v = spark.validate("live validation", [], live=settings,
                            reading="each partition: fence, a snapshot of every copy at one "
                                    "counter, unfence, fetch")
     except ValidationError as e:
-        return {"passed": False, "error": str(e), "writes_during": writer.writes - before}
-    return live_summary(v, writer.writes - before)
+        return {"passed": False, "error": str(e), "writes_during": writer.writes - before,
+                "auth": auth}
+    return dict(live_summary(v, writer.writes - before), auth=auth)
 
 
 def live_summary(v: dict[str, Any], writes_during: int) -> dict[str, Any]:

@@ -30,8 +30,8 @@ from .demo_ui import passed as demo_passed
                    "so the moves are not paced while the writer writes.")
 @click.option("--tls", "use_tls", is_flag=True,
               help="The nodes' links mutual TLS (certificates of the cluster's CA, one per "
-                   "node and one for the demo's clients) instead of the shared secret; the "
-                   "live validation is then skipped (it authenticates with the secret).")
+                   "node, one for the demo's clients and one for the live validator) instead "
+                   "of the shared secret.")
 @click.option("--partitions", default=16, show_default=True)
 @click.option("--nodes", default=3, show_default=True, help="Nodes before the join.")
 @click.option("--no-validate", is_flag=True, help="Skip the Spark validation job.")
@@ -46,7 +46,8 @@ def demo(root: str | None, entries: int | None, value_size: int | None, raw_mb: 
     secret; --tls: mutual TLS with certificates of the cluster's CA), loads 512 MB of indexed entries (16 partitions
     of about 32 MB), measures a raw sendfile over loopback, adds a 4th node and moves its
     partitions file-based while a writer keeps writing, validates the running cluster
-    with Spark (live mode, the writer still writing; not with --tls), then checks the invariants on
+    with Spark (live mode, the writer still writing; with --tls over mutual TLS with a
+    validator certificate), then checks the invariants on
     every node's files and runs the Spark validation job on them. The summary gives
     each move's rate, the whole rebalance's, and the raw rate beside them.
     Exit 0 only when every invariant holds and both validations pass."""

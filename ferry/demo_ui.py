@@ -419,9 +419,10 @@ def _live(ui: DemoUI, v: dict[str, Any]) -> None:
     if "error" in v:
         out.print(f"[bold]Live validation[/]  {_mark(ui, False)}: {escape(v['error'])}")
         return
+    via = f" ({escape(str(v['auth']))})" if v.get("auth") else ""
     out.print(f"[bold]Live validation[/]  {_mark(ui, v['passed'])}: {v['partitions_checked']} "
               f"partitions of the running cluster, {v['entries']:,} entries, {v['seconds']} s, "
-              f"{v['writes_during']:,} writes meanwhile")
+              f"{v['writes_during']:,} writes meanwhile{via}")
     out.print("  each partition's copies compared at one counter (fenced, then snapshotted):")
     grid = Table.grid(padding=(0, 1))
     for _ in range(LIVE_COLUMNS):

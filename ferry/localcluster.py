@@ -25,7 +25,9 @@ etcd's certificates), each node a certificate ``ferry://node/<id>`` named in
 ``[tls]`` of its own ``ROOT/<id>.toml`` (``node.toml`` plus that section; no secret
 is passed), and the cluster's clients (:meth:`LocalCluster.client`, :meth:`pool`,
 the status and move polls; :meth:`client_env` for ``ferry cluster`` commands) a
-client certificate ``ferry://client/localcluster``.
+client certificate ``ferry://client/localcluster``. A live validation of the cluster
+(``validation.live.LiveSettings(seeds=c.seeds, tls=c.validator_tls)``) uses a validator
+certificate ``ferry://validator/spark``.
 """
 from __future__ import annotations
 
@@ -71,12 +73,14 @@ field = "city"
 
 
 CLIENT_NAME = "localcluster"
+VALIDATOR_NAME = "spark"
 
 
 class ClusterCerts:
     """A cluster CA in ``ca_dir`` (``node.certs.init_ca``, made once) and the
     certificates it signs into ``out_dir`` (``node.certs.issue``, made once per name):
-    what ``ferry certs init`` and ``ferry certs issue --node ID | --client NAME`` write."""
+    what ``ferry certs init`` and ``ferry certs issue --node ID | --client NAME |
+    --validator NAME`` write."""
 
     def __init__(self, ca_dir: str, out_dir: str, name: str = "ferry-local-ca") -> None:
         from node import certs
@@ -88,7 +92,7 @@ class ClusterCerts:
     def _files(self, name: str, role: str) -> "TlsFiles":
         from node import certs
         from transfer.tls import TlsFiles
-        sub = os.path.join(self.out_dir, f"{role}s")           # nodes/, clients/
+        sub = os.path.join(self.out_dir, f"{role}s")           # nodes/, clients/, validators/
         crt, key = os.path.join(sub, f"{name}.crt"), os.path.join(sub, f"{name}.key")
         if not (os.path.exists(crt) and os.path.exists(key)):
             out = certs.issue(self.ca_dir, name, sub, role=role)
@@ -102,6 +106,11 @@ class ClusterCerts:
     def client(self, name: str = CLIENT_NAME) -> "TlsFiles":
         """The files of client ``name`` (``ferry://client/<name>``: the client methods)."""
         return self._files(name, "client")
+
+    def validator(self, name: str = VALIDATOR_NAME) -> "TlsFiles":
+        """The files of live validator ``name`` (``ferry://validator/<name>``: the map,
+        the validation fence and fetching partition files)."""
+        return self._files(name, "validator")
 
 
 def tls_section(files: "TlsFiles") -> str:
@@ -309,6 +318,11 @@ class LocalCluster:
     def client_tls(self) -> "TlsFiles | None":
         """The client certificate of this cluster's clients (None: the secret)."""
         return self.certs.client() if self.certs is not None else None
+
+    @property
+    def validator_tls(self) -> "TlsFiles | None":
+        """The certificate a live validation of this cluster uses (None: the secret)."""
+        return self.certs.validator() if self.certs is not None else None
 
     def client_env(self) -> dict[str, str]:
         """Environment for a ``ferry cluster`` command run against this cluster: with

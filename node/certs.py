@@ -14,7 +14,9 @@ The same CA signs the certificates of Ferry's own connections (mutual TLS for no
 client RPC and file transfers, :mod:`transfer.tls`): ``--node ID`` makes a node's
 certificate (a subject alternative name URI ``ferry://node/ID``, usable as server and
 client), ``--client NAME`` a client's (``ferry://client/NAME``, client use only: the
-client methods, never a node-only method or a transfer).
+client methods, never a node-only method or a transfer), ``--validator NAME`` a live
+validator's (``ferry://validator/NAME``, client use only: the map, the validation
+fence and fetching partition files; nothing else).
 
 Keys are ECDSA P-256, written 0600; certificates are valid for ``days`` (a year by
 default, the CA ten).
@@ -141,17 +143,17 @@ def issue(ca_dir: str, name: str, out_dir: str | None = None, *, server: bool = 
     may also be used as a client (etcd members dial each other with it). A client
     certificate names ``name`` in its organizational unit, and as its common name only
     with ``cn`` (etcd's gateway refuses a client certificate with a common name).
-    ``role`` ``node`` or ``client`` adds the Ferry identity ``ferry://ROLE/NAME`` (a
-    node certificate is also a server certificate; node ids follow the node config's
-    rule: letters, digits, ``_ . -``)."""
+    ``role`` ``node``, ``client`` or ``validator`` adds the Ferry identity
+    ``ferry://ROLE/NAME`` (a node certificate is also a server certificate; names
+    follow the node config's id rule: letters, digits, ``_ . -``)."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
     if not name or "/" in name or name.startswith(".") or len(name) > 64:
         raise ConfigError(f"certificate name {name!r}: 1-64 characters, no '/', not starting with '.'")
-    if role not in (None, "node", "client"):
-        raise ConfigError(f"certificate role {role!r}: node or client")
+    if role not in (None, "node", "client", "validator"):
+        raise ConfigError(f"certificate role {role!r}: node, client or validator")
     if role is not None and not _IDENT.match(name):
         raise ConfigError(f"{role} name {name!r} must be 1-64 letters, digits, _ . - (as a node id)")
     server = server or role == "node"

@@ -15,7 +15,8 @@ class InputError(click.ClickException):
 def certs() -> None:
     """A CA and certificates: for etcd (the control plane: server certificates for its
     members, client certificates for nodes and operators) and for Ferry's own mutual
-    TLS (node RPC, client RPC, file transfers: --node ID and --client NAME)."""
+    TLS (node RPC, client RPC, file transfers: --node ID, --client NAME and
+    --validator NAME)."""
 
 
 @certs.command("init")
@@ -43,6 +44,9 @@ def certs_init(ca_dir: str, name: str, days: int, force: bool) -> None:
               "the node id, named as the URI ferry://node/NAME (server and client use).")
 @click.option("--client", "as_client", is_flag=True, help="A Ferry client's certificate for mutual TLS "
               "(ferry://client/NAME): the client methods only, never a node-only method or a transfer.")
+@click.option("--validator", "as_validator", is_flag=True, help="A live validator's certificate for mutual "
+              "TLS (ferry://validator/NAME, for ferry validate --cluster): the map, the validation fence "
+              "and fetching partition files; no write and no other node-only method.")
 @click.option("--ip", "ips", multiple=True, help="IP address the server is reached at (repeatable; "
               "default with --server and no --dns: 127.0.0.1 and ::1).")
 @click.option("--dns", multiple=True, help="Host name the server is reached at (repeatable).")
@@ -51,15 +55,15 @@ def certs_init(ca_dir: str, name: str, days: int, force: bool) -> None:
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), help="Folder for NAME.crt and NAME.key "
               "(default: CA_DIR).")
 @click.option("--days", type=click.IntRange(1, 36500), default=365, show_default=True)
-def certs_issue(ca_dir: str, name: str, server: bool, as_node: bool, as_client: bool, ips: tuple[str, ...],
-                dns: tuple[str, ...], cn: bool, out_dir: str | None, days: int) -> None:
+def certs_issue(ca_dir: str, name: str, server: bool, as_node: bool, as_client: bool, as_validator: bool,
+                ips: tuple[str, ...], dns: tuple[str, ...], cn: bool, out_dir: str | None, days: int) -> None:
     """Sign a certificate NAME with the CA in CA_DIR (an etcd client certificate unless
-    --server, --node or --client)."""
+    --server, --node, --client or --validator)."""
     from .certs import issue
     from .errors import ConfigError
-    if as_node + as_client + server > 1:
-        raise InputError("--server, --node and --client are exclusive: one certificate, one role")
-    role = "node" if as_node else "client" if as_client else None
+    if as_node + as_client + as_validator + server > 1:
+        raise InputError("--server, --node, --client and --validator are exclusive: one certificate, one role")
+    role = "node" if as_node else "client" if as_client else "validator" if as_validator else None
     try:
         out = issue(ca_dir, name, out_dir, server=server, ips=ips, dns=dns, days=days, cn=cn, role=role)
     except ConfigError as e:

@@ -15,9 +15,16 @@ the others are plain values of a precise type. A reply that does not decode rais
 reply never reaches the caller as a half-read map.
 
 :data:`METHODS` maps each method name to its request class, its reply decoder, the
-roles that may call it (``client`` and/or ``node``) and, for a node-only method, the
-argument naming the calling node (checked against the caller's TLS certificate by
-node/rpc.py). ``CLIENT_METHODS`` and ``NODE_CLAIMS`` (node/node.py) derive from it.
+roles that may call it (``client``, ``node``, ``validator``) and, for a node-only
+method, the argument naming the calling node (checked against the caller's TLS
+certificate by node/rpc.py). ``CLIENT_METHODS``, ``VALIDATOR_METHODS`` and
+``NODE_CLAIMS`` (node/node.py) derive from it.
+
+The ``validator`` role is a live validator's TLS certificate (``ferry://validator/NAME``,
+``ferry validate --cluster``): ``ping``, ``get_map``, ``validate_fence`` and
+``validate_unfence`` only. It writes nothing and calls no other node-only method (no
+replicate, register, handoff, demand, unfence ...). With the shared secret a validator
+authenticates as a node.
 
 A caller sends a request with :meth:`Requester.request` (``Pool.request(address,
 Put(...))``), which returns the decoded reply; ``Pool.call(address, name, **args)``
@@ -37,9 +44,11 @@ from .jsonvalue import JsonDoc, WireDoc
 
 R = TypeVar("R")
 
-CLIENT, NODE = "client", "node"
+CLIENT, NODE, VALIDATOR = "client", "node", "validator"
 BOTH = frozenset({CLIENT, NODE})
 NODES = frozenset({NODE})
+READ_MAP = frozenset({CLIENT, NODE, VALIDATOR})    # the map and ping: every role
+FENCERS = frozenset({NODE, VALIDATOR})             # a live validation's fence
 
 MAX_PARTITION = 2**31 - 1
 MAX_INT = 2**63 - 1
@@ -662,8 +671,8 @@ def _table(*methods: Method[Any]) -> dict[str, Method[Any]]:
 
 METHODS: dict[str, Method[Any]] = _table(
     # client methods (a node may call them too)
-    Method(Ping, PingReply.from_wire, BOTH),
-    Method(GetMap, MapPage.from_wire, BOTH),
+    Method(Ping, PingReply.from_wire, READ_MAP),
+    Method(GetMap, MapPage.from_wire, READ_MAP),
     Method(Put, _reply_int, BOTH),
     Method(PutBatch, _reply_counters, BOTH),
     Method(Get, _reply_value, BOTH),
@@ -675,7 +684,7 @@ METHODS: dict[str, Method[Any]] = _table(
     Method(AdmissionStatus, _doc, BOTH),
     Method(Metrics, _reply_text, BOTH),
     Method(Leave, _reply_bool, BOTH),
-    # node-only methods
+    # node-only methods (the validation fence: a live validator's too)
     Method(Replicate, _reply_replicate, NODES, claim="primary"),
     Method(ReplicateBatch, _reply_replicate, NODES, claim="primary"),
     Method(JoinIsr, _reply_join, NODES, claim="node"),
@@ -687,24 +696,34 @@ METHODS: dict[str, Method[Any]] = _table(
     Method(Unfence, _reply_bool, NODES),
     Method(AckLatency, _latency, NODES),
     Method(HoldsQuery, Holds.from_wire, NODES),
-    Method(ValidateFence, Fence.from_wire, NODES),
-    Method(ValidateUnfence, _reply_bool, NODES),
+    Method(ValidateFence, Fence.from_wire, FENCERS),
+    Method(ValidateUnfence, _reply_bool, FENCERS),
     Method(DebugSet, _reply_int, NODES),
 )
 
 CLIENT_METHODS = frozenset(name for name, m in METHODS.items() if CLIENT in m.roles)
+VALIDATOR_METHODS = frozenset(name for name, m in METHODS.items() if VALIDATOR in m.roles)
 NODE_CLAIMS = {name: m.claim for name, m in METHODS.items() if m.claim is not None}
 
 
 def decode_request(method: str, args: object, role: str) -> Req[Any]:
     """The typed request of a REQUEST frame, or BadRequest: an unknown method, a
-    node-only method asked by a client, or arguments that do not decode."""
+    method the caller's role may not call (a node-only method asked by a client, any
+    but the validator's methods asked by a validator), or arguments that do not decode."""
     m = METHODS.get(method)
     if m is None:
         raise BadRequest(f"unknown method {method[:64]!r}")
     if role not in m.roles:
-        raise BadRequest(f"method {method!r} is for nodes only")
+        raise BadRequest(_not_for(method, m, role))
     return m.request.from_wire(args)
+
+
+def _not_for(method: str, m: Method[Any], role: str) -> str:
+    if CLIENT not in m.roles:
+        extra = " (and live validators)" if VALIDATOR in m.roles else ""
+        return f"method {method!r} is for nodes only{extra}"
+    return (f"method {method!r} is not for a {role} certificate: a live validator may call "
+            f"{', '.join(sorted(VALIDATOR_METHODS))} only")
 
 
 def encode_reply(result: object) -> object:
@@ -766,7 +785,7 @@ def fetch_map_page(pool: Requester, address: str, start: int, count: int, *,
         raise BadReply(f"{address} answered get_map with a malformed map: {e!r}"[:400]) from None
 
 
-__all__ = ["METHODS", "Method", "Req", "Reply", "Requester", "CLIENT_METHODS", "NODE_CLAIMS",
+__all__ = ["METHODS", "Method", "Req", "Reply", "Requester", "CLIENT_METHODS", "VALIDATOR_METHODS", "NODE_CLAIMS",
            "decode_request", "encode_reply", "fetch_map", "fetch_map_page", "Invalid",
            "Ping", "PingReply", "GetMap", "MapPage", "Put", "PutBatch", "Get", "Remove", "Lookup",
            "Range", "Row", "Moves", "MovesDone", "MOVES_PAGE", "AdmissionStatus", "Metrics", "Leave",

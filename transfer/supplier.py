@@ -33,7 +33,7 @@ from .pipeline import SLICE, AheadHasher, Preimages, chunk_as_of_c, chunk_checks
 from .resume import checksum
 from .stages import Stages
 from .storage import Snapshot, TransferStorage
-from .tls import NODE, TlsContexts
+from .tls import FETCHERS, TlsContexts
 from .transport import Conn, SocketConn
 
 log = logging.getLogger("ferry.transfer")
@@ -75,10 +75,11 @@ class SupplierSession:
                         send_error(self.conn, ErrorCode.AUTH, "this supplier takes TLS over TCP only")
                         raise AuthError(f"{self.conn.peer}: TLS needs a TCP connection")
                     else:
-                        # a node's certificate only: a client's may not read partition files
+                        # a node's or a live validator's certificate: a client's may
+                        # not read partition files
                         self.conn = tls.accept(self.conn.sock, self.conn.peer,
                                                deadline=self.server.handshake_timeout,
-                                               roles=(NODE,), what="fetch partition files")
+                                               roles=FETCHERS, what="fetch partition files")
                 finally:
                     self.server.gate.leave()     # authenticated (or gone): no longer counted
             while self._serve_one():
@@ -376,7 +377,7 @@ class SupplierServer:
                  max_resend_rounds: int = MAX_RESEND_ROUNDS, tls: TlsContexts | None = None) -> None:
         self.storage = storage
         self.secret = secret
-        self.tls = tls         # mutual TLS (node certificates only) instead of the secret
+        self.tls = tls         # mutual TLS (node and validator certificates) instead of the secret
         self.limits = limits or Limits()
         self.timeout = timeout
         self.handshake_timeout = handshake_timeout

@@ -5,11 +5,14 @@ Both sides present a certificate signed by the cluster's CA (``ferry certs``) an
 check the other's; TLS 1.3 only. Who a peer is comes from its certificate alone, from
 a subject alternative name URI:
 
-    ferry://node/<id>       a node of the cluster (may call every method, supply and
-                            demand partition files)
-    ferry://client/<name>   a client (the client methods only; no transfers)
+    ferry://node/<id>          a node of the cluster (may call every method, supply
+                               and demand partition files)
+    ferry://client/<name>      a client (the client methods only; no transfers)
+    ferry://validator/<name>   a live validator (``ferry validate --cluster``): reads
+                               the map, fences a partition for a validation and
+                               fetches partition files; no write, no other method
 
-A certificate with neither (an etcd server certificate of the same CA, say) is
+A certificate with none of them (an etcd server certificate of the same CA, say) is
 refused. Host names are not checked: the dialling side instead compares the node id
 in the peer's certificate with the member it meant to reach (``expect``).
 
@@ -49,7 +52,10 @@ log = logging.getLogger("ferry.tls")
 
 NODE_URI = "ferry://node/"
 CLIENT_URI = "ferry://client/"
-NODE, CLIENT = "node", "client"
+VALIDATOR_URI = "ferry://validator/"
+NODE, CLIENT, VALIDATOR = "node", "client", "validator"
+ROLES = (NODE, CLIENT, VALIDATOR)     # every identity a certificate may name
+FETCHERS = (NODE, VALIDATOR)          # the roles a file supplier serves (clients: never)
 ULP_FILE = "/proc/sys/net/ipv4/tcp_available_ulp"
 
 # What FetchResult.path / `ferry transfer fetch --json` report for the data path
@@ -70,7 +76,7 @@ class TlsFiles:
 
 @dataclass(frozen=True)
 class Peer:
-    """Who a certificate names: ``role`` is ``node`` or ``client``."""
+    """Who a certificate names: ``role`` is ``node``, ``client`` or ``validator``."""
     role: str
     name: str
 
@@ -91,7 +97,7 @@ def ktls_available(path: str = ULP_FILE) -> bool:
 def identity_of(uris: list[str]) -> Peer | None:
     """The identity the ``ferry://`` URIs of a certificate give (None: none of them)."""
     for uri in uris:
-        for prefix, role in ((NODE_URI, NODE), (CLIENT_URI, CLIENT)):
+        for prefix, role in ((NODE_URI, NODE), (CLIENT_URI, CLIENT), (VALIDATOR_URI, VALIDATOR)):
             if uri.startswith(prefix) and len(uri) > len(prefix) and "/" not in uri[len(prefix):]:
                 return Peer(role, uri[len(prefix):])
     return None
@@ -136,8 +142,8 @@ def _load(files: TlsFiles) -> tuple[ssl.SSLContext, ssl.SSLContext, Peer]:
     me = file_identity(files.cert)
     if me is None:
         raise TlsError(f"certificate {files.cert} names no Ferry identity (a subject alternative "
-                       f"name {NODE_URI}ID or {CLIENT_URI}NAME): issue it with `ferry certs issue "
-                       "--node ID` or `--client NAME`")
+                       f"name {NODE_URI}ID, {CLIENT_URI}NAME or {VALIDATOR_URI}NAME): issue it with "
+                       "`ferry certs issue --node ID`, `--client NAME` or `--validator NAME`")
     out = []
     for purpose in (ssl.PROTOCOL_TLS_SERVER, ssl.PROTOCOL_TLS_CLIENT):
         ctx = ssl.SSLContext(purpose)
@@ -211,7 +217,7 @@ class TlsContexts:
 
     # -- connections ------------------------------------------------------------------
     def accept(self, sock: socket.socket, peer: str, *, deadline: float,
-               roles: tuple[str, ...] = (NODE, CLIENT), what: str = "connect") -> "TlsConn":
+               roles: tuple[str, ...] = ROLES, what: str = "connect") -> "TlsConn":
         """The server side of a new TCP connection: TLS handshake within ``deadline``
         seconds, the peer's certificate checked (its role must be one of ``roles``;
         ``what`` names the refused action), then AUTH_OK or an ERROR frame saying why.
@@ -330,7 +336,8 @@ class TlsContexts:
         if who is None:
             ssock.close()
             raise TlsError(f"refused {peer}: its certificate names no ferry:// identity "
-                           f"({NODE_URI}ID or {CLIENT_URI}NAME)", stage="handshake", peer=peer)
+                           f"({NODE_URI}ID, {CLIENT_URI}NAME or {VALIDATOR_URI}NAME)", stage="handshake",
+                           peer=peer)
         return TlsConn(ssock, peer, who)
 
 
@@ -434,7 +441,8 @@ def load(files: TlsFiles | None) -> TlsContexts | None:
     return TlsContexts(files) if files is not None else None
 
 
-__all__ = ["TlsFiles", "TlsContexts", "TlsConn", "TlsError", "TlsCut", "Peer", "NODE", "CLIENT", "NODE_URI",
-           "CLIENT_URI", "ktls_available", "identity_of", "file_identity", "load",
+__all__ = ["TlsFiles", "TlsContexts", "TlsConn", "TlsError", "TlsCut", "Peer", "NODE", "CLIENT", "VALIDATOR",
+           "ROLES", "FETCHERS", "NODE_URI", "CLIENT_URI", "VALIDATOR_URI", "ktls_available", "identity_of",
+           "file_identity", "load",
            "PATH_SENDFILE", "PATH_TLS_USERSPACE", "PATH_KTLS_SENDFILE", "PATH_CHANNEL",
            "TransferError"]

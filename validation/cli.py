@@ -20,6 +20,14 @@ import click
               help="Live mode: the cluster's key prefix in etcd.")
 @click.option("--secret-file", type=click.Path(), default=None,
               help="Live mode: the cluster secret (mode 600).")
+@click.option("--tls-ca", type=click.Path(dir_okay=False), default=None,
+              help="Live mode, a cluster with mutual TLS: the cluster CA's certificate (with "
+                   "--tls-cert and --tls-key; replaces the secret).")
+@click.option("--tls-cert", type=click.Path(dir_okay=False), default=None,
+              help="Live mode, mutual TLS: a validator certificate, ferry://validator/NAME "
+                   "(ferry certs issue CA_DIR NAME --validator).")
+@click.option("--tls-key", type=click.Path(dir_okay=False), default=None,
+              help="Live mode, mutual TLS: the certificate's key.")
 @click.option("--cache", "caches", multiple=True, help="Live mode: only this cache (repeatable).")
 @click.option("--parallel", type=click.IntRange(min=1), default=4, show_default=True,
               help="Live mode: partitions fenced and fetched at once, cluster-wide.")
@@ -43,7 +51,8 @@ import click
 @click.option("--conf", multiple=True, metavar="KEY=VALUE",
               help="Extra Spark setting (repeatable).")
 def validate(dirs: tuple[str, ...], cluster: str | None, control_plane: str | None, prefix: str,
-             secret_file: str | None, caches: tuple[str, ...], parallel: int, rate: str | None,
+             secret_file: str | None, tls_ca: str | None, tls_cert: str | None, tls_key: str | None,
+             caches: tuple[str, ...], parallel: int, rate: str | None,
              partitions: int | None, master: str, expected: str | None, as_json: bool,
              report: str | None, export: tuple[str, str] | None, max_keys: int,
              conf: tuple[str, ...]) -> None:
@@ -53,7 +62,8 @@ def validate(dirs: tuple[str, ...], cluster: str | None, control_plane: str | No
     DIR is a node data folder (DIR/caches/<cache>/part-<p>.bin, node id in
     DIR/node.id) or a folder of part-<p>.bin files. Live mode fetches every in-sync
     copy through the nodes' transfer agents, all copies of a partition at one update
-    counter. Exit status: 0 passed, 1 replicas diverge / corrupt pages /
+    counter; it authenticates with --secret-file, or on a cluster with mutual TLS with
+    a validator certificate (--tls-ca, --tls-cert, --tls-key). Exit status: 0 passed, 1 replicas diverge / corrupt pages /
     expected-data mismatches / copies not checked, 2 error.
     """
     from .errors import ValidationError
@@ -62,7 +72,7 @@ def validate(dirs: tuple[str, ...], cluster: str | None, control_plane: str | No
     try:
         settings = parse_conf(list(conf))
         live = live_settings(cluster, control_plane, prefix, secret_file, list(caches),
-                             parallel, rate)
+                             parallel, rate, (tls_ca, tls_cert, tls_key))
     except ValidationError as exc:
         raise click.UsageError(str(exc)) from exc
     if not dirs and live is None:

@@ -28,6 +28,12 @@ class WrongSecret(ValidationError):
     """The cluster refused the secret the validator holds."""
 
 
+class CertificateRefused(ValidationError):
+    """Mutual TLS with the cluster failed: a node refused the validator's certificate
+    (another CA's, say), the validator refused the node's, or the certificate is not
+    one a live validator can use."""
+
+
 class UnknownCache(ValidationError):
     """A cache that the cluster does not have."""
 

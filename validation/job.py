@@ -3,7 +3,8 @@ expected data, render the outcome. Runs three ways, all through
 :func:`validate_outcome`:
 
     ferry validate DATA1 DATA2 ...                         (validation/cli.py)
-    ferry validate --cluster HOST:PORT --secret-file F     (live mode: validation.live)
+    ferry validate --cluster HOST:PORT --secret-file F     (live mode: validation.live;
+                   or --tls-ca CA --tls-cert CERT --tls-key KEY instead of the secret)
     spark-submit validation/job.py DATA1 DATA2 ...         (this file as a script)
     validation.validate([...]) -> dict                     (harness, ferry demo)
 """
@@ -217,6 +218,10 @@ def add_live_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--control-plane", default=None, help="etcd URL[,...] (live mode)")
     ap.add_argument("--prefix", default=live_mod.DEFAULT_PREFIX)
     ap.add_argument("--secret-file", default=None)
+    ap.add_argument("--tls-ca", default=None, help="mutual TLS: the cluster CA's certificate")
+    ap.add_argument("--tls-cert", default=None, help="mutual TLS: a validator certificate "
+                    "(ferry://validator/NAME)")
+    ap.add_argument("--tls-key", default=None, help="mutual TLS: its key")
     ap.add_argument("--cache", action="append", default=[])
     ap.add_argument("--parallel", type=int, default=live_mod.DEFAULT_PARALLEL)
     ap.add_argument("--rate", default=None, help="bytes/s of validation transfers (200MB, 0 = unlimited)")
@@ -225,9 +230,22 @@ def add_live_arguments(ap: argparse.ArgumentParser) -> None:
 
 def live_settings(cluster: str | None, control_plane: str | None, prefix: str,
                   secret_file: str | None, caches: list[str], parallel: int,
-                  rate: str | None) -> live_mod.LiveSettings | None:
-    """The live-mode settings of the command line, or None (folder mode)."""
+                  rate: str | None, tls: tuple[str | None, str | None, str | None] = (None, None, None),
+                  ) -> live_mod.LiveSettings | None:
+    """The live-mode settings of the command line, or None (folder mode). ``tls``: the
+    --tls-ca, --tls-cert and --tls-key paths (all three or none; they replace the
+    secret)."""
+    if any(tls) and not all(tls):
+        missing = ", ".join(f"--tls-{k}" for k, v in zip(("ca", "cert", "key"), tls) if not v)
+        raise ValidationError(f"mutual TLS needs all of --tls-ca, --tls-cert and --tls-key; {missing} "
+                              "not given")
+    if all(tls) and secret_file:
+        raise ValidationError("give --secret-file or --tls-ca/--tls-cert/--tls-key, not both: a "
+                              "cluster runs one of the two")
     if not cluster and not control_plane:
+        if any(tls):
+            raise ValidationError("--tls-ca/--tls-cert/--tls-key are for live mode (--cluster or "
+                                  "--control-plane)")
         return None
     from transfer import parse_rate
     try:
@@ -237,8 +255,14 @@ def live_settings(cluster: str | None, control_plane: str | None, prefix: str,
     if parallel < 1:
         raise ValidationError(f"--parallel {parallel}: use 1 or more")
     split = lambda v: [x for x in (v or "").split(",") if x]  # noqa: E731
+    files = None
+    if all(tls):
+        from transfer.tls import TlsFiles
+        ca, cert, key = tls
+        assert ca and cert and key
+        files = TlsFiles(ca, cert, key)
     return live_mod.LiveSettings(split(cluster), split(control_plane), prefix, secret_file,
-                                 list(caches), parallel, bps or None)
+                                 list(caches), parallel, bps or None, files)
 
 
 def _from_spark(exc: BaseException) -> bool:
@@ -275,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         conf = parse_conf(a.conf)
         live = live_settings(a.cluster, a.control_plane, a.prefix, a.secret_file, a.cache,
-                             a.parallel, a.rate)
+                             a.parallel, a.rate, (a.tls_ca, a.tls_cert, a.tls_key))
     except ValidationError as exc:
         ap.error(str(exc))
     if not a.dirs and live is None:

@@ -1,11 +1,20 @@
 """Live mode on the driver: read the partition map of a running cluster, plan the
 executors' work, and say what each partition was compared at.
 
-The map comes from any node of ``--cluster HOST:PORT[,...]`` (RPC ``get_map``,
-authenticated with the cluster secret), or from the control plane: ``--control-plane
-URL`` lists the members in etcd (``P/members/*``) and asks one of them. Only
-partitions with a primary and in-sync copies are planned; the executors do the rest
-(validation.livesource). No partition file is ever read on the driver.
+The map comes from any node of ``--cluster HOST:PORT[,...]`` (RPC ``get_map``), or
+from the control plane: ``--control-plane URL`` lists the members in etcd
+(``P/members/*``) and asks one of them. Only partitions with a primary and in-sync
+copies are planned; the executors do the rest (validation.livesource). No partition
+file is ever read on the driver.
+
+Every connection of a validation (the driver's map, the executors' fences and file
+fetches) is authenticated one of two ways, as the cluster's nodes are: the cluster
+secret (``secret_file``: the validator is then a node to the cluster), or with
+``tls`` (``transfer.tls.TlsFiles``: the cluster CA, a certificate and its key) mutual
+TLS with a live validator's certificate, ``ferry://validator/NAME`` (``ferry certs
+issue CA_DIR NAME --validator``), which may read the map, fence a partition for a
+validation and fetch partition files, nothing else (node/rpcapi.py). A node's
+certificate works too; a client's is refused before anything is asked.
 """
 from __future__ import annotations
 
@@ -14,12 +23,14 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .errors import ClusterUnreachable, UnknownCache, ValidationError, WrongSecret  # noqa: F401 (re-exported)
+from .errors import (CertificateRefused, ClusterUnreachable, UnknownCache,  # noqa: F401 (re-exported)
+                     ValidationError, WrongSecret)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
     from node import ClusterMap
+    from transfer.tls import TlsContexts, TlsFiles
 
 DEFAULT_PARALLEL = 4          # partitions fenced and fetched at once, cluster-wide
 DEFAULT_RATE = 100_000_000    # bytes/s of validation transfers, cluster-wide
@@ -35,17 +46,23 @@ class LiveSettings:
     caches: list[str] = field(default_factory=list)      # empty: every cache
     parallel: int = DEFAULT_PARALLEL
     rate: float | None = DEFAULT_RATE                    # None: unlimited
+    tls: TlsFiles | None = None                          # mutual TLS instead of the secret
 
 
 @dataclass
 class LivePlan:
-    """What the executors check: one dict per partition, grouped into tasks."""
+    """What the executors check: one dict per partition, grouped into tasks.
+    ``secret_file`` is empty when ``tls`` (absolute paths) authenticates instead;
+    ``members`` maps each member's RPC address to its node id (the id a node's TLS
+    certificate must name at that address)."""
     settings: LiveSettings
     seeds: list[str]
     secret_file: str
     parts: list[dict]
     partition_counts: dict[str, int]
     epoch: int
+    tls: TlsFiles | None = None
+    members: dict[str, str] = field(default_factory=dict)
 
     def tasks(self, slots: int | None = None) -> list[dict]:
         """``parallel`` tasks; the rate limit is shared by the tasks that run at once:
@@ -58,8 +75,16 @@ class LivePlan:
             groups[i % n].append(part)
         running = min(n, slots) if slots and slots > 0 else n
         rate = self.settings.rate / running if self.settings.rate else None
-        return [{"parts": g, "seeds": self.seeds, "secret_file": self.secret_file, "rate": rate}
+        tls = None if self.tls is None else {"ca": self.tls.ca, "cert": self.tls.cert, "key": self.tls.key}
+        return [{"parts": g, "seeds": self.seeds, "secret_file": self.secret_file, "rate": rate,
+                 "tls": tls, "members": self.members}
                 for g in groups if g]
+
+    def files(self) -> list[str]:
+        """The files every executor needs: the secret, or the three TLS files."""
+        if self.tls is not None:
+            return [self.tls.ca, self.tls.cert, self.tls.key]
+        return [self.secret_file]
 
 
 def _secret_file(s: LiveSettings) -> str:
@@ -69,6 +94,30 @@ def _secret_file(s: LiveSettings) -> str:
     if not os.path.isfile(path):
         raise ValidationError(f"secret file {path} does not exist")
     return os.path.abspath(path)
+
+
+def _tls_files(s: LiveSettings) -> "TlsFiles":
+    """``s.tls`` with absolute paths (an executor may run elsewhere), checked: the three
+    files load, and the certificate is a validator's (or a node's)."""
+    from transfer.tls import CLIENT, TlsFiles
+    assert s.tls is not None
+    files = TlsFiles(*(os.path.abspath(p) for p in (s.tls.ca, s.tls.cert, s.tls.key)))
+    me = _contexts(files).identity
+    if me.role == CLIENT:
+        raise CertificateRefused(
+            f"certificate {files.cert} is for {me}: a client certificate may not fence or fetch "
+            "partitions. Live validation needs a validator certificate (ferry://validator/NAME: "
+            "ferry certs issue CA_DIR NAME --validator)")
+    return files
+
+
+def _contexts(files: "TlsFiles") -> "TlsContexts":
+    from transfer.tls import TlsContexts, TlsError
+    try:
+        return TlsContexts(files)
+    except TlsError as exc:
+        raise CertificateRefused(f"cannot use the TLS files of --tls-ca/--tls-cert/--tls-key: "
+                                 f"{exc.reason}") from exc
 
 
 def _members_from_etcd(endpoints: list[str], prefix: str) -> list[str]:
@@ -85,30 +134,40 @@ def _members_from_etcd(endpoints: list[str], prefix: str) -> list[str]:
     return seeds
 
 
-def read_map(settings: LiveSettings) -> tuple["ClusterMap", list[str], str]:
-    """(map, seeds, secret file) of the cluster, or a ValidationError that says why not."""
+def read_map(settings: LiveSettings) -> tuple["ClusterMap", list[str], str, "TlsFiles | None"]:
+    """(map, seeds, secret file, TLS files) of the cluster, or a ValidationError that
+    says why not. With ``settings.tls`` the secret file is empty (not read)."""
     from node.rpcapi import fetch_map
     from node import AuthFailed, NodeError
     from node import Pool, load_secret
 
-    secret_file = _secret_file(settings)
+    tls: TlsFiles | None = None
+    if settings.tls is not None:
+        tls = _tls_files(settings)
+        secret_file = ""
+        pool = Pool(b"", role="node", timeout=5.0, tls=_contexts(tls))
+    else:
+        secret_file = _secret_file(settings)
+        try:
+            secret = load_secret(secret_file)
+        except AuthFailed as exc:
+            raise ValidationError(f"cannot use secret file {secret_file}: {exc}") from exc
+        pool = Pool(secret, role="node", timeout=5.0)
     try:
-        secret = load_secret(secret_file)
-    except AuthFailed as exc:
-        raise ValidationError(f"cannot use secret file {secret_file}: {exc}") from exc
-    seeds = list(settings.seeds)
-    if settings.control_plane:
-        seeds += [a for a in _members_from_etcd(settings.control_plane, settings.prefix)
-                  if a not in seeds]
-    if not seeds:
-        raise ValidationError("give --cluster HOST:PORT[,...] or --control-plane URL")
-    pool = Pool(secret, role="node", timeout=5.0)
-    errors = []
-    try:
+        seeds = list(settings.seeds)
+        if settings.control_plane:
+            seeds += [a for a in _members_from_etcd(settings.control_plane, settings.prefix)
+                      if a not in seeds]
+        if not seeds:
+            raise ValidationError("give --cluster HOST:PORT[,...] or --control-plane URL")
+        errors = []
         for seed in seeds:
             try:
-                return fetch_map(pool, seed, timeout=None), seeds, secret_file
+                return fetch_map(pool, seed, timeout=None), seeds, secret_file, tls
             except AuthFailed as exc:
+                if tls is not None:
+                    raise CertificateRefused(f"mutual TLS with node {seed} failed, nothing was asked: {exc} "
+                                             f"(the validator's CA {tls.ca}, certificate {tls.cert})") from exc
                 raise WrongSecret(f"node {seed} refused the secret in {secret_file}: it is not "
                                   f"this cluster's secret ({exc})") from exc
             except NodeError as exc:
@@ -119,7 +178,7 @@ def read_map(settings: LiveSettings) -> tuple["ClusterMap", list[str], str]:
 
 
 def plan(settings: LiveSettings) -> LivePlan:
-    m, seeds, secret_file = read_map(settings)
+    m, seeds, secret_file, tls = read_map(settings)
     known = sorted(m.caches)
     for c in settings.caches:
         if c not in m.caches:
@@ -132,8 +191,9 @@ def plan(settings: LiveSettings) -> LivePlan:
             parts.append({"cache": cache, "partition": p, "primary": rec.primary,
                           "address": m.address(rec.primary) or "", "term": rec.term})
     live = [a.address for a in m.members.values() if a.alive]
+    members = {a.address: n for n, a in m.members.items() if a.address}
     return LivePlan(settings, live or seeds, secret_file, parts,
-                    {c: m.caches[c].partitions for c in known}, m.epoch)
+                    {c: m.caches[c].partitions for c in known}, m.epoch, tls, members)
 
 
 def read_raw(spark: "SparkSession", live: LivePlan) -> "DataFrame":
@@ -144,20 +204,22 @@ def read_raw(spark: "SparkSession", live: LivePlan) -> "DataFrame":
     spark_master = spark.sparkContext.master
     assert spark_master is not None              # a SparkContext does not start without one
     if not is_local(spark_master):
-        _ship_secret(spark, live.secret_file)
+        _ship(spark, live.files())
     spark.dataSource.register(LiveDataSource)
     slots = spark.sparkContext.defaultParallelism
     return (spark.read.format(SOURCE_NAME).option("tasks", json.dumps(live.tasks(slots))).load())
 
 
-def _ship_secret(spark: "SparkSession", path: str) -> None:
-    """Executors on other hosts find the secret through SparkFiles (no shared storage)."""
+def _ship(spark: "SparkSession", paths: list[str]) -> None:
+    """Executors on other hosts find the secret (or the TLS files) through SparkFiles
+    (no shared storage), by the file's name: two files of one name cannot both go."""
     sc = spark.sparkContext
     shipped: set[str] = getattr(sc, "_ferry_secrets", set())
-    if path not in shipped:
-        sc.addFile(path)
-        shipped.add(path)
-        sc._ferry_secrets = shipped  # type: ignore[attr-defined]
+    for path in paths:
+        if path not in shipped:
+            sc.addFile(path)
+            shipped.add(path)
+    sc._ferry_secrets = shipped  # type: ignore[attr-defined]
 
 
 def summary(states: list, plan_: LivePlan) -> dict:

@@ -9,7 +9,9 @@ number of input partitions bounds how many are checked at once). For each:
    and the in-sync copies. A write is acknowledged only once every in-sync copy
    applied it, so every in-sync copy now holds exactly C.
 2. **snapshots**: one transfer DEMAND per in-sync copy (``transfer.Demander``,
-   authenticated with the cluster secret, zero-copy on the supplier), all at once.
+   authenticated as every connection of the task is: the cluster secret, or mutual
+   TLS with the validator's certificate, the supplier's certificate checked to name
+   the copy's node; zero-copy on the supplier with the secret), all at once.
    The supplier opens a copy-on-write snapshot (a forced checkpoint) before its
    MANIFEST, so a fetch that reached the ``accept`` stage holds its snapshot.
 3. **unfence** as soon as every snapshot is open (milliseconds). The node answers
@@ -49,6 +51,7 @@ if TYPE_CHECKING:
     from node import Pool
     from node.rpcapi import Fence
     from transfer import Limits
+    from transfer.tls import TlsContexts
 
 log = logging.getLogger("ferry.validate")
 
@@ -81,16 +84,28 @@ class LiveReader(FerryReader):
         return live_task(task)
 
 
-def _secret(path: str) -> bytes:
-    """The cluster secret on this executor: the file at the driver's path, else the
-    copy the driver shipped with ``addFile`` (a cluster without shared storage)."""
-    from node import load_secret
+def _local(path: str) -> str:
+    """A file the driver named, on this executor: the file at the driver's path, else
+    the copy the driver shipped with ``addFile`` (a cluster without shared storage)."""
     if not os.path.exists(path):
         from pyspark import SparkFiles
         shipped = SparkFiles.get(os.path.basename(path))
         if os.path.exists(shipped):
             path = _owner_only(shipped)
-    return load_secret(path)
+    return path
+
+
+def _secret(path: str) -> bytes:
+    """The cluster secret on this executor."""
+    from node import load_secret
+    return load_secret(_local(path))
+
+
+def _tls(files: dict) -> "TlsContexts":
+    """The validator's TLS contexts on this executor (the CA, certificate and key the
+    driver checked)."""
+    from transfer.tls import TlsContexts, TlsFiles
+    return TlsContexts(TlsFiles(_local(files["ca"]), _local(files["cert"]), _local(files["key"])))
 
 
 # Spark's fetch of an ``addFile`` file makes it executable for everyone ("a+x": the
@@ -120,12 +135,17 @@ def live_task(task: dict) -> Iterator[Any]:
     from node import Pool
     from transfer import Limits
 
-    pool = Pool(_secret(task["secret_file"]), role="node", timeout=RPC_TIMEOUT_S)
+    members: dict[str, str] = dict(task.get("members") or {})
+    if task.get("tls"):
+        # mutual TLS: a node's certificate must name the member the map says is there
+        pool = Pool(b"", role="node", timeout=RPC_TIMEOUT_S, tls=_tls(task["tls"]), expect=members.get)
+    else:
+        pool = Pool(_secret(task["secret_file"]), role="node", timeout=RPC_TIMEOUT_S)
     # this task's share of the validation's byte rate (the driver divides it)
     limits = Limits(max_transfers=64, rate=task.get("rate") or None)
     try:
         for part in task["parts"]:
-            yield from _PartitionCheck(pool, limits, task["seeds"], part).run()
+            yield from _PartitionCheck(pool, limits, task["seeds"], part, members).run()
     finally:
         pool.close()
 
@@ -133,8 +153,10 @@ def live_task(task: dict) -> Iterator[Any]:
 class _PartitionCheck:
     """The fence -> snapshots -> unfence -> receive -> decode of one partition."""
 
-    def __init__(self, pool: "Pool", limits: "Limits", seeds: list[str], part: dict) -> None:
+    def __init__(self, pool: "Pool", limits: "Limits", seeds: list[str], part: dict,
+                 members: dict[str, str] | None = None) -> None:
         self.pool, self.limits, self.seeds = pool, limits, seeds
+        self.members = members if members is not None else {}
         self.cache, self.p = part["cache"], int(part["partition"])
         self.primary, self.address, self.term = part["primary"], part["address"], int(part["term"])
 
@@ -147,6 +169,7 @@ class _PartitionCheck:
             except Exception as e:  # noqa: BLE001 - that seed is down: ask the next
                 log.info("map from %s not read: %r", seed, e)
                 continue
+            self.members.update({a.address: n for n, a in m.members.items() if a.address})
             rec = m.parts[self.cache][self.p]
             self.primary, self.term = rec.primary, rec.term
             self.address = m.address(rec.primary) or self.address
@@ -182,7 +205,8 @@ class _PartitionCheck:
         isr: list[str] = list(fence.isr)
         scratch = tempfile.mkdtemp(prefix=f"ferry-live-{self.cache}-{self.p}-", dir=scratch_root())
         fetches = [_CopyFetch(n, fence.transfer.get(n, ""), self.cache, self.p,
-                              os.path.join(scratch, n), self.pool.secret, self.limits) for n in isr]
+                              os.path.join(scratch, n), self.pool.secret, self.limits, self.pool.tls)
+                   for n in isr]
         try:
             for f in fetches:
                 f.start()
@@ -218,13 +242,14 @@ class _PartitionCheck:
 
 
 class _CopyFetch(threading.Thread):
-    """Fetch one in-sync copy of p into ``root`` (a DirectoryStorage)."""
+    """Fetch one in-sync copy of p into ``root`` (a DirectoryStorage); with ``tls`` the
+    supplier's certificate must name ``node``."""
 
     def __init__(self, node: str, address: str, cache: str, p: int, root: str, secret: bytes,
-                 limits: Any) -> None:
+                 limits: Any, tls: "TlsContexts | None" = None) -> None:
         super().__init__(name=f"live-fetch-{node}", daemon=True)
         self.node, self.address, self.cache, self.p = node, address, cache, p
-        self.root, self.secret, self.limits = root, secret, limits
+        self.root, self.secret, self.limits, self.tls = root, secret, limits, tls
         self.opened = threading.Event()
         self.was_open_in_time = False
         self.error: str | None = None
@@ -244,7 +269,8 @@ class _CopyFetch(threading.Thread):
             os.makedirs(self.root, exist_ok=True)
             storage = DirectoryStorage(self.root)
             res = Demander(storage, self.address, self.secret, limits=self.limits, timeout=30.0,
-                           margin=16 << 20).fetch(self.p, cache=self.cache, progress=progress,
+                           margin=16 << 20, tls=self.tls,
+                           tls_peer=self.node if self.tls is not None else None).fetch(self.p, cache=self.cache, progress=progress,
                                                   priority=Priority.BACKGROUND)
             self.counter = int(res.counter)
             self.path = storage.target_path(self.cache, self.p)
