@@ -195,12 +195,18 @@ class EtcdCluster:
         if wait:
             self.wait_healthy(30.0, members=[m])
 
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """For the members' HTTP endpoints (``/health``, ``/v3/maintenance/status``):
+        the administrator's certificate against the cluster's CA; None without TLS."""
+        if not self.tls:
+            return None
+        ctx = ssl.create_default_context(cafile=os.path.join(self.pki, "ca.crt"))
+        ctx.load_cert_chain(os.path.join(self.pki, "admin.crt"), os.path.join(self.pki, "admin.key"))
+        return ctx
+
     def wait_healthy(self, timeout: float, members: list[EtcdMember] | None = None) -> None:
         deadline = time.monotonic() + timeout
-        ctx = None
-        if self.tls:
-            ctx = ssl.create_default_context(cafile=os.path.join(self.pki, "ca.crt"))
-            ctx.load_cert_chain(os.path.join(self.pki, "admin.crt"), os.path.join(self.pki, "admin.key"))
+        ctx = self.ssl_context()
         for m in members or self.members:
             while True:
                 if m.proc is not None and m.proc.poll() is not None:

@@ -36,9 +36,12 @@ from .writes import NodeClients, WriteStats, verify_reads
 if TYPE_CHECKING:
     from node.client import Client
     from node.wire import Pool
+    from node.control import EtcdAccess
     from transfer.tls import TlsFiles
 
 TLS_CLIENT = "harness"          # the harness's client certificate: ferry://client/harness
+ETCD_PREFIX = "/ferry/default"  # the nodes' control_plane.prefix (the default)
+ETCD_KEYS = ("ca", "cert", "key", "user", "password_file")   # [control_plane] credentials
 
 
 class RunCerts:
@@ -68,13 +71,15 @@ def tls_toml(files: "TlsFiles") -> str:
             f"key = {json.dumps(files.key)}\n")
 
 
-def node_toml(s: Scenario) -> str:
-    """The ``node.toml`` every node of the run reads: a 2 s control-plane lease, a
-    checkpoint every second, the scenario's transfer rate and streaming install, its
-    first cache."""
+def node_toml(s: Scenario, etcd_access: "EtcdAccess | None" = None) -> str:
+    """The ``node.toml`` every node of the run reads: a 2 s control-plane lease (and
+    with ``etcd_access`` the node's etcd credentials), a checkpoint every second, the
+    scenario's transfer rate and streaming install, its first cache."""
     cache = s.caches[0]
     idx = "".join(f'[[caches.indexes]]\nname = "{i.name}"\nfield = "{i.field}"\n' for i in cache.indexes)
-    return (f"[control_plane]\nlease_ttl_s = {LEASE_TTL_S}\n"
+    creds = "" if etcd_access is None else "".join(
+        f"{k} = {json.dumps(getattr(etcd_access, k))}\n" for k in ETCD_KEYS)
+    return (f"[control_plane]\nlease_ttl_s = {LEASE_TTL_S}\n{creds}"
             f"[checkpoint]\ninterval_s = 1.0\n"
             + (f"[transfer]\nrate_limit = {s.transfer_rate}\n" if s.transfer_rate else "")
             + ("[rebalance]\nstream_index = true\n" if s.stream_index else "")
@@ -85,6 +90,7 @@ def node_toml(s: Scenario) -> str:
 class ClusterDriver(ClusterFaults, Driver):
     # with the scenario's tls: the run's CA and the harness's client certificate
     certs: RunCerts | None = None
+    etcd_tls = False                # etcd over https with RBAC (tls on loopback)
     client_tls: "TlsFiles | None" = None
 
     def setup(self) -> None:
@@ -92,22 +98,30 @@ class ClusterDriver(ClusterFaults, Driver):
         if not hasattr(self.net, "attach") and any(e.action in CONTAINER_ACTIONS for e in s.events):
             raise SimSkipped(f"scenario {s.name!r}: pause/unpause need container mode "
                              "(nodes in containers: docs/harness.md)")
-        self.config = os.path.join(self.dir, "node.toml")
-        with open(self.config, "w") as f:
-            f.write(node_toml(s))
         if s.tls:
             if hasattr(self.net, "attach"):
                 raise SimError("tls = true runs on loopback or in network namespaces, not in "
                                "container mode (the nodes' certificates are not mounted)")
             self.certs = RunCerts(self.dir)
             self.client_tls = self.certs.files(TLS_CLIENT, "client")
+        # with tls on loopback, etcd too: https with client certificates and RBAC, the
+        # nodes with the node role of the cluster's prefix (what LocalCluster and the
+        # demo run). In network namespaces the nodes reach etcd through a proxy on their
+        # gateway address, which etcd's loopback server certificate does not name.
+        self.etcd_tls = s.tls and self.net is None
+        from node.etcdserver import EtcdCluster
+        etcd_dir = os.path.join(self.dir, "etcd")
+        access = EtcdCluster.planned_access(etcd_dir, ETCD_PREFIX) if self.etcd_tls else None
+        self.config = os.path.join(self.dir, "node.toml")
+        with open(self.config, "w") as f:
+            f.write(node_toml(s, access))
         self.ports = {n: free_port() for n in s.all_nodes()}
         self.procs: dict[str, Proc] = {}
         self.left: set[str] = set()       # left gracefully: gone for good
         if s.proxy and self.net is not None:
             raise SimError("proxy = true runs on loopback only, not with network namespaces")
-        from node.etcdserver import EtcdCluster
-        self.etcd = EtcdCluster(os.path.join(self.dir, "etcd"), n=s.control_plane_members)
+        self.etcd = EtcdCluster(etcd_dir, n=s.control_plane_members, tls=self.etcd_tls,
+                                auth_prefix=ETCD_PREFIX if self.etcd_tls else None)
         self.etcd.start()
         self.setup_faults(self.ports, LEASE_TTL_S)
         if hasattr(self.net, "attach"):
@@ -141,7 +155,8 @@ class ClusterDriver(ClusterFaults, Driver):
         path = os.path.join(self.dir, f"node-{node}.toml")
         if not os.path.exists(path):
             with open(path, "w") as f:
-                f.write(node_toml(self.scenario) + tls_toml(self.certs.files(node, "node")))
+                with open(self.config) as base:
+                    f.write(base.read() + tls_toml(self.certs.files(node, "node")))
         return path
 
     def address(self, node: str) -> str:

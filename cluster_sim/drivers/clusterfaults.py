@@ -64,6 +64,8 @@ class ClusterFaults:
             self.tmpfs = Tmpfs(self.data_dir(self.scenario.disk.node), self.scenario.disk.size_mib)
             self.tmpfs.mount()
         self.partitions = Partitions(self.timeline, self.live_pids)
+        if getattr(self, "etcd_tls", False):
+            self.partitions.scheme = "https"
         if self.scenario.proxy:
             self.partitions.add_peer_proxies(listen_ports)
         if self.scenario.control_faults() or self.net is not None:

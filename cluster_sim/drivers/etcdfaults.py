@@ -29,13 +29,14 @@ class EtcdFaults:
         """The name of the raft leader, asked of every live member (None: no leader)."""
         ids: dict[int, str] = {}
         lead = 0
+        ctx = self.etcd.ssl_context()
         for m in self.etcd.members:
             if not m.alive():
                 continue
             try:
                 req = urllib.request.Request(m.url + "/v3/maintenance/status", data=b"{}",
                                              headers={"Content-Type": "application/json"})
-                with urllib.request.urlopen(req, timeout=2.0) as r:
+                with urllib.request.urlopen(req, timeout=2.0, context=ctx) as r:
                     doc = json.loads(r.read())
             except (OSError, ValueError):
                 continue

@@ -41,6 +41,7 @@ class Partitions:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self.on_healed: Callable[[str], None] = lambda why: None
+        self.scheme = "http"                    # "https" when etcd serves TLS
 
     # -- setup -----------------------------------------------------------------------
     def add_peer_proxies(self, listen_ports: dict[str, int]) -> None:
@@ -57,7 +58,7 @@ class Partitions:
     def control_endpoints(self, node: str) -> list[str] | None:
         """The URLs ``node`` reaches etcd through, or None when it goes straight."""
         pxs = self.control.get(node)
-        return [f"http://{px.address}" for px in pxs] if pxs else None
+        return [f"{self.scheme}://{px.address}" for px in pxs] if pxs else None
 
     def stop(self) -> None:
         self._stop.set()

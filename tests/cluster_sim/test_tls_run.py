@@ -36,3 +36,8 @@ def test_join_tls_with_a_crash_on_the_demander(tmp_path) -> None:
         cfg = open(os.path.join(r.dir, f"node-{n}.toml")).read()
         assert "[tls]" in cfg and f"nodes/{n}.crt" in cfg
         assert "does not know the cluster secret" not in open(os.path.join(r.dir, f"{n}.log")).read()
+        # ... and reached etcd over https as the cluster's node user (RBAC on)
+        assert 'user = "ferry-default-node"' in cfg and "etcd/pki/node.crt" in cfg
+        assert "control plane https://127.0.0.1:" in open(os.path.join(r.dir, f"{n}.log")).read()
+    # etcd's RBAC was set up (``ferry etcd setup`` made root's password)
+    assert open(os.path.join(r.dir, "etcd", "pki", "root.password")).read().strip()
