@@ -121,7 +121,7 @@ def validator_line(c: LocalCluster) -> str:
         return "the cluster secret"
     from transfer.tls import file_identity
     who = file_identity(files.cert)
-    return f"mutual TLS, certificate {who.role}/{who.name}" if who is not None else "mutual TLS"
+    return f"mutual TLS, certificate ferry://{who.role}/{who.name}" if who is not None else "mutual TLS"
 
 
 def _run(root: str, *, entries: int, value_size: int, partitions: int, nodes: int,

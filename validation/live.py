@@ -90,7 +90,8 @@ class LivePlan:
 def _secret_file(s: LiveSettings) -> str:
     path = s.secret_file or os.environ.get("FERRY_SECRET_FILE")
     if not path:
-        raise ValidationError("live validation needs the cluster secret: give --secret-file FILE")
+        raise ValidationError("live validation needs the cluster secret: give --secret-file FILE (or, "
+                              "on a cluster with mutual TLS, --tls-ca, --tls-cert and --tls-key)")
     if not os.path.isfile(path):
         raise ValidationError(f"secret file {path} does not exist")
     return os.path.abspath(path)
