@@ -169,7 +169,8 @@ def make_supplier_storage(data: Mapping[str, CacheData], in_use: SnapshotUse,
 def start_supplier(cfg: NodeConfig, secret: bytes, storage: PartitionStoreStorage,
                    tls: TlsContexts | None = None) -> tuple[SupplierServer, Limits, str]:
     """Start the node's file supplier: the server, its send limits (changed live) and
-    the address to advertise. With ``tls`` only node certificates may fetch."""
+    the address to advertise. With ``tls`` only node and live validator certificates
+    may fetch (never a client's)."""
     limits = Limits(cfg.transfer_concurrency, cfg.transfer_rate_limit or None)
     host, port = cfg.supplier_listen
     server = SupplierServer(storage, secret, host, port, limits=limits, timeout=30.0, tls=tls).start()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import subprocess
 import threading
 import time
 
@@ -182,3 +183,24 @@ def test_the_validator_certificate_cannot_call_node_only_or_write_methods(cluste
         pool.close()
     with cluster.client() as c:
         assert c.get("default", "guarded") in (b"before", "before")
+
+
+def _ferry_validate(py_env, python, cluster: LocalCluster, files: TlsFiles, *extra: str):  # noqa: ANN001
+    return subprocess.run([python, "-m", "ferry", "validate", "--cluster", cluster.seeds[0],
+                           "--tls-ca", files.ca, "--tls-cert", files.cert, "--tls-key", files.key,
+                           *extra], env=py_env, capture_output=True, text=True, timeout=300)
+
+
+def test_ferry_validate_command_over_mutual_tls(py_env, python, cluster, tmp_path) -> None:
+    files = cluster.validator_tls
+    assert files is not None
+    r = _ferry_validate(py_env, python, cluster, files, "--master", "local[1]", "--parallel", "2", "--json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(r.stdout)
+    assert res["passed"] and res["mode"] == "live" and res["partitions_checked"] == PARTS
+    # another CA's certificate: exit 2 before Spark starts, one line saying why
+    other = ClusterCerts(str(tmp_path / "other-ca"), str(tmp_path / "other"), name="another-ca").validator()
+    r = _ferry_validate(py_env, python, cluster, TlsFiles(files.ca, other.cert, other.key))
+    assert r.returncode == 2, (r.stdout, r.stderr[-3000:])
+    assert "nothing was asked" in r.stderr and "does not trust our certificate" in r.stderr
+    assert "Traceback" not in r.stderr and "SparkContext" not in r.stderr
