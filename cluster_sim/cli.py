@@ -63,11 +63,9 @@ def run_cmd(scenario: str, crash: str | None, side: str, seed: int, as_json: boo
         kw = dict(seed=seed, crash=plan, workdir=workdir, keep=keep, expected=expected,
                   log=(lambda m: None) if as_json else (lambda m: click.echo(m, err=True)))
         if in_containers:          # cluster_sim/drivers/container.py
-            if tls:
-                raise SimError("--tls does not run in container mode (the nodes' certificates "
-                               "are not mounted)")
             from .drivers.container import load as load_container_run, run_in_containers
-            res = run_in_containers(*load_container_run(scenario), **kw)
+            cs, spec = load_container_run(scenario)
+            res = run_in_containers(replace(cs, tls=True) if tls else cs, spec, **kw)
         else:
             s = load(scenario)
             res = run(replace(s, tls=True) if tls else s, **kw)

@@ -90,7 +90,8 @@ def node_toml(s: Scenario, etcd_access: "EtcdAccess | None" = None) -> str:
 class ClusterDriver(ClusterFaults, Driver):
     # with the scenario's tls: the run's CA and the harness's client certificate
     certs: RunCerts | None = None
-    etcd_tls = False                # etcd over https with RBAC (tls on loopback)
+    etcd_tls = False                # etcd over https with RBAC (tls on loopback, containers)
+    etcd_access: "EtcdAccess | None" = None     # the nodes' etcd credentials then
     client_tls: "TlsFiles | None" = None
 
     def setup(self) -> None:
@@ -99,19 +100,18 @@ class ClusterDriver(ClusterFaults, Driver):
             raise SimSkipped(f"scenario {s.name!r}: pause/unpause need container mode "
                              "(nodes in containers: docs/harness.md)")
         if s.tls:
-            if hasattr(self.net, "attach"):
-                raise SimError("tls = true runs on loopback or in network namespaces, not in "
-                               "container mode (the nodes' certificates are not mounted)")
             self.certs = RunCerts(self.dir)
             self.client_tls = self.certs.files(TLS_CLIENT, "client")
-        # with tls on loopback, etcd too: https with client certificates and RBAC, the
-        # nodes with the node role of the cluster's prefix (what LocalCluster and the
-        # demo run). In network namespaces the nodes reach etcd through a proxy on their
-        # gateway address, which etcd's loopback server certificate does not name.
-        self.etcd_tls = s.tls and self.net is None
+        # with tls on loopback or in containers (host networking), etcd too: https with
+        # client certificates and RBAC, the nodes with the node role of the cluster's
+        # prefix (what LocalCluster and the demo run). In network namespaces the nodes
+        # reach etcd through a proxy on their gateway address, which etcd's loopback
+        # server certificate does not name.
+        self.etcd_tls = s.tls and (self.net is None or hasattr(self.net, "attach"))
         from node.etcdserver import EtcdCluster
         etcd_dir = os.path.join(self.dir, "etcd")
         access = EtcdCluster.planned_access(etcd_dir, ETCD_PREFIX) if self.etcd_tls else None
+        self.etcd_access = access
         self.config = os.path.join(self.dir, "node.toml")
         with open(self.config, "w") as f:
             f.write(node_toml(s, access))
@@ -158,6 +158,19 @@ class ClusterDriver(ClusterFaults, Driver):
                 with open(self.config) as base:
                     f.write(base.read() + tls_toml(self.certs.files(node, "node")))
         return path
+
+    def credentials_of(self, node: str) -> list[str]:
+        """The files a node reads its credentials from, besides its config and the
+        secret (container mode mounts them): with tls its certificate, key and the CA
+        certificate, with etcd's TLS the node role's files."""
+        out: list[str] = []
+        if self.certs is not None:
+            f = self.certs.files(node, "node")
+            out += [f.ca, f.cert, f.key]
+        a = self.etcd_access
+        if a is not None:
+            out += [x for x in (a.ca, a.cert, a.key, a.password_file) if x]
+        return out
 
     def address(self, node: str) -> str:
         """Where the node listens (the harness's clients and status use it)."""

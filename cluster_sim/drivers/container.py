@@ -135,8 +135,14 @@ class ContainerMode:
                 open(path, "ab").close()        # a bind mount needs the file to exist
         mounts = [*node_mounts(),
                   (_option(argv, "--config"), _option(argv, "--config"), "ro"),
-                  (_option(argv, "--secret-file"), _option(argv, "--secret-file"), "ro"),
                   (data, data, "rw"), (log, log, "rw")]
+        # the node's credentials, read-only, one file each (never a CA's key): the
+        # secret, or with tls its certificate, key and CA, and with etcd's TLS the node
+        # role's certificate, key, password file and etcd's CA
+        mounts += [(f, f, "ro") for f in self.driver.credentials_of(name)]
+        if "--secret-file" in argv:
+            secret = _option(argv, "--secret-file")
+            mounts.append((secret, secret, "ro"))
         if trace:
             mounts.append((trace, trace, "rw"))
         slow = self.spec.slow_disk.get(name)

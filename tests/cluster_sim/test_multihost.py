@@ -8,6 +8,9 @@ frozen by `docker pause` (`pause`), and a node joining with its data on a thrott
 disk (`slow-disk-join`). Each checks that its fault landed."""
 from __future__ import annotations
 
+import os
+from dataclasses import replace
+
 import pytest
 
 import cluster_sim
@@ -32,15 +35,23 @@ def test_container_probe_gives_a_reason() -> None:
 
 
 def _run_in_containers(engine: containers.Engine, name: str, tmp_path,
-                       seed: int = 1) -> cluster_sim.RunResult:
+                       seed: int = 1, tls: bool = False) -> cluster_sim.RunResult:
     scenario, spec = SCENARIOS[name]
+    if tls:
+        scenario = replace(scenario, tls=True)
     with ContainerMode(engine, spec) as mode:
-        r = cluster_sim.run(scenario, seed=seed, workdir=str(tmp_path), net=mode)
+        r = cluster_sim.run(scenario, seed=seed, workdir=str(tmp_path), net=mode, keep=tls)
     assert r.passed, ({k: v for k, v in r.problems.items() if v}, r.error, r.dir)
     starts = [m for m in r.timeline.marks if m.kind in ("start", "restart")]
     assert starts and not mode.procs.keys() - set(scenario.all_nodes())
     # every life of every node was a container, and none is left
     assert all(p.history and p.lives == len(p.history) for p in mode.procs.values())
+    if tls:     # each node's own credentials, read-only, and never a CA's key
+        for node, p in mode.procs.items():
+            names = {os.path.basename(h): m for h, _, m in p.box.mounts}
+            assert names[f"{node}.key"] == "ro" and names["node.key"] == "ro"
+            assert "ca.key" not in names and not any(n.endswith(".key") and n not in
+                                                      (f"{node}.key", "node.key") for n in names)
     client = engine.client()
     try:
         assert not client.containers.list(all=True, filters={"label": f"org.ferry.sim={mode.tag}"})
@@ -52,6 +63,19 @@ def _run_in_containers(engine: containers.Engine, name: str, tmp_path,
 def test_join_in_containers(docker_engine, tmp_path) -> None:
     r = _run_in_containers(docker_engine, "join", tmp_path)
     assert [m.node for m in r.timeline.marks if m.kind == "join"] == ["n3"]
+
+
+@pytest.mark.slow
+def test_kill_restart_in_containers_with_tls(docker_engine, tmp_path) -> None:
+    """Mutual TLS in containers: each container sees its own certificate, key and the
+    CA's certificate (never a CA key) and the etcd node role's files, read-only; the
+    nodes reach etcd over https with RBAC."""
+    r = _run_in_containers(docker_engine, "kill-restart", tmp_path, tls=True)
+    assert r.dir is not None
+    for n in ("n1", "n2", "n3"):
+        assert "control plane https://127.0.0.1:" in open(os.path.join(r.dir, f"{n}.log")).read()
+    kinds = [(m.node, m.kind) for m in r.timeline.marks]
+    assert ("n2", "kill") in kinds and kinds.count(("n2", "restart")) >= 1
 
 
 def test_kill_restart_in_containers(docker_engine, tmp_path) -> None:
