@@ -49,16 +49,16 @@ class Demander:
     ``limits`` is the node-wide receiving limit shared by all demanders of a node;
     ``margin`` bytes of free disk must remain beyond the partition and
     ``reserve_extra`` (the caller's own needs during the move, e.g. its temp WAL);
-    ``splice=False`` turns off the zero-copy receive (transfer.splice) where it
-    would otherwise be used; ``observer`` (a :class:`~transfer.receive.ReceiveObserver`)
-    is told of every page written to the temp file of a page-file fetch (the streaming
+    ``splice=True`` receives chunk data by splice (transfer.splice) where it can,
+    instead of the default one-pass copy (transfer.receive); ``observer`` (a
+    :class:`~transfer.receive.ReceiveObserver`) is told of every page written to the temp file of a page-file fetch (the streaming
     install builds the partition's index from them while the file arrives)."""
 
     def __init__(self, storage: TransferStorage, peer: str, secret: bytes, *,
                  limits: Limits | None = None, connect: Callable[[], Conn] | None = None,
                  chunk_size: int = DEFAULT_CHUNK, timeout: float = 60.0,
                  margin: int = DEFAULT_MARGIN, max_resends: int = 3,
-                 sync_bytes: int = 32 << 20, splice: bool = True,
+                 sync_bytes: int = 32 << 20, splice: bool = False,
                  observer: ReceiveObserver | None = None, delta: bool = True,
                  delta_limit: int = 500, tls: TlsContexts | None = None,
                  tls_peer: str | None = None) -> None:

@@ -4,11 +4,14 @@ the wire instead of taking turns with it (2 cores are enough for the whole pipel
 - :class:`AheadHasher` (supplier): reads and hashes chunk i+1.. while chunk i is sent
   by ``sendfile``, so each CHUNK frame can carry its checksum without a pass over the
   whole file before the first byte (protocol version 1 had that pass).
-- :class:`ChunkSink` (demander): writes each received chunk to the temp file, hashes
-  it and records it for resume while the receive loop reads the next one into another
-  buffer; or, when the receive loop spliced the chunk straight into the file
-  (transfer.splice), hashes it from the page cache. ``recv_into``, ``pwrite``,
-  ``preadv`` and xxh3 all release the GIL.
+- :class:`ChunkSink` (demander): records each received chunk for resume (the batched
+  ``fdatasync`` of the temp file and the journal stay off the receive loop). On plain
+  TCP the receive loop has already checked and written the chunk (one pass over the
+  bytes, transfer.receive); on other streams this thread writes it to the temp file
+  and hashes it while the receive loop reads the next one into another buffer; when
+  the receive loop spliced the chunk into the file (transfer.splice), it hashes it
+  from the page cache. ``recv_into``, ``pwrite``, ``preadv``, xxh3 and Poly1305 all
+  release the GIL.
 """
 from __future__ import annotations
 
@@ -163,8 +166,9 @@ class AheadHasher:
 
 
 # A chunk handed to the writer thread: buffer, index, offset, length, expected checksum,
-# MAC key (None: unsealed) and the MAC its frame carried.
-_Work = tuple[memoryview, int, int, int, int, "bytes | None", bytes]
+# MAC key (None: unsealed), the MAC its frame carried, and whether it matched when the
+# receive loop wrote and checked it itself (None: this thread checks it).
+_Work = tuple[memoryview, int, int, int, int, "bytes | None", bytes, "bool | None"]
 
 
 class ChunkSink:
@@ -178,7 +182,7 @@ class ChunkSink:
 
     def __init__(self, chunk_size: int, write: Callable[[int, memoryview], None],
                  done: Callable[[int, int, int, bool], None], depth: int = 3,
-                 in_file: int | None = None) -> None:
+                 in_file: int | None = None, checked: bool = False) -> None:
         self._write, self._done = write, done
         # in_file: the receive loop puts chunks into this file itself (splice); the
         # "buffers" are then only tokens bounding how far hashing may lag behind, so
@@ -186,8 +190,10 @@ class ChunkSink:
         self._in_file = in_file
         self._slice = memoryview(bytearray(SLICE))
         self._free: queue.Queue[memoryview] = queue.Queue()
+        # checked: the receive loop writes and checks every chunk itself (put_checked);
+        # the buffers are then tokens too
         for _ in range(depth):
-            self._free.put(memoryview(bytearray(0 if in_file is not None else chunk_size)))
+            self._free.put(memoryview(bytearray(0 if in_file is not None or checked else chunk_size)))
         self._work: queue.Queue[_Work | None] = queue.Queue()   # None: stop
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="ferry-chunk-sink", daemon=True)
@@ -199,9 +205,11 @@ class ChunkSink:
             try:
                 if item is None:
                     return
-                buf, index, offset, length, expected, key, mac = item
+                buf, index, offset, length, expected, key, mac, checked = item
                 if self._error is None:
-                    if self._in_file is not None:
+                    if checked is not None:
+                        ok = checked
+                    elif self._in_file is not None:
                         ok = self._file_sums(offset, length, key) == (expected, mac)
                     else:
                         data = buf[:length]
@@ -252,7 +260,13 @@ class ChunkSink:
             key: bytes | None = None, mac: bytes = b"") -> None:
         """``key``/``mac``: the chunk's MAC key and the MAC its (sealed) frame carried
         (transfer.datamac); the chunk is good only if both sums match."""
-        self._work.put((buf, index, offset, length, expected, key, mac))
+        self._work.put((buf, index, offset, length, expected, key, mac, None))
+
+    def put_checked(self, buf: memoryview, index: int, offset: int, length: int, expected: int,
+                    ok: bool) -> None:
+        """A chunk the receive loop has already written and checked itself (``ok``: both
+        sums matched): this thread only records it (``done``), off the receive loop."""
+        self._work.put((buf, index, offset, length, expected, None, b"", ok))
 
     def drain(self) -> None:
         """Wait until every chunk handed over is written and recorded."""

@@ -1,10 +1,15 @@
 """The demander's data stage: CHUNK and PREIMAGE frames up to END, into the temp file.
 
-Each chunk goes socket -> temp file either by splice (transfer.splice: no user-space
-copy, where Linux, a plain socket and the real file layer allow it) or by
-``recv_into`` a buffer that a ChunkSink thread writes. Either way the ChunkSink thread
-hashes the chunk and records it for resume only if it matches; a mismatch is left to
-the verify stage (re-request). Mixed into the demander's per-fetch state (_Fetch).
+On a plain TCP socket (the default) each chunk is read into one reused chunk-sized
+buffer, checked there (xxh3, and Poly1305 on a sealed session) while its bytes are
+still in this core's cache, and written to the temp file from it: the raw receiver's
+recv + write plus the checks, with no second pass over the bytes. Alternatives: by
+splice (``Demander(splice=True)``, transfer.splice: socket -> pipe -> file, then the
+chunk hashed back from the page cache by the ChunkSink thread), and, on other streams
+(SSH channel, TLS), ``recv_into`` one of several buffers that the ChunkSink thread
+writes and hashes. On every path the ChunkSink thread records a chunk for resume only
+if it matched; a mismatch is left to the verify stage (re-request). Mixed into the
+demander's per-fetch state (_Fetch).
 """
 from __future__ import annotations
 
@@ -109,8 +114,14 @@ class DataStage:
         unacked = 0
         splicer = self._splicer()
         self.spliced = splicer is not None
-        sink = ChunkSink(m.chunk_size, self._write_chunk, self._chunk_done, depth=4 if splicer else 3,
-                         in_file=rec.fd if splicer else None)
+        # one thread, one pass: on plain TCP without splice each chunk is read into one
+        # reused buffer, hashed (and MACed) while the bytes are in this core's cache, and
+        # written from it; the sink thread only records it
+        inline = splicer is None and isinstance(self.conn, SocketConn)
+        sink = ChunkSink(m.chunk_size, self._write_chunk, self._chunk_done,
+                         depth=4 if splicer or inline else 3, in_file=rec.fd if splicer else None,
+                         checked=inline)
+        inbuf = memoryview(bytearray(m.chunk_size)) if inline else None
         key = self._data_key()
         try:
             while True:
@@ -133,7 +144,7 @@ class DataStage:
                 if splicer is not None:
                     self._splice_chunk(splicer, ch, bucket)
                 else:
-                    view = buf[:ch.length]
+                    view = (inbuf if inbuf is not None else buf)[:ch.length]
                     if bucket.rate:          # slices of ~1/20 s, so the rate stays smooth
                         step = bucket.slice_size(ch.length)
                         for lo in range(0, ch.length, step):
@@ -144,7 +155,14 @@ class DataStage:
                 self.wire += ch.length
                 off = ch.index * m.chunk_size
                 self.macs[ch.index] = self._chunk_mac(ch.mac, f"CHUNK {ch.index}")
-                sink.put(buf, ch.index, off, ch.length, ch.checksum, key(off) if key else None, ch.mac)
+                if inbuf is not None:
+                    ok = checksum(view) == ch.checksum and (
+                        key is None or datamac.same(datamac.tag(key(off), view), ch.mac))
+                    rec.forget(ch.index)        # its old bytes stop counting as held, then go
+                    rec.write_at(off, view)
+                    sink.put_checked(buf, ch.index, off, ch.length, ch.checksum, ok)
+                else:
+                    sink.put(buf, ch.index, off, ch.length, ch.checksum, key(off) if key else None, ch.mac)
                 unacked += ch.length
                 if acknowledge and (unacked >= ACK_BYTES or ch.index == last_expected):
                     if not self.conn.peer_closed():      # else keep reading what arrived

@@ -7,7 +7,10 @@ The chunk is then hashed from the page cache (transfer.pipeline.ChunkSink), so t
 checksum covers what actually landed in the file, and a chunk is only recorded as
 verified after that hash matches, exactly as on the copying path.
 
-Used only where it can be: a plain socket (an SSH channel must decrypt in user space),
+Measured on loopback (docs/benchmarks.md), the one-pass copy that checks each chunk
+in its receive buffer (transfer.receive) costs less CPU than splicing and then reading
+the chunk back to hash it, so splice is used only when asked (``Demander(splice=True)``)
+and where it can be: a plain socket (an SSH channel must decrypt in user space),
 Linux with ``os.splice``, and the real file layer (a swapped-in ``faults.fileio``
 layer must see every write, so tests and the crash harness get the copying path).
 """

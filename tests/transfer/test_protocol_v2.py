@@ -17,6 +17,7 @@ from transfer import ChecksumError, Demander, DirectoryStorage, FrameError
 from transfer.auth import server_handshake
 from transfer.frames import FrameType, read_frame, write_frame
 from transfer.messages import Chunk, Demand, End, Manifest
+from transfer.resume import Receiving
 from transfer.transport import SocketConn
 from transfer.errors import RemoteError
 from transfer_helpers import SECRET, Proxy, peer_of, read, write_part
@@ -251,3 +252,44 @@ def test_chunk_data_whose_checksum_matches_but_not_its_mac_is_never_installed(ds
     t.join(10)
     assert gave_up and "CHECKSUM" in str(gave_up[0])     # said to the supplier, once
     assert not os.path.exists(os.path.join(dst, "part-0.bin"))
+
+
+@pytest.mark.parametrize("use_splice", [False, True], ids=["one-pass", "splice"])
+def test_forged_chunk_data_fails_its_mac_on_every_receive_path(dst, use_splice: bool) -> None:
+    """Data forged to match the chunk's xxh3 fails its MAC whether the demander checks
+    the chunk in its receive buffer (the default) or hashes it back from the temp file
+    after a splice; the good chunk next to it is kept for resume, the forged one never."""
+    gave_up: list[RemoteError] = []
+
+    def script(conn: SocketConn, d: Demand) -> None:
+        write_frame(conn, FrameType.MANIFEST, Manifest(1, 2 * MB, 4096, 512, MB).to_body())
+        read_frame(conn, expect=[FrameType.ACCEPT])
+        good, real, forged = _data(MB), _data(MB)[::-1], b"\xee" * MB
+        write_frame(conn, FrameType.CHUNK, Chunk(0, MB, xxhash.xxh3_64_intdigest(good),
+                                                 _mac(conn, d, 1, 0, good)).to_body())
+        conn.send(good)
+        bad = Chunk(1, MB, xxhash.xxh3_64_intdigest(forged), _mac(conn, d, 1, MB, real))
+        write_frame(conn, FrameType.CHUNK, bad.to_body())
+        conn.send(forged)
+        read_frame(conn, expect=[FrameType.RECEIVED])
+        write_frame(conn, FrameType.END, End(2, 2 * MB, 0).to_body())
+        for _ in range(8):
+            try:
+                fr = read_frame(conn, expect=[FrameType.RESEND])
+            except RemoteError as e:
+                gave_up.append(e)
+                return
+            assert fr.body["chunks"] == [1]
+            write_frame(conn, FrameType.CHUNK, bad.to_body())
+            conn.send(forged)
+            write_frame(conn, FrameType.END, End(1, MB, 0).to_body())
+    peer, t = _fake_supplier(script)
+    with pytest.raises(ChecksumError):
+        _fetch(peer, dst, 0, max_resends=1, splice=use_splice)
+    t.join(10)
+    assert gave_up and "CHECKSUM" in str(gave_up[0])
+    assert not os.path.exists(os.path.join(dst, "part-0.bin"))
+    rec = Receiving(os.path.join(dst, "part-0.bin"), MB)
+    held = dict(rec.held)
+    rec.close()
+    assert sorted(held) == [0]
