@@ -14,6 +14,11 @@
  * object per key: it hashes each key (xxh3-64, the key index's hash) straight from
  * the chunk into packed (hash, location) columns and fills the space map, roomy set
  * and FREE list, with the same stop-and-hand-back rule as everything here.
+ *
+ * decode_live (ABI 3) is decode's live-pairs case for the index rebuild without a
+ * Python object per entry: each pair is a column record of offsets into the read
+ * chunk (an overflow chain's value is copied to a spill buffer), and the index feed
+ * (indexes/_ixaccel.c feed_columns) reads keys and values straight from there.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -31,8 +36,9 @@
 #endif
 #endif
 
-#define ABI_VERSION 2      /* pagefile.py refuses a module built from another version
-                            * (2: scan_keys, the open scan's hashes) */
+#define ABI_VERSION 3      /* pagefile.py refuses a module built from another version
+                            * (2: scan_keys, the open scan's hashes; 3: decode_live, the
+                            * index feed's columns) */
 /* The page layout comes from csrc/ferry_page_layout.h, generated from
  * checkpoint/layout.py (the one definition): short names for its numbers. */
 #include "ferry_page_layout.h"
@@ -791,12 +797,169 @@ done:
 }
 #endif /* HAVE_XXHASH */
 
+/* -- live columns: the index feed's batches without a Python object per entry ------ */
+
+/* A growable byte buffer (the columns and the chain values' spill). */
+typedef struct {
+    uint8_t *p;
+    size_t len, cap;
+} gbuf;
+
+static int gbuf_room(gbuf *g, size_t more)
+{
+    if (g->len + more <= g->cap)
+        return 0;
+    size_t cap = g->cap ? g->cap : 4096;
+    while (cap < g->len + more)
+        cap *= 2;
+    uint8_t *q = realloc(g->p, cap);
+    if (!q) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    g->p = q;
+    g->cap = cap;
+    return 0;
+}
+
+/* The live entries of a valid DATA page as column records (4 x int64: key offset in
+ * the chunk, key length, value offset, value length; a value offset < 0 is ~offset in
+ * the spill, where chain values go): 1 done, 0 a chain fault (page left to Python),
+ * -1 a Python exception, -2 an exception raised by ``fetch`` (a read). */
+static int data_cols(gbuf *cols, gbuf *spill, const uint8_t *chunk, const uint8_t *pg,
+                     chainctx *cx)
+{
+    uint32_t count = rd16(pg + FERRY_PG_OFF_COUNT);
+    if (gbuf_room(cols, (size_t)count * 4 * sizeof(int64_t)) < 0)
+        return -1;
+    for (uint32_t s = 0; s < count; s++) {
+        uint32_t off = rd16(pg + HDR + 2 * s);
+        if (!off)
+            continue;
+        const uint8_t *e = pg + off;
+        uint32_t flags = e[FERRY_PG_E_FLAGS], klen = rd16(e + FERRY_PG_E_KEY_LEN), vlen = rd32(e + FERRY_PG_E_VALUE_LEN);
+        if (flags & F_TOMB)
+            continue;
+        int64_t rec[4];
+        rec[0] = (int64_t)(e + ENTRY_SIZE - chunk);
+        rec[1] = klen;
+        rec[3] = vlen;
+        if (flags & F_OVF) {
+            int err;
+            PyObject *v = walk_chain(cx, rd32(e + ENTRY_SIZE + klen), vlen, &err);
+            if (!v)
+                return err ? -2 : 0;
+            if (gbuf_room(spill, vlen) < 0) {
+                Py_DECREF(v);
+                return -1;
+            }
+            memcpy(spill->p + spill->len, PyBytes_AS_STRING(v), vlen);
+            Py_DECREF(v);
+            rec[2] = ~(int64_t)spill->len;
+            spill->len += vlen;
+        }
+        else
+            rec[2] = (int64_t)(e + ENTRY_SIZE + klen - chunk);
+        memcpy(cols->p + cols->len, rec, sizeof rec);
+        cols->len += sizeof rec;
+    }
+    return 1;
+}
+
+static PyObject *py_decode_live(PyObject *self, PyObject *args)
+{
+    /* decode_live(chunk, first, j, page_size, checked, page_count, fetch)
+     *   -> (columns, spill, j, exc): decode(..., tombstones=False, pairs=True) of pages
+     * j.. of the chunk with the pairs as column records into the chunk and the spill
+     * (see data_cols) instead of tuples: the same pages taken, the same stop (j), the
+     * same marks in ``checked`` and the same exc. */
+    Py_buffer b, ck;
+    unsigned long long first;
+    Py_ssize_t j;
+    unsigned int ps, pcount;
+    PyObject *fetch;
+    if (!PyArg_ParseTuple(args, "y*KnIw*IO", &b, &first, &j, &ps, &ck, &pcount, &fetch))
+        return NULL;
+    PyObject *exc = NULL, *res = NULL;
+    gbuf cols = {0}, spill = {0};
+    if (ps <= HDR) {
+        PyErr_SetString(PyExc_ValueError, "decode_live: page size > 16");
+        goto done;
+    }
+    chainctx cx = {0};
+    cx.ps = ps;
+    cx.pcount = pcount;
+    cx.checked = (uint8_t *)ck.buf;
+    cx.ncheck = ck.len;
+    cx.fetch = fetch;
+    Py_ssize_t n = b.len / ps;
+    const uint8_t *chunk = (const uint8_t *)b.buf;
+    int failed = 0;
+    for (; j < n; j++) {
+        const uint8_t *pg = chunk + (size_t)j * ps;
+        uint64_t index = first + j;
+        uint32_t type = pg[FERRY_PG_OFF_TYPE];
+        if (index < (uint64_t)cx.ncheck && cx.checked[index]) {
+            if (type != T_DATA)            /* checked already, by a chain that used it */
+                continue;
+        }
+        else if (type != T_DATA || rd32(pg + FERRY_PG_OFF_INDEX) != index || !crc_ok(pg, ps)) {
+            if (type == T_DATA || !page_ok(pg, index, ps))
+                break;                     /* Python names the problem */
+            if (index < (uint64_t)cx.ncheck)
+                cx.checked[index] = 1;
+            continue;
+        }
+        if (!data_ok(pg, ps))
+            break;
+        size_t mark = cols.len, smark = spill.len;
+        cx.cbase = chunk;                  /* chains start in this chunk */
+        cx.cfirst = first;
+        cx.cend = first + n;
+        int r = data_cols(&cols, &spill, chunk, pg, &cx);
+        if (r == -2) {
+            PyObject *t, *v, *tb;
+            PyErr_Fetch(&t, &v, &tb);
+            PyErr_NormalizeException(&t, &v, &tb);
+            if (tb && v)
+                PyException_SetTraceback(v, tb);
+            Py_XDECREF(t);
+            Py_XDECREF(tb);
+            exc = v;                       /* owned; NULL only if normalizing failed */
+            r = exc ? 0 : -1;
+        }
+        if (r < 0) {
+            failed = 1;
+            break;
+        }
+        if (r == 0) {                      /* a chain fault: Python walks this page */
+            cols.len = mark;
+            spill.len = smark;
+            break;
+        }
+    }
+    ctx_release(&cx);
+    if (!failed)
+        res = Py_BuildValue("(y#y#nO)", cols.p ? (const char *)cols.p : "", (Py_ssize_t)cols.len,
+                            spill.p ? (const char *)spill.p : "", (Py_ssize_t)spill.len, j,
+                            exc ? exc : Py_None);
+done:
+    free(cols.p);
+    free(spill.p);
+    Py_XDECREF(exc);
+    PyBuffer_Release(&b);
+    PyBuffer_Release(&ck);
+    return res;
+}
+
 static PyMethodDef methods[] = {
     {"crc32c", py_crc32c, METH_VARARGS, "crc32c(data, value=0) -> int (same as crc32c.crc32c)"},
     {"use_hw", py_set_hw, METH_O, "use_hw(flag) -> previous: test hook, False forces the table CRC"},
     {"check_pages", py_check_pages, METH_VARARGS, "check_pages(buf, first, page_size, j) -> j"},
     {"decode", py_decode, METH_VARARGS, "decode(chunk, first, j, ps, checked, tombstones, "
                                         "pairs, page_count, fetch, Entry) -> (items, j)"},
+    {"decode_live", py_decode_live, METH_VARARGS, "decode_live(chunk, first, j, ps, checked, "
+     "page_count, fetch) -> (columns, spill, j, exc): decode's live pairs as column records"},
     {"chain_value", py_chain_value, METH_VARARGS,
      "chain_value(page, length, ps, page_count, checked, fetch) -> bytes | None"},
     {"page_keys", py_page_keys, METH_VARARGS, "page_keys(chunk, first, j, ps) -> (pages, j)"},

@@ -27,7 +27,7 @@ if TYPE_CHECKING:           # the decoder runs on Spark executors: stdlib only a
 
 OFF_WORDS = ("0", "off", "no", "false")     # values of an accelerator switch that mean off
 ACCEL_ENV = "FERRY_PAGE_ACCEL"
-PAGE_ABI = 2                 # 2: scan_keys (the open scan's hashes)
+PAGE_ABI = 3                 # 2: scan_keys (the open scan's hashes); 3: decode_live
 
 
 def load_accel(module: str, abi: int, env: str = ACCEL_ENV) -> ModuleType | None:
@@ -65,6 +65,11 @@ class PageAccel(Protocol):
     def decode(self, chunk: Buffer, first: int, j: int, ps: int, checked: bytearray,
                tombstones: bool, pairs: bool, page_count: int, fetch: Fetch, entry: type, /
                ) -> tuple[list[Any], int, BaseException | None]: ...
+
+    # the live pairs as column records into ``chunk`` and a spill (decode.LiveColumns)
+    def decode_live(self, chunk: Buffer, first: int, j: int, ps: int, checked: bytearray,
+                    page_count: int, fetch: Fetch, /
+                    ) -> tuple[bytes, bytes, int, BaseException | None]: ...
 
     def chain_value(self, page: int, length: int, ps: int, page_count: int, checked: bytearray,
                     fetch: Fetch, /) -> bytes | None: ...

@@ -33,6 +33,39 @@ class Entry(NamedTuple):
     tombstone: bool
 
 
+class LiveColumns:
+    """The live (key, value) pairs of a run of pages without a Python object per pair:
+    ``cols`` holds a record of four native int64 per pair (key offset in ``data``,
+    key length, value offset, value length; a value offset < 0 is ``~offset`` in
+    ``spill``, where overflow chains' values are joined), ``data`` is the read chunk
+    the pages came from. What the page accelerator's ``decode_live`` hands the index
+    feed (``indexes/_ixaccel.c`` reads keys and values straight from the buffers);
+    :meth:`pairs` gives the same pairs as :func:`iter_live_batches`, in order."""
+    __slots__ = ("data", "spill", "cols")
+    RECORD = 32                    # bytes of one pair's record
+
+    def __init__(self, data: bytes, spill: bytes, cols: bytes) -> None:
+        self.data, self.spill, self.cols = data, spill, cols
+
+    def __len__(self) -> int:
+        return len(self.cols) // self.RECORD
+
+    def pairs(self) -> list[tuple[bytes, bytes]]:
+        """The pairs as (key, value) tuples (the path without the C feed)."""
+        rec = memoryview(self.cols).cast("q")
+        data, spill = self.data, self.spill
+        out = []
+        for i in range(0, len(rec), 4):
+            k0, kn, v0, vn = rec[i], rec[i + 1], rec[i + 2], rec[i + 3]
+            if v0 < 0:
+                v0 = ~v0
+                value = spill[v0:v0 + vn]
+            else:
+                value = data[v0:v0 + vn]
+            out.append((data[k0:k0 + kn], value))
+        return out
+
+
 def page_entries(buf: bytes | bytearray | memoryview) -> Iterator[tuple[int, int, bytes, int, int, int]]:
     """(slot, flags, key, counter, value_len, value_off_or_first_overflow) of each entry
     of a checked DATA page; an inline value is ``buf[value_off:value_off+value_len]``."""
@@ -110,12 +143,17 @@ def _data_page(chunk: bytes, base: int, ps: int, count: int, heap: int,
 
 def _batches(path: str, tombstones: bool, on_error: Callable[[PageProblem], None] | None,
              pairs: bool, pages: tuple[int, int] | None = None,
-             reader: PageReader | None = None) -> Iterator[list[Any]]:
+             reader: PageReader | None = None, columns: bool = False,
+             verified: bool = False) -> Iterator[Any]:
     """The decoder: lists of items in page order (see iter_entry_batches). Problems
     are reported in the same order relative to the items as entry by entry: what was
     decoded before a bad page is handed out before the problem is raised/reported.
     The items are Entry tuples, or (key, value) pairs when ``pairs``: the public
-    functions below give the lists their item type."""
+    functions below give the lists their item type. ``columns`` (live pairs only):
+    what the accelerator decodes comes as :class:`LiveColumns` between the lists.
+    ``verified``: every page of the file passed check_page since it was last written
+    (an install scan): pages are marked checked from the start, so no CRC is computed
+    again; each DATA page's structure is still checked before it is cut."""
 
     def problem(p: PageProblem) -> None:
         if on_error is None:
@@ -135,6 +173,9 @@ def _batches(path: str, tombstones: bool, on_error: Callable[[PageProblem], None
     ps, pcount = meta.page_size, meta.page_count
     crc = crc32c.crc32c
     checked = r.checked
+    if verified:
+        checked[:] = b"\x01" * len(checked)
+    live = columns and not tombstones and pairs
     ncheck = len(checked)
     accel = _switch.page
     try:
@@ -147,7 +188,18 @@ def _batches(path: str, tombstones: bool, on_error: Callable[[PageProblem], None
             n, j = len(chunk) // ps, -1
             while True:                        # one page per turn; `continue` = next page
                 j += 1
-                if accel is not None and j < n:
+                if accel is not None and j < n and live:
+                    # the C bulk path as columns: no Python object per pair
+                    cols, spill, j, exc = accel.decode_live(chunk, first, j, ps, checked,
+                                                            pcount, r.held)
+                    if cols:
+                        if acc:
+                            yield acc
+                            acc = []
+                        yield LiveColumns(chunk, spill, cols)
+                    if exc is not None:        # a chain page's read failed on page j
+                        raise exc
+                elif accel is not None and j < n:
                     # the C bulk path: pages j.. up to one it leaves to the code below
                     bulk, j, exc = accel.decode(chunk, first, j, ps, checked, tombstones,
                                                 pairs, pcount, r.held, Entry)
@@ -252,6 +304,18 @@ def iter_live_batches(path: str, *, on_error: Callable[[PageProblem], None] | No
     the pages ``start <= i < stop`` (so that several processes can share a file);
     truncation is reported by the range that reaches the end of the file."""
     return _batches(path, False, on_error, True, pages)
+
+
+def iter_live_columns(path: str, *, on_error: Callable[[PageProblem], None] | None = None,
+                      pages: tuple[int, int] | None = None, verified: bool = False
+                      ) -> Iterator[LiveColumns | list[tuple[bytes, bytes]]]:
+    """The pairs of :func:`iter_live_batches` (same order, checks and errors) for the
+    index feed: what the page accelerator decodes comes as :class:`LiveColumns` (no
+    Python object per pair), any page left to the Python code as a list of pairs.
+    ``verified=True`` says every page of the file was checked (CRC and structure)
+    since it was last written, by the install scan that read it: the CRCs are not
+    computed again (see _batches). A caller that cannot vouch for that passes False."""
+    return _batches(path, False, on_error, True, pages, columns=True, verified=verified)
 
 
 def iter_live_range(path: str, meta: Meta, start: int, stop: int, body: bytes,

@@ -6,7 +6,8 @@ The code lives in one place each; this module names what other packages use:
 * :mod:`.check` - page checks (``check_page``, ``check_pages``, ``PageProblem``);
 * :mod:`.chain` - overflow chain rules and walks;
 * :mod:`.reader` - ``read_meta`` and chunked page reads;
-* :mod:`.decode` - THE decoder (``iter_entries``, ``iter_*_batches``, ``verify``);
+* :mod:`.decode` - THE decoder (``iter_entries``, ``iter_*_batches``, ``iter_live_columns``,
+  ``verify``);
 * :mod:`.keyscan` - the keys-only scan of the key index;
 * :mod:`.accel` - loading the C accelerators, and the decoder's switch (``accel.page``);
 * :mod:`.errors` - ``CheckpointError``, ``CorruptPageError``.
@@ -20,8 +21,8 @@ from __future__ import annotations
 from .accel import ACCEL_ENV, OFF_WORDS, accelerator, key_scan_accel, load_accel
 from .chain import chain_limit, chain_link_problem, overflow_chain
 from .check import PageProblem, check_data, check_page, check_pages
-from .decode import (Entry, iter_entries, iter_entry_batches, iter_live_batches, iter_live_range, page_entries,
-                     verify)
+from .decode import (Entry, LiveColumns, iter_entries, iter_entry_batches, iter_live_batches,
+                     iter_live_columns, iter_live_range, page_entries, verify)
 from .errors import CheckpointError, CorruptPageError
 from .keyscan import iter_page_keys, scan_key_hashes
 from .layout import (ENTRY, F_OVERFLOW, F_TOMBSTONE, FORMAT_VERSION, HDR, HEADER, MAGIC,
@@ -35,8 +36,9 @@ __all__ = [
     "FORMAT_VERSION", "F_OVERFLOW", "F_TOMBSTONE", "HDR", "HEADER", "MAGIC", "MAX_PAGE_SIZE",
     "MAX_VALUE", "META", "META_END", "MIN_PAGE_SIZE", "Meta", "OFF_WORDS", "PTR", "PageProblem",
     "PageReader", "PageType", "SLOT", "accelerator", "chain_limit", "chain_link_problem",
-    "check_data", "check_page", "check_pages", "encode_meta", "entry_size", "iter_entries",
-    "iter_entry_batches", "iter_live_batches", "iter_live_range", "iter_page_keys", "key_scan_accel",
+    "LiveColumns", "check_data", "check_page", "check_pages", "encode_meta", "entry_size",
+    "iter_entries", "iter_entry_batches", "iter_live_batches", "iter_live_columns",
+    "iter_live_range", "iter_page_keys", "key_scan_accel",
     "load_accel", "overflow_chain", "page_crc", "page_entries", "read_meta", "scan_key_hashes",
     "seal", "seal_many", "valid_page_size", "verify",
 ]

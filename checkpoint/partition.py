@@ -74,11 +74,17 @@ class Partition:
         self.fill = 0                          # current insert page (0 = none)
         self.quarter = self.page_size // 4
         self.inline_max = pg.inline_limit(self.page_size)
+        # Every page of the file passed check_page (CRC and structure) in the scan
+        # below, and nothing was written to it since (write_fd clears it): a reader of
+        # the whole file (the index rebuild of an installed file) need not compute the
+        # CRCs again. See PartitionStore.file_checked.
+        self.checked_whole = False
         try:
             # page 0 as in the file: the meta page's undo image at the next checkpoint
             # (its first open also records which inode the partition's file is)
             self.meta_bytes = files.pread(self.file, self.page_size, 0)
             self._scan()
+            self.checked_whole = True
         except BaseException:
             files.close(self.file)
             raise
@@ -98,7 +104,9 @@ class Partition:
 
     def write_fd(self) -> int:
         """The file opened for the checkpointer's writes (through the file-I/O seam); it
-        counts as written, and stays open, until :meth:`fsync`."""
+        counts as written, and stays open, until :meth:`fsync`. The file is no longer
+        the one the open/install scan checked (``checked_whole``)."""
+        self.checked_whole = False
         return self.files.write_fd(self.file)
 
     def fsync(self) -> None:

@@ -519,6 +519,16 @@ class PartitionStore:
                 part.close()
             raise
 
+    def file_checked(self, partition: int) -> bool:
+        """Whether every page of ``partition``'s file passed check_page (CRC and
+        structure) in the scan that opened or installed it, and nothing was written
+        to the file since (no checkpoint of the partition): then a reader of the whole
+        file, such as the index rebuild right after an install, may skip the CRCs
+        (``checkpoint.pagefile.iter_live_columns(..., verified=True)``); it still
+        checks each page's structure before cutting it."""
+        part = self.parts.get(partition)
+        return part is not None and part.checked_whole
+
     def drop_partition(self, partition: int) -> None:
         """Delete the partition's file and memory, durably (WAL DROP record first)."""
         with self._ckpt_lock, self._cond:

@@ -26,7 +26,8 @@
 #include <emmintrin.h>
 #endif
 
-#define ABI_VERSION 1        /* indexes/accel.py refuses a module of another version */
+#define ABI_VERSION 2        /* indexes/accel.py refuses a module of another version
+                              * (2: feed_columns) */
 #define MAX_DEPTH 128        /* deeper documents go to Python (json's recursion limit) */
 #define MAX_INT_DIGITS 18    /* |int| < 10**18 < 2**63: exact in int64; longer -> Python */
 #define MAX_SPECS 64
@@ -471,17 +472,15 @@ static int call_add(PyObject *add, PyObject *list, PyObject *key)
     return 0;
 }
 
-/* The encodings of every spec's field of (pk, raw): 1 when all are done here (enc[s],
- * enc_len[s]), 0 when Python should do this value. */
-static int encode_item(PyObject *pk, PyObject *raw, const Spec *spec, int nspecs,
-                       Py_ssize_t max_key, Found *found, uint8_t (*enc)[LONG_BODY + 8],
-                       Py_ssize_t *enc_len)
+/* The encodings of every spec's field of a value (raw, n) under a primary key of
+ * pklen bytes: 1 when all are done here (enc[s], enc_len[s]), 0 when Python should
+ * do this value. */
+static int encode_raw(Py_ssize_t pklen, const uint8_t *raw, Py_ssize_t n, const Spec *spec,
+                      int nspecs, Py_ssize_t max_key, Found *found,
+                      uint8_t (*enc)[LONG_BODY + 8], Py_ssize_t *enc_len)
 {
-    if (!PyBytes_CheckExact(pk) || !PyBytes_CheckExact(raw) ||
-        !scan_doc((const uint8_t *)PyBytes_AS_STRING(raw), PyBytes_GET_SIZE(raw), spec,
-                  nspecs, found))
+    if (!scan_doc(raw, n, spec, nspecs, found))
         return 0;
-    Py_ssize_t pklen = PyBytes_GET_SIZE(pk);
     for (int s = 0; s < nspecs; s++) {
         enc_len[s] = encode(&found[s], spec[s].want, enc[s]);
         /* a key past max_key holds a hash and carries data: Python's */
@@ -491,17 +490,44 @@ static int encode_item(PyObject *pk, PyObject *raw, const Spec *spec, int nspecs
     return 1;
 }
 
-static PyObject *make_key(const Spec *sp, const uint8_t *enc, Py_ssize_t enc_len, PyObject *pk)
+/* encode_raw of a (pk, raw) pair of bytes objects. */
+static int encode_item(PyObject *pk, PyObject *raw, const Spec *spec, int nspecs,
+                       Py_ssize_t max_key, Found *found, uint8_t (*enc)[LONG_BODY + 8],
+                       Py_ssize_t *enc_len)
 {
-    Py_ssize_t pklen = PyBytes_GET_SIZE(pk);
+    if (!PyBytes_CheckExact(pk) || !PyBytes_CheckExact(raw))
+        return 0;
+    return encode_raw(PyBytes_GET_SIZE(pk), (const uint8_t *)PyBytes_AS_STRING(raw),
+                      PyBytes_GET_SIZE(raw), spec, nspecs, max_key, found, enc, enc_len);
+}
+
+static PyObject *make_key_raw(const Spec *sp, const uint8_t *enc, Py_ssize_t enc_len,
+                              const char *pk, Py_ssize_t pklen)
+{
     PyObject *key = PyBytes_FromStringAndSize(NULL, 2 + enc_len + pklen);
     if (!key)
         return NULL;
     char *kb = PyBytes_AS_STRING(key);
     memcpy(kb, sp->prefix, 2);
     memcpy(kb + 2, enc, (size_t)enc_len);
-    memcpy(kb + 2 + enc_len, PyBytes_AS_STRING(pk), (size_t)pklen);
+    memcpy(kb + 2 + enc_len, pk, (size_t)pklen);
     return key;
+}
+
+static PyObject *make_key(const Spec *sp, const uint8_t *enc, Py_ssize_t enc_len, PyObject *pk)
+{
+    return make_key_raw(sp, enc, enc_len, PyBytes_AS_STRING(pk), PyBytes_GET_SIZE(pk));
+}
+
+/* The sorter's list when ``add`` is a bound list.append (then keys go in with
+ * PyList_Append), else NULL. */
+static PyObject *add_list(PyObject *add)
+{
+    if (PyCFunction_Check(add) && PyCFunction_GET_SELF(add) &&
+        PyList_CheckExact(PyCFunction_GET_SELF(add)) &&
+        !strcmp(((PyCFunctionObject *)add)->m_ml->ml_name, "append"))
+        return PyCFunction_GET_SELF(add);
+    return NULL;
 }
 
 static PyObject *py_feed_many(PyObject *self, PyObject *args)
@@ -518,11 +544,7 @@ static PyObject *py_feed_many(PyObject *self, PyObject *args)
     int nspecs = parse_specs(specs, spec);
     if (nspecs < 0)
         return NULL;
-    PyObject *list = NULL;
-    if (PyCFunction_Check(add) && PyCFunction_GET_SELF(add) &&
-        PyList_CheckExact(PyCFunction_GET_SELF(add)) &&
-        !strcmp(((PyCFunctionObject *)add)->m_ml->ml_name, "append"))
-        list = PyCFunction_GET_SELF(add);
+    PyObject *list = add_list(add);
     PyObject *seq = PySequence_Fast(items, "feed_many: items must be iterable");
     if (!seq)
         return NULL;
@@ -553,6 +575,76 @@ static PyObject *py_feed_many(PyObject *self, PyObject *args)
 fail:
     Py_DECREF(seq);
     return NULL;
+}
+
+static PyObject *py_feed_columns(PyObject *self, PyObject *args)
+{
+    /* feed_columns(data, spill, columns, specs, max_key, add, fallback) -> number of
+     * pairs: feed_many over the pairs of checkpoint's LiveColumns (records of four
+     * int64: key offset in data, key length, value offset -- < 0: ~offset in spill --,
+     * value length), read in place; a pair Python must do goes to fallback((pk, raw))
+     * as bytes, so the entries and their order are feed_many's. */
+    Py_buffer data, spill, cols;
+    PyObject *specs, *add, *fallback;
+    Py_ssize_t max_key;
+    if (!PyArg_ParseTuple(args, "y*y*y*OnOO", &data, &spill, &cols, &specs, &max_key, &add,
+                          &fallback))
+        return NULL;
+    Spec spec[MAX_SPECS];
+    Found found[MAX_SPECS];
+    Py_ssize_t enc_len[MAX_SPECS];
+    uint8_t enc[MAX_SPECS][LONG_BODY + 8];
+    PyObject *res = NULL;
+    int nspecs = parse_specs(specs, spec);
+    if (nspecs < 0)
+        goto done;
+    PyObject *list = add_list(add);
+    Py_ssize_t n = cols.len / (Py_ssize_t)(4 * sizeof(int64_t));
+    const uint8_t *d = (const uint8_t *)data.buf, *sp = (const uint8_t *)spill.buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t rec[4];
+        memcpy(rec, (const uint8_t *)cols.buf + (size_t)i * sizeof rec, sizeof rec);
+        int64_t k0 = rec[0], kn = rec[1], v0 = rec[2], vn = rec[3];
+        const uint8_t *vb = d;
+        Py_ssize_t vlim = data.len;
+        if (v0 < 0) {
+            v0 = ~v0;
+            vb = sp;
+            vlim = spill.len;
+        }
+        if (k0 < 0 || kn < 0 || vn < 0 || k0 > data.len - kn || v0 > vlim - vn) {
+            PyErr_SetString(PyExc_ValueError, "feed_columns: a record outside its buffer");
+            goto done;
+        }
+        const char *pk = (const char *)d + k0;
+        if (encode_raw(kn, vb + v0, vn, spec, nspecs, max_key, found, enc, enc_len)) {
+            for (int s = 0; s < nspecs; s++) {
+                PyObject *key = make_key_raw(&spec[s], enc[s], enc_len[s], pk, kn);
+                if (!key)
+                    goto done;
+                int rc = call_add(add, list, key);
+                Py_DECREF(key);
+                if (rc < 0)
+                    goto done;
+            }
+            continue;
+        }
+        PyObject *item = Py_BuildValue("(y#y#)", pk, (Py_ssize_t)kn, (const char *)vb + v0,
+                                       (Py_ssize_t)vn);
+        if (!item)
+            goto done;
+        PyObject *r = PyObject_CallOneArg(fallback, item);
+        Py_DECREF(item);
+        if (!r)
+            goto done;
+        Py_DECREF(r);
+    }
+    res = PyLong_FromSsize_t(n);
+done:
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&spill);
+    PyBuffer_Release(&cols);
+    return res;
 }
 
 /* The Python value of a field encode() took (what orjson gives for it). */
@@ -768,6 +860,9 @@ static PyMethodDef methods[] = {
      "feed_many(items, specs, max_key, add, fallback) -> n: specs are (field name as "
      "UTF-8, u16 BE index id, type code); each (pk, raw) is either encoded here (add(key) "
      "per spec) or handed whole to fallback(item)"},
+    {"feed_columns", py_feed_columns, METH_VARARGS,
+     "feed_columns(data, spill, columns, specs, max_key, add, fallback) -> n: feed_many "
+     "over column records (checkpoint's LiveColumns) read in place"},
     {"entries", py_entries, METH_VARARGS,
      "entries(pk, raw, specs, max_key) -> None | ((key, head, value), ...) per spec"},
     {"scan", py_scan, METH_VARARGS, "scan(raw, names) -> None | ((kind, escaped, token), ...)"},

@@ -19,7 +19,7 @@ import os
 from types import ModuleType
 
 ACCEL_ENV = "FERRY_INDEX_ACCEL"
-_ABI = 1
+_ABI = 2                     # 2: feed_columns (the decoder's LiveColumns)
 _OFF = ("0", "off", "no", "false")
 # Type codes of the C side, in definitions.TYPES order.
 WANT = {None: 0, "int": 1, "number": 2, "str": 3, "bool": 4, "bytes": 5}

@@ -2,7 +2,7 @@
 the rebuild's hot path (``feed`` per value, ``feed_many`` per batch of values)."""
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Protocol, runtime_checkable
 
 from . import accel, keycodec
 from .definitions import (MISSING, Bad, Entry, IndexDefinition, document_decoder,
@@ -13,6 +13,18 @@ from .errors import BadDocument, BadValueError
 # up to _CACHE_MAX values per index.
 _CACHED = (int, float, str)
 _CACHE_MAX = 1 << 16
+
+@runtime_checkable
+class Columns(Protocol):
+    """Pairs in buffers (``checkpoint.decode.LiveColumns``, by shape: this package does
+    not import the decoder at load): records of four int64 in ``cols`` (key offset in
+    ``data``, key length, value offset, < 0: ``~offset`` in ``spill``, value length)."""
+    data: bytes
+    spill: bytes
+    cols: bytes
+
+    def pairs(self) -> list[tuple[bytes, bytes]]: ...
+
 
 # one index's spec in Indexer._fast (described there)
 _Spec = tuple[str | None, tuple[str, ...], dict[object, tuple[type, bytes, int]],
@@ -156,7 +168,7 @@ class Indexer:
             cache[v] = (t, head, self.max_key - len(head))
         return None
 
-    def feed_many(self, items: Iterable[tuple[bytes, bytes]], add: Callable[[bytes], None],
+    def feed_many(self, items: Iterable[tuple[bytes, bytes]] | Columns, add: Callable[[bytes], None],
                   add_with_data: Callable[[bytes, bytes], None],
                   on_bad: Callable[[bytes, list[Bad]], None]) -> int:
         """:meth:`feed` for a batch of (primary key, value): the same entries, bad
@@ -164,8 +176,12 @@ class Indexer:
         call per batch keeps the interpreter in one loop: with orjson and top-level
         fields the common case is a parse, a dict get, a cache hit and a concat; with
         the C accelerator it is a scan of the raw bytes and one key built in C, and
-        every value it does not take comes back here whole (``fallback``)."""
+        every value it does not take comes back here whole (``fallback``). ``items``
+        may also be the decoder's :class:`~checkpoint.decode.LiveColumns` (keys and
+        values in buffers, no object per pair): the C path reads them in place and
+        builds a (pk, value) pair only for a value it hands back."""
         mod, specs = accel.module, self._c_specs
+        cols = items if isinstance(items, Columns) else None
         if mod is not None and specs is not None:
             feed = self.feed
 
@@ -174,11 +190,15 @@ class Indexer:
                 bad = feed(pk, raw, add, add_with_data)
                 if bad:
                     on_bad(pk, bad)
+            if cols is not None:
+                return mod.feed_columns(cols.data, cols.spill, cols.cols, specs, self.max_key,
+                                        add, fallback)
             return mod.feed_many(items, specs, self.max_key, add, fallback)
+        pairs = items.pairs() if isinstance(items, Columns) else items
         loads = self._fast_loads
         if loads is None or not self._top_level:
             n = 0
-            for pk, raw in items:
+            for pk, raw in pairs:
                 bad = self.feed(pk, raw, add, add_with_data)
                 if bad:
                     on_bad(pk, bad)
@@ -187,7 +207,7 @@ class Indexer:
         feed, one, fast = self.feed, self._one, self._fast
         missing = MISSING
         n = 0
-        for pk, raw in items:
+        for pk, raw in pairs:
             n += 1
             try:
                 doc = loads(raw)

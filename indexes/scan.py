@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import itertools
 import os
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Protocol
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Protocol, Union
 
 from . import scanworker
 from .errors import RebuildCancelled
 from .extsort import ExternalSorter
-from .indexer import Indexer
+from .indexer import Columns, Indexer
 from .meta import Schema
 from .results import RebuildResult, Reporter
 from .source import PartitionFileSource, Source
@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 _CHECK_EVERY = 1024
 # The scratch folder under an index environment: sorted runs of rebuilds and verifies.
 SCRATCH = "scratch"
+# What the scan hands Indexer.feed_many: a list of pairs, or pairs in buffers.
+Batch = Union[list[tuple[bytes, bytes]], Columns]
 
 
 class Indexed(Protocol):
@@ -57,6 +59,7 @@ def scan_partition(store: Indexed, partition: int, source: Source, sorter: Exter
         res.bad += len(bad)
         res.add_bad_samples([f"key {pk!r}: index {b.index.name!r}: {b.reason}" for b in bad])
 
+    verified = bool(getattr(source, "verified", False))
     offload = _offload(source, partition, pool)
     shared = None if offload else scanworker.plan(source, partition, workers)
     handles: list[scanworker.ScanWorker] = []
@@ -69,21 +72,21 @@ def scan_partition(store: Indexed, partition: int, source: Source, sorter: Exter
         try:
             handles = [scanworker.ScanWorker(
                 scanworker.task(scanworker.common_task(store.indexer, ids, path,
-                                                       sorter.memory_limit),
+                                                       sorter.memory_limit, verified),
                                 sorter.scratch_dir, 0),
                 scanworker.Ranges(pcount).next, proc=proc)]
         except BaseException:
             pool.checkin(proc, healthy=False)
             raise
-        batches: Iterable[list] = ()
+        batches: Iterable[Batch] = ()
     elif shared is not None:
         # Each process sorts with its share of the memory limit (see scanworker).
         path, pcount, procs = shared
         sorter.memory_limit //= procs
         ranges = scanworker.Ranges(pcount)
         handles = scanworker.start(store.indexer, ids, path, procs, ranges,
-                                   sorter.scratch_dir, sorter.memory_limit)
-        batches = _ranges_batches(path, ranges)
+                                   sorter.scratch_dir, sorter.memory_limit, verified)
+        batches = _ranges_batches(path, ranges, verified)
     else:
         batches = scan_batches(source, partition)
     try:
@@ -142,17 +145,21 @@ def _offload(source: Source, partition: int, pool: ScanPool | None) -> tuple[str
     return (path, pcount) if pcount >= 2 else None
 
 
-def _ranges_batches(path: str, ranges: scanworker.Ranges) -> Iterator[list]:
+def _ranges_batches(path: str, ranges: scanworker.Ranges, verified: bool) -> Iterator[Batch]:
     """This process's share of a shared scan: the ranges it takes, in batches."""
-    from checkpoint.pagefile import iter_live_batches  # lower layer; loaded on use
+    from checkpoint.pagefile import iter_live_columns  # lower layer; loaded on use
     while (pages := ranges.next()) is not None:
-        yield from _cut(iter_live_batches(path, pages=pages))
+        yield from _cut(iter_live_columns(path, pages=pages, verified=verified))
 
 
-def scan_batches(source: Source, partition: int) -> Iterator[list[tuple[bytes, bytes]]]:
-    """The source's live pairs in lists: its own ``scan_batches`` when it has one (a
-    partition file hands out a read chunk at a time), else ``scan`` cut in lists."""
-    own = getattr(source, "scan_batches", None)
+def scan_batches(source: Source, partition: int) -> Iterator[Batch]:
+    """The source's live pairs in batches for ``Indexer.feed_many``: its own
+    ``scan_columns`` (a partition file: the decoder's ``LiveColumns``, a read chunk
+    at a time, and lists of pairs) or ``scan_batches`` when it has one, else ``scan``
+    cut in lists."""
+    own = getattr(source, "scan_columns", None)
+    if not callable(own):
+        own = getattr(source, "scan_batches", None)
     if callable(own):
         yield from _cut(own(partition))
         return
@@ -164,11 +171,12 @@ def scan_batches(source: Source, partition: int) -> Iterator[list[tuple[bytes, b
         yield batch
 
 
-def _cut(batches: Iterable[list]) -> Iterator[list]:
-    """A file's chunk is ~2 MiB of values; cut it so that memory, cancel and progress
-    are checked every _CHECK_EVERY values or so."""
+def _cut(batches: Iterable[Batch]) -> Iterator[Batch]:
+    """A file's chunk is ~2 MiB of values; cut a list so that memory, cancel and
+    progress are checked every _CHECK_EVERY values or so. A ``LiveColumns`` (one read
+    chunk, no object per pair) goes whole: checks once a chunk."""
     for batch in batches:
-        if len(batch) <= 2 * _CHECK_EVERY:
+        if not isinstance(batch, list) or len(batch) <= 2 * _CHECK_EVERY:
             yield batch
         else:
             for i in range(0, len(batch), _CHECK_EVERY):

@@ -179,12 +179,13 @@ def idle_cpu() -> bool:
 
 
 def common_task(indexer: Indexer, ids: Mapping[str, int], path: str,
-                memory: int) -> dict[str, Any]:
+                memory: int, verified: bool = False) -> dict[str, Any]:
     """What every worker of one scan is told: the file and how to index it (``ids``:
-    the schema's index ids)."""
+    the schema's index ids; ``verified``: the file's pages were checked since last
+    written, see ``iter_live_columns``)."""
     return {"path": path, "definitions": [d.to_json() for d in indexer.definitions],
             "ids": dict(ids), "codec": indexer.codec, "max_key": indexer.max_key,
-            "memory": memory}
+            "memory": memory, "verified": verified}
 
 
 def task(common: dict[str, Any], scratch: str, i: int) -> dict[str, Any]:
@@ -195,9 +196,9 @@ def task(common: dict[str, Any], scratch: str, i: int) -> dict[str, Any]:
 
 
 def start(indexer: Indexer, ids: Mapping[str, int], path: str, workers: int, ranges: Ranges,
-          scratch: str, memory: int) -> list[ScanWorker]:
+          scratch: str, memory: int, verified: bool = False) -> list[ScanWorker]:
     """``workers - 1`` workers (the caller is the other process)."""
-    common = common_task(indexer, ids, path, memory)
+    common = common_task(indexer, ids, path, memory, verified)
     handles: list[ScanWorker] = []
     try:
         for i in range(1, workers):
@@ -210,7 +211,7 @@ def start(indexer: Indexer, ids: Mapping[str, int], path: str, workers: int, ran
 
 
 def _run(task: dict[str, Any], ask: Callable[[int], tuple[int, int] | None]) -> dict[str, Any]:
-    from checkpoint.pagefile import iter_live_batches
+    from checkpoint.pagefile import iter_live_columns
 
     from .definitions import IndexDefinition
     from .extsort import ExternalSorter
@@ -226,8 +227,14 @@ def _run(task: dict[str, Any], ask: Callable[[int], tuple[int, int] | None]) -> 
             res["bad_samples"].extend(f"key {pk!r}: index {b.index.name!r}: {b.reason}"
                                       for b in bad[:MAX_SAMPLES - len(res["bad_samples"])])
 
+    verified = bool(task.get("verified", False))
     while (pages := ask(res["scanned"])) is not None:
-        for batch in iter_live_batches(task["path"], pages=pages):
+        for batch in iter_live_columns(task["path"], pages=pages, verified=verified):
+            if not isinstance(batch, list):    # LiveColumns: one read chunk, whole
+                res["scanned"] += ix.feed_many(batch, sorter.append, sorter.add_with_data,
+                                               on_bad)
+                sorter.check()
+                continue
             for i in range(0, len(batch), _BATCH):
                 res["scanned"] += ix.feed_many(batch[i:i + _BATCH], sorter.append,
                                                sorter.add_with_data, on_bad)

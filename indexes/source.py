@@ -4,17 +4,21 @@ progress a total."""
 from __future__ import annotations
 
 import os
-from typing import Iterable, Iterator, Mapping, Protocol
+from typing import TYPE_CHECKING, Iterable, Iterator, Mapping, Protocol
 
 from checkpoint.layout import parse_part_name, part_name
 
 from .errors import IndexStoreError
 
+if TYPE_CHECKING:
+    from checkpoint.decode import LiveColumns
+
 
 class Source(Protocol):
     """Anything that lists a partition's live (key, value) pairs. A source may also
     have ``scan_batches(partition)`` (the same pairs in lists; rebuild and verify
-    prefer it) and ``count(partition)`` (progress totals)."""
+    prefer it), ``scan_columns(partition)`` (the same pairs as lists or the decoder's
+    ``LiveColumns``; preferred to both) and ``count(partition)`` (progress totals)."""
 
     def scan(self, partition: int) -> Iterable[tuple[bytes, bytes]]: ...
 
@@ -22,10 +26,14 @@ class Source(Protocol):
 class PartitionFileSource:
     """Reads partition files with ``checkpoint.pagefile.iter_entries`` (tombstones
     left out). ``path`` is one partition file (scanned whatever partition is asked),
-    or a directory of ``part-<p>.bin`` files."""
+    or a directory of ``part-<p>.bin`` files. ``verified=True``: the caller vouches
+    that every page of the file(s) passed check_page since last written (the store's
+    install scan read them: ``PartitionStore.file_checked``), so the scan does not
+    compute the page CRCs again; page structure is checked all the same."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, verified: bool = False) -> None:
         self.path = os.path.abspath(path)
+        self.verified = verified
 
     def file_for(self, partition: int) -> str:
         if os.path.isdir(self.path):
@@ -56,6 +64,17 @@ class PartitionFileSource:
         if not os.path.exists(path):
             raise IndexStoreError(f"partition file {path} does not exist")
         return iter_live_batches(path)
+
+    def scan_columns(self, partition: int) -> Iterator[LiveColumns | list[tuple[bytes, bytes]]]:
+        """The same pairs for the index feed: what the page accelerator decodes as
+        ``LiveColumns`` (keys and values in buffers, no object per pair), the rest in
+        lists (``checkpoint.pagefile.iter_live_columns``); the scan rebuild and verify
+        use when present."""
+        from checkpoint.pagefile import iter_live_columns  # lower layer; loaded on first use
+        path = self.file_for(partition)
+        if not os.path.exists(path):
+            raise IndexStoreError(f"partition file {path} does not exist")
+        return iter_live_columns(path, verified=self.verified)
 
 
 class MemorySource:

@@ -37,11 +37,22 @@ def rebuild_installed(cache: str, p: int, data: PartitionData,
     of the other moves; this thread only serves page ranges, merges the sorted keys and
     loads LMDB.
 
+    Every page of the file passed its CRC and structure checks in the install scan
+    (``PartitionStore.file_checked``: and no checkpoint wrote it since), so the
+    rebuild's decode checks each page's structure but not its CRC again: a corrupt
+    page was refused before install, never indexed. The decode hands the index feed
+    the pages' keys and values in buffers (``LiveColumns``), no object per entry.
+
     Should the file not read (a fault after install), the store, which reads the
     same pages through its page memory, is the fallback (in this process)."""
     path = data.store.partition_path(p)
+    # The install scan checked every page of this file (CRC and structure) and nothing
+    # wrote it since: the rebuild's decode does not compute the CRCs again.
+    checked = getattr(data.store, "file_checked", None)
+    verified = bool(checked(p)) if callable(checked) else False
     try:
-        data.indexes.rebuild(p, PartitionFileSource(path), progress=progress, pool=pool, cancel=cancel)
+        data.indexes.rebuild(p, PartitionFileSource(path, verified=verified), progress=progress,
+                             pool=pool, cancel=cancel)
     except RebuildCancelled as e:
         raise Unavailable(f"index rebuild of {cache}/{p} stopped: {e}") from None
     except OutOfDiskError:

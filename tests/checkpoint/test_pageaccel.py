@@ -61,7 +61,7 @@ def events(path, decode: str, strict: bool, **kw):
     """What a consumer sees: items and problems interleaved, and the final error."""
     out: list = []
     fn = {"entries": pagefile.iter_entries, "batches": pagefile.iter_entry_batches,
-          "live": pagefile.iter_live_batches}[decode]
+          "live": pagefile.iter_live_batches, "columns": pagefile.iter_live_columns}[decode]
     on_error = None if strict else (lambda p: out.append(("problem", p)))
     try:
         for x in fn(path, on_error=on_error, **kw):
@@ -69,6 +69,8 @@ def events(path, decode: str, strict: bool, **kw):
                 out.append(("item", tuple(x), type(x).__name__))
             else:
                 assert x, "no empty batches"
+                if isinstance(x, pagefile.LiveColumns):
+                    x = x.pairs()
                 out.extend(("item", tuple(e), type(e).__name__) for e in x)
     except CorruptPageError as e:
         out.append(("raised", str(e)))
@@ -150,9 +152,9 @@ def assert_same(path) -> list:
     if BUILT is None:
         pytest.skip("checkpoint._pageaccel is not built")
     cases = [lambda: page_keys(path), lambda: pagefile.verify(path)]
-    for decode in ("entries", "batches", "live"):
+    for decode in ("entries", "batches", "live", "columns"):
         for strict in (True, False):
-            for tombs in ((True, False) if decode != "live" else (None,)):
+            for tombs in ((True, False) if decode in ("entries", "batches") else (None,)):
                 kw = {} if tombs is None else {"include_tombstones": tombs}
                 cases.append(lambda d=decode, s=strict, kw=kw: events(path, d, s, **kw))
     for batch, chunk in ((16384, None), (1, None), (5, 3 << 10), (7, 1 << 10)):
@@ -165,6 +167,8 @@ def assert_same(path) -> list:
         assert got == want
         assert got_checked == want_checked, "a different set of pages was marked checked"
         results.append(want)
+    # the columns give the live pairs, problems and errors exactly
+    assert results[12] == results[10] and results[13] == results[11]
     return results[2]                     # iter_entries, strict, with tombstones
 
 
@@ -248,6 +252,10 @@ def test_random_partitions_decode_identically(ops, fill, page_size, seed, reader
             path = build(tmp, base + [("checkpoint", 0, 0)] + ops, page_size, seed)
             seen = assert_same(path)
             assert all(kind == "item" for kind, *_ in seen)
+            # an intact file read as verified (no CRCs): the same pairs, both ways
+            for mode in ("pure", "accel"):
+                got, _checked = _run(lambda: events(path, "columns", True, verified=True), mode)
+                assert got == events(path, "live", True)
             bad = os.path.join(tmp, "bad.bin")
             for _ in range(corruptions):
                 shutil.copyfile(path, bad)
@@ -456,3 +464,30 @@ def test_checks_give_the_reasons_of_check_page_on_a_bad_page(tmp_path) -> None:
         with open(path, "rb") as f:
             f.seek(3 * 1024)
             assert got == (3, check_page(f.read(meta.page_size), 3, meta.page_size))
+
+
+@needs_accel
+def test_verified_columns_skip_the_crc_but_not_the_structure(tmp_path) -> None:
+    """``verified=True`` (the install scan checked every page): a page whose CRC no
+    longer matches is decoded without a CRC check, but a page whose slot directory is
+    broken is still refused, with check_data's reason."""
+    path = build_chains(tmp_path)
+    want = events(path, "live", True)
+    ps = read_meta(path).page_size
+    data_pages = [i for i, t, _u, keys in pagefile.iter_page_keys(path)
+                  if t == pagefile.PageType.DATA and keys]
+    bad = str(tmp_path / "crc.bin")
+    shutil.copyfile(path, bad)
+    with open(bad, "r+b") as f:                # the stored CRC alone is wrong
+        f.seek(data_pages[0] * ps)
+        f.write(b"\xff\xff\xff\xff")
+    assert events(bad, "columns", True)[-1][0] == "raised"
+    for mode in ("pure", "accel"):
+        got, _checked = _run(lambda: events(bad, "columns", True, verified=True), mode)
+        assert got == want
+    with open(bad, "r+b") as f:                # slot directory past the page: refused
+        f.seek(data_pages[0] * ps + pagefile.HDR)
+        f.write(struct.pack("<H", ps - 2))
+    for mode in ("pure", "accel"):
+        got, _checked = _run(lambda: events(bad, "columns", True, verified=True), mode)
+        assert got[-1][0] == "raised" and f"page {data_pages[0]}" in got[-1][1]

@@ -7,12 +7,14 @@ import json
 import os
 import subprocess
 import sys
+from array import array
 from types import ModuleType
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from checkpoint.decode import LiveColumns
 from indexes import accel
 from indexes.definitions import IndexDefinition
 from indexes.indexer import Indexer
@@ -52,11 +54,48 @@ def run(defs: list[IndexDefinition], items: list, mod: ModuleType | None,
         accel.module = saved
 
 
+def columns(items: list) -> LiveColumns:
+    """``items`` as the page decoder's LiveColumns: keys and values in one buffer,
+    every third value in the spill (as an overflow chain's value is)."""
+    data, spill, recs = bytearray(b"pad"), bytearray(), array("q")
+    for i, (pk, raw) in enumerate(items):
+        k0 = len(data)
+        data += pk
+        if i % 3 == 2:
+            recs.extend([k0, len(pk), ~len(spill), len(raw)])
+            spill += raw
+        else:
+            recs.extend([k0, len(pk), len(data), len(raw)])
+            data += raw
+    return LiveColumns(bytes(data), bytes(spill), recs.tobytes())
+
+
+def run_columns(defs: list[IndexDefinition], items: list, mod: ModuleType | None,
+                max_key: int = 511) -> tuple[int, list, list]:
+    """feed_many of ``items`` handed over as LiveColumns."""
+    saved = accel.module
+    accel.module = mod
+    try:
+        ix = Indexer(defs, {d.name: i + 1 for i, d in enumerate(defs)}, "json", max_key)
+        keys: list[bytes] = []
+        with_data: list[tuple[bytes, bytes]] = []
+        bad: list = []
+        n = ix.feed_many(columns(items), keys.append, lambda k, d: with_data.append((k, d)),
+                         lambda pk, b: bad.append((pk, [(x.index.name, x.reason) for x in b])))
+        return n, [(k, b"") for k in keys] + with_data, bad
+    finally:
+        accel.module = saved
+
+
 def same(defs: list[IndexDefinition], items: list, max_key: int = 511) -> None:
     want = run(defs, items, None, max_key)
     got = run(defs, items, BUILT, max_key)
     assert got[3] == (all(len(d.path) == 1 for d in defs) and bool(defs))
     assert got[:3] == want[:3]
+    # the same pairs in buffers (the decoder's LiveColumns), both ways
+    assert columns(items).pairs() == [tuple(x) for x in items]
+    assert run_columns(defs, items, BUILT, max_key) == want[:3]
+    assert run_columns(defs, items, None, max_key) == want[:3]
     # the write path: the same entries (values of the same type, -0.0 stays -0.0)
     # and reasons both ways, and the same set as feed_many (it shares no cache)
     assert repr(got[4]) == repr(want[4])
@@ -312,3 +351,19 @@ def test_plain_documents_never_reach_the_python_path(monkeypatch) -> None:
 def test_more_than_64_definitions_stay_on_the_python_path() -> None:
     defs = [IndexDefinition(f"i{j}", "city") for j in range(65)]
     assert not Indexer(defs, {d.name: i + 1 for i, d in enumerate(defs)}, "json", 511).accelerated
+
+
+@needs_accel
+def test_columns_records_outside_their_buffers_are_refused() -> None:
+    """A record that points past its buffer is an error, never a read past it."""
+    specs = ((b"city", b"\x00\x01", 0),)
+    good = columns([(b"k", b'{"city": "Oslo"}')])
+    keys: list[bytes] = []
+    assert BUILT is not None
+    assert BUILT.feed_columns(good.data, good.spill, good.cols, specs, 511, keys.append,
+                              lambda item: None) == 1
+    assert keys == [b"\x00\x01" + b"\x30Oslo\x00\x01" + b"k"]
+    for rec in ([0, 1 << 40, 3, 2], [3, 1, len(good.data), 1], [3, 1, ~5, 1], [-1, 1, 3, 1]):
+        with pytest.raises(ValueError):
+            BUILT.feed_columns(good.data, good.spill, array("q", rec).tobytes(), specs, 511,
+                               keys.append, lambda item: None)

@@ -177,7 +177,7 @@ def test_workers_alone_give_the_same_index(tmp_path, part_dir, monkeypatch) -> N
     with IndexStore.open(str(tmp_path / "one"), DEFS) as one:
         a = one.rebuild(4, src, workers=1)
         want = dump(one, 4)
-    monkeypatch.setattr(rb, "_ranges_batches", lambda path, ranges: iter(()))
+    monkeypatch.setattr(rb, "_ranges_batches", lambda path, ranges, verified: iter(()))
     with IndexStore.open(str(tmp_path / "par"), DEFS) as par:
         b = par.rebuild(4, src, workers=3)
         assert (b.scanned, b.entries, b.bad) == (a.scanned, a.entries, a.bad)
