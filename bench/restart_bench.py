@@ -54,8 +54,9 @@ def one_run(root: str, copy: str, args: argparse.Namespace) -> dict[str, object]
             acked0 = w.acked
             time.sleep(args.outage)
             during = w.acked - acked0
-            t0 = time.monotonic()
+            t0, t0_wall = time.monotonic(), time.time()
             victim.start(wait=True)
+            serving = time.monotonic() - t0
             c.wait_all_owning(timeout=600)
             seconds = time.monotonic() - t0
             after = w.acked - acked0 - during
@@ -67,7 +68,20 @@ def one_run(root: str, copy: str, args: argparse.Namespace) -> dict[str, object]
     pages = sum(int((m.get("copy") or {}).get("pages", 0)) for m in moves)
     sent = sum(int((m.get("copy") or {}).get("pages_sent", 0)) for m in moves
                if (m.get("copy") or {}).get("mode") == "delta")
-    return {"copy": copy, "seconds_restart_to_settled": round(seconds, 2), "moves": len(moves),
+    # where the time went: the node's own start, then the moves (stage seconds summed
+    # over the moves; the moves may overlap, so the sum can exceed the wall time)
+    stages: dict[str, float] = {}
+    for m in moves:
+        for k, v in (m.get("stage_seconds") or {}).items():
+            stages[k] = round(stages.get(k, 0.0) + float(v), 3)
+    last = max((float(m["finished"]) for m in moves), default=t0_wall) - t0_wall
+    return {"copy": copy, "seconds_restart_to_settled": round(seconds, 2),
+            "seconds_to_serving": round(serving, 2),
+            "seconds_to_last_owning": round(last, 2),
+            "stage_seconds_summed": stages,
+            "move_windows": sorted((round(float(m["finished"]) - float(m["seconds_to_owning"]) - t0_wall, 2),
+                                    round(float(m["finished"]) - t0_wall, 2)) for m in moves),
+            "moves": len(moves),
             "moves_by_copy": kinds, "wire_bytes": sum(int(m["wire_bytes"]) for m in moves),
             "partition_bytes": sum(int(m["bytes"]) for m in moves), "pages": pages,
             "delta_pages_sent": sent, "writes_during_outage": during,
@@ -86,6 +100,7 @@ def main() -> None:
     ap.add_argument("--work", default=None, help="folder for the clusters (default: a temp dir)")
     args = ap.parse_args()
     work = args.work or tempfile.mkdtemp(prefix="ferry-restart-bench-")
+    os.makedirs(work, exist_ok=True)        # a given folder may not exist yet
     from rebalance_fg import floor_rate
     floor = floor_rate(work)
     runs: list[dict[str, object]] = []

@@ -140,6 +140,7 @@ class LocalNode:
         self.proc: subprocess.Popen[bytes] | None = None
         self._env: dict[str, str] | None = None
         self._port_retries = 0
+        self._log_from = 0
 
     def start(self, wait: bool = True, env: dict[str, str] | None = None) -> "LocalNode":
         self._env = env
@@ -154,6 +155,9 @@ class LocalNode:
         e["PYTHONPATH"] = ROOT + os.pathsep + e.get("PYTHONPATH", "")
         e.update(env or {})
         with open(self.log, "ab") as log:
+            # where this life's lines begin: a restart appends to the log, whose earlier
+            # "serving on" line is not this life's
+            self._log_from = log.tell()
             self.proc = subprocess.Popen(args, stdout=log, stderr=log, env=e, cwd=ROOT)
         if wait:
             self.wait_serving()
@@ -173,8 +177,9 @@ class LocalNode:
                     continue
                 raise RuntimeError(f"node {self.id} exited with status {self.proc.returncode}; see {self.log}")
             try:
-                with open(self.log, errors="replace") as f:
-                    if f"node {self.id} serving on" in f.read():
+                with open(self.log, "rb") as f:
+                    f.seek(self._log_from)
+                    if f"node {self.id} serving on".encode() in f.read():
                         return
             except OSError:
                 pass
