@@ -27,7 +27,10 @@ What the level sets, and why those levers (a 2-core machine, docs/benchmarks.md)
 - moves started at once (``admit``): each move's install scan, index rebuild and
   replay are CPU in this process, which the writers' primaries and backups need;
 - transfers received at once and their byte rate (``recv_limits``): the receive's
-  disk writes, fsyncs and page checks compete with the write path's WAL fsyncs;
+  disk writes, fsyncs and page checks compete with the write path's WAL fsyncs. A
+  messages-mode fetch holds a receive slot and takes its entries' bytes from the same
+  rate, so both modes are paced by the same measure (bytes received per second) and
+  the cheaper path per byte earns the higher level;
 - the temp-WAL replay rate (``replay_limit``), but never below REPLAY_OVER_INGEST x
   the partition's ingest rate nor REPLAY_MIN_RPS: a replay slower than its writes
   would never converge, and a slow replay *costs* writes (backpressure holds each
@@ -367,7 +370,9 @@ class Admission:
         the throttled limits are fractions of."""
         now = self.clock()
         moves = {k: mv.progress() for k, mv in self.ctx.moves.items()}
-        wire = {k: mv.fig.wire for k, mv in moves.items() if mv.mode == "files"}
+        # bytes received: a file transfer's wire bytes, a messages move's entry bytes
+        # (both modes are paced by the same receive rate)
+        wire = {k: mv.fig.wire if mv.mode == "files" else mv.fig.bytes for k, mv in moves.items()}
         dt = now - self._wire_at
         if dt >= TICK_S / 2:
             delta = sum(max(0, w - self._wire[k]) for k, w in wire.items() if k in self._wire)

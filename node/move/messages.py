@@ -11,17 +11,22 @@ replay (:func:`node.move.apply.apply_chunked`).
 ``fetch``    supply batches of entries (ascending counter, at most FETCH_BYTES each),
              each applied as ONE batch like a real message-based rebalancer (Ignite's
              supply messages). Counters at or below the partition's are skipped, so an
-             entry is never applied over a newer update of p.
+             entry is never applied over a newer update of p. The fetch holds one of the
+             node's receive slots and takes its bytes from the node's receive rate (the
+             host's ``recv_limits``), as a file transfer does: foreground protection
+             paces both modes by the same measure, bytes received per second.
 ``catchup``  under the partition lock: buffered updates with counter > C applied in
              order, batched the same way (they must be contiguous from C+1, else the
              move restarts), then p -> OWNING; later updates take the normal path.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import TYPE_CHECKING
 
 from faults import crashpoint
+from transfer import Priority
 
 from ..errors import NodeError, Unavailable
 from ..states import State
@@ -82,20 +87,27 @@ def messages_once(ctx: "MoveContext", mv: Move, data: PartitionData, supply: Ent
     sid, C, mv.fig.bytes_total = supply.demand(addr, cache, p)
     crashpoint("demander.after_demand")
     mv.begin(Stage.FETCH)
-    offset, last = 0, 0
-    while True:
-        if mv.cancelled:
-            return True
-        entries, offset, done = supply.fetch(addr, sid, offset, FETCH_BYTES)
-        batch = supply_batch(cache, p, entries, last, C)
-        with ctx.plock(cache, p):
-            apply_chunked(data, p, batch)      # the whole supply message at once
-        if batch:
-            last = batch[-1][2]
-        mv.fig.bytes += sum(len(k) + (len(v) if v else 0) for k, v, _ in batch)
-        crashpoint("demander.mid_receive")   # a supply message applied, more may come
-        if done:
-            break
+    with contextlib.ExitStack() as held:
+        limits = ctx.recv_limits
+        if limits is not None:
+            held.enter_context(limits.slots.acquire(Priority.REBALANCE))
+        offset, last = 0, 0
+        while True:
+            if mv.cancelled:
+                return True
+            entries, offset, done = supply.fetch(addr, sid, offset, FETCH_BYTES)
+            batch = supply_batch(cache, p, entries, last, C)
+            with ctx.plock(cache, p):
+                apply_chunked(data, p, batch)      # the whole supply message at once
+            if batch:
+                last = batch[-1][2]
+            n = sum(len(k) + (len(v) if v else 0) for k, v, _ in batch)
+            mv.fig.bytes += n
+            crashpoint("demander.mid_receive")   # a supply message applied, more may come
+            if done:
+                break
+            if limits is not None:
+                limits.bucket.take(n)            # paced as a file transfer's bytes are
     mv.begin(Stage.CATCHUP)
     with ctx.plock(cache, p):
         items = [it for it in sink.drain() if it[0] > C]

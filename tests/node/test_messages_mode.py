@@ -167,3 +167,79 @@ def test_messages_mode_demander_killed_mid_fetch_and_at_each_stage(tmp_path, nod
     for k in pre:
         assert k in parts[partition_of(k, 8)], k
     assert leftovers([n.data for n in nodes]) == []
+
+
+class _Bucket:
+    """A receive rate that records what it is asked to pace instead of sleeping."""
+
+    def __init__(self) -> None:
+        self.taken: list[int] = []
+
+    def take(self, n: int) -> float:
+        self.taken.append(n)
+        return 0.0
+
+
+def test_the_fetch_holds_a_receive_slot_and_is_paced_by_the_receive_rate(data, tmp_path):
+    """Both modes are paced by the same measure: a messages move's fetch holds one of the
+    node's receive slots for the whole fetch and takes each supply message's entry bytes
+    from the node's receive rate, as a file transfer takes its bytes."""
+    import contextlib
+    import threading
+
+    from node.move import MoveContext
+    from node.move.messages import messages_once
+    from node.move.progress import Move
+    from node.states import State
+    from transfer import Limits
+
+    limits = Limits(max_transfers=1)
+    bucket = _Bucket()
+    limits.bucket = bucket  # type: ignore[assignment]
+    pages = [[[b"k%03d" % (10 * m + i), city("oslo", 100), 10 * m + i + 1] for i in range(10)]
+             for m in range(3)]
+    held_during_fetch: list[int] = []
+
+    class Supply:
+        def demand(self, primary, cache, p):
+            return "s1", 30, 30 * 120
+
+        def fetch(self, primary, session, offset, max_bytes):
+            held_during_fetch.append(limits.slots.held)
+            return pages[offset], offset + 1, offset == len(pages) - 1
+
+        def done(self, primary, session):
+            pass
+
+    class States:
+        def __init__(self) -> None:
+            self.s: dict[tuple[str, int], State] = {}
+
+        def get(self, cache, p):
+            return self.s.get((cache, p))
+
+        def set(self, cache, p, state, reason=""):
+            self.s[(cache, p)] = state
+
+    class Locator:
+        def primary(self, cache, p):
+            return "n1", "127.0.0.1:1"
+
+    lock = threading.RLock()
+
+    @contextlib.contextmanager
+    def plock(cache, p):
+        with lock:
+            yield
+
+    states = States()
+    ctx = MoveContext(me="n2", data_dir=str(tmp_path), secret=b"", data={"default": data},
+                      states=states, plock=plock, feed=None, locator=Locator(),  # type: ignore[arg-type]
+                      stopping=threading.Event(), recv_limits=limits)
+    mv = Move("default", 1, mode="messages")
+    assert messages_once(ctx, mv, data, Supply()) is True
+    assert states.get("default", 1) == State.OWNING and data.counter(1) == 30
+    assert held_during_fetch == [1, 1, 1] and limits.slots.held == 0
+    per_message = [sum(len(k) + len(v) for k, v, _ in page) for page in pages]
+    # every supply message's bytes but the last (after which nothing waits) were paced
+    assert bucket.taken == per_message[:-1] and mv.fig.bytes == sum(per_message)
