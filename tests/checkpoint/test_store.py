@@ -153,6 +153,32 @@ def test_install_and_drop(open_store, tmp_path) -> None:
     assert 6 not in s.partitions() and s.get(5, b"k1") == b"a1"
 
 
+def test_file_checked_holds_from_the_install_scan_until_a_checkpoint_writes(open_store,
+                                                                            tmp_path) -> None:
+    """file_checked(p): every page passed check_page in the scan that installed (or
+    opened) the file, and no checkpoint wrote it since: what lets the index rebuild of
+    an installed file skip the CRCs."""
+    a = PartitionStore.open(str(tmp_path / "a"), checkpoint_interval=None, wal_sync="none")
+    for i in range(300):
+        a.put(5, b"k%d" % i, b"a%d" % i)
+    a.checkpoint()
+    received = str(tmp_path / "received.bin")
+    shutil.copyfile(a.partition_path(5), received)
+    a.close()
+    s = open_store()
+    assert not s.file_checked(5) and not s.file_checked(6)     # no such partition
+    s.install_partition(5, received)
+    assert s.file_checked(5)
+    s.checkpoint()                                    # nothing dirty: nothing written
+    assert s.file_checked(5)
+    s.put(5, b"new", b"v")
+    s.checkpoint()                                    # the file is written: no longer
+    assert not s.file_checked(5)
+    s.close()
+    s = open_store()                                  # the open scan checks every page
+    assert s.file_checked(5)
+
+
 def test_install_refuses_wrong_partition(open_store, tmp_path) -> None:
     s = open_store()
     s.put(1, b"k", b"v")
