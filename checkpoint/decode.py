@@ -320,16 +320,19 @@ def iter_live_columns(path: str, *, on_error: Callable[[PageProblem], None] | No
 
 def iter_live_range(path: str, meta: Meta, start: int, stop: int, body: bytes,
                     seen: Callable[[int, bytes], None],
-                    on_error: Callable[[PageProblem], None]) -> Iterator[list[tuple[bytes, bytes]]]:
+                    on_error: Callable[[PageProblem], None], columns: bool = False
+                    ) -> Iterator[Any]:
     """The live pairs of pages ``start <= i < stop`` of a file that may still be
     written (a transfer's temp file), decoded from ``body`` (those pages' bytes as the
     caller read them) with ``meta`` given (page 0 may not be there yet). Every page
     read outside the range (overflow chains) goes to ``seen(page, bytes)``; problems
     go to ``on_error``. Same checks and items as :func:`iter_live_batches` over the
-    same bytes; the truncation check is left out (the file is not complete)."""
+    same bytes, in lists of pairs; with ``columns``, what the page accelerator decodes
+    comes as :class:`LiveColumns` (as :func:`iter_live_columns`). The truncation check
+    is left out (the file is not complete)."""
     r = RangeReader(path, meta, start, stop, body, seen)
     r.size = max(r.size, meta.page_count * meta.page_size)     # no truncation report
-    return _batches(path, False, on_error, True, reader=r)
+    return _batches(path, False, on_error, True, reader=r, columns=columns)
 
 
 def iter_entries(path: str, *, include_tombstones: bool = True,

@@ -195,7 +195,8 @@ class StreamingIndex:
             on_error = None if strict else problems.append
             # iter_live_range hands on_error to _batches, where None means raise at the
             # first bad page; its annotation leaves None out
-            for batch in iter_live_range(path, self.meta, lo, b, body, seen, on_error):  # type: ignore[arg-type]
+            for batch in iter_live_range(path, self.meta, lo, b, body, seen, on_error,  # type: ignore[arg-type]
+                                         columns=True):
                 scanned += self.indexer.feed_many(batch, keys.append, add_with_data, on_bad)
         keys.sort()
         size = sum(map(len, keys)) + KEY_OVERHEAD * len(keys) + \
