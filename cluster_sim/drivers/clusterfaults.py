@@ -213,10 +213,13 @@ class ClusterFaults:
 
     # -- disk ---------------------------------------------------------------------------
     def await_transfer(self: Any, node: str) -> None:
-        """Until a transfer to ``node`` has written its first bytes (past its free-disk
-        check): a ``part-<p>.bin.ferry-tmp`` with data in the node's data dir. Watched on
-        the disk, not in the move's status: a move is in its transfer stage before the
-        check, and the transfer reports progress per 4 MiB chunk."""
+        """Until a transfer to ``node`` is receiving its file (past its free-disk check):
+        a ``part-<p>.bin.ferry-tmp`` in the node's data dir, the temp file the demander
+        creates once the check passed. Watched on the disk, not in the move's status: a
+        move is in its transfer stage before the check, and the transfer reports progress
+        per 4 MiB chunk. Not "has data": the demander writes a chunk once it is whole and
+        checked, so a small file's data may land all at once, with nothing left to
+        write when the disk fills."""
         problems = self.checks.setdefault("disk_full_move_failed_cleanly", [])
         folder = os.path.join(self.data_dir(node), "caches", self.scenario.caches[0].name)
         deadline = time.monotonic() + REFUSAL_TIMEOUT_S
@@ -228,14 +231,9 @@ class ClusterFaults:
                 names = []
             for name in names:
                 if name.endswith(".bin" + TEMP_SUFFIX):
-                    try:
-                        blocks = os.stat(os.path.join(folder, name)).st_blocks
-                    except OSError:
-                        continue
-                    if blocks:
-                        self.caught = name[:-len(TEMP_SUFFIX)]
-                        self.timeline.mark(node, "transfer running", f"{name} has data")
-                        return
+                    self.caught = name[:-len(TEMP_SUFFIX)]
+                    self.timeline.mark(node, "transfer running", f"{name} created")
+                    return
             time.sleep(0.005)
         problems.append(f"{node}: no transfer wrote data within {REFUSAL_TIMEOUT_S:.0f}s")
 
