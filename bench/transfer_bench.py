@@ -20,13 +20,17 @@ chunk read into one buffer, hashed and MACed there, then written: one pass);
 ``ferry_plain_splice`` is the same fetch received by splice (socket -> pipe -> file,
 transfer.splice, the chunk hashed back from the page cache) for comparison.
 
+``raw_sendfile_4m`` is the raw pair again with the receiver reading into a 4 MiB buffer
+(Ferry's chunk size) instead of 1 MiB: a second reference, as the buffer size alone
+changes the raw receiver's CPU on loopback.
+
 The authenticated variants, each as a ratio to raw sendfile:
 
 - ``ferry_unsealed``: the shared-secret handshake, then frames without the per-frame
   HMAC and file data without its Poly1305 MAC (data by sendfile). No configuration
   gives this mode; the bench strips the session's sealer on both sides right after the
   handshake to show what the MACs cost.
-- ``ferry_plain``: today's secret mode, sealed frames and Poly1305 over the data.
+- ``ferry_plain``: the secret mode as ``ferry transfer fetch`` runs it, sealed frames and Poly1305 over the data.
 - ``ferry_tls``: mutual TLS 1.3 with certificates from ``node.certs`` (``ferry transfer
   serve --tls-*``): no sendfile, the file read into a reused buffer and encrypted in user
   space; ``tls_path`` is what the fetch reported and ``ktls_available`` whether the
@@ -55,8 +59,8 @@ GiB = 1 << 30
 PY = sys.executable
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), FERRY_SECRET=SECRET)
+def _env(root: str = ROOT) -> dict[str, str]:
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""), FERRY_SECRET=SECRET)
     env.pop("FERRY_CRASH", None)
     return env
 
@@ -93,9 +97,10 @@ def _cpu_tree(proc: subprocess.Popen) -> float:
     return total
 
 
-def _client(code: str) -> dict:
+def _client(code: str, root: str = ROOT) -> dict:
     """Run a Python client that prints {"seconds":..., "cpu":...} as its last line."""
-    out = subprocess.run([PY, "-c", textwrap.dedent(code)], env=_env(), capture_output=True, text=True,
+    # run in ``root``: ``python -c`` puts the working directory first on sys.path
+    out = subprocess.run([PY, "-c", textwrap.dedent(code)], env=_env(root), cwd=root, capture_output=True, text=True,
                          timeout=900)
     if out.returncode != 0:
         raise RuntimeError(out.stderr[-2000:])
@@ -119,7 +124,7 @@ print("ready", flush=True)
 c, _ = srv.accept()
 t0, c0 = time.perf_counter(), cpu()
 fd = os.open({dst!r}, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-buf = bytearray(1 << 20); view = memoryview(buf)
+buf = bytearray({bufsize}); view = memoryview(buf)
 while True:
     n = c.recv_into(view)
     if not n: break
@@ -140,9 +145,10 @@ print(json.dumps({{"seconds": 0, "cpu": cpu() - c0}}))
 """
 
 
-def raw_sendfile(src: str, dst: str) -> dict:
+def raw_sendfile(src: str, dst: str, bufsize: int = 1 << 20) -> dict:
     port = _free_port()
-    recv = subprocess.Popen([PY, "-c", RAW_RECEIVER.format(port=port, dst=dst)], stdout=subprocess.PIPE, text=True)
+    recv = subprocess.Popen([PY, "-c", RAW_RECEIVER.format(port=port, dst=dst, bufsize=bufsize)],
+                            stdout=subprocess.PIPE, text=True)
     assert recv.stdout.readline().strip() == "ready"
     send = _client(RAW_SENDER.format(port=port, src=src))
     r = json.loads(recv.stdout.read().strip().splitlines()[-1])
@@ -197,12 +203,13 @@ main()
 
 def ferry(serve: subprocess.Popen, port: int, dst: str, ssh: dict | None = None, rate: float | None = None,
           extra: subprocess.Popen | None = None, splice: bool = False, tls: tuple[str, ...] | None = None,
-          unsealed: bool = False) -> dict:
+          unsealed: bool = False, root: str = ROOT) -> dict:
     def run() -> dict:
         for f in os.listdir(dst):
             os.unlink(os.path.join(dst, f))
+        # an older tree's Demander has no splice=False default: pass what it is asked
         return _client(FERRY_CLIENT.format(port=port, dst=dst, secret=SECRET, ssh=ssh, rate=rate,
-                                           splice=splice, tls=tls, unsealed=unsealed))
+                                           splice=splice, tls=tls, unsealed=unsealed), root)
     before_extra = _cpu_tree(extra) if extra else 0.0
     res = _served(serve, run)
     if extra:   # sshd encrypts on the supplier's side of the tunnel: count it there
@@ -329,13 +336,15 @@ def make_certs(work: str) -> tuple[tuple[str, str, str], tuple[str, str, str]]:
     return (ca, n1.cert, n1.key), (ca, n2.cert, n2.key)
 
 
-def _serve(src_dir: str, port: int, extra: list[str] | None = None, unsealed: bool = False) -> subprocess.Popen:
+def _serve(src_dir: str, port: int, extra: list[str] | None = None, unsealed: bool = False,
+           root: str = ROOT) -> subprocess.Popen:
     code = UNSEALED_SERVE if unsealed else "from ferry.cli import main; main()"
     return subprocess.Popen([PY, "-c", code, "transfer", "serve", "--dir", src_dir, "--port", str(port),
-                             *(extra or [])], env=_env(), stderr=subprocess.DEVNULL)
+                             *(extra or [])], env=_env(root), cwd=root, stderr=subprocess.DEVNULL)
 
 
-def bench_size(size: int, work: str, repeat: int, sshd: Sshd | None, only: set[str] | None = None) -> dict:
+def bench_size(size: int, work: str, repeat: int, sshd: Sshd | None, only: set[str] | None = None,
+               baseline: str | None = None) -> dict:
     src_dir, dst_dir = os.path.join(work, "src"), os.path.join(work, "dst")
     for d in (src_dir, dst_dir):
         shutil.rmtree(d, ignore_errors=True)
@@ -350,6 +359,7 @@ def bench_size(size: int, work: str, repeat: int, sshd: Sshd | None, only: set[s
     serve_tls = _serve(src_dir, tport, ["--tls-ca", server_tls[0], "--tls-cert", server_tls[1],
                                         "--tls-key", server_tls[2]])
     methods = {"raw_sendfile": lambda: raw_sendfile(src, dst_file),
+               "raw_sendfile_4m": lambda: raw_sendfile(src, dst_file, 4 << 20),
                "ferry_unsealed": lambda: ferry(serve_unsealed, uport, dst_dir, unsealed=True),
                "ferry_plain": lambda: ferry(serve, port, dst_dir),
                "ferry_plain_splice": lambda: ferry(serve, port, dst_dir, splice=True),
@@ -361,27 +371,49 @@ def bench_size(size: int, work: str, repeat: int, sshd: Sshd | None, only: set[s
         methods["paramiko_sftp"] = lambda: sshd.sftp(src, dst_file)
     if only:
         methods = {k: v for k, v in methods.items() if k in only or k in ("raw_sendfile", "ferry_plain")}
+    servers = [(port, serve), (uport, serve_unsealed), (tport, serve_tls)]
+    if baseline:
+        # the same fetches by another tree's supplier and demander (``--baseline``), as
+        # that tree's `ferry transfer fetch` runs them (its own splice default)
+        bport, buport = _free_port(), _free_port()
+        bserve = _serve(src_dir, bport, root=baseline)
+        bserve_unsealed = _serve(src_dir, buport, unsealed=True, root=baseline)
+        servers += [(bport, bserve), (buport, bserve_unsealed)]
+        bsplice = _default_splice(baseline)
+        methods["baseline_unsealed"] = lambda: ferry(bserve_unsealed, buport, dst_dir, unsealed=True,
+                                                     splice=bsplice, root=baseline)
+        methods["baseline_plain"] = lambda: ferry(bserve, bport, dst_dir, splice=bsplice, root=baseline)
     try:
-        for pt, proc in ((port, serve), (uport, serve_unsealed), (tport, serve_tls)):
+        for pt, proc in servers:
             _wait_port(pt, proc)
         out = interleaved(methods, repeat)
     finally:
-        for proc in (serve, serve_unsealed, serve_tls):
+        for _, proc in servers:
             proc.terminate()
             proc.wait()
     if check(src, dst_file) is False:
         raise RuntimeError("the last fetch did not install a byte-identical file")
     raw = out["raw_sendfile"]["seconds"]
+    raw4 = out["raw_sendfile_4m"]["seconds"] if "raw_sendfile_4m" in out else None
     for name, r in out.items():
         r.pop("receive_seconds", None)
         r["mb_per_s"] = round(size / 1e6 / r["seconds"], 1)
         r["ratio_to_raw_sendfile"] = round(raw / r["seconds"], 3)
+        if raw4 is not None:
+            r["ratio_to_raw_sendfile_4m"] = round(raw4 / r["seconds"], 3)
         r["cpu_send_s_per_gib"] = round(r.pop("cpu_send") * GiB / size, 3)
         r["cpu_recv_s_per_gib"] = round(r.pop("cpu_recv") * GiB / size, 3)
         r["cpu_send_s_per_gib_median"] = round(r.pop("cpu_send_median") * GiB / size, 3)
         r["cpu_recv_s_per_gib_median"] = round(r.pop("cpu_recv_median") * GiB / size, 3)
         r["seconds"] = round(r["seconds"], 3)
     return out
+
+
+def _default_splice(root: str) -> bool:
+    """The default of ``Demander(splice=...)`` in the tree at ``root``."""
+    code = "import inspect, transfer; print(inspect.signature(transfer.Demander).parameters['splice'].default)"
+    out = subprocess.run([PY, "-c", code], env=_env(root), cwd=root, capture_output=True, text=True, check=True)
+    return out.stdout.strip() == "True"
 
 
 def check(src: str, dst: str) -> bool | None:
@@ -429,6 +461,9 @@ def main() -> None:
     ap.add_argument("--only", default="", help="comma-separated methods to run (raw_sendfile and "
                     "ferry_plain always run), e.g. ferry_unsealed,ferry_plain_splice; skips the rate check")
     ap.add_argument("--no-ssh", action="store_true", help="do not start sshd (no ferry_ssh, paramiko_sftp)")
+    ap.add_argument("--baseline", default=None, metavar="DIR",
+                    help="another checkout of the project (e.g. `git archive OLD | tar -x -C DIR`): its "
+                    "supplier and demander run as baseline_plain and baseline_unsealed in the same rounds")
     args = ap.parse_args()
     sizes = [256 << 20] if args.quick else [GiB] + ([4 * GiB] if args.full else [])
     repeat = args.repeat or (1 if args.quick else 3)
@@ -446,11 +481,11 @@ def main() -> None:
     from transfer.tls import ktls_available
     result: dict = {"bench": "transfer", "dir": args.dir, "repeat": repeat, "cpus": os.cpu_count(),
                     "files": "source and all destinations under " + work,
-                    "loadavg_start": os.getloadavg()[0], "ssh": ssh_note,
+                    "loadavg_start": os.getloadavg()[0], "ssh": ssh_note, "baseline": args.baseline,
                     "ktls_available": ktls_available(), "sizes": {}}
     try:
         for size in sizes:
-            result["sizes"][f"{size >> 20}MiB"] = bench_size(size, work, repeat, sshd, only)
+            result["sizes"][f"{size >> 20}MiB"] = bench_size(size, work, repeat, sshd, only, args.baseline)
         # A rate the loaded machine can surely deliver: 40% of what Ferry reached
         # unthrottled in this run (at most 100 MB/s), for about 3 seconds of data.
         plain = result["sizes"][f"{sizes[0] >> 20}MiB"]["ferry_plain"]["mb_per_s"] * 1e6
