@@ -19,7 +19,7 @@ from transfer.frames import FrameType, read_frame, write_frame
 from transfer.messages import Chunk, Demand, End, Manifest
 from transfer.resume import Receiving
 from transfer.transport import SocketConn
-from transfer.errors import RemoteError
+from transfer.errors import PeerClosed, RemoteError
 from transfer_helpers import SECRET, Proxy, peer_of, read, write_part
 
 MB = 1 << 20
@@ -190,8 +190,11 @@ def test_resent_chunk_with_another_checksum_is_a_protocol_error(dst) -> None:
         read_frame(conn, expect=[FrameType.RESEND])
         write_frame(conn, FrameType.CHUNK, Chunk(0, MB, xxhash.xxh3_64_intdigest(data),
                                                  _mac(conn, d, 1, 0, data)).to_body())
-        conn.send(data)
-        write_frame(conn, FrameType.END, End(1, MB, 0).to_body())
+        try:
+            conn.send(data)
+            write_frame(conn, FrameType.END, End(1, MB, 0).to_body())
+        except PeerClosed:
+            pass        # the demander may stop at the CHUNK frame, before its bytes
     peer, t = _fake_supplier(script)
     with pytest.raises(FrameError, match="changed its checksum"):
         _fetch(peer, dst, 0)
