@@ -14,8 +14,8 @@ INCREASE_PER_S per second (below ``min_moves``: by a factor e^(LOW_GROWTH_PER_S 
 seconds), so a paced level does not jump to full rate in one tick); above it, it halves
 (at most once per latency window, so one slow window is not punished twice).
 
-A rebalance starts at START_LOADED x ``min_moves`` (one move, about REF_RECV_BPS / 32
-with the defaults), and the admission thread ticks at once: it asks the nodes the first
+A rebalance starts at START_LOADED x ``min_moves`` (one move, about REF_RECV_BPS / 16
+with the defaults: a quarter of one receive slot's share), and the admission thread ticks at once: it asks the nodes the first
 move touches for their latency, and with no foreground writes anywhere lifts the level
 to the maximum within milliseconds; under writes the level grows from there only while
 the latency stays within target. (Measured, docs/benchmarks.md, `bench/rebalance_fg.py`, 8
@@ -258,9 +258,15 @@ class Admission:
             level, hi, moves = self.aimd.level, self.aimd.hi, self.aimd.moves
         if cfg.rebalance_protect and level < hi:
             slots = min(slots, moves)
-            ref = self.peak_recv_bps or float(REF_RECV_BPS)
-            mine = max(float(MIN_RATE_BPS), ref * level / hi)
-            rate = mine if rate is None else min(rate, mine)
+            # a fraction of what the receive slots reach at full speed: ``ref`` is the
+            # rate of ``transfer.concurrency`` transfers at once, the level counts moves,
+            # so one move at level 1 gets one slot's share (the same share whatever the
+            # mode's max_moves: files mode's is twice its slots)
+            share = level / max(1, cfg.transfer_concurrency)
+            if share < 1.0:
+                ref = self.peak_recv_bps or float(REF_RECV_BPS)
+                mine = max(float(MIN_RATE_BPS), ref * share)
+                rate = mine if rate is None else min(rate, mine)
         return slots, rate
 
     def busy(self) -> bool:

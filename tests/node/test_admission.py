@@ -207,7 +207,8 @@ def test_levers_follow_the_level_and_replay_never_drops_below_its_ingest():
     adm.peak_replay_rps = 10_000
     adm.aimd.level = 2.0
     slots, rate = adm.transfer_limits()
-    assert slots == 2 and rate == pytest.approx(100e6)
+    # two moves of four receive slots: half the peak, whatever max_moves (8) is
+    assert slots == 2 and rate == pytest.approx(200e6)
     assert adm.move_limit() == 2
     assert adm.replay_limit() == max(REPLAY_MIN_RPS, 2500)
     mv = Move("default", 3, mode="files")
@@ -215,7 +216,9 @@ def test_levers_follow_the_level_and_replay_never_drops_below_its_ingest():
     ctx.moves.running[("default", 3)] = mv
     assert adm.replay_limit() == int(REPLAY_OVER_INGEST * 3000)
     adm._apply()
-    assert lim.slots.limit == 2 and lim.bucket.rate == pytest.approx(100e6)
+    assert lim.slots.limit == 2 and lim.bucket.rate == pytest.approx(200e6)
+    adm.aimd.level = 5.0                         # past the receive slots: not paced
+    assert adm.transfer_limits() == (4, None)
 
 
 def test_protection_off_restores_the_configured_limits():
@@ -240,7 +243,7 @@ def test_a_rebalance_starts_paced_and_the_first_tick_decides():
     assert adm.admit(0) and adm.move_limit() == 1
     assert not adm.admit(1)
     slots, rate = adm.transfer_limits()      # one move, paced: no rate measured yet
-    assert slots == 1 and rate == pytest.approx(REF_RECV_BPS * START_LOADED / 8)
+    assert slots == 1 and rate == pytest.approx(REF_RECV_BPS * START_LOADED / 4)
     ctx.moves.running[("default", 1)] = Move("default", 1, mode="files")
     adm.started()
     adm.tick()                               # within target: grows from there, not at once
