@@ -387,6 +387,40 @@ static PyObject *make_pair(PyObject *key, PyObject *value)   /* steals both */
 
 /* Append the items of a valid DATA page: 1 done, 0 a chain fault (page left to
  * Python), -1 a Python exception, -2 an exception raised by ``fetch`` (a read). */
+/* One page of a decode walk (decode and decode_live): 1 when it is a DATA page to
+ * decode now, 0 when it is to be skipped (a checked non-DATA page, or a good page of
+ * another type: marked checked), -1 when the walk stops here (Python names the problem). */
+static int walk_page(const uint8_t *pg, uint64_t index, uint32_t ps, chainctx *cx)
+{
+    uint32_t type = pg[FERRY_PG_OFF_TYPE];
+    if (index < (uint64_t)cx->ncheck && cx->checked[index]) {
+        if (type != T_DATA)                /* checked already, by a chain that used it */
+            return 0;
+    }
+    else if (type != T_DATA || rd32(pg + FERRY_PG_OFF_INDEX) != index || !crc_ok(pg, ps)) {
+        if (type == T_DATA || !page_ok(pg, index, ps))
+            return -1;
+        if (index < (uint64_t)cx->ncheck)
+            cx->checked[index] = 1;
+        return 0;
+    }
+    return data_ok(pg, ps) ? 1 : -1;
+}
+
+/* The exception a page's decode raised, normalized with its traceback (owned; NULL only
+ * if normalizing failed). */
+static PyObject *take_exception(void)
+{
+    PyObject *t, *v, *tb;
+    PyErr_Fetch(&t, &v, &tb);
+    PyErr_NormalizeException(&t, &v, &tb);
+    if (tb && v)
+        PyException_SetTraceback(v, tb);
+    Py_XDECREF(t);
+    Py_XDECREF(tb);
+    return v;
+}
+
 static int data_items(PyObject *out, const uint8_t *pg, chainctx *cx, int tombstones,
                       int pairs, PyTypeObject *etype)
 {
@@ -468,35 +502,18 @@ static PyObject *py_decode(PyObject *self, PyObject *args)
     const uint8_t *chunk = (const uint8_t *)b.buf;
     for (; j < n; j++) {
         const uint8_t *pg = chunk + (size_t)j * ps;
-        uint64_t index = first + j;
-        uint32_t type = pg[FERRY_PG_OFF_TYPE];
-        if (index < (uint64_t)cx.ncheck && cx.checked[index]) {
-            if (type != T_DATA)            /* checked already, by a chain that used it */
-                continue;
-        }
-        else if (type != T_DATA || rd32(pg + FERRY_PG_OFF_INDEX) != index || !crc_ok(pg, ps)) {
-            if (type == T_DATA || !page_ok(pg, index, ps))
-                break;                     /* Python names the problem */
-            if (index < (uint64_t)cx.ncheck)
-                cx.checked[index] = 1;
+        int w = walk_page(pg, first + j, ps, &cx);
+        if (w < 0)
+            break;                         /* Python names the problem */
+        if (w == 0)
             continue;
-        }
-        if (!data_ok(pg, ps))
-            break;
         Py_ssize_t mark = PyList_GET_SIZE(out);
         cx.cbase = chunk;                  /* chains start in this chunk */
         cx.cfirst = first;
         cx.cend = first + n;
         int r = data_items(out, pg, &cx, tombstones, pairs, etype);
         if (r == -2) {
-            PyObject *t, *v, *tb;
-            PyErr_Fetch(&t, &v, &tb);
-            PyErr_NormalizeException(&t, &v, &tb);
-            if (tb && v)
-                PyException_SetTraceback(v, tb);
-            Py_XDECREF(t);
-            Py_XDECREF(tb);
-            exc = v;                       /* owned; NULL only if normalizing failed */
+            exc = take_exception();
             r = exc ? 0 : -1;
         }
         if (r <= 0) {
@@ -897,35 +914,18 @@ static PyObject *py_decode_live(PyObject *self, PyObject *args)
     int failed = 0;
     for (; j < n; j++) {
         const uint8_t *pg = chunk + (size_t)j * ps;
-        uint64_t index = first + j;
-        uint32_t type = pg[FERRY_PG_OFF_TYPE];
-        if (index < (uint64_t)cx.ncheck && cx.checked[index]) {
-            if (type != T_DATA)            /* checked already, by a chain that used it */
-                continue;
-        }
-        else if (type != T_DATA || rd32(pg + FERRY_PG_OFF_INDEX) != index || !crc_ok(pg, ps)) {
-            if (type == T_DATA || !page_ok(pg, index, ps))
-                break;                     /* Python names the problem */
-            if (index < (uint64_t)cx.ncheck)
-                cx.checked[index] = 1;
+        int w = walk_page(pg, first + j, ps, &cx);
+        if (w < 0)
+            break;                         /* Python names the problem */
+        if (w == 0)
             continue;
-        }
-        if (!data_ok(pg, ps))
-            break;
         size_t mark = cols.len, smark = spill.len;
         cx.cbase = chunk;                  /* chains start in this chunk */
         cx.cfirst = first;
         cx.cend = first + n;
         int r = data_cols(&cols, &spill, chunk, pg, &cx);
         if (r == -2) {
-            PyObject *t, *v, *tb;
-            PyErr_Fetch(&t, &v, &tb);
-            PyErr_NormalizeException(&t, &v, &tb);
-            if (tb && v)
-                PyException_SetTraceback(v, tb);
-            Py_XDECREF(t);
-            Py_XDECREF(tb);
-            exc = v;                       /* owned; NULL only if normalizing failed */
+            exc = take_exception();
             r = exc ? 0 : -1;
         }
         if (r < 0) {
