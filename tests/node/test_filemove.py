@@ -138,7 +138,11 @@ def test_supplier_killed_mid_send_and_old_owner_mid_eviction(tmp_path, nodes):
     """n2 dies while sending a file (n3 continues from n1), comes back, then dies while
     evicting a partition it no longer owns; after its restart everything converges."""
     from node.assignment import owners
-    secret, cfg, n1, n2 = start_pair(tmp_path, nodes)
+    # protection off: under the writer it would run n3's moves one at a time, and each
+    # would pick n1 or n2 at random (both idle); at once, a move picks the supplier this
+    # node uses least, so n2 supplies one of the first two moves
+    unpaced = FILES.replace('mode = "files"', 'mode = "files"\nprotect = false')
+    secret, cfg, n1, n2 = start_pair(tmp_path, nodes, unpaced)
     w = Writer([n1.address], secret)
     w.start()
     try:
@@ -151,7 +155,7 @@ def test_supplier_killed_mid_send_and_old_owner_mid_eviction(tmp_path, nodes):
         nodes.append(n3)
         n3.start()
         wait_exit(n2)
-        # n3's first move pulls from n2, so n2 died before handing anything over: it
+        # one of n3's first moves pulls from n2, so n2 died before handing anything over: it
         # still holds copies that are no longer its own with n3 in the cluster
         held = read_states(n2.data)["default"]
         others = [p for p, s in held.items()
