@@ -143,6 +143,25 @@ typedef struct {
     int have_held;
 } chainctx;
 
+static void ctx_init(chainctx *cx, uint32_t ps, uint32_t pcount, Py_buffer *checked,
+                     PyObject *fetch)
+{
+    cx->ps = ps;
+    cx->pcount = pcount;
+    cx->checked = (uint8_t *)checked->buf;
+    cx->ncheck = checked->len;
+    cx->fetch = fetch;
+}
+
+/* The walk is in the chunk again (a chain's fetch may have moved it): pages
+ * [first, first + n) at chunk. */
+static void ctx_chunk(chainctx *cx, const uint8_t *chunk, uint64_t first, Py_ssize_t n)
+{
+    cx->cbase = chunk;
+    cx->cfirst = first;
+    cx->cend = first + (uint64_t)n;
+}
+
 static void ctx_release(chainctx *cx)
 {
     if (cx->have_held) {
@@ -493,11 +512,7 @@ static PyObject *py_decode(PyObject *self, PyObject *args)
     if (!out)
         goto done;
     chainctx cx = {0};
-    cx.ps = ps;
-    cx.pcount = pcount;
-    cx.checked = (uint8_t *)ck.buf;
-    cx.ncheck = ck.len;
-    cx.fetch = fetch;
+    ctx_init(&cx, ps, pcount, &ck, fetch);
     Py_ssize_t n = b.len / ps;
     const uint8_t *chunk = (const uint8_t *)b.buf;
     for (; j < n; j++) {
@@ -508,9 +523,7 @@ static PyObject *py_decode(PyObject *self, PyObject *args)
         if (w == 0)
             continue;
         Py_ssize_t mark = PyList_GET_SIZE(out);
-        cx.cbase = chunk;                  /* chains start in this chunk */
-        cx.cfirst = first;
-        cx.cend = first + n;
+        ctx_chunk(&cx, chunk, first, n);   /* chains start in this chunk */
         int r = data_items(out, pg, &cx, tombstones, pairs, etype);
         if (r == -2) {
             exc = take_exception();
@@ -555,11 +568,7 @@ static PyObject *py_chain_value(PyObject *self, PyObject *args)
         Py_RETURN_NONE;                    /* not a chain this decoder follows: Python's */
     }
     chainctx cx = {0};
-    cx.ps = ps;
-    cx.pcount = pcount;
-    cx.checked = (uint8_t *)ck.buf;
-    cx.ncheck = ck.len;
-    cx.fetch = fetch;
+    ctx_init(&cx, ps, pcount, &ck, fetch);
     int err;
     PyObject *v = walk_chain(&cx, page, length, &err);
     ctx_release(&cx);
@@ -904,11 +913,7 @@ static PyObject *py_decode_live(PyObject *self, PyObject *args)
         goto done;
     }
     chainctx cx = {0};
-    cx.ps = ps;
-    cx.pcount = pcount;
-    cx.checked = (uint8_t *)ck.buf;
-    cx.ncheck = ck.len;
-    cx.fetch = fetch;
+    ctx_init(&cx, ps, pcount, &ck, fetch);
     Py_ssize_t n = b.len / ps;
     const uint8_t *chunk = (const uint8_t *)b.buf;
     int failed = 0;
@@ -920,9 +925,7 @@ static PyObject *py_decode_live(PyObject *self, PyObject *args)
         if (w == 0)
             continue;
         size_t mark = cols.len, smark = spill.len;
-        cx.cbase = chunk;                  /* chains start in this chunk */
-        cx.cfirst = first;
-        cx.cend = first + n;
+        ctx_chunk(&cx, chunk, first, n);   /* chains start in this chunk */
         int r = data_cols(&cols, &spill, chunk, pg, &cx);
         if (r == -2) {
             exc = take_exception();
