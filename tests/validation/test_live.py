@@ -27,6 +27,7 @@ class Writer(threading.Thread):
         super().__init__(daemon=True)
         self.cluster, self.stop_ev = cluster, threading.Event()
         self.model: dict[str, str] = {}
+        self.writes = 0                 # acknowledged puts
         self.errors: list[str] = []
 
     def run(self) -> None:
@@ -37,6 +38,7 @@ class Writer(threading.Thread):
                 try:
                     c.put("default", k, v)
                     self.model[k] = v
+                    self.writes += 1
                 except Exception as e:  # noqa: BLE001 - a write refused is counted, not fatal
                     self.errors.append(str(e))
                 i += 1

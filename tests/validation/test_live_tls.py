@@ -13,7 +13,6 @@ import glob
 import json
 import os
 import subprocess
-import threading
 import time
 
 import pytest
@@ -25,6 +24,8 @@ from node.wire import Pool
 from transfer.tls import TlsContexts, TlsFiles
 from validation import validate
 from validation.live import CertificateRefused, LiveSettings
+
+from test_live import Writer  # the same writer: puts through the cluster's (TLS) client
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -39,31 +40,6 @@ def cluster(tmp_path_factory):
         c.start(2)
         c.load(400, threads=2)
         yield c
-
-
-class Writer(threading.Thread):
-    """Puts keys w-<i> through the cluster's TLS client while the validation runs."""
-
-    def __init__(self, cluster: LocalCluster) -> None:
-        super().__init__(daemon=True)
-        self.cluster, self.stop_ev = cluster, threading.Event()
-        self.writes = 0
-        self.errors: list[str] = []
-
-    def run(self) -> None:
-        with self.cluster.client(timeout=30) as c:
-            i = 0
-            while not self.stop_ev.is_set():
-                try:
-                    c.put("default", f"w-{i % 300}", f"value-{i}")
-                    self.writes += 1
-                except Exception as e:  # noqa: BLE001 - a write refused is counted, not fatal
-                    self.errors.append(str(e))
-                i += 1
-
-    def stop(self) -> None:
-        self.stop_ev.set()
-        self.join(30)
 
 
 def _sent_lines(cluster: LocalCluster) -> int:
