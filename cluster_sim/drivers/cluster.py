@@ -90,8 +90,12 @@ def node_toml(s: Scenario, etcd_access: "EtcdAccess | None" = None) -> str:
 class ClusterDriver(ClusterFaults, Driver):
     # with the scenario's tls: the run's CA and the harness's client certificate
     certs: RunCerts | None = None
-    etcd_tls = False                # etcd over https with RBAC (tls on loopback, containers)
-    etcd_access: "EtcdAccess | None" = None     # the nodes' etcd credentials then
+    # etcd over https with RBAC (tls on loopback, containers): the nodes' credentials
+    etcd_access: "EtcdAccess | None" = None
+
+    @property
+    def etcd_tls(self) -> bool:
+        return self.etcd_access is not None
     client_tls: "TlsFiles | None" = None
 
     def setup(self) -> None:
@@ -107,14 +111,13 @@ class ClusterDriver(ClusterFaults, Driver):
         # prefix (what LocalCluster and the demo run). In network namespaces the nodes
         # reach etcd through a proxy on their gateway address, which etcd's loopback
         # server certificate does not name.
-        self.etcd_tls = s.tls and (self.net is None or hasattr(self.net, "attach"))
         from node.etcdserver import EtcdCluster
         etcd_dir = os.path.join(self.dir, "etcd")
-        access = EtcdCluster.planned_access(etcd_dir, ETCD_PREFIX) if self.etcd_tls else None
-        self.etcd_access = access
+        if s.tls and (self.net is None or hasattr(self.net, "attach")):
+            self.etcd_access = EtcdCluster.planned_access(etcd_dir, ETCD_PREFIX)
         self.config = os.path.join(self.dir, "node.toml")
         with open(self.config, "w") as f:
-            f.write(node_toml(s, access))
+            f.write(node_toml(s, self.etcd_access))
         self.ports = {n: free_port() for n in s.all_nodes()}
         self.procs: dict[str, Proc] = {}
         self.left: set[str] = set()       # left gracefully: gone for good
