@@ -28,6 +28,19 @@ import click
                    "(ferry certs issue CA_DIR NAME --validator).")
 @click.option("--tls-key", type=click.Path(dir_okay=False), default=None,
               help="Live mode, mutual TLS: the certificate's key.")
+@click.option("--etcd-ca", type=click.Path(dir_okay=False), default=None,
+              help="--control-plane over https: the CA that signed etcd's certificate "
+                   "(default: $FERRY_ETCD_CA).")
+@click.option("--etcd-cert", type=click.Path(dir_okay=False), default=None,
+              help="--control-plane: a client certificate for etcd (default: $FERRY_ETCD_CERT).")
+@click.option("--etcd-key", type=click.Path(dir_okay=False), default=None,
+              help="--control-plane: that certificate's key (default: $FERRY_ETCD_KEY).")
+@click.option("--etcd-user", default=None,
+              help="--control-plane: an etcd user that may read the prefix, e.g. the cluster's "
+                   "ferry-NAME-reader (default: $FERRY_ETCD_USER).")
+@click.option("--etcd-password-file", type=click.Path(dir_okay=False), default=None,
+              help="--control-plane: a file holding that user's password "
+                   "(default: $FERRY_ETCD_PASSWORD_FILE).")
 @click.option("--cache", "caches", multiple=True, help="Live mode: only this cache (repeatable).")
 @click.option("--parallel", type=click.IntRange(min=1), default=4, show_default=True,
               help="Live mode: partitions fenced and fetched at once, cluster-wide.")
@@ -52,6 +65,8 @@ import click
               help="Extra Spark setting (repeatable).")
 def validate(dirs: tuple[str, ...], cluster: str | None, control_plane: str | None, prefix: str,
              secret_file: str | None, tls_ca: str | None, tls_cert: str | None, tls_key: str | None,
+             etcd_ca: str | None, etcd_cert: str | None, etcd_key: str | None,
+             etcd_user: str | None, etcd_password_file: str | None,
              caches: tuple[str, ...], parallel: int, rate: str | None,
              partitions: int | None, master: str, expected: str | None, as_json: bool,
              report: str | None, export: tuple[str, str] | None, max_keys: int,
@@ -72,7 +87,8 @@ def validate(dirs: tuple[str, ...], cluster: str | None, control_plane: str | No
     try:
         settings = parse_conf(list(conf))
         live = live_settings(cluster, control_plane, prefix, secret_file, list(caches),
-                             parallel, rate, (tls_ca, tls_cert, tls_key))
+                             parallel, rate, (tls_ca, tls_cert, tls_key),
+                             (etcd_ca, etcd_cert, etcd_key, etcd_user, etcd_password_file))
     except ValidationError as exc:
         raise click.UsageError(str(exc)) from exc
     if not dirs and live is None:

@@ -23,6 +23,7 @@ if __name__ == "__main__" and not __package__:
 
 import argparse
 import json
+import re
 import time
 from typing import TYPE_CHECKING, Mapping
 
@@ -222,19 +223,46 @@ def add_live_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--tls-cert", default=None, help="mutual TLS: a validator certificate "
                     "(ferry://validator/NAME)")
     ap.add_argument("--tls-key", default=None, help="mutual TLS: its key")
+    for name, what in ETCD_OPTIONS:
+        ap.add_argument(f"--etcd-{name}", dest=f"etcd_{name.replace('-', '_')}", default=None, help=what)
     ap.add_argument("--cache", action="append", default=[])
     ap.add_argument("--parallel", type=int, default=live_mod.DEFAULT_PARALLEL)
     ap.add_argument("--rate", default=None, help="bytes/s of validation transfers (200MB, 0 = unlimited)")
     ap.add_argument("--partitions", type=int, default=None)
 
 
+ETCD_OPTIONS = (
+    ("ca", "--control-plane over https: the CA that signed etcd's certificate ($FERRY_ETCD_CA)"),
+    ("cert", "--control-plane: a client certificate for etcd's --client-cert-auth ($FERRY_ETCD_CERT)"),
+    ("key", "--control-plane: that certificate's key ($FERRY_ETCD_KEY)"),
+    ("user", "--control-plane: an etcd user allowed to read the prefix, e.g. ferry-NAME-reader "
+             "($FERRY_ETCD_USER)"),
+    ("password-file", "--control-plane: a file holding that user's password ($FERRY_ETCD_PASSWORD_FILE)"),
+)
+
+
 def live_settings(cluster: str | None, control_plane: str | None, prefix: str,
                   secret_file: str | None, caches: list[str], parallel: int,
                   rate: str | None, tls: tuple[str | None, str | None, str | None] = (None, None, None),
+                  etcd: tuple[str | None, ...] = (None,) * 5,
                   ) -> live_mod.LiveSettings | None:
     """The live-mode settings of the command line, or None (folder mode). ``tls``: the
     --tls-ca, --tls-cert and --tls-key paths (all three or none; they replace the
-    secret)."""
+    secret). ``etcd``: --etcd-ca, --etcd-cert, --etcd-key, --etcd-user and
+    --etcd-password-file, how --control-plane reaches an etcd with TLS and access
+    control (none given: the environment's ``FERRY_ETCD_*``, as ``ferry cluster``)."""
+    from node.control import EtcdAccess
+    from node.errors import ConfigError
+    access = EtcdAccess(*etcd) if any(etcd) else EtcdAccess.from_env()
+    if not access.empty and not control_plane:
+        raise ValidationError("--etcd-* options are for --control-plane (the cluster's etcd)")
+    if control_plane and not access.empty:
+        try:
+            access.check([x for x in control_plane.split(",") if x])
+        except ConfigError as exc:
+            msg = str(exc).replace("control_plane.endpoints", "--control-plane")
+            msg = re.sub(r"control_plane\.(\w+)", lambda m: "--etcd-" + m.group(1).replace("_", "-"), msg)
+            raise ValidationError(msg) from exc
     if any(tls) and not all(tls):
         missing = ", ".join(f"--tls-{k}" for k, v in zip(("ca", "cert", "key"), tls) if not v)
         raise ValidationError(f"mutual TLS needs all of --tls-ca, --tls-cert and --tls-key; {missing} "
@@ -262,7 +290,8 @@ def live_settings(cluster: str | None, control_plane: str | None, prefix: str,
         assert ca and cert and key
         files = TlsFiles(ca, cert, key)
     return live_mod.LiveSettings(split(cluster), split(control_plane), prefix, secret_file,
-                                 list(caches), parallel, bps or None, files)
+                                 list(caches), parallel, bps or None, files,
+                                 None if access.empty else access)
 
 
 def _from_spark(exc: BaseException) -> bool:
@@ -299,7 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         conf = parse_conf(a.conf)
         live = live_settings(a.cluster, a.control_plane, a.prefix, a.secret_file, a.cache,
-                             a.parallel, a.rate, (a.tls_ca, a.tls_cert, a.tls_key))
+                             a.parallel, a.rate, (a.tls_ca, a.tls_cert, a.tls_key),
+                             (a.etcd_ca, a.etcd_cert, a.etcd_key, a.etcd_user, a.etcd_password_file))
     except ValidationError as exc:
         ap.error(str(exc))
     if not a.dirs and live is None:

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
     from node import ClusterMap
+    from node.control import EtcdAccess
     from transfer.tls import TlsContexts, TlsFiles
 
 DEFAULT_PARALLEL = 4          # partitions fenced and fetched at once, cluster-wide
@@ -47,6 +48,7 @@ class LiveSettings:
     parallel: int = DEFAULT_PARALLEL
     rate: float | None = DEFAULT_RATE                    # None: unlimited
     tls: TlsFiles | None = None                          # mutual TLS instead of the secret
+    etcd: EtcdAccess | None = None                       # how --control-plane reaches etcd
 
 
 @dataclass
@@ -121,10 +123,24 @@ def _contexts(files: "TlsFiles") -> "TlsContexts":
                                  f"{exc.reason}") from exc
 
 
-def _members_from_etcd(endpoints: list[str], prefix: str) -> list[str]:
+ETCD_HINT = ("ferry validate reaches an etcd with TLS or access control with --etcd-ca, "
+             "--etcd-cert, --etcd-key, --etcd-user and --etcd-password-file, or $FERRY_ETCD_*; "
+             "the cluster's read-only user, ferry-NAME-reader, is enough")
+
+
+def _members_from_etcd(endpoints: list[str], prefix: str, access: "EtcdAccess | None" = None) -> list[str]:
+    """The RPC addresses of the live members under ``prefix`` (a read of
+    ``P/members/``: the read-only role of ``ferry etcd setup`` may do it). ``access``
+    None: the environment's ``FERRY_ETCD_*``."""
     from node import Etcd
+    from node.control import ControlPlaneAccessError
+    from node.errors import ControlPlaneError, ControlPlaneTLSError
     try:
-        _, kvs = Etcd(endpoints).range_prefix(prefix.rstrip("/") + "/members/")
+        _, kvs = Etcd(endpoints, access=access).range_prefix(prefix.rstrip("/") + "/members/")
+    except (ControlPlaneTLSError, ControlPlaneAccessError, ControlPlaneError) as exc:
+        # TLS refused, no or wrong credentials, permission denied: a setup error, said once
+        raise ClusterUnreachable(f"control plane {','.join(endpoints)} refused the read of "
+                                 f"{prefix.rstrip('/')}/members/: {exc} ({ETCD_HINT})") from exc
     except Exception as exc:  # noqa: BLE001 - the etcd client raises its own and OS errors
         raise ClusterUnreachable(f"control plane {','.join(endpoints)} unreachable: {exc}") from exc
     out = [kv.value.get("address") for kv in kvs.values() if isinstance(kv.value, dict)]
@@ -157,7 +173,7 @@ def read_map(settings: LiveSettings) -> tuple["ClusterMap", list[str], str, "Tls
     try:
         seeds = list(settings.seeds)
         if settings.control_plane:
-            seeds += [a for a in _members_from_etcd(settings.control_plane, settings.prefix)
+            seeds += [a for a in _members_from_etcd(settings.control_plane, settings.prefix, settings.etcd)
                       if a not in seeds]
         if not seeds:
             raise ValidationError("give --cluster HOST:PORT[,...] or --control-plane URL")
