@@ -20,6 +20,12 @@ chunk read into one buffer, hashed and MACed there, then written: one pass);
 ``ferry_plain_splice`` is the same fetch received by splice (socket -> pipe -> file,
 transfer.splice, the chunk hashed back from the page cache) for comparison.
 
+Secret-mode fetches derive the handshake key (scrypt of the secret, about 70 ms of CPU,
+transfer.auth) before the clock starts, as a node does once at its start and never per
+move: the figures are the transfer's, not the start of a process. ``--cold-key``
+measures instead what one ``ferry transfer fetch`` invocation pays, key derivation
+included; every run reports its ``handshake_seconds`` either way.
+
 ``raw_sendfile_4m`` is the raw pair again with the receiver reading into a 4 MiB buffer
 (Ferry's chunk size) instead of 1 MiB: a second reference, as the buffer size alone
 changes the raw receiver's CPU on loopback.
@@ -56,6 +62,7 @@ import psutil
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SECRET = "5e8a1f47c90d3b26e4a7f01c8d5b92e6"   # a random constant: weak secrets are refused
 GiB = 1 << 30
+WARM_KEY = True       # the demander derives the secret's handshake key before the clock starts (--cold-key: not)
 PY = sys.executable
 
 
@@ -179,10 +186,18 @@ if {unsealed!r}:
     dm.client_handshake = _unsealed
 d = Demander(DirectoryStorage({dst!r}), "127.0.0.1:{port}", {secret!r}.encode(), connect=connect,
              limits=Limits(1, {rate!r}), splice={splice!r}, tls=tls)
+if {warm_key!r}:
+    try:
+        from transfer.auth import handshake_key     # a --baseline tree may predate it
+    except ImportError:
+        handshake_key = None
+    if handshake_key is not None:
+        handshake_key({secret!r}.encode())
 c0 = cpu()
 r = d.fetch(0)
 print(json.dumps({{"seconds": r.seconds, "cpu": cpu() - c0, "bytes_wire": r.bytes_wire,
-                  "receive_seconds": r.stages["receive"], "spliced": r.spliced, "path": r.path}}))
+                  "receive_seconds": r.stages["receive"], "handshake_seconds": r.stages.get("handshake", 0.0),
+                  "spliced": r.spliced, "path": r.path}}))
 """
 
 # `ferry transfer serve` whose sessions drop the sealer after the handshake (bench only)
@@ -209,13 +224,14 @@ def ferry(serve: subprocess.Popen, port: int, dst: str, ssh: dict | None = None,
             os.unlink(os.path.join(dst, f))
         # an older tree's Demander has no splice=False default: pass what it is asked
         return _client(FERRY_CLIENT.format(port=port, dst=dst, secret=SECRET, ssh=ssh, rate=rate,
-                                           splice=splice, tls=tls, unsealed=unsealed), root)
+                                           splice=splice, tls=tls, unsealed=unsealed,
+                                           warm_key=WARM_KEY and not tls), root)
     before_extra = _cpu_tree(extra) if extra else 0.0
     res = _served(serve, run)
     if extra:   # sshd encrypts on the supplier's side of the tunnel: count it there
         res["cpu_server"] += _cpu_tree(extra) - before_extra
     return {"seconds": res["seconds"], "cpu_send": res["cpu_server"], "cpu_recv": res["cpu"],
-            "receive_seconds": res["receive_seconds"], "spliced": res["spliced"], "path": res["path"]}
+            "receive_seconds": res["receive_seconds"], "handshake_seconds": res.get("handshake_seconds", 0.0), "spliced": res["spliced"], "path": res["path"]}
 
 
 def rsync_daemon(src: str, dst: str, work: str) -> dict:
@@ -461,10 +477,15 @@ def main() -> None:
     ap.add_argument("--only", default="", help="comma-separated methods to run (raw_sendfile and "
                     "ferry_plain always run), e.g. ferry_unsealed,ferry_plain_splice; skips the rate check")
     ap.add_argument("--no-ssh", action="store_true", help="do not start sshd (no ferry_ssh, paramiko_sftp)")
+    ap.add_argument("--cold-key", action="store_true",
+                    help="secret-mode fetches derive the handshake key inside the measured fetch, as one "
+                         "`ferry transfer fetch` process does (default: before it, as a running node)")
     ap.add_argument("--baseline", default=None, metavar="DIR",
                     help="another checkout of the project (e.g. `git archive OLD | tar -x -C DIR`): its "
                     "supplier and demander run as baseline_plain and baseline_unsealed in the same rounds")
     args = ap.parse_args()
+    global WARM_KEY
+    WARM_KEY = not args.cold_key
     sizes = [256 << 20] if args.quick else [GiB] + ([4 * GiB] if args.full else [])
     repeat = args.repeat or (1 if args.quick else 3)
     work = tempfile.mkdtemp(prefix="ferry-bench-", dir=args.dir)
@@ -479,7 +500,7 @@ def main() -> None:
             ssh_note = f"not run: sshd did not start ({e})"
     sys.path.insert(0, ROOT)
     from transfer.tls import ktls_available
-    result: dict = {"bench": "transfer", "dir": args.dir, "repeat": repeat, "cpus": os.cpu_count(),
+    result: dict = {"bench": "transfer", "dir": args.dir, "repeat": repeat, "handshake_key": "cold" if args.cold_key else "derived before the fetch", "cpus": os.cpu_count(),
                     "files": "source and all destinations under " + work,
                     "loadavg_start": os.getloadavg()[0], "ssh": ssh_note, "baseline": args.baseline,
                     "ktls_available": ktls_available(), "sizes": {}}
