@@ -46,18 +46,25 @@ def _crash(point: str | None, side: str, seed: int):
               help="Container mode: each node in its own container (the Docker engine at "
                    "DOCKER_HOST, else a private one; root). Also knows the container runs: "
                    "pause, slow-disk-join (docs/harness.md).")
+@click.option("--netns", "in_netns", is_flag=True,
+              help="Network-namespace mode: each node in its own `ip netns` on its own "
+                   "address, reaching etcd through proxies on its gateway (root; not with "
+                   "proxy = true scenarios).")
 @click.option("--tls", is_flag=True,
               help="The scenario with tls = true: the nodes' links mutual TLS with certificates "
-                   "of the run's CA, the harness's clients with a client certificate.")
+                   "of the run's CA, the harness's clients with a client certificate, etcd "
+                   "over https with client certificates and RBAC.")
 def run_cmd(scenario: str, crash: str | None, side: str, seed: int, as_json: bool, keep: bool,
             workdir: str | None, plot: str | None, expected: str | None,
-            in_containers: bool = False, tls: bool = False) -> None:
+            in_containers: bool = False, in_netns: bool = False, tls: bool = False) -> None:
     """Run one scenario under one seed (and crash plan); exit 0 only if every invariant holds."""
     from dataclasses import replace
     from .diskfull import SimSkipped
     from .errors import SimError
     from .runner import run
     from .builtins import load
+    if in_containers and in_netns:
+        raise click.UsageError("--containers and --netns are two different modes: pick one")
     try:
         plan = _crash(crash, side, seed)
         kw = dict(seed=seed, crash=plan, workdir=workdir, keep=keep, expected=expected,
@@ -66,6 +73,17 @@ def run_cmd(scenario: str, crash: str | None, side: str, seed: int, as_json: boo
             from .drivers.container import load as load_container_run, run_in_containers
             cs, spec = load_container_run(scenario)
             res = run_in_containers(replace(cs, tls=True) if tls else cs, spec, **kw)
+        elif in_netns:             # cluster_sim/netns.py
+            from . import netns
+            s = replace(load(scenario), tls=True) if tls else load(scenario)
+            if s.proxy:
+                raise SimSkipped(f"scenario {s.name!r} has proxy = true, which runs on "
+                                 "loopback only, not with network namespaces")
+            ok, why = netns.permitted()
+            if not ok:
+                raise SimSkipped(f"network namespaces: {why}")
+            with netns.Netns(s.all_nodes()) as net:
+                res = run(s, net=net, **kw)
         else:
             s = load(scenario)
             res = run(replace(s, tls=True) if tls else s, **kw)

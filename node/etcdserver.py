@@ -7,8 +7,9 @@ default; ``EtcdCluster(n=3)`` starts a three-member cluster whose members can be
 and restarted one by one (the harness's ``etcd-member-loss`` scenario).
 
 ``EtcdCluster(root, tls=True)`` serves https only, with a CA of its own in ``root/pki``
-(node/certs.py): a server certificate for loopback, client and peer certificate
-authentication against that CA. ``auth_prefix="/ferry/NAME"`` (needs ``tls``) then runs
+(node/certs.py): a server certificate for loopback (``server_ips``: and these addresses
+too, for clients that reach the members through a proxy on another address), client
+and peer certificate authentication against that CA. ``auth_prefix="/ferry/NAME"`` (needs ``tls``) then runs
 ``ferry etcd setup`` for that cluster (node/etcdauth.py): roles and users for the nodes
 and for readers, root's password in ``root/pki/root.password``, and etcd's auth on.
 :meth:`EtcdCluster.access` gives the credentials of each.
@@ -42,6 +43,16 @@ def etcd_binary() -> str:
     if os.path.isfile(cand) and os.access(cand, os.X_OK):
         return cand
     raise ConfigError(f"no etcd binary found (Ferry's control plane runs on etcd); {INSTALL_HINT}")
+
+
+def _names(cert: str, ips: tuple[str, ...]) -> bool:
+    """Whether the certificate ``cert`` names every address of ``ips``."""
+    if not ips:
+        return True
+    from .certs import describe
+    named = describe(cert).get("ips") or []
+    assert isinstance(named, list)
+    return set(ips) <= set(named)
 
 
 def _free_port() -> int:
@@ -106,15 +117,19 @@ class EtcdMember:
 class EtcdCluster:
     """``n`` etcd members on loopback under ``root``; ``endpoints`` for the nodes.
     ``tls``: https with client-certificate authentication; ``auth_prefix``: etcd's
-    RBAC on, with a node role and a reader role for the cluster under that prefix."""
+    RBAC on, with a node role and a reader role for the cluster under that prefix.
+    ``server_ips``: addresses the server certificate names besides loopback (where a
+    proxy in front of the members listens for clients that cannot reach loopback)."""
 
-    def __init__(self, root: str, n: int = 1, *, tls: bool = False, auth_prefix: str | None = None) -> None:
+    def __init__(self, root: str, n: int = 1, *, tls: bool = False, auth_prefix: str | None = None,
+                 server_ips: tuple[str, ...] = ()) -> None:
         self.root = os.path.abspath(root)
         os.makedirs(self.root, exist_ok=True)
         if auth_prefix and not tls:
             raise ConfigError("etcd's auth without TLS would send its passwords and tokens in clear: "
                               "EtcdCluster(auth_prefix=...) needs tls=True")
         self.tls, self.auth_prefix = tls, auth_prefix
+        self.server_ips = tuple(dict.fromkeys(server_ips))
         self.pki = os.path.join(self.root, "pki")
         self.setup: Setup | None = None
         server = self._make_pki() if tls else None
@@ -129,9 +144,15 @@ class EtcdCluster:
         if not os.path.exists(ca.key):
             certs.init_ca(self.pki, name="ferry-local-etcd-ca")
         out = {}
+        # loopback (and localhost) as certs.issue names by default, and the extra addresses
+        ips = tuple(dict.fromkeys((*certs.LOOPBACK_IPS, *self.server_ips))) if self.server_ips else ()
         for name, server in (("etcd-server", True), ("admin", False), ("node", False), ("reader", False)):
             path = os.path.join(self.pki, f"{name}.crt")
-            out[name] = (certs.issue(self.pki, name, server=server) if not os.path.exists(path)
+            if server and os.path.exists(path) and not _names(path, self.server_ips):
+                os.remove(path)         # made for other addresses: issued again below
+            out[name] = (certs.issue(self.pki, name, server=server, ips=ips if server else (),
+                                     dns=("localhost",) if server and ips else ())
+                         if not os.path.exists(path)
                          else certs.Issued(path, os.path.join(self.pki, f"{name}.key")))
         return ca.cert, out["etcd-server"].cert, out["etcd-server"].key
 

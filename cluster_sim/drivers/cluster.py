@@ -90,7 +90,7 @@ def node_toml(s: Scenario, etcd_access: "EtcdAccess | None" = None) -> str:
 class ClusterDriver(ClusterFaults, Driver):
     # with the scenario's tls: the run's CA and the harness's client certificate
     certs: RunCerts | None = None
-    # etcd over https with RBAC (tls on loopback, containers): the nodes' credentials
+    # etcd over https with RBAC (with tls, in every mode): the nodes' credentials
     etcd_access: "EtcdAccess | None" = None
 
     @property
@@ -106,14 +106,13 @@ class ClusterDriver(ClusterFaults, Driver):
         if s.tls:
             self.certs = RunCerts(self.dir)
             self.client_tls = self.certs.files(TLS_CLIENT, "client")
-        # with tls on loopback or in containers (host networking), etcd too: https with
-        # client certificates and RBAC, the nodes with the node role of the cluster's
-        # prefix (what LocalCluster and the demo run). In network namespaces the nodes
-        # reach etcd through a proxy on their gateway address, which etcd's loopback
-        # server certificate does not name.
+        # with tls, etcd too: https with client certificates and RBAC, the nodes with
+        # the node role of the cluster's prefix (what LocalCluster and the demo run). In
+        # network namespaces the nodes reach etcd through a proxy on their gateway
+        # address: etcd's server certificate names those addresses besides loopback.
         from node.etcdserver import EtcdCluster
         etcd_dir = os.path.join(self.dir, "etcd")
-        if s.tls and (self.net is None or hasattr(self.net, "attach")):
+        if s.tls:
             self.etcd_access = EtcdCluster.planned_access(etcd_dir, ETCD_PREFIX)
         self.config = os.path.join(self.dir, "node.toml")
         with open(self.config, "w") as f:
@@ -124,7 +123,8 @@ class ClusterDriver(ClusterFaults, Driver):
         if s.proxy and self.net is not None:
             raise SimError("proxy = true runs on loopback only, not with network namespaces")
         self.etcd = EtcdCluster(etcd_dir, n=s.control_plane_members, tls=self.etcd_tls,
-                                auth_prefix=ETCD_PREFIX if self.etcd_tls else None)
+                                auth_prefix=ETCD_PREFIX if self.etcd_tls else None,
+                                server_ips=self.etcd_gateways())
         self.etcd.start()
         self.setup_faults(self.ports, LEASE_TTL_S)
         if hasattr(self.net, "attach"):
@@ -135,6 +135,16 @@ class ClusterDriver(ClusterFaults, Driver):
         # lease watchers poll every 0.2 s; one pool reuses their connections instead of
         # dialling and authenticating (and reading the secret) for every call
         self.pool = self.client_pool()
+
+    def etcd_gateways(self) -> tuple[str, ...]:
+        """The addresses nodes dial etcd on besides loopback: in network namespaces the
+        gateway of each node, where its control proxies listen (etcd's server
+        certificate names them)."""
+        if self.net is None:
+            return ()
+        from node.certs import LOOPBACK_IPS
+        gws = dict.fromkeys(self.net.gateway(n) for n in self.scenario.all_nodes())
+        return tuple(g for g in gws if g not in LOOPBACK_IPS)
 
     # -- the harness's credentials: the secret, or with tls its client certificate ------------
     def client_pool(self, timeout: float = 10.0) -> "Pool":
