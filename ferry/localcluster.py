@@ -82,12 +82,24 @@ class ClusterCerts:
     what ``ferry certs init`` and ``ferry certs issue --node ID | --client NAME |
     --validator NAME`` write."""
 
-    def __init__(self, ca_dir: str, out_dir: str, name: str = "ferry-local-ca") -> None:
-        from node import certs
+    def __init__(self, ca_dir: str, out_dir: str, name: str = "ferry-local-ca", revocation: bool = False) -> None:
+        from node import certs, crl
         self.ca_dir, self.out_dir = ca_dir, out_dir
         self.ca = certs.ca_paths(ca_dir).cert
         if not os.path.exists(certs.ca_paths(ca_dir).key):
             certs.init_ca(ca_dir, name=name)
+        # ``revocation``: every file set names the CA's revocation list (written empty
+        # now; :meth:`revoke` adds to it), as ``ferry certs crl`` and ``revoke`` do
+        self.crl: str | None = None
+        if revocation:
+            self.crl = crl.crl_path(ca_dir)
+            if not os.path.exists(self.crl):
+                crl.write_crl(ca_dir)
+
+    def revoke(self, files: "TlsFiles") -> None:
+        """Revoke the certificate of ``files`` and write the list again (``ferry certs revoke``)."""
+        from node import crl
+        crl.revoke(self.ca_dir, files.cert)
 
     def _files(self, name: str, role: str) -> "TlsFiles":
         from node import certs
@@ -97,7 +109,7 @@ class ClusterCerts:
         if not (os.path.exists(crt) and os.path.exists(key)):
             out = certs.issue(self.ca_dir, name, sub, role=role)
             crt, key = out.cert, out.key
-        return TlsFiles(self.ca, crt, key)
+        return TlsFiles(self.ca, crt, key, self.crl)
 
     def node(self, node_id: str) -> "TlsFiles":
         """The files of node ``node_id`` (``ferry://node/<id>``: server and client use)."""
@@ -116,13 +128,16 @@ class ClusterCerts:
 def tls_section(files: "TlsFiles") -> str:
     """A node config's ``[tls]`` section naming ``files``."""
     return (f"\n[tls]\nca = {json.dumps(files.ca)}\ncert = {json.dumps(files.cert)}\n"
-            f"key = {json.dumps(files.key)}\n")
+            f"key = {json.dumps(files.key)}\n" + (f"crl = {json.dumps(files.crl)}\n" if files.crl else ""))
 
 
 def tls_env(files: "TlsFiles") -> dict[str, str]:
     """The environment a ``ferry cluster`` command reads its client certificate from
     (node/wire.py ``TLS_ENV``)."""
-    return {"FERRY_TLS_CA": files.ca, "FERRY_TLS_CERT": files.cert, "FERRY_TLS_KEY": files.key}
+    env = {"FERRY_TLS_CA": files.ca, "FERRY_TLS_CERT": files.cert, "FERRY_TLS_KEY": files.key}
+    if files.crl:
+        env["FERRY_TLS_CRL"] = files.crl
+    return env
 
 
 def free_port() -> int:
@@ -234,10 +249,12 @@ class LocalCluster:
                  lease_ttl: int = 3, control_plane: list[str] | None = None,
                  stream_index: bool | None = None, caches: int = 1,
                  protect: bool | None = None, tls: bool = False,
-                 etcd_tls: bool | None = None) -> None:
+                 etcd_tls: bool | None = None, tls_crl: bool = False) -> None:
         """``tls``: mutual TLS between the nodes and for the clients (certificates of
         the cluster's CA) instead of the shared secret. ``etcd_tls`` (default: as
-        ``tls``): the embedded etcd serves https with client certificates and RBAC."""
+        ``tls``): the embedded etcd serves https with client certificates and RBAC.
+        ``tls_crl``: every node and client also checks the CA's revocation list
+        (``self.certs.revoke(files)`` revokes a certificate)."""
         self.root = os.path.abspath(root)
         os.makedirs(self.root, exist_ok=True)
         self.partitions, self.backups = partitions, backups
@@ -258,7 +275,7 @@ class LocalCluster:
         self.certs: ClusterCerts | None = None
         if tls:
             ca_dir = os.path.join(self.root, "etcd", "pki") if self.etcd_tls else os.path.join(self.root, "pki")
-            self.certs = ClusterCerts(ca_dir, os.path.join(self.root, "certs"))
+            self.certs = ClusterCerts(ca_dir, os.path.join(self.root, "certs"), revocation=tls_crl)
         self.config = os.path.join(self.root, "node.toml")
         with open(self.config, "w") as f:
             f.write(TOML.format(mode=mode, partitions=partitions, backups=backups,

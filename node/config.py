@@ -252,6 +252,8 @@ class NodeConfig:
     tls_ca: str | None = setting(None, "tls.ca", "other", "the cluster CA's certificate")
     tls_cert: str | None = setting(None, "tls.cert", "other", "this node's certificate (ferry://node/ID)")
     tls_key: str | None = setting(None, "tls.key", "other", "the key of tls.cert")
+    tls_crl: str | None = setting(None, "tls.crl", "other",
+                                  "a revocation list signed by the cluster CA (ferry certs revoke)")
     min_in_sync: int = setting(1, "cluster.min_in_sync", "whole",
                                "writes are refused with fewer in-sync copies", lo=1, hi=9, rule="1..9")
     # the members a new cluster starts with (like etcd's --initial-cluster): each
@@ -460,7 +462,7 @@ def load(path: str | None = None, **flags: object) -> NodeConfig:
         values.update(_flatten(read_toml(path), path))
         base = os.path.dirname(os.path.abspath(path))
         for k in ("data", "secret_file", "etcd_ca", "etcd_cert", "etcd_key",
-                  "etcd_password_file", "tls_ca", "tls_cert", "tls_key"):  # relative paths are relative to the file
+                  "etcd_password_file", "tls_ca", "tls_cert", "tls_key", "tls_crl"):  # relative paths are relative to the file
             rel = values.get(k)
             if isinstance(rel, str) and not os.path.isabs(rel):
                 values[k] = os.path.join(base, rel)
@@ -637,6 +639,12 @@ def _check_tls(cfg: NodeConfig) -> None:
         missing = ", ".join(_key(f) for f in vals if f not in given)
         raise ConfigError(f"{_key(given[0])}: TLS needs all of tls.ca, tls.cert and tls.key; "
                           f"missing {missing} (`ferry certs issue CA_DIR ID --node` makes them)")
+    crl = cfg.tls_crl
+    if crl is not None and (not isinstance(crl, str) or not crl):
+        raise ConfigError(f"{_key('tls_crl')} must be a file path, not {crl!r}")
+    if crl and not given:
+        raise ConfigError(f"{_key('tls_crl')}: a revocation list is for mutual TLS; set tls.ca, "
+                          "tls.cert and tls.key too")
 
 
 def tls_files(cfg: NodeConfig) -> "TlsFiles | None":
@@ -644,7 +652,7 @@ def tls_files(cfg: NodeConfig) -> "TlsFiles | None":
     if not cfg.tls_ca or not cfg.tls_cert or not cfg.tls_key:
         return None
     from transfer.tls import TlsFiles
-    return TlsFiles(cfg.tls_ca, cfg.tls_cert, cfg.tls_key)
+    return TlsFiles(cfg.tls_ca, cfg.tls_cert, cfg.tls_key, cfg.tls_crl or None)
 
 
 def _check_caches(caches: object) -> None:

@@ -89,6 +89,57 @@ def certs_show(path: str, as_json: bool) -> None:
         click.echo(f"{k:11} {', '.join(v) if isinstance(v, list) else v}")
 
 
+@certs.command("revoke")
+@click.argument("ca_dir", type=click.Path(file_okay=False, exists=True))
+@click.argument("cert", required=False, type=click.Path(dir_okay=False, exists=True))
+@click.option("--serial", help="Revoke by serial number (hex, as ferry certs show prints it) instead of CERT.")
+@click.option("--reason", type=click.Choice(["unspecified", "key_compromise", "affiliation_changed",
+                                             "superseded", "cessation_of_operation", "privilege_withdrawn"]),
+              default="unspecified", show_default=True)
+@click.option("--days", type=click.IntRange(1, 36500), default=365, show_default=True,
+              help="How long the new revocation list is valid (write a new one before then).")
+@click.option("--json", "as_json", is_flag=True)
+def certs_revoke(ca_dir: str, cert: str | None, serial: str | None, reason: str, days: int,
+                 as_json: bool) -> None:
+    """Revoke the certificate CERT (or --serial) of the CA in CA_DIR and write a new
+    revocation list, CA_DIR/crl.pem, signed by the CA. Copy crl.pem to every node
+    ([tls] crl) and client ($FERRY_TLS_CRL): within a second of the file changing, the
+    certificate is refused at every handshake and its open connections are closed."""
+    from .crl import revoke
+    from .errors import ConfigError
+    try:
+        rec, new, path = revoke(ca_dir, cert, serial, reason, days)
+    except ConfigError as e:
+        raise InputError(str(e)) from None
+    if as_json:
+        click.echo(json.dumps({**rec.to_json(), "new": new, "crl": path}))
+        return
+    what = rec.identity or rec.subject or "certificate"
+    click.echo(f"{'revoked' if new else 'already revoked'}: serial {rec.serial} ({what}), "
+               f"{rec.reason}\nrevocation list {path}: copy it to every node and client")
+
+
+@certs.command("crl")
+@click.argument("ca_dir", type=click.Path(file_okay=False, exists=True))
+@click.option("--days", type=click.IntRange(1, 36500), default=365, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def certs_crl(ca_dir: str, days: int, as_json: bool) -> None:
+    """Write the CA's revocation list again (CA_DIR/crl.pem; empty when nothing is
+    revoked): to start using one, or to renew it before its next update."""
+    from .crl import revoked, write_crl
+    from .errors import ConfigError
+    try:
+        path = write_crl(ca_dir, days)
+        entries, number = revoked(ca_dir)
+    except ConfigError as e:
+        raise InputError(str(e)) from None
+    if as_json:
+        click.echo(json.dumps({"crl": path, "crl_number": number, "days": days,
+                               "revoked": [r.to_json() for r in entries]}))
+        return
+    click.echo(f"revocation list {path}: {len(entries)} revoked, number {number}, valid {days} days")
+
+
 @click.group("etcd")
 def etcd() -> None:
     """etcd's access control for a Ferry cluster."""

@@ -218,12 +218,13 @@ def _dropped(ch: Channel) -> bool:
 
 
 TLS_ENV = ("FERRY_TLS_CA", "FERRY_TLS_CERT", "FERRY_TLS_KEY")
+TLS_CRL_ENV = "FERRY_TLS_CRL"       # optional: the cluster CA's revocation list
 
 
 def env_tls() -> _tls.TlsFiles | None:
     """A client's TLS files from ``$FERRY_TLS_CA``, ``$FERRY_TLS_CERT`` and
-    ``$FERRY_TLS_KEY`` (the ``ferry cluster`` commands), None when none is set;
-    AuthFailed when only some are."""
+    ``$FERRY_TLS_KEY`` (the ``ferry cluster`` commands), and the revocation list of
+    ``$FERRY_TLS_CRL`` when set; None when none is set; AuthFailed when only some are."""
     import os
     vals = [os.environ.get(k) or "" for k in TLS_ENV]
     if not any(vals):
@@ -231,7 +232,7 @@ def env_tls() -> _tls.TlsFiles | None:
     if not all(vals):
         missing = ", ".join(f"${k}" for k, v in zip(TLS_ENV, vals) if not v)
         raise AuthFailed(f"TLS needs all of ${', $'.join(TLS_ENV)}; {missing} not set")
-    return _tls.TlsFiles(*vals)
+    return _tls.TlsFiles(vals[0], vals[1], vals[2], os.environ.get(TLS_CRL_ENV) or None)
 
 
 def client_pool(secret_file: str | None) -> "Pool":

@@ -28,12 +28,23 @@ mtime or inode changed. Connections already open keep the certificate they start
 with. A change that does not load (a key that does not match the certificate, a file
 half written) is logged and the previous contexts stay in use.
 
+**Revocation.** ``TlsFiles.crl`` names a certificate revocation list signed by the
+cluster CA (``ferry certs revoke``, node/crl.py). Every handshake then checks the
+peer's certificate against it (OpenSSL's ``VERIFY_CRL_CHECK_LEAF``), both ways: a node
+refuses a revoked client, validator or node, and a client refuses a revoked node. The
+list is checked when it loads: signed by the CA, not past its next update, and not
+listing this side's own certificate (a node whose certificate was revoked does not
+start); a list that fails is refused with a message, never half used. A changed list
+is picked up within ``check_every`` seconds even with no new connection (a thread
+looks), and connections already open whose peer certificate it now lists are closed.
+
 File data goes through user space over TLS (:meth:`TlsConn.sendfile`: ``os.preadv``
 into one reused buffer, ``SSLSocket.sendall``); :func:`ktls_available` says whether
 the kernel offers TLS offload (the ``tls`` TCP ULP), which this module only reports.
 """
 from __future__ import annotations
 
+import datetime
 import logging
 import os
 import select
@@ -41,6 +52,7 @@ import socket
 import ssl
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +69,7 @@ NODE, CLIENT, VALIDATOR = "node", "client", "validator"
 ROLES = (NODE, CLIENT, VALIDATOR)     # every identity a certificate may name
 FETCHERS = (NODE, VALIDATOR)          # the roles a file supplier serves (clients: never)
 ULP_FILE = "/proc/sys/net/ipv4/tcp_available_ulp"
+X509_V_ERR_CERT_REVOKED = 23          # OpenSSL's verify code for a certificate a CRL lists
 
 # What FetchResult.path / `ferry transfer fetch --json` report for the data path
 PATH_SENDFILE = "sendfile"
@@ -72,6 +85,7 @@ class TlsFiles:
     ca: str
     cert: str
     key: str
+    crl: str | None = None      # a revocation list signed by the CA (ferry certs revoke)
 
 
 @dataclass(frozen=True)
@@ -125,7 +139,7 @@ def file_identity(path: str) -> Peer | None:
 
 def _stamp(files: TlsFiles) -> tuple[tuple[int, int, int, int], ...]:
     out = []
-    for p in (files.ca, files.cert, files.key):
+    for p in (files.ca, files.cert, files.key) + ((files.crl,) if files.crl else ()):
         try:
             st = os.stat(p)
             out.append((st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
@@ -134,11 +148,70 @@ def _stamp(files: TlsFiles) -> tuple[tuple[int, int, int, int], ...]:
     return tuple(out)
 
 
-def _load(files: TlsFiles) -> tuple[ssl.SSLContext, ssl.SSLContext, Peer]:
-    """(server context, client context, own identity), or TlsError naming the file."""
-    for what, p in (("CA certificate", files.ca), ("certificate", files.cert), ("key", files.key)):
+def _serial_hex(n: int) -> str:
+    """A serial number as ssl's ``getpeercert()`` writes it: upper-case hex, even length."""
+    h = f"{n:X}"
+    return h if len(h) % 2 == 0 else "0" + h
+
+
+def check_crl(files: TlsFiles) -> frozenset[str]:
+    """The serials (``_serial_hex``) that ``files.crl`` revokes, once it is known to be
+    a CRL signed by ``files.ca``'s key, for that CA, not past its next update, and not
+    revoking ``files.cert``; else TlsError saying which."""
+    from cryptography import x509
+    assert files.crl is not None
+    try:
+        with open(files.crl, "rb") as f:
+            raw = f.read(64 << 20)
+        with open(files.ca, "rb") as f:
+            ca = x509.load_pem_x509_certificate(f.read())
+        with open(files.cert, "rb") as f:
+            mine = x509.load_pem_x509_certificate(f.read())
+    except OSError as e:
+        raise TlsError(f"TLS revocation list {files.crl} cannot be read: {e.strerror}") from None
+    except ValueError as e:
+        raise TlsError(f"TLS CA certificate {files.ca} or certificate {files.cert} does not load: "
+                       f"{str(e)[:120]}") from None
+    try:
+        crl = x509.load_pem_x509_crl(raw)
+    except ValueError:
+        raise TlsError(f"TLS revocation list {files.crl} is not a PEM certificate revocation list "
+                       "(ferry certs revoke writes one)") from None
+    if crl.issuer != ca.subject:
+        raise TlsError(f"TLS revocation list {files.crl} is issued by {crl.issuer.rfc4514_string()}, "
+                       f"not by the CA {ca.subject.rfc4514_string()} of {files.ca}")
+    try:
+        signed = crl.is_signature_valid(ca.public_key())   # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        signed = False
+    if not signed:
+        raise TlsError(f"TLS revocation list {files.crl} is not signed by the CA of {files.ca} "
+                       "(a forged or another cluster's list): refused")
+    nxt = crl.next_update_utc
+    if nxt is not None and nxt < time_now_utc():
+        raise TlsError(f"TLS revocation list {files.crl} expired on {nxt.isoformat()}: write a new "
+                       "one with `ferry certs crl CA_DIR` and copy it to every node")
+    revoked = frozenset(_serial_hex(r.serial_number) for r in crl)
+    if _serial_hex(mine.serial_number) in revoked:
+        raise TlsError(f"certificate {files.cert} (serial {_serial_hex(mine.serial_number)}) is "
+                       f"revoked by {files.crl}: issue this side a new certificate")
+    return revoked
+
+
+def time_now_utc() -> "datetime.datetime":
+    return datetime.datetime.now(datetime.timezone.utc)
+
+
+def _load(files: TlsFiles) -> tuple[ssl.SSLContext, ssl.SSLContext, Peer, frozenset[str]]:
+    """(server context, client context, own identity, revoked serials), or TlsError
+    naming the file."""
+    named = [("CA certificate", files.ca), ("certificate", files.cert), ("key", files.key)]
+    if files.crl:
+        named.append(("revocation list", files.crl))
+    for what, p in named:
         if not os.path.isfile(p):
             raise TlsError(f"TLS {what} {p} is not a readable file")
+    revoked = check_crl(files) if files.crl else frozenset()
     me = file_identity(files.cert)
     if me is None:
         raise TlsError(f"certificate {files.cert} names no Ferry identity (a subject alternative "
@@ -158,13 +231,19 @@ def _load(files: TlsFiles) -> tuple[ssl.SSLContext, ssl.SSLContext, Peer]:
             ctx.load_verify_locations(cafile=files.ca)
         except (ssl.SSLError, OSError) as e:
             raise TlsError(f"TLS CA certificate {files.ca} does not load: {_reason(e)}") from None
+        if files.crl:
+            try:
+                ctx.load_verify_locations(cafile=files.crl)
+            except (ssl.SSLError, OSError) as e:
+                raise TlsError(f"TLS revocation list {files.crl} does not load: {_reason(e)}") from None
+            ctx.verify_flags |= ssl.VERIFY_CRL_CHECK_LEAF
         try:
             ctx.load_cert_chain(files.cert, files.key)
         except (ssl.SSLError, OSError) as e:
             raise TlsError(f"TLS certificate {files.cert} with key {files.key} does not load "
                            f"(is the key this certificate's?): {_reason(e)}") from None
         out.append(ctx)
-    return out[0], out[1], me
+    return out[0], out[1], me, revoked
 
 
 def _reason(e: BaseException) -> str:
@@ -185,9 +264,15 @@ class TlsContexts:
         self.check_every = check_every
         self._lock = threading.Lock()
         self._stamp = _stamp(files)
-        self._server, self._client, self.identity = _load(files)
+        self._server, self._client, self.identity, self.revoked = _load(files)
         self._checked = time.monotonic()
         self.reloads = 0
+        self.cut = 0                     # open connections closed because their peer was revoked
+        self._conns: "weakref.WeakSet[TlsConn]" = weakref.WeakSet()
+        if files.crl:
+            # a revocation must not wait for the next connection: look every check_every
+            threading.Thread(target=_watch_crl, args=(weakref.ref(self),), daemon=True,
+                             name="ferry-tls-crl").start()
 
     def _current(self) -> tuple[ssl.SSLContext, ssl.SSLContext]:
         with self._lock:
@@ -197,17 +282,29 @@ class TlsContexts:
                 stamp = _stamp(self.files)
                 if stamp != self._stamp:
                     try:
-                        self._server, self._client, self.identity = _load(self.files)
+                        self._server, self._client, self.identity, self.revoked = _load(self.files)
                         self._stamp = stamp
                         self.reloads += 1
-                        log.info("stage=tls reloaded certificate %s (%s), CA %s", self.files.cert,
-                                 self.identity, self.files.ca)
+                        log.info("stage=tls reloaded certificate %s (%s), CA %s%s", self.files.cert,
+                                 self.identity, self.files.ca,
+                                 f", revocation list {self.files.crl} ({len(self.revoked)} revoked)"
+                                 if self.files.crl else "")
+                        self._cut_revoked()
                     except TlsError as e:
                         # a rotation in progress (key written, certificate not yet):
                         # keep what works, look again at the next connection
                         log.warning("stage=tls the changed files do not load, still using the "
                                     "previous ones: %s", e)
             return self._server, self._client
+
+    def _cut_revoked(self) -> None:
+        """Close every open connection whose peer certificate is now revoked (the lock is held)."""
+        for conn in list(self._conns):
+            if conn.peer_serial and conn.peer_serial in self.revoked:
+                log.warning("stage=tls closed the connection of %s (%s): its certificate (serial %s) "
+                            "is revoked by %s", conn.peer, conn.peer_id, conn.peer_serial, self.files.crl)
+                self.cut += 1
+                conn.close()
 
     def server_context(self) -> ssl.SSLContext:
         return self._current()[0]
@@ -320,6 +417,9 @@ class TlsContexts:
         except ssl.SSLCertVerificationError as e:
             ssock.close()
             side = "peer" if server else "node"
+            if e.verify_code == X509_V_ERR_CERT_REVOKED:
+                raise TlsError(f"refused {side} {peer}: its certificate is revoked (listed in "
+                               f"{self.files.crl})", stage="handshake", peer=peer) from None
             raise TlsError(f"refused {side} {peer}: its certificate is not trusted here "
                            f"({_reason(e)}; signed by another cluster's CA?)",
                            stage="handshake", peer=peer) from None
@@ -338,7 +438,11 @@ class TlsContexts:
             raise TlsError(f"refused {peer}: its certificate names no ferry:// identity "
                            f"({NODE_URI}ID, {CLIENT_URI}NAME or {VALIDATOR_URI}NAME)", stage="handshake",
                            peer=peer)
-        return TlsConn(ssock, peer, who)
+        conn = TlsConn(ssock, peer, who)
+        if self.files.crl:
+            with self._lock:
+                self._conns.add(conn)
+        return conn
 
 
 def _describe_alert(e: ssl.SSLError) -> str:
@@ -347,6 +451,8 @@ def _describe_alert(e: ssl.SSLError) -> str:
         return "a record failed its authentication tag (changed on the path)"
     if "unknown_ca" in reason or "unknown ca" in reason or "certificate_unknown" in reason:
         return "the peer does not trust our certificate (signed by another cluster's CA?)"
+    if "certificate_revoked" in reason or "certificate revoked" in reason:
+        return "the peer refused our certificate: it is revoked (listed in the cluster CA's revocation list)"
     if "certificate_required" in reason or "peer did not return a certificate" in reason:
         return "a certificate is required"
     if "wrong_version" in reason or "unsupported_protocol" in reason or "protocol_version" in reason:
@@ -365,6 +471,10 @@ class TlsConn(Conn):
         self.sock = sock
         self.peer = peer
         self.peer_id = peer_id
+        try:
+            self.peer_serial = str((sock.getpeercert() or {}).get("serialNumber", "")).upper()
+        except (ValueError, OSError):
+            self.peer_serial = ""
         self._timeout = sock.gettimeout()
         self._buf: memoryview | None = None
 
@@ -437,12 +547,29 @@ class TlsConn(Conn):
             pass
 
 
+def _watch_crl(ref: "weakref.ref[TlsContexts]") -> None:
+    """Reload the files of the contexts behind ``ref`` every ``check_every`` seconds while
+    they live (a revocation list that changes cuts revoked peers without waiting for a
+    new connection)."""
+    while True:
+        ctxs = ref()
+        if ctxs is None:
+            return
+        every = ctxs.check_every
+        try:
+            ctxs._current()
+        except Exception:  # noqa: BLE001 - a watcher never dies of one bad look
+            log.exception("stage=tls revocation list check failed")
+        del ctxs
+        time.sleep(max(0.05, every))
+
+
 def load(files: TlsFiles | None) -> TlsContexts | None:
     return TlsContexts(files) if files is not None else None
 
 
 __all__ = ["TlsFiles", "TlsContexts", "TlsConn", "TlsError", "TlsCut", "Peer", "NODE", "CLIENT", "VALIDATOR",
            "ROLES", "FETCHERS", "NODE_URI", "CLIENT_URI", "VALIDATOR_URI", "ktls_available", "identity_of",
-           "file_identity", "load",
+           "file_identity", "load", "check_crl",
            "PATH_SENDFILE", "PATH_TLS_USERSPACE", "PATH_KTLS_SENDFILE", "PATH_CHANNEL",
            "TransferError"]
