@@ -77,6 +77,14 @@ BUILTINS: dict[str, Scenario] = {
         nodes=("n1", "n2"), workload=WorkloadSpec(ops=240), stream_index=True,
         events=(Event(60, "join", "n3"),), settle_timeout=60.0,
         roles={"supplier": "n2", "demander": "n3", "third": "n1"}),
+    "join-ship-index": Scenario(
+        name="join-ship-index",
+        description="join with the shipped index ([rebalance] index_transfer = \"ship\"): the "
+                    "suppliers export each partition's index entries with its file snapshot "
+                    "and n3 loads them after checking them against the installed file",
+        nodes=("n1", "n2"), workload=WorkloadSpec(ops=240), index_transfer="ship",
+        events=(Event(60, "join", "n3"),), settle_timeout=60.0,
+        roles={"supplier": "n2", "demander": "n3", "third": "n1"}),
     "join-tls": Scenario(
         name="join-tls",
         description="join with mutual TLS between the nodes (tls = true): certificates of the "

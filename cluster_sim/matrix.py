@@ -11,6 +11,8 @@ real ``ferry node`` processes, so every cell crashes the node's own code:
   checkpointer points on n1 and n2 (both take writes for seconds after the join);
 - ``join-stream-index`` (``join`` with ``[rebalance] stream_index`` on):
   ``demander.mid_stream_index`` on n3;
+- ``join-ship-index`` (``join`` with ``[rebalance] index_transfer = "ship"``):
+  ``demander.mid_index_receive`` and ``demander.mid_index_load`` on n3;
 - ``restart-catchup`` (n2 SIGKILLed and back, its copies catch up by delta fetches):
   the demander's delta points on n2; ``pair-catchup`` (the same with two nodes, so
   n1 supplies every delta): ``supplier.mid_delta_send`` on n1;
@@ -57,6 +59,8 @@ PLAN: dict[str, dict[str, str]] = {
     "demander.after_demand": {"demander": "join"},
     "demander.mid_receive": {"demander": "join"},
     "demander.mid_stream_index": {"demander": "join-stream-index"},
+    "demander.mid_index_receive": {"demander": "join-ship-index"},
+    "demander.mid_index_load": {"demander": "join-ship-index"},
     "demander.before_install": {"demander": "join"},
     "demander.after_install": {"demander": "join"},
     "demander.mid_index_rebuild": {"demander": "join"},

@@ -143,6 +143,7 @@ class Scenario:
     disk: DiskSpec | None = None   # one node's data dir on a small tmpfs (cluster)
     transfer_rate: int = 0         # [transfer] rate_limit of every node, bytes/s (0: none)
     stream_index: bool = False     # [rebalance] stream_index of every node (the streaming install)
+    index_transfer: str = "rebuild"  # [rebalance] index_transfer of every node (ship: the shipped index)
     # mutual TLS for the nodes' links (node RPC, client RPC, transfers) with certificates
     # of the run's own CA, instead of the shared secret; the harness's clients hold a
     # client certificate (cluster)
@@ -203,6 +204,8 @@ def validate(s: Scenario) -> Scenario:
         raise bad(f"driver {s.driver!r} is not one of {', '.join(DRIVERS)}")
     if not s.nodes:
         raise bad("nodes must name at least one process")
+    if s.index_transfer not in ("rebuild", "ship", "auto"):
+        raise bad(f"index_transfer {s.index_transfer!r} is not one of rebuild, ship, auto")
     for c in s.caches:
         if c.partitions < 1 or c.backups < 0:
             raise bad(f"cache {c.name!r}: partitions must be >= 1 and backups >= 0")

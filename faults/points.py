@@ -49,12 +49,19 @@ POINTS: dict[str, str] = {
     "demander.mid_stream_index": "The streaming install decoded a page range of the temp "
                                  "file into index keys held in memory only (LMDB untouched); "
                                  "as at mid_receive: the restart starts the move over.",
+    "demander.mid_index_receive": "A shipped index (rebalance.index_transfer = ship) is "
+                                  "partly received from the supplier, in memory only (LMDB "
+                                  "untouched); the file is installed: the restart starts the "
+                                  "move over.",
     "demander.before_install": "The received file is complete and verified in its temp "
                                "file, fsynced, not yet renamed into place.",
     "demander.after_install": "part-<p>.bin is installed and the directory fsynced; "
                               "indexes not rebuilt, temp WAL not replayed.",
     "demander.mid_index_rebuild": "Index entries partly written; the partition's ready "
                                   "marker is absent, so the rebuild restarts clean.",
+    "demander.mid_index_load": "Entries of a shipped index partly written; the partition's "
+                               "ready marker is absent (written only after every check), "
+                               "so the restart's move rebuilds or loads it again from clear.",
     "demander.mid_replay": "The temp WAL is partly applied; replay is idempotent by "
                            "update counter and restarts from the beginning.",
     "demander.before_owning": "Everything replayed and checkpointed, state still MOVING: "

@@ -6,6 +6,8 @@ Public face:
   ``drop``, ``ready``, ``verify``, ``close``) and :class:`IndexDefinition`
 - :class:`StreamingIndex` / :class:`StreamedKeys`: a partition's entry keys built while
   its file arrives (the streaming install), loaded by ``IndexStore.load_streamed``
+- :func:`export_shipped` / :func:`load_shipped`: a partition's entries shipped by a
+  file supplier at the file's counter, checked and loaded instead of a rebuild
 - :class:`ScanPool`: worker processes a rebuild hands a partition file's scan to
 - sources: :class:`PartitionFileSource`, :class:`MemorySource`, :data:`EMPTY`
 - results: :class:`RebuildResult`, :class:`Progress`, :class:`VerifyReport`
@@ -16,9 +18,10 @@ from __future__ import annotations
 from .definitions import IndexDefinition
 from .errors import (BadQueryError, BadValueError, IndexCorruptError, IndexDefinitionError,
                      IndexNotReadyError, IndexStoreError, OutOfDiskError, RebuildCancelled,
-                     StreamingUnavailable, UniqueViolationError)
+                     ShippedIndexRefused, StreamingUnavailable, UniqueViolationError)
 from .results import Progress, RebuildResult
 from .scanpool import ScanPool
+from .shipped import IndexShot, ShipHeader, export as export_shipped, load_shipped
 from .source import EMPTY, MemorySource, PartitionFileSource, Source
 from .store import IndexStore
 from .streaming import StreamedKeys, StreamingIndex
@@ -30,4 +33,5 @@ __all__ = [
     "IndexStoreError", "IndexCorruptError", "IndexDefinitionError", "IndexNotReadyError",
     "BadValueError", "BadQueryError", "UniqueViolationError", "RebuildCancelled",
     "OutOfDiskError", "StreamingIndex", "StreamedKeys", "StreamingUnavailable",
+    "ShippedIndexRefused", "IndexShot", "ShipHeader", "export_shipped", "load_shipped",
 ]

@@ -76,3 +76,9 @@ class UnencodableValue(IndexStoreError, ValueError):
 class StreamingUnavailable(IndexStoreError):
     """A streamed index build cannot be used (its memory bound was passed, the index
     definitions changed, a page range did not decode): rebuild from the file."""
+
+
+class ShippedIndexRefused(IndexStoreError):
+    """A partition's index shipped by a file supplier failed a check (header, digest,
+    order, count, a sample against the installed file): the partition is left not
+    ready and its index is rebuilt from the file instead."""

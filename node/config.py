@@ -320,6 +320,19 @@ class NodeConfig:
     # docs/benchmarks.md, `bench/rebalance_bench.py`); the decode competes with the receive.
     stream_index: bool = setting(False, "rebalance.stream_index", "bool",
                                  "a files move builds its index keys while the file arrives")
+    # how a files move gets p's index: rebuilt from the installed file, shipped by the
+    # supplier beside the file (node/move/ship.py: its entries at the file's counter,
+    # checked against the file, a rebuild when a check fails), or shipped when the
+    # partition's values average below index_ship_below (docs/rebalancing.md)
+    index_transfer: str = setting("rebuild", "rebalance.index_transfer", "choice",
+                                  "how a files move gets the partition's index: rebuild, ship, auto",
+                                  choices=("rebuild", "ship", "auto"),
+                                  hint="; auto ships when values average below rebalance.index_ship_below",
+                                  live=True)
+    index_ship_below: int = setting(1024, "rebalance.index_ship_below", "whole",
+                                    "index_transfer = auto ships the index when the partition's "
+                                    "file holds fewer bytes per live entry than this",
+                                    lo=0, unit="bytes per live entry", live=True)
     # delta catch-up: a copy that still holds an older file of p fetches only the pages
     # that differ (transfer.delta), unless more than delta_limit of them do
     delta: bool = setting(True, "rebalance.delta", "bool", "delta catch-up: fetch only the pages that differ")

@@ -8,6 +8,7 @@ the node's map, RPC pool, states and data, and the supplier side of a move.
   by this node first, and the page-size check (a file moves only between stores of one
   page size; else the move falls back to the messages mode);
 - :class:`NodeEntrySupply`: the messages mode's ``demand`` / ``fetch`` / ``demand_done``;
+- :class:`NodeIndexSupply`: a shipped index's ``index_want`` / ``index_page``;
 - the state store is the node's :class:`~node.states.StateTable`, the storage its
   :class:`~node.storage.CacheData`.
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from typing import Callable
 
 from indexes import ScanPool
@@ -29,7 +31,8 @@ from transfer.tls import TlsContexts
 from .config import NodeConfig
 from .context import NodeContext, SnapshotUse
 from .errors import Unavailable
-from .rpcapi import Demand, DemandDone, Fetch, Ping, Register
+from .indexship import IndexShipper, live_docs
+from .rpcapi import Demand, DemandDone, Fetch, IndexPageQuery, IndexWant, Ping, Register
 from .move import FilesImpossible, MoveContext, MoveEngine, MoveRestart
 from .states import State
 from .storage import CacheData
@@ -117,6 +120,29 @@ class NodeEntrySupply:
         self.ctx.pool.request(primary, DemandDone(session))
 
 
+class NodeIndexSupply:
+    """The shipped index over node RPC (``index_want`` / ``index_page`` to the
+    supplier's node address; the frames are authenticated like every node RPC)."""
+
+    def __init__(self, ctx: NodeContext) -> None:
+        self.ctx = ctx
+
+    def _addr(self, supplier: str) -> str:
+        addr = self.ctx.map.address(supplier)
+        if addr is None:
+            raise Unavailable(f"{supplier} is not a live member")
+        return addr
+
+    def want(self, supplier: str, cache: str, p: int) -> None:
+        self.ctx.pool.request(self._addr(supplier), IndexWant(cache, p, self.ctx.id), timeout=5.0)
+
+    def page(self, supplier: str, cache: str, p: int, counter: int, page: int
+             ) -> tuple[dict[str, object], bytes]:
+        r = self.ctx.pool.request(self._addr(supplier), IndexPageQuery(cache, p, counter, page),
+                                  timeout=30.0)
+        return dict(r.header), r.data
+
+
 def node_move_engine(ctx: NodeContext, recv_limits: Limits, scan_pool: ScanPool | None,
                      replay_rate_limit: Callable[[], int] | None = None,
                      replaced: Callable[[str, int], None] | None = None) -> MoveEngine:
@@ -134,16 +160,22 @@ def node_move_engine(ctx: NodeContext, recv_limits: Limits, scan_pool: ScanPool 
         replay_rate_limit=replay_rate_limit or (lambda: ctx.cfg.replay_rate_limit),
         replaced=replaced or (lambda cache, p: None), stream_index=ctx.cfg.stream_index,
         delta=ctx.cfg.delta, delta_limit=ctx.cfg.delta_limit,   # cfg is replaced on a live change
-        tls=ctx.tls)
+        tls=ctx.tls, index_transfer=lambda: ctx.cfg.index_transfer,
+        index_ship_below=lambda: ctx.cfg.index_ship_below, index_supply=NodeIndexSupply(ctx))
     return MoveEngine(mctx, supplier_load=load)
 
 
 # -- supplier side --------------------------------------------------------------------
 def make_supplier_storage(data: Mapping[str, CacheData], in_use: SnapshotUse,
-                          can_supply: Callable[[str, int], str | None]) -> PartitionStoreStorage:
+                          can_supply: Callable[[str, int], str | None],
+                          plock: Callable[[str, int], AbstractContextManager[object]] | None = None,
+                          shipper: IndexShipper | None = None) -> PartitionStoreStorage:
     """transfer's PartitionStoreStorage limited to partitions this node OWNS (confirmed:
     ``can_supply`` says why not), counting open snapshots in ``in_use`` so an eviction
-    waits until no transfer reads the file."""
+    waits until no transfer reads the file. With ``shipper`` and ``plock``: when a
+    demander asked for p's index (``index_want``), the snapshot is opened under p's
+    lock and p's index entries are exported under the same lock, so both are at the
+    snapshot's counter (:mod:`node.indexship`)."""
 
     class NodeSupplierStorage(PartitionStoreStorage):
         def open_snapshot(self, cache: str, partition: int) -> Snapshot:
@@ -151,7 +183,22 @@ def make_supplier_storage(data: Mapping[str, CacheData], in_use: SnapshotUse,
             if why:
                 raise NotHeld(why, partition=partition)
             key = (cache, partition)
-            snap = super().open_snapshot(cache, partition)
+            d = data.get(cache)
+            # (an index left behind its data by a refused change is not exported: the
+            # demander finds no export and rebuilds)
+            if (shipper is not None and plock is not None and d is not None
+                    and shipper.wanted(cache, partition)
+                    and partition not in getattr(d, "_behind", ())):
+                with plock(cache, partition):
+                    snap = super().open_snapshot(cache, partition)
+                    try:
+                        shipper.capture(cache, partition, d.indexes, snap.counter,
+                                        live_docs(d.store, partition))
+                    except BaseException:
+                        snap.close()
+                        raise
+            else:
+                snap = super().open_snapshot(cache, partition)
             in_use.opened(key)
             inner = snap._close
 
@@ -178,5 +225,5 @@ def start_supplier(cfg: NodeConfig, secret: bytes, storage: PartitionStoreStorag
     return server, limits, f"{adv_host}:{server.address[1]}"
 
 
-__all__ = ["NodeFeed", "NodeLocator", "NodeEntrySupply", "node_move_engine", "MoveRestart",
+__all__ = ["NodeFeed", "NodeLocator", "NodeEntrySupply", "NodeIndexSupply", "node_move_engine", "MoveRestart",
            "FilesImpossible", "start_supplier", "make_supplier_storage"]

@@ -22,6 +22,7 @@ from .admission import Admission
 from .config import NodeConfig
 from .context import NodeContext
 from .errors import NodeError, Unavailable
+from .indexship import IndexShipper
 from .filemove import make_supplier_storage, node_move_engine, start_supplier
 from .move import FETCH_BYTES, Move, MoveEngine, supply_batch  # noqa: F401  (public here too)
 from .ports import Handlers, IsrControl, Leadership
@@ -54,6 +55,8 @@ class Rebalancer:
         self.engine = node_move_engine(ctx, self.recv_limits, self.scan_pool,
                                        replay_rate_limit=self.admission.replay_limit,
                                        replaced=leader.copy_replaced)
+        # shipped indexes, supplier side: wants and exports (node/indexship.py)
+        self.shipper = IndexShipper(ctx.id)
         # messages mode, primary side: session -> (entries at C, opened at)
         self.sessions: dict[str, tuple[list[tuple[bytes, bytes | None, int]], float]] = {}
 
@@ -61,11 +64,12 @@ class Rebalancer:
         return {"demand": self.op_demand, "fetch": self.op_fetch, "demand_done": self.op_demand_done,
                 "register": self.op_register, "handoff": self.op_handoff, "unfence": self.op_unfence,
                 "ack_latency": self.admission.op_ack_latency, "admission": self.admission.status,
-                "holds": self.op_holds}
+                "holds": self.op_holds, **self.shipper.handlers()}
 
     def start_supplier(self) -> str:
         """Serve this node's partition files; returns the address to advertise."""
-        storage = make_supplier_storage(self.ctx.data, self.ctx.repl.in_use, self.can_supply)
+        storage = make_supplier_storage(self.ctx.data, self.ctx.repl.in_use, self.can_supply,
+                                        plock=self.ctx.plock, shipper=self.shipper)
         self.supplier, self.send_limits, address = start_supplier(self.ctx.cfg, self.ctx.secret, storage, self.ctx.tls)
         self.admission.start()          # (the node's start: its measurements begin too)
         return address

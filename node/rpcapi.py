@@ -348,6 +348,14 @@ class Fetched(Reply):
 
 
 @dataclass(frozen=True, slots=True)
+class IndexPage(Reply):
+    """One page of a partition's shipped index (``index_page``): the header (the
+    fields of ``indexes.ShipHeader``, checked where it is read) and the page's bytes."""
+    header: JsonDoc = arg(_doc)
+    data: bytes = arg(_data)
+
+
+@dataclass(frozen=True, slots=True)
 class Holds(Reply):
     node: str = arg(_text)
     state: str | None = arg(_optional(_text))
@@ -584,6 +592,25 @@ class DemandDone(Req[bool]):
 
 
 @dataclass(frozen=True, slots=True)
+class IndexWant(Req[bool]):
+    """A demander about to fetch p's file from this node asks for p's index entries at
+    the file snapshot's counter (``[rebalance] index_transfer``)."""
+    METHOD: ClassVar[str] = "index_want"
+    cache: str = arg(_cache)
+    p: int = arg(_part)
+    node: str = arg(_name)
+
+
+@dataclass(frozen=True, slots=True)
+class IndexPageQuery(Req[IndexPage]):
+    METHOD: ClassVar[str] = "index_page"
+    cache: str = arg(_cache)
+    p: int = arg(_part)
+    counter: int = arg(_int())
+    page: int = arg(_count)
+
+
+@dataclass(frozen=True, slots=True)
 class Register(Req[Registered]):
     METHOD: ClassVar[str] = "register"
     cache: str = arg(_cache)
@@ -692,6 +719,8 @@ METHODS: dict[str, Method[Any]] = _table(
     Method(Fetch, Fetched.from_wire, NODES),
     Method(DemandDone, _reply_bool, NODES),
     Method(Register, Registered.from_wire, NODES, claim="node"),
+    Method(IndexWant, _reply_bool, NODES, claim="node"),
+    Method(IndexPageQuery, IndexPage.from_wire, NODES),
     Method(Handoff, _reply_int, NODES, claim="to"),
     Method(Unfence, _reply_bool, NODES),
     Method(AckLatency, _latency, NODES),
@@ -790,6 +819,7 @@ __all__ = ["METHODS", "Method", "Req", "Reply", "Requester", "CLIENT_METHODS", "
            "Ping", "PingReply", "GetMap", "MapPage", "Put", "PutBatch", "Get", "Remove", "Lookup",
            "Range", "Row", "Moves", "MovesDone", "MOVES_PAGE", "AdmissionStatus", "Metrics", "Leave",
            "Replicate", "ReplicateBatch", "ReplicateAnswer", "JoinIsr", "JoinAnswer", "Update",
-           "Demand", "Demanded", "Fetch", "Fetched", "DemandDone", "Register",
+           "Demand", "Demanded", "Fetch", "Fetched", "DemandDone", "Register", "IndexWant",
+           "IndexPageQuery", "IndexPage",
            "Registered", "Handoff", "Unfence", "AckLatency", "HoldsQuery", "Holds", "ValidateFence",
            "Fence", "ValidateUnfence", "DebugSet", "MAX_BATCH", "LINEARIZABLE", "STALE"]

@@ -74,7 +74,7 @@ def tls_toml(files: "TlsFiles") -> str:
 def node_toml(s: Scenario, etcd_access: "EtcdAccess | None" = None) -> str:
     """The ``node.toml`` every node of the run reads: a 2 s control-plane lease (and
     with ``etcd_access`` the node's etcd credentials), a checkpoint every second, the
-    scenario's transfer rate and streaming install, its first cache."""
+    scenario's transfer rate, streaming install and index transfer, its first cache."""
     cache = s.caches[0]
     idx = "".join(f'[[caches.indexes]]\nname = "{i.name}"\nfield = "{i.field}"\n' for i in cache.indexes)
     creds = "" if etcd_access is None else "".join(
@@ -82,7 +82,10 @@ def node_toml(s: Scenario, etcd_access: "EtcdAccess | None" = None) -> str:
     return (f"[control_plane]\nlease_ttl_s = {LEASE_TTL_S}\n{creds}"
             f"[checkpoint]\ninterval_s = 1.0\n"
             + (f"[transfer]\nrate_limit = {s.transfer_rate}\n" if s.transfer_rate else "")
-            + ("[rebalance]\nstream_index = true\n" if s.stream_index else "")
+            + ("[rebalance]\n" if s.stream_index or s.index_transfer != "rebuild" else "")
+            + ("stream_index = true\n" if s.stream_index else "")
+            + (f"index_transfer = {json.dumps(s.index_transfer)}\n"
+               if s.index_transfer != "rebuild" else "")
             + f'[[caches]]\nname = "{cache.name}"\npartitions = {cache.partitions}\n'
             f"backups = {cache.backups}\n{idx}")
 

@@ -11,7 +11,7 @@ from indexes import ScanPool
 from transfer import Limits
 from transfer.tls import TlsContexts
 
-from .ports import (EntrySupply, MoveMetrics, NoMetrics, PartitionData, PartitionLock, ReplicaFeed,
+from .ports import (EntrySupply, IndexSupply, MoveMetrics, NoMetrics, PartitionData, PartitionLock, ReplicaFeed,
                     StateStore, SupplierLocator)
 
 
@@ -49,6 +49,11 @@ class MoveContext:
     # cores); the harness's join-stream-index scenario turns it on for the crash cell
     # demander.mid_stream_index.
     stream_index: bool = True
+    # the shipped index: "rebuild" (never), "ship" (always), "auto" (when the installed
+    # file holds fewer than index_ship_below bytes per live entry); read per move (live)
+    index_transfer: Callable[[], str] = lambda: "rebuild"
+    index_ship_below: Callable[[], int] = lambda: 1024
+    index_supply: IndexSupply | None = None
     # delta catch-up (transfer.delta): a copy holding an older file of p offers it as the
     # base and receives only the pages that differ, unless more than delta_limit
     # (a fraction of the pages) do; off: every fetch copies the whole file

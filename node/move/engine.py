@@ -12,9 +12,11 @@ hosts this engine through the ports of :mod:`node.move.ports`. Stages (:class:`~
                     the next one, or the same one restarted, when it fails); the
                     supplier snapshots at counter C, copy-on-write.
 ``install``         verified file renamed into place (inside ``fetch``).
-``index rebuild``   p's indexes loaded from the keys built while the file arrived
-                    (the streaming install, :mod:`node.move.stream`), or rebuilt from the
-                    installed file, while updates still go only to the temp WAL
+``index rebuild``   p's indexes loaded from the entries the supplier shipped at C
+                    (``index_transfer``, checked against the file: :mod:`node.move.ship`),
+                    or from the keys built while the file arrived (the streaming
+                    install, :mod:`node.move.stream`), or rebuilt from the installed
+                    file, while updates still go only to the temp WAL
                     (:mod:`node.move.rebuild`).
 ``replay``          temp-WAL updates with counter > C applied in order (idempotent by
                     counter; a gap restarts the move) while new ones keep arriving; the
@@ -34,10 +36,11 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TypedDict
+from functools import partial
+from typing import Callable, TypedDict
 
 from faults import crashpoint
-from indexes import Progress as IndexProgress
+from indexes import Progress as IndexProgress, RebuildResult
 from transfer import Demander, FetchResult, PartitionStoreStorage, Progress, TransferError
 
 from ..errors import NodeError, Unavailable
@@ -49,6 +52,7 @@ from .messages import messages_once
 from .ports import PartitionData
 from .progress import MemorySink, Move
 from .rebuild import index_installed
+from .ship import auto_refuses, index_shipped, ship_wanted
 from .stages import Stage
 from .stream import StreamFeed
 from .tempwal import TempWalSink, Update
@@ -146,16 +150,31 @@ class MoveEngine:
         ctx.feed.register(prim[1], cache, p)
         crashpoint("demander.after_demand")
         feed = StreamFeed(data.indexes, cache, p) if ctx.stream_index else None
+        ship_mode = ctx.index_transfer()
+        ship = ship_wanted(ship_mode, ctx.index_supply, data)
         try:
-            res = self.fetch(mv, data, feed)
+            res = self.fetch(mv, data, feed, ship=ship)
             mv.fig.snapshot_counter = res.counter
             crashpoint("demander.after_install")
             mv.begin(Stage.INDEX_REBUILD)
 
             def progress(pr: IndexProgress) -> None:
                 mv.fig.index_progress = (pr.done, pr.total, pr.eta)
+
+            def cancel() -> bool:
+                return mv.cancelled or ctx.stopping.is_set()
+            shipped: Callable[[], RebuildResult] | None = None
+            if ship:
+                too_big = auto_refuses(ship_mode, ctx.index_ship_below(), data, p)
+                supply, source = ctx.index_supply, mv.fig.source
+                if too_big is not None:
+                    log.info("stage=index cache=%s partition=%d index_transfer = auto: %s; "
+                             "rebuilding", cache, p, too_big)
+                elif supply is not None and source is not None:
+                    shipped = partial(index_shipped, cache, p, data, supply, source, res.counter,
+                                      progress, cancel)
             mv.fig.index_source = index_installed(cache, p, data, feed, progress, pool=ctx.scan_pool,
-                                              cancel=lambda: mv.cancelled or ctx.stopping.is_set())
+                                                  cancel=cancel, shipped=shipped)
         finally:
             if feed is not None:
                 feed.close()
@@ -218,7 +237,8 @@ class MoveEngine:
         return True
 
     # -- transfer + install -----------------------------------------------------------
-    def fetch(self, mv: Move, data: PartitionData, observer: StreamFeed | None = None) -> FetchResult:
+    def fetch(self, mv: Move, data: PartitionData, observer: StreamFeed | None = None, *,
+              ship: bool = False) -> FetchResult:
         ctx, cache, p = self.ctx, mv.cache, mv.p
         mv.begin(Stage.TRANSFER)
         give_up = time.monotonic() + FETCH_GIVE_UP_S
@@ -245,6 +265,12 @@ class MoveEngine:
                     raise MoveRestart(mv.gap)
                 mv.fig.source, mv.fig.wire_before = node, mv.fig.wire
                 self.supplier_load[node] = self.supplier_load.get(node, 0) + 1
+                if ship and ctx.index_supply is not None:
+                    try:        # the supplier exports p's index with its snapshot of p
+                        ctx.index_supply.want(node, cache, p)
+                    except NodeError as e:
+                        log.info("stage=transfer cache=%s partition=%d %s did not take the "
+                                 "index request (%s); the index will be rebuilt", cache, p, node, e)
                 try:
                     res = Demander(storage, addr, ctx.secret, limits=ctx.recv_limits,
                                    tls=ctx.tls, tls_peer=node,

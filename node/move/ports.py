@@ -96,6 +96,21 @@ class EntrySupply(Protocol):
     def done(self, primary: str, session: str) -> None: ...
 
 
+class IndexSupply(Protocol):
+    """A file supplier's shipped index of p (``[rebalance] index_transfer``): asked for
+    before the file is fetched, read page by page after it is installed."""
+
+    def want(self, supplier: str, cache: str, p: int) -> None:
+        """Ask ``supplier`` to export p's index entries with its next snapshot of p."""
+        ...
+
+    def page(self, supplier: str, cache: str, p: int, counter: int, page: int
+             ) -> tuple[dict[str, object], bytes]:
+        """(header, page bytes) of the export at ``counter``; ``node.Unavailable``
+        when the supplier holds none."""
+        ...
+
+
 class MoveMetrics(Protocol):
     def inc(self, name: str, amount: float = 1, **labels: str) -> None: ...
 

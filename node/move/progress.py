@@ -63,7 +63,8 @@ class MoveFigures:
     buffered: int = 0                 # temp-WAL records of the finished attempt
     stage_seconds: dict[str, float] = field(default_factory=dict)
     transfer_stages: dict[str, float] = field(default_factory=dict)   # the transfer's own (files mode)
-    index_source: str = ""            # "streamed" (built while the file arrived) or "rebuilt"
+    index_source: str = ""            # "shipped" (by the supplier), "streamed" (built while
+                                      # the file arrived) or "rebuilt"
     # how the file came (files mode): {"mode": "full" | "resume" | "delta", "pages": M,
     # "pages_sent": N (a delta), "delta_refused": why an offered base was not used}
     copy: dict[str, object] = field(default_factory=dict)

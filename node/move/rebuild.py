@@ -6,9 +6,10 @@ from typing import Callable
 
 from checkpoint import CheckpointError
 from indexes import (IndexStoreError, OutOfDiskError, PartitionFileSource, Progress,
-                     RebuildCancelled, ScanPool, StreamingUnavailable)
+                     RebuildCancelled, RebuildResult, ScanPool, ShippedIndexRefused,
+                     StreamingUnavailable)
 
-from ..errors import Unavailable
+from ..errors import NodeError, Unavailable
 from .ports import PartitionData
 from .stream import StreamFeed
 
@@ -65,11 +66,12 @@ def rebuild_installed(cache: str, p: int, data: PartitionData,
 
 def index_installed(cache: str, p: int, data: PartitionData, feed: StreamFeed | None,
                     progress: Callable[[Progress], None] | None, *,
-                    pool: ScanPool | None, cancel: Callable[[], bool]) -> str:
+                    pool: ScanPool | None, cancel: Callable[[], bool],
+                    shipped: Callable[[], RebuildResult] | None = None) -> str:
     """The ``index rebuild`` stage: load the keys streamed while the file arrived
     (checked against the installed file, ranges that differ decoded again from it:
     the same entries as a rebuild), else rebuild from the installed file. Returns
-    "streamed" or "rebuilt".
+    "shipped", "streamed" or "rebuilt".
 
     The rebuild is the fallback when: streaming is off (``MoveContext.stream_index``),
     the last fetch was not streamed whole (its stream thread failed, the storage has
@@ -78,7 +80,31 @@ def index_installed(cache: str, p: int, data: PartitionData, feed: StreamFeed | 
     fetch is streamed too: its held chunks are decoded from the temp file at the
     start. The same argument as :func:`rebuild_installed` makes the installed file
     p's content here; the load is the rebuild's clear/load/ready, so a crash in it
-    (``demander.mid_index_rebuild``) leaves p not ready and the restart starts over."""
+    (``demander.mid_index_rebuild``) leaves p not ready and the restart starts over.
+
+    ``shipped`` (``[rebalance] index_transfer``): first, load the index the supplier
+    shipped (:func:`node.move.ship.index_shipped`); "shipped" when it passed every
+    check, else the reason is logged and the stage goes on as above (whatever the
+    refused load wrote is not ready, and the streamed load or the rebuild clears it)."""
+    if shipped is not None:
+        try:
+            r = shipped()
+            log.info("stage=index cache=%s partition=%d shipped index loaded: %d entries in "
+                     "%.3fs", cache, p, r.entries, r.seconds)
+            return "shipped"
+        except OutOfDiskError:
+            raise
+        except ShippedIndexRefused as e:
+            log.warning("stage=index cache=%s partition=%d %s; rebuilding from the file",
+                        cache, p, e)
+        except Unavailable as e:
+            if cancel():
+                raise
+            log.warning("stage=index cache=%s partition=%d shipped index not received (%s); "
+                        "rebuilding from the file", cache, p, e)
+        except (NodeError, IndexStoreError, CheckpointError, OSError) as e:
+            log.warning("stage=index cache=%s partition=%d shipped index failed (%s); "
+                        "rebuilding from the file", cache, p, e)
     if feed is not None:
         path = data.store.partition_path(p)
         try:

@@ -54,6 +54,9 @@ SAMPLES: dict[str, tuple[api.Req, dict]] = {
     "demand_done": (api.DemandDone("abc123"), {"session": "abc123"}),
     "register": (api.Register("default", 3, "n2", "127.0.0.1:7001", 4),
                  {"cache": "default", "p": 3, "node": "n2", "address": "127.0.0.1:7001", "epoch": 4}),
+    "index_want": (api.IndexWant("default", 3, "n2"), {"cache": "default", "p": 3, "node": "n2"}),
+    "index_page": (api.IndexPageQuery("default", 3, 17, 2),
+                   {"cache": "default", "p": 3, "counter": 17, "page": 2}),
     "handoff": (api.Handoff("default", 3, "n2"), {"cache": "default", "p": 3, "to": "n2"}),
     "unfence": (api.Unfence("default", 3), {"cache": "default", "p": 3}),
     "ack_latency": (api.AckLatency(), {}),
@@ -90,6 +93,9 @@ REPLIES: dict[str, tuple[object, object]] = {
               api.Fetched(((b"k", b"v", 1), (b"j", None, 2)), 2, True)),
     "demand_done": (False, False),
     "register": ({"counter": 17}, api.Registered(17)),
+    "index_want": (True, True),
+    "index_page": ({"header": {"counter": 17, "pages": 3}, "data": b"\x92\x90\x90"},
+                   api.IndexPage({"counter": 17, "pages": 3}, b"\x92\x90\x90")),
     "handoff": (17, 17),
     "unfence": (True, True),
     "ack_latency": ({"p99_ms": 1.5, "samples": 20, "baseline_ms": None}, LatencyReport(0.0015, 20, None)),
@@ -178,7 +184,8 @@ def test_messages_say_what_is_wrong() -> None:
 def test_roles_and_claims_come_from_the_table() -> None:
     assert CLIENT_METHODS == {n for n, m in api.METHODS.items() if "client" in m.roles}
     assert NODE_CLAIMS == {"replicate": "primary", "replicate_batch": "primary", "register": "node",
-                           "demand": "node", "join_isr": "node", "handoff": "to"}
+                           "demand": "node", "join_isr": "node", "handoff": "to",
+                           "index_want": "node"}
     for name, m in api.METHODS.items():
         _, wire = SAMPLES[name]
         assert api.decode_request(name, wire, "node") == SAMPLES[name][0]

@@ -1,0 +1,97 @@
+"""The supplier's side of a shipped index (``[rebalance] index_transfer``): a demander
+about to fetch p's file asks for p's index entries (RPC ``index_want``); when the
+file supplier then opens p's transfer snapshot, it takes, under p's lock, both the
+snapshot (counter C) and an export of p's index entries in one LMDB read transaction
+(:func:`indexes.export_shipped`): nothing changes p in between, so the entries are
+those of the file at C. The demander reads them page by page (RPC ``index_page``,
+the pages of :mod:`indexes.shipped`, each within one node RPC frame) and checks them
+against the installed file (:mod:`node.move.ship`).
+
+An export is kept until the demander has read its last page, a newer export of p
+replaces it, or :data:`KEEP_S` pass; a want is forgotten after :data:`WANT_S`.
+Nothing here is durable: a restarted supplier answers ``index_page`` with
+``Unavailable`` and the demander rebuilds from the file.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from indexes import IndexShot, IndexStore, export_shipped
+
+from .errors import Unavailable
+from .move.ship import live_docs
+from .rpcapi import IndexPage
+
+log = logging.getLogger("ferry.node.filemove")
+WANT_S = 120.0     # a want not met by a snapshot in this time is forgotten
+KEEP_S = 300.0     # an export not read whole in this time is dropped
+
+
+class IndexShipper:
+    def __init__(self, me: str) -> None:
+        self.me = me
+        self._lock = threading.Lock()
+        self.wants: dict[tuple[str, int], float] = {}           # -> deadline
+        self.shots: dict[tuple[str, int], IndexShot] = {}
+
+    def handlers(self) -> dict[str, Any]:
+        return {"index_want": self.op_index_want, "index_page": self.op_index_page}
+
+    def _expire(self, now: float) -> None:
+        for k in [k for k, t in self.wants.items() if t < now]:
+            del self.wants[k]
+        for k in [k for k, s in self.shots.items() if s.taken + KEEP_S < now]:
+            del self.shots[k]
+
+    # -- RPC ---------------------------------------------------------------------------
+    def op_index_want(self, cache: str, p: int, node: str) -> bool:
+        now = time.monotonic()
+        with self._lock:
+            self._expire(now)
+            self.wants[(cache, p)] = now + WANT_S
+        return True
+
+    def op_index_page(self, cache: str, p: int, counter: int, page: int) -> IndexPage:
+        with self._lock:
+            shot = self.shots.get((cache, p))
+            if shot is None or shot.header.counter != counter:
+                held = "none" if shot is None else f"counter {shot.header.counter}"
+                raise Unavailable(f"{self.me} holds no index export of {cache}/{p} at counter "
+                                  f"{counter} ({held})")
+            if not 0 <= page < len(shot.pages) and not (page == 0 and not shot.pages):
+                raise Unavailable(f"{cache}/{p}: no page {page} of {len(shot.pages)}")
+            if page >= len(shot.pages) - 1:         # the last one: read whole
+                del self.shots[(cache, p)]
+        data = shot.pages[page] if shot.pages else b""
+        return IndexPage(header=shot.header.to_wire(), data=data)
+
+    # -- the file supplier's side (p's lock held) -------------------------------------
+    def wanted(self, cache: str, p: int) -> bool:
+        with self._lock:
+            t = self.wants.get((cache, p))
+            return t is not None and t >= time.monotonic()
+
+    def capture(self, cache: str, p: int, indexes: IndexStore, counter: int,
+                docs: int | None) -> None:
+        """Export p's entries at ``counter`` (the caller holds p's lock, under which
+        the file snapshot at ``counter`` was just taken). A failure is logged: the
+        demander finds no export and rebuilds."""
+        with self._lock:
+            self.wants.pop((cache, p), None)
+        try:
+            shot = export_shipped(indexes, p, counter, -1 if docs is None else docs)
+        except Exception as e:  # noqa: BLE001 - the demander rebuilds; the send goes on
+            log.warning("stage=supply cache=%s partition=%d index export failed: %s; the "
+                        "demander rebuilds the index", cache, p, e)
+            return
+        with self._lock:
+            self.shots[(cache, p)] = shot
+        log.info("stage=supply cache=%s partition=%d index export at counter %d: %d entries, "
+                 "%d pages, %.3fs", cache, p, counter, shot.header.count, shot.header.pages,
+                 shot.seconds)
+
+
+__all__ = ["IndexShipper", "live_docs", "WANT_S", "KEEP_S"]
