@@ -21,6 +21,10 @@ the join against a raw sendfile floor measured in the same run, protection on an
 interleaved (``--protect on|off|both``); ``--tls on|off|both``: the nodes' links and the
 writers mutual TLS, the shared secret, or both interleaved in the same run.
 
+``--index-transfer rebuild,ship`` runs only idle joins (files mode) instead, one per
+value of ``[rebalance] index_transfer``, interleaved ``--repeat`` times in the same
+run: seconds to OWNING and CPU of the joining node and the suppliers for each.
+
 ``--restart`` runs bench/restart_bench.py instead (its own flags): a node SIGKILLed
 under writes and restarted, its catch-up by delta fetches against whole-file copies.
 
@@ -35,6 +39,7 @@ Prints ONE JSON object.
     .venv/bin/python bench/rebalance_bench.py --entries 16384 --value-size 65536   # 1 GiB
     .venv/bin/python bench/rebalance_bench.py --modes messages   # one mode (e.g. an older tree's baseline)
     .venv/bin/python bench/rebalance_bench.py --entries 1048576 --value-size 1024 --repeat 3 --replay-writers 0
+    .venv/bin/python bench/rebalance_bench.py --index-transfer rebuild,ship --entries 1048576 --value-size 256 --repeat 3
     .venv/bin/python bench/rebalance_bench.py --foreground --entries 200000 --value-size 1024 --repeat 3
     .venv/bin/python bench/rebalance_bench.py --foreground --protect on --tls both   # TLS vs the secret
 """
@@ -364,6 +369,40 @@ def replay_phase(cluster: LocalCluster, writers: int, value_size: int, timeout: 
             "writes_per_s": round(acked / seconds, 1), **catchup_figures(moves)}
 
 
+def set_rebalance(config: str, key: str, value: str) -> None:
+    """Put ``key = value`` (a TOML value) in the ``[rebalance]`` table of a node config."""
+    with open(config) as f:
+        text = f.read()
+    assert "\n[rebalance]\n" in text, config
+    text = text.replace("\n[rebalance]\n", f"\n[rebalance]\n{key} = {value}\n", 1)
+    with open(config, "w") as f:
+        f.write(text)
+
+
+def run_index_transfer(root: str, how: str, args: argparse.Namespace, run: int) -> dict[str, object]:
+    """One idle join (files mode) with ``[rebalance] index_transfer = how``: seconds to
+    OWNING, CPU of the joining node and of the suppliers, each move's index stage."""
+    out: dict[str, object] = {"index_transfer": how, "loadavg_before": os.getloadavg()}
+    with LocalCluster(os.path.join(root, f"ix-{how}-{run}"), partitions=args.partitions, mode="files",
+                      concurrency=args.concurrency, checkpoint_interval=2.0, log_level="INFO",
+                      index_workers=args.index_workers, index_offload=args.index_offload,
+                      page_size=args.page_size,
+                      stream_index=None if args.stream_index is None else args.stream_index == "on") as c:
+        set_rebalance(c.config, "index_transfer", json.dumps(how))
+        c.start(3)
+        t0 = time.monotonic()
+        c.load(args.entries, value_size=args.value_size, threads=args.threads)
+        out["load_seconds"] = round(time.monotonic() - t0, 1)
+        time.sleep(QUIET_S + 0.5)
+        j = join_and_wait(c, "n4", 0, args.value_size, args.timeout)
+        log = open(os.path.join(c.root, "n4.log"), errors="replace").read()
+        j["index_shipped"] = log.count("shipped index loaded")
+        j["index_refused"] = log.count("rebuilding from the file")
+        out["join_idle"] = j
+    out["loadavg_after"] = os.getloadavg()
+    return out
+
+
 def run_mode(root: str, mode: str, args: argparse.Namespace, run: int = 0) -> dict[str, object]:
     out: dict[str, object] = {"loadavg_before": os.getloadavg()}
     floor = 0.0
@@ -463,6 +502,10 @@ def main() -> None:
                          "holds whole small entries, so it sets how full the moved file's pages are")
     ap.add_argument("--stream-index", choices=("on", "off"), default=None,
                     help="[rebalance] stream_index of the nodes (default: the node's default, off)")
+    ap.add_argument("--index-transfer", default=None, metavar="HOW[,HOW]",
+                    help="instead of the modes: idle joins (files mode) with [rebalance] "
+                         "index_transfer = each of these (rebuild, ship, auto), interleaved "
+                         "--repeat times in the same run; seconds to OWNING and CPU per value")
     ap.add_argument("--modes", default="files,messages",
                     help="comma-separated modes to run (ratios need both; one mode alone: "
                          "e.g. the messages baseline of an older tree)")
@@ -502,6 +545,9 @@ def main() -> None:
     if args.value_size is None:
         args.value_size = 4096 if args.quick else 16384
     root = args.dir or tempfile.mkdtemp(prefix="ferry-rebalance-bench-")
+    if args.index_transfer:
+        index_transfer_bench(ap, args, root)
+        return
     try:
         modes = [m.strip() for m in args.modes.split(",") if m.strip()]
         bad = [m for m in modes if m not in ("files", "messages")]
@@ -541,6 +587,32 @@ def main() -> None:
         "replay_over_ingest": (res.get("files") or {}).get("replay_one_partition", {}).get("replay_over_ingest"),
         "loaded_machine": os.getloadavg()[0],
     }))
+
+
+def index_transfer_bench(ap: argparse.ArgumentParser, args: argparse.Namespace, root: str) -> None:
+    hows = [h.strip() for h in args.index_transfer.split(",") if h.strip()]
+    if not hows or any(h not in ("rebuild", "ship", "auto") for h in hows):
+        ap.error(f"--index-transfer takes rebuild, ship and/or auto (got {args.index_transfer!r})")
+    runs: dict[str, list[dict]] = {h: [] for h in hows}
+    try:
+        for i in range(args.repeat):           # interleaved: a drift falls on each alike
+            for h in hows:
+                runs[h].append(run_index_transfer(root, h, args, i))
+                print(f"rebalance bench: index_transfer={h} run {i + 1}/{args.repeat} done",
+                      file=sys.stderr)
+    finally:
+        if not args.dir:
+            shutil.rmtree(root, ignore_errors=True)
+    keys = ("seconds_to_owning", "seconds_from_join", "cpu_demander_s", "cpu_suppliers_s",
+            "bytes_moved", "partitions_moved", "index_shipped", "index_refused")
+    summary = {h: {k: round(statistics.median([r["join_idle"][k] for r in rs]), 2) for k in keys
+                   if all(isinstance(r["join_idle"].get(k), (int, float)) for r in rs)}
+               for h, rs in runs.items()}
+    print(json.dumps({
+        "bench": "rebalance-index-transfer", "entries": args.entries, "value_size": args.value_size,
+        "data_bytes": args.entries * args.value_size, "partitions": args.partitions,
+        "concurrency": args.concurrency, "repeat": args.repeat, "nodes": "3 -> 4 (idle join)",
+        "median": summary, "runs": runs, "loaded_machine": os.getloadavg()[0]}))
 
 
 def foreground(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -321,3 +321,42 @@ def test_load_refuses_a_header_of_another_partition(tmp_path) -> None:
         assert ix.ready(4)
     finally:
         ix.close()
+
+
+@pytest.mark.slow
+def test_join_under_a_writer_ships_indexes_with_real_nodes(tmp_path, nodes) -> None:
+    """Real node processes with index_transfer = "ship": n3 joins under a writer; its
+    file moves load the suppliers' shipped indexes (no rebuild), and at the end every
+    acknowledged write is on every owner and every index verifies against its data."""
+    import nodeharness
+    from nodeharness import NodeProc, status, wait_settled
+    from test_cluster import Writer, writes_during
+    from test_filemove import FILES, finish_and_check, moved_by_files
+    from node.wire import Pool, load_secret
+
+    config = FILES.replace('mode = "files"\n', 'mode = "files"\nindex_transfer = "ship"\n')
+    assert 'index_transfer = "ship"' in config
+    secret, cfg, n1, n2 = nodeharness.start_pair(tmp_path, nodes, config)
+    w = Writer([n1.address], secret)
+    w.start()
+    try:
+        writes_during(w, 150)
+        n3 = NodeProc(str(tmp_path), "n3", secret, config=cfg)
+        nodes.append(n3)
+        n3.start()
+        wait_settled(n1.address, secret, 3, 1)
+        writes_during(w, 30)
+        doc = status(n1.address, secret)
+    finally:
+        w.finish()
+    assert moved_by_files(n3) >= 2
+    done = Pool(load_secret(secret), role="client").call(n3.address, "moves_done")
+    assert done and all(d["mode"] == "files" for d in done), done
+    sources = [d.get("index_source") for d in done]
+    assert sources.count("shipped") >= 2, sources
+    log3 = open(n3.log, errors="replace").read()
+    assert "rebuilding from the file" not in log3, log3[-3000:]
+    supplied = open(n1.log, errors="replace").read() + open(n2.log, errors="replace").read()
+    assert "index export at counter" in supplied
+    assert not doc["moves"] and not doc["lost"]
+    finish_and_check(w, nodes, secret)
