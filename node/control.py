@@ -231,6 +231,7 @@ class Etcd:
         self.endpoints = list(endpoints)
         self.timeout = timeout
         self.access = EtcdAccess.from_env() if access is None else access
+        self._answered = False        # etcd has answered this client once (its credentials work)
         self.access.check(self.endpoints)
         a = self.access
         self._clients = [etcd3gw.client(host=h, port=p, protocol=s, timeout=timeout, api_path="/v3/",
@@ -340,6 +341,7 @@ class Etcd:
                         self._login(c)
                     out = fn(c)
                     self._cur = idx
+                    self._answered = True
                     return out
                 except (ex.ConnectionFailedError, ex.ConnectionTimeoutError, ex.InternalServerError) as e:
                     last = e
@@ -391,9 +393,14 @@ class Etcd:
             raise ControlPlaneTLSError(
                 f"control plane {eps}: TLS certificate verification failed ({why}): etcd's server "
                 f"certificate is not signed by {trust}, names another host, or has expired")
-        if any(w in low for w in ("unknown ca", "bad certificate", "certificate required",
-                                  "certificate unknown", "handshake failure", "expired certificate",
-                                  "unsupported certificate", "eof occurred in violation of protocol")):
+        # A handshake closed without an alert (EOF) is etcd refusing this client's
+        # certificate (or its lack of one), or a cut link: a proxy or a network fault
+        # closing it. Once etcd has answered this client, its credentials work, so an
+        # EOF is the network, retried as "unreachable" instead of reported as a refusal
+        eof = "eof occurred in violation of protocol" in low and not self._answered
+        if eof or any(w in low for w in ("unknown ca", "bad certificate", "certificate required",
+                                         "certificate unknown", "handshake failure", "expired certificate",
+                                         "unsupported certificate")):
             if self.access.cert:
                 raise ControlPlaneTLSError(
                     f"control plane {eps}: etcd refused this client's certificate in the TLS handshake: "

@@ -252,3 +252,30 @@ def test_certs_cli_init_issue_show(tmp_path):
     assert oct(os.stat(os.path.join(d, "n1.key")).st_mode & 0o777) == "0o600"
     bad = _ferry(["certs", "issue", d, "x", "--ip", "not-an-ip"], {})
     assert bad.returncode == 2 and "--ip" in bad.stderr
+
+
+def test_a_cut_link_after_etcd_answered_is_unreachable_not_a_refused_certificate(secure):
+    """A proxy that accepts and closes (a network cut) ends the TLS handshake without an
+    alert, as etcd does to a client without a certificate. Once etcd has answered this
+    client its credentials work: the cut is ControlPlaneDown (retried), never a refusal
+    of the certificate; after the heal the same client goes on."""
+    from urllib.parse import urlsplit
+
+    from cluster_sim.netproxy import Proxy
+    from node.errors import ControlPlaneDown
+    u = urlsplit(secure.endpoints[0])
+    proxy = Proxy((u.hostname, u.port)).start()
+    try:
+        e = Etcd([f"https://127.0.0.1:{proxy.port}"], access=secure.access("node"))
+        e.get(f"{P}/meta")                  # answered: the credentials work
+        proxy.cut()
+        for _ in range(3):
+            with pytest.raises(ControlPlaneDown) as exc:
+                e.get(f"{P}/meta")
+            assert not isinstance(exc.value, ControlPlaneTLSError)
+            assert "refused this client's certificate" not in str(exc.value)
+        assert proxy.refused >= 3
+        proxy.heal()
+        e.get(f"{P}/meta")
+    finally:
+        proxy.stop()
