@@ -133,8 +133,9 @@ class NodeIndexSupply:
             raise Unavailable(f"{supplier} is not a live member")
         return addr
 
-    def want(self, supplier: str, cache: str, p: int) -> None:
-        self.ctx.pool.request(self._addr(supplier), IndexWant(cache, p, self.ctx.id), timeout=5.0)
+    def want(self, supplier: str, cache: str, p: int, below: int = 0) -> bool:
+        return bool(self.ctx.pool.request(self._addr(supplier), IndexWant(cache, p, self.ctx.id, below),
+                                          timeout=5.0))
 
     def page(self, supplier: str, cache: str, p: int, counter: int, page: int
              ) -> tuple[dict[str, object], bytes]:

@@ -7,6 +7,10 @@ those of the file at C. The demander reads them page by page (RPC ``index_page``
 the pages of :mod:`indexes.shipped`, each within one node RPC frame) and checks them
 against the installed file (:mod:`node.move.ship`).
 
+With ``index_transfer = auto`` the want carries ``below``: the supplier takes it
+only when p's file holds fewer bytes per live entry than that (its own file and key
+count, the ones the snapshot will send), so big values never cost an export.
+
 An export is kept until the demander has read its last page, a newer export of p
 replaces it, or :data:`KEEP_S` pass; a want is forgotten after :data:`WANT_S`.
 Nothing here is durable: a restarted supplier answers ``index_page`` with
@@ -17,7 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from indexes import IndexShot, IndexStore, export_shipped
 
@@ -31,8 +35,13 @@ KEEP_S = 300.0     # an export not read whole in this time is dropped
 
 
 class IndexShipper:
-    def __init__(self, me: str) -> None:
+    """``sizer(cache, p)``: (bytes of p's file, live entries of p or None) here, for a
+    want that ships only below a size per entry (``index_transfer = auto``)."""
+
+    def __init__(self, me: str, sizer: Callable[[str, int], tuple[int, int | None]] | None = None
+                 ) -> None:
         self.me = me
+        self.sizer = sizer
         self._lock = threading.Lock()
         self.wants: dict[tuple[str, int], float] = {}           # -> deadline
         self.shots: dict[tuple[str, int], IndexShot] = {}
@@ -47,7 +56,13 @@ class IndexShipper:
             del self.shots[k]
 
     # -- RPC ---------------------------------------------------------------------------
-    def op_index_want(self, cache: str, p: int, node: str) -> bool:
+    def op_index_want(self, cache: str, p: int, node: str, below: int = 0) -> bool:
+        """Note the want (True); with ``below`` > 0 only when p's file here holds fewer
+        bytes per live entry than that (else False: the demander rebuilds)."""
+        if below > 0 and self.sizer is not None:
+            size, docs = self.sizer(cache, p)
+            if docs and size / docs >= below:
+                return False
         now = time.monotonic()
         with self._lock:
             self._expire(now)

@@ -11,6 +11,7 @@ owner reports OWNING and they are not primary.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import uuid
@@ -22,7 +23,7 @@ from .admission import Admission
 from .config import NodeConfig
 from .context import NodeContext
 from .errors import NodeError, Unavailable
-from .indexship import IndexShipper
+from .indexship import IndexShipper, live_docs
 from .filemove import make_supplier_storage, node_move_engine, start_supplier
 from .move import FETCH_BYTES, Move, MoveEngine, supply_batch  # noqa: F401  (public here too)
 from .ports import Handlers, IsrControl, Leadership
@@ -56,7 +57,7 @@ class Rebalancer:
                                        replay_rate_limit=self.admission.replay_limit,
                                        replaced=leader.copy_replaced)
         # shipped indexes, supplier side: wants and exports (node/indexship.py)
-        self.shipper = IndexShipper(ctx.id)
+        self.shipper = IndexShipper(ctx.id, sizer=self._file_size)
         # messages mode, primary side: session -> (entries at C, opened at)
         self.sessions: dict[str, tuple[list[tuple[bytes, bytes | None, int]], float]] = {}
 
@@ -160,6 +161,16 @@ class Rebalancer:
         st = self.ctx.states.get(cache, p)
         return Holds(node=self.ctx.id, state=st.value if st else None,
                      counter=self.ctx.data[cache].counter(p) if st == State.OWNING else 0)
+
+    def _file_size(self, cache: str, p: int) -> tuple[int, int | None]:
+        """(bytes of p's file, live entries of p) here: a want of ``index_transfer =
+        auto`` is taken only below a size per entry."""
+        store = self.ctx.data[cache].store
+        try:
+            size = os.path.getsize(store.partition_path(p))
+        except OSError:
+            return 0, None
+        return size, live_docs(store, p)
 
     def can_supply(self, cache: str, p: int) -> str | None:
         """None when this node may send p's file; else why not."""

@@ -594,11 +594,15 @@ class DemandDone(Req[bool]):
 @dataclass(frozen=True, slots=True)
 class IndexWant(Req[bool]):
     """A demander about to fetch p's file from this node asks for p's index entries at
-    the file snapshot's counter (``[rebalance] index_transfer``)."""
+    the file snapshot's counter (``[rebalance] index_transfer``); with ``below`` > 0
+    only if p's file holds fewer bytes per live entry than that here (``auto``). The
+    reply says whether the entries will be exported."""
     METHOD: ClassVar[str] = "index_want"
+    OMIT_DEFAULT: ClassVar[frozenset[str]] = frozenset({"below"})
     cache: str = arg(_cache)
     p: int = arg(_part)
     node: str = arg(_name)
+    below: int = arg(_count, 0)
 
 
 @dataclass(frozen=True, slots=True)

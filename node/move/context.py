@@ -49,7 +49,7 @@ class MoveContext:
     # cores); the harness's join-stream-index scenario turns it on for the crash cell
     # demander.mid_stream_index.
     stream_index: bool = True
-    # the shipped index: "rebuild" (never), "ship" (always), "auto" (when the installed
+    # the shipped index: "rebuild" (never), "ship" (always), "auto" (when the supplier's
     # file holds fewer than index_ship_below bytes per live entry); read per move (live)
     index_transfer: Callable[[], str] = lambda: "rebuild"
     index_ship_below: Callable[[], int] = lambda: 1024

@@ -52,7 +52,7 @@ from .messages import messages_once
 from .ports import PartitionData
 from .progress import MemorySink, Move
 from .rebuild import index_installed
-from .ship import auto_refuses, index_shipped, ship_wanted
+from .ship import index_shipped, ship_wanted
 from .stages import Stage
 from .stream import StreamFeed
 from .tempwal import TempWalSink, Update
@@ -151,9 +151,12 @@ class MoveEngine:
         crashpoint("demander.after_demand")
         feed = StreamFeed(data.indexes, cache, p) if ctx.stream_index else None
         ship_mode = ctx.index_transfer()
-        ship = ship_wanted(ship_mode, ctx.index_supply, data)
+        # (auto: only below index_ship_below bytes per entry, which the supplier tells)
+        ship = ((ctx.index_ship_below() if ship_mode == "auto" else 0)
+                if ship_wanted(ship_mode, ctx.index_supply, data) else None)
+        shipping: set[str] = set()        # the suppliers that will export p's index
         try:
-            res = self.fetch(mv, data, feed, ship=ship)
+            res = self.fetch(mv, data, feed, ship=ship, shipping=shipping)
             mv.fig.snapshot_counter = res.counter
             crashpoint("demander.after_install")
             mv.begin(Stage.INDEX_REBUILD)
@@ -164,15 +167,10 @@ class MoveEngine:
             def cancel() -> bool:
                 return mv.cancelled or ctx.stopping.is_set()
             shipped: Callable[[], RebuildResult] | None = None
-            if ship:
-                too_big = auto_refuses(ship_mode, ctx.index_ship_below(), data, p)
-                supply, source = ctx.index_supply, mv.fig.source
-                if too_big is not None:
-                    log.info("stage=index cache=%s partition=%d index_transfer = auto: %s; "
-                             "rebuilding", cache, p, too_big)
-                elif supply is not None and source is not None:
-                    shipped = partial(index_shipped, cache, p, data, supply, source, res.counter,
-                                      progress, cancel)
+            supply, source = ctx.index_supply, mv.fig.source
+            if supply is not None and source is not None and source in shipping:
+                shipped = partial(index_shipped, cache, p, data, supply, source, res.counter,
+                                  progress, cancel)
             mv.fig.index_source = index_installed(cache, p, data, feed, progress, pool=ctx.scan_pool,
                                                   cancel=cancel, shipped=shipped)
         finally:
@@ -238,7 +236,10 @@ class MoveEngine:
 
     # -- transfer + install -----------------------------------------------------------
     def fetch(self, mv: Move, data: PartitionData, observer: StreamFeed | None = None, *,
-              ship: bool = False) -> FetchResult:
+              ship: int | None = None, shipping: set[str] | None = None) -> FetchResult:
+        """The file from one supplier after another (see the module doc). ``ship``: ask
+        each supplier for p's index first (0: always; > 0: only below that many bytes
+        per entry); ``shipping`` collects those that accepted."""
         ctx, cache, p = self.ctx, mv.cache, mv.p
         mv.begin(Stage.TRANSFER)
         give_up = time.monotonic() + FETCH_GIVE_UP_S
@@ -265,9 +266,15 @@ class MoveEngine:
                     raise MoveRestart(mv.gap)
                 mv.fig.source, mv.fig.wire_before = node, mv.fig.wire
                 self.supplier_load[node] = self.supplier_load.get(node, 0) + 1
-                if ship and ctx.index_supply is not None:
+                if ship is not None and ctx.index_supply is not None and shipping is not None:
+                    shipping.discard(node)
                     try:        # the supplier exports p's index with its snapshot of p
-                        ctx.index_supply.want(node, cache, p)
+                        if ctx.index_supply.want(node, cache, p, ship):
+                            shipping.add(node)
+                        else:
+                            log.info("stage=transfer cache=%s partition=%d %s holds %d or more "
+                                     "bytes per entry (index_transfer = auto): the index will "
+                                     "be rebuilt", cache, p, node, ship)
                     except NodeError as e:
                         log.info("stage=transfer cache=%s partition=%d %s did not take the "
                                  "index request (%s); the index will be rebuilt", cache, p, node, e)

@@ -100,8 +100,10 @@ class IndexSupply(Protocol):
     """A file supplier's shipped index of p (``[rebalance] index_transfer``): asked for
     before the file is fetched, read page by page after it is installed."""
 
-    def want(self, supplier: str, cache: str, p: int) -> None:
-        """Ask ``supplier`` to export p's index entries with its next snapshot of p."""
+    def want(self, supplier: str, cache: str, p: int, below: int = 0) -> bool:
+        """Ask ``supplier`` to export p's index entries with its next snapshot of p;
+        with ``below`` > 0 only if its file of p holds fewer bytes per live entry. True
+        when it will."""
         ...
 
     def page(self, supplier: str, cache: str, p: int, counter: int, page: int

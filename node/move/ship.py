@@ -60,19 +60,6 @@ def ship_wanted(mode: str, supply: IndexSupply | None, data: PartitionData) -> b
     return mode in ("ship", "auto") and supply is not None and bool(data.indexes.definitions)
 
 
-def auto_refuses(mode: str, below: int, data: PartitionData, p: int) -> str | None:
-    """With ``auto``: why the installed file's values are too big to ship the index
-    (bytes of the file per live entry at or above ``below``), else None."""
-    if mode != "auto":
-        return None
-    docs = live_docs(data.store, p)
-    if not docs:
-        return None
-    size = os.path.getsize(data.store.partition_path(p))
-    per = size / docs
-    return None if per < below else f"{per:.0f} bytes per live entry >= {below}"
-
-
 def receive(supply: IndexSupply, node: str, cache: str, p: int, counter: int,
             cancel: Callable[[], bool]) -> tuple[ShipHeader, list[bytes]]:
     """Every page of ``node``'s export of p at ``counter``, with its header."""
@@ -164,5 +151,5 @@ def index_shipped(cache: str, p: int, data: PartitionData, supply: IndexSupply, 
         raise Unavailable(f"index load of {cache}/{p} stopped: {e}") from None
 
 
-__all__ = ["index_shipped", "live_docs", "ship_wanted", "auto_refuses", "receive", "file_sample",
+__all__ = ["index_shipped", "live_docs", "ship_wanted", "receive", "file_sample",
            "SAMPLE_DOCS", "SAMPLE_ENTRIES"]

@@ -81,8 +81,8 @@ class Supply:
     def __init__(self, shipper: IndexShipper, tamper: Any = None) -> None:
         self.shipper, self.tamper = shipper, tamper
 
-    def want(self, supplier: str, cache: str, p: int) -> None:
-        self.shipper.op_index_want(cache, p, "n2")
+    def want(self, supplier: str, cache: str, p: int, below: int = 0) -> bool:
+        return self.shipper.op_index_want(cache, p, "n2", below)
 
     def page(self, supplier: str, cache: str, p: int, counter: int, page: int
              ) -> tuple[dict[str, object], bytes]:
@@ -360,3 +360,21 @@ def test_join_under_a_writer_ships_indexes_with_real_nodes(tmp_path, nodes) -> N
     assert "index export at counter" in supplied
     assert not doc["moves"] and not doc["lost"]
     finish_and_check(w, nodes, secret)
+
+
+def test_auto_wants_are_taken_only_below_the_size_per_entry(tmp_path) -> None:
+    """index_transfer = auto: the supplier takes the want only when its file of p holds
+    fewer bytes per live entry than ``below`` (so big values cost no export)."""
+    a, b, shipper, storage = _setup(tmp_path, 900, 600)
+    try:
+        path = a.store.partition_path(P)
+        shipper.sizer = lambda cache, p: (os.path.getsize(path), live_docs(a.store, p))
+        per = os.path.getsize(path) / (live_docs(a.store, P) or 1)
+        assert not shipper.op_index_want("default", P, "n2", below=int(per))
+        assert not shipper.wanted("default", P)
+        assert shipper.op_index_want("default", P, "n2", below=int(per) + 1)
+        assert shipper.wanted("default", P)
+        assert shipper.op_index_want("default", P, "n2")          # 0: always
+    finally:
+        a.close()
+        b.close()
