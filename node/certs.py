@@ -42,11 +42,11 @@ LOOPBACK_IPS = ("127.0.0.1", "::1")
 _IDENT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")    # node/config.py's node id rule
 
 
-def _now() -> datetime.datetime:
+def utc_now() -> datetime.datetime:
     return datetime.datetime.now(datetime.timezone.utc)
 
 
-def _write(path: str, data: bytes, mode: int) -> None:
+def write_file(path: str, data: bytes, mode: int) -> None:
     tmp = f"{path}.tmp{os.getpid()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
@@ -68,7 +68,7 @@ def _cert_pem(cert: "x509.Certificate") -> bytes:
     return cert.public_bytes(serialization.Encoding.PEM)
 
 
-def _read_cert(path: str) -> "x509.Certificate":
+def read_cert(path: str) -> "x509.Certificate":
     from cryptography import x509
     try:
         with open(path, "rb") as f:
@@ -79,7 +79,7 @@ def _read_cert(path: str) -> "x509.Certificate":
         raise ConfigError(f"{path} is not a PEM certificate ({str(e)[:80]})") from None
 
 
-def _read_key(path: str) -> "ec.EllipticCurvePrivateKey":
+def read_key(path: str) -> "ec.EllipticCurvePrivateKey":
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec
     try:
@@ -117,7 +117,7 @@ def init_ca(ca_dir: str, name: str = "ferry-etcd-ca", days: int = CA_DAYS, force
     os.makedirs(ca_dir, mode=0o700, exist_ok=True)
     key = ec.generate_private_key(ec.SECP256R1())
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    now = _now()
+    now = utc_now()
     cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject)
             .public_key(key.public_key()).serial_number(x509.random_serial_number())
             .not_valid_before(now - datetime.timedelta(minutes=5))
@@ -129,8 +129,8 @@ def init_ca(ca_dir: str, name: str = "ferry-etcd-ca", days: int = CA_DAYS, force
                                          encipher_only=False, decipher_only=False), critical=True)
             .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
             .sign(key, hashes.SHA256()))
-    _write(out.key, _key_pem(key), 0o600)
-    _write(out.cert, _cert_pem(cert), 0o644)
+    write_file(out.key, _key_pem(key), 0o600)
+    write_file(out.cert, _cert_pem(cert), 0o644)
     return out
 
 
@@ -158,7 +158,7 @@ def issue(ca_dir: str, name: str, out_dir: str | None = None, *, server: bool = 
         raise ConfigError(f"{role} name {name!r} must be 1-64 letters, digits, _ . - (as a node id)")
     server = server or role == "node"
     paths = ca_paths(ca_dir)
-    ca_cert, ca_key = _read_cert(paths.cert), _read_key(paths.key)
+    ca_cert, ca_key = read_cert(paths.cert), read_key(paths.key)
     try:
         addrs = [ipaddress.ip_address(i) for i in ips]
     except ValueError as e:
@@ -167,7 +167,7 @@ def issue(ca_dir: str, name: str, out_dir: str | None = None, *, server: bool = 
         addrs = [ipaddress.ip_address(i) for i in LOOPBACK_IPS]
         dns = ("localhost",)
     key = ec.generate_private_key(ec.SECP256R1())
-    now = _now()
+    now = utc_now()
     usages = [ExtendedKeyUsageOID.CLIENT_AUTH] + ([ExtendedKeyUsageOID.SERVER_AUTH] if server else [])
     attrs = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, "ferry"),
              x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, name)]
@@ -197,8 +197,8 @@ def issue(ca_dir: str, name: str, out_dir: str | None = None, *, server: bool = 
     out_dir = out_dir or ca_dir
     os.makedirs(out_dir, mode=0o700, exist_ok=True)
     out = Issued(os.path.join(out_dir, f"{name}.crt"), os.path.join(out_dir, f"{name}.key"))
-    _write(out.key, _key_pem(key), 0o600)
-    _write(out.cert, _cert_pem(cert), 0o644)
+    write_file(out.key, _key_pem(key), 0o600)
+    write_file(out.cert, _cert_pem(cert), 0o644)
     return out
 
 
@@ -206,7 +206,7 @@ def describe(path: str) -> dict[str, object]:
     """What ``ferry certs show`` prints: subject CN, issuer, validity, names, usages."""
     from cryptography import x509
     from cryptography.x509.oid import NameOID
-    c = _read_cert(path)
+    c = read_cert(path)
 
     def cn(n: x509.Name) -> str:
         a = n.get_attributes_for_oid(NameOID.COMMON_NAME)
@@ -217,7 +217,7 @@ def describe(path: str) -> dict[str, object]:
                               "serial": f"{c.serial_number:x}",
                               "not_before": c.not_valid_before_utc.isoformat(),
                               "not_after": c.not_valid_after_utc.isoformat(),
-                              "expired": c.not_valid_after_utc < _now()}
+                              "expired": c.not_valid_after_utc < utc_now()}
     try:
         doc["ca"] = bool(c.extensions.get_extension_for_class(x509.BasicConstraints).value.ca)
     except x509.ExtensionNotFound:
@@ -239,4 +239,5 @@ def describe(path: str) -> dict[str, object]:
     return doc
 
 
-__all__ = ["init_ca", "issue", "describe", "ca_paths", "Issued", "LOOPBACK_IPS"]
+__all__ = ["init_ca", "issue", "describe", "ca_paths", "Issued", "LOOPBACK_IPS", "read_cert", "read_key",
+           "utc_now", "write_file"]

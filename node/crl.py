@@ -24,7 +24,7 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .certs import _now, _read_cert, _read_key, _write, ca_paths
+from .certs import ca_paths, read_cert, read_key, utc_now, write_file
 from .errors import ConfigError
 
 if TYPE_CHECKING:
@@ -84,7 +84,7 @@ def revoked(ca_dir: str) -> tuple[list[Revoked], int]:
 
 def _save(ca_dir: str, entries: list[Revoked], number: int) -> None:
     body = {"crl_number": number, "revoked": [r.to_json() for r in entries]}
-    _write(os.path.join(ca_dir, REVOKED_FILE), (json.dumps(body, indent=1) + "\n").encode(), 0o644)
+    write_file(os.path.join(ca_dir, REVOKED_FILE), (json.dumps(body, indent=1) + "\n").encode(), 0o644)
 
 
 def write_crl(ca_dir: str, days: int = CRL_DAYS) -> str:
@@ -95,9 +95,9 @@ def write_crl(ca_dir: str, days: int = CRL_DAYS) -> str:
     if days < 1:
         raise ConfigError(f"--days {days}: a revocation list must be valid for at least a day")
     ca = ca_paths(ca_dir)
-    ca_cert, ca_key = _read_cert(ca.cert), _read_key(ca.key)
+    ca_cert, ca_key = read_cert(ca.cert), read_key(ca.key)
     entries, number = revoked(ca_dir)
-    now = _now()
+    now = utc_now()
     b = (x509.CertificateRevocationListBuilder().issuer_name(ca_cert.subject)
          .last_update(now).next_update(now + datetime.timedelta(days=days))
          .add_extension(x509.CRLNumber(number + 1), critical=False))
@@ -111,7 +111,7 @@ def write_crl(ca_dir: str, days: int = CRL_DAYS) -> str:
     from cryptography.hazmat.primitives import serialization
     path = crl_path(ca_dir)
     _save(ca_dir, entries, number + 1)
-    _write(path, crl.public_bytes(serialization.Encoding.PEM), 0o644)
+    write_file(path, crl.public_bytes(serialization.Encoding.PEM), 0o644)
     return path
 
 
@@ -124,10 +124,10 @@ def revoke(ca_dir: str, cert_path: str | None = None, serial: str | None = None,
         raise ConfigError(f"reason {reason!r}: one of {', '.join(REASONS)}")
     if (cert_path is None) == (serial is None):
         raise ConfigError("give the certificate file or its serial (one of the two)")
-    ca_cert = _read_cert(ca_paths(ca_dir).cert)
+    ca_cert = read_cert(ca_paths(ca_dir).cert)
     identity = subject = ""
     if cert_path is not None:
-        c = _read_cert(cert_path)
+        c = read_cert(cert_path)
         if c.issuer != ca_cert.subject:
             raise ConfigError(f"{cert_path} is issued by {c.issuer.rfc4514_string()}, not by this CA "
                               f"({ca_cert.subject.rfc4514_string()}): its own CA must revoke it")
@@ -145,7 +145,7 @@ def revoke(ca_dir: str, cert_path: str | None = None, serial: str | None = None,
     known = next((r for r in entries if r.serial == serial_hex), None)
     new = known is None
     if known is None:
-        known = Revoked(serial_hex, identity, subject, _now().isoformat(), reason)
+        known = Revoked(serial_hex, identity, subject, utc_now().isoformat(), reason)
         entries.append(known)
         _save(ca_dir, entries, number)
     return known, new, write_crl(ca_dir, days)
