@@ -13,6 +13,10 @@ Stages, each visible in progress reports:
 4. ``ready``: a last commit writes the ready marker. LMDB commits are ordered and
    synced, so the marker is durable only after every entry is.
 
+A source with no live pair (a partition file of at most ``EMPTY_PROBE_BYTES`` whose
+pages hold none, or a source that counts 0) skips 2 and 3: one commit deletes the
+marker and the entries and writes the ready marker (0 entries), atomically.
+
 A crash or a cancel between 1 and 4 leaves the partition not ready; the next
 rebuild starts at 1, so no entry is duplicated or stale.
 """
@@ -88,6 +92,13 @@ def rebuild(store: Rebuildable, partition: int, source: Source, *,
     t0 = time.monotonic()
     scratch = os.path.join(store.env.path, SCRATCH, str(partition))
     shutil.rmtree(scratch, ignore_errors=True)      # left by a crashed rebuild
+    ready_empty = getattr(store, "ready_empty", None)
+    if callable(ready_empty) and _holds_nothing(source, partition):
+        # no live pair: the clear and the ready marker (0 entries) in one commit
+        rep.start("ready", None)
+        ready_empty(partition)
+        res.seconds = time.monotonic() - t0
+        return res
 
     rep.start("clear", None)
     store.clear(partition)
@@ -103,6 +114,30 @@ def rebuild(store: Rebuildable, partition: int, source: Source, *,
     store.mark_ready(partition, res.entries, res.bad)
     res.seconds = time.monotonic() - t0
     return res
+
+
+# a partition file at most this big is looked at for live pairs before the rebuild
+EMPTY_PROBE_BYTES = 256 << 10
+
+
+def _holds_nothing(source: Source, partition: int) -> bool:
+    """True when ``source`` surely has no live pair of ``partition``: a partition file
+    of at most EMPTY_PROBE_BYTES whose pages hold none (read to its end: a page that
+    does not decode raises, as in the scan), or a source that counts 0. False when
+    unsure: the rebuild runs whole."""
+    file_for = getattr(source, "file_for", None)
+    if callable(file_for):
+        try:
+            if os.path.getsize(file_for(partition)) > EMPTY_PROBE_BYTES:
+                return False
+        except OSError:
+            return False            # the scan says why
+        batches = getattr(source, "scan_batches", None)
+        if not callable(batches):
+            return False
+        return not any(batch for batch in batches(partition))
+    count = getattr(source, "count", None)
+    return callable(count) and count(partition) == 0
 
 
 class _Runs:
@@ -140,6 +175,13 @@ def load_streamed(store: Rebuildable, partition: int, built: StreamedKeys, *,
     rep = Reporter(partition, progress)
     res = RebuildResult(partition)
     t0 = time.monotonic()
+    ready_empty = getattr(store, "ready_empty", None)
+    if callable(ready_empty) and built.count == 0 and built.scanned == 0 and built.bad == 0:
+        # no live pair: the clear and the ready marker (0 entries) in one commit
+        rep.start("ready", None)
+        ready_empty(partition)
+        res.seconds = time.monotonic() - t0
+        return res
     rep.start("clear", None)
     store.clear(partition)
     res.scanned, res.bad = built.scanned, built.bad

@@ -117,6 +117,22 @@ class IndexStore:
             lambda txn: meta.put_ready(txn, env.meta, partition, fp, entries, bad))
         self._ready.add(partition)
 
+    def ready_empty(self, partition: int) -> None:
+        """Make the partition ready with no entries in ONE commit: its marker and every
+        entry deleted and a fresh marker (0 entries, 0 bad) written together. What
+        :meth:`clear` then :meth:`mark_ready` leave for a source with no live pairs,
+        with one commit instead of two; atomic, so never a marker beside old entries."""
+        fp = self.schema.fingerprint
+        env = self._env
+        self._ready.discard(partition)
+
+        def reset(txn: lmdb.Transaction[bytes]) -> dict[str, Any]:
+            txn.delete(meta.ready_key(partition), db=env.meta)
+            env.entries.clear(txn, partition)
+            return meta.put_ready(txn, env.meta, partition, fp, 0, 0)
+        self._markers[partition] = env.write(reset)
+        self._ready.add(partition)
+
     def _clear(self, partition: int) -> None:
         """Remove the ready marker and every entry of the partition, in one commit:
         the marker never survives its entries."""
