@@ -42,6 +42,8 @@ T = TypeVar("T")
 if TYPE_CHECKING:
     from etcd3gw import Etcd3Client
 
+    from .etcdhttp import LeanSession
+
 REQUEST_TIMEOUT_S = 2.0      # one etcd request; a lease TTL is 2 s or more
 WATCH_IDLE_S = 3.0           # a watch stream silent this long is re-opened from its revision
 MAX_PASSWORD_FILE = 4096
@@ -221,6 +223,22 @@ def parse_endpoints(endpoints: list[str] | tuple[str, ...]) -> list[tuple[str, s
     return out
 
 
+def _session(a: EtcdAccess) -> "LeanSession":
+    """One endpoint's HTTP session: plain-http calls over kept-alive connections
+    (:mod:`node.etcdhttp`), TLS through requests with ``a``'s CA and certificate (as
+    etcd3gw configures its own)."""
+    from .etcdhttp import LeanSession
+    s = LeanSession()
+    # requests would read the proxy variables and ~/.netrc again for every call:
+    # a fifth of the controller's CPU at 1,000 nodes; the endpoints are explicit
+    s.trust_env = False
+    if a.ca is not None:
+        s.verify = a.ca
+    if a.cert is not None and a.key is not None:
+        s.cert = (a.cert, a.key)
+    return s
+
+
 class Etcd:
     """etcd's v3 API through etcd3gw, with failover between endpoints. ``access``: the
     CA, client certificate and etcd user (None: the environment's, ``FERRY_ETCD_*``)."""
@@ -235,12 +253,8 @@ class Etcd:
         self.access.check(self.endpoints)
         a = self.access
         self._clients = [etcd3gw.client(host=h, port=p, protocol=s, timeout=timeout, api_path="/v3/",
-                                        ca_cert=a.ca, cert_key=a.key, cert_cert=a.cert)
+                                        session=_session(a))
                          for s, h, p in parse_endpoints(endpoints)]
-        for c in self._clients:
-            # requests would read the proxy variables and ~/.netrc again for every call:
-            # a fifth of the controller's CPU at 1,000 nodes; the endpoints are explicit
-            c.session.trust_env = False
         self._cur = 0
         self._auth_off_warned = False
         self._auth_off: set[int] = set()     # clients whose etcd said auth is off
