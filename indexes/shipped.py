@@ -57,7 +57,8 @@ PAGE_BYTES = 256 << 10          # keys and data per page: a page travels in one 
 _U32 = struct.Struct(">I")
 _ENTRY_OVERHEAD = 3             # msgpack bin header of a key up to 255 bytes, about
 
-__all__ = ["ShipHeader", "IndexShot", "export", "load_shipped", "digest", "PAGE_BYTES"]
+__all__ = ["ShipHeader", "IndexShot", "ExportRead", "export", "read_export", "pack_export",
+           "load_shipped", "digest", "PAGE_BYTES"]
 
 
 @dataclass(frozen=True)
@@ -118,10 +119,29 @@ def _long_size(pairs: list[tuple[bytes, bytes]]) -> int:
     return sum(len(k) + len(d) + 8 for k, d in pairs)
 
 
+@dataclass
+class ExportRead:
+    """p's entries as one read transaction saw them (:func:`read_export`), not yet paged."""
+    store: IndexStore
+    p: int
+    counter: int
+    docs: int
+    plain: list[bytes]
+    long: list[tuple[bytes, bytes]]
+    bad: int
+    t0: float
+
+
 def export(store: IndexStore, p: int, counter: int, docs: int) -> IndexShot:
     """Every entry of ready partition ``p`` in one read transaction, paged. The caller
     holds what keeps p's entries at ``counter`` (the node: p's lock). Raises
     IndexNotReadyError when p is not ready."""
+    return pack_export(read_export(store, p, counter, docs))
+
+
+def read_export(store: IndexStore, p: int, counter: int, docs: int) -> ExportRead:
+    """The part of :func:`export` that must see p at ``counter``: one read transaction
+    (the caller holds p's lock only for this); :func:`pack_export` pages it after."""
     t0 = time.monotonic()
     if not store.ready(p):
         raise IndexNotReadyError(f"index of partition {p} in {store.path} is not ready: "
@@ -136,12 +156,18 @@ def export(store: IndexStore, p: int, counter: int, docs: int) -> IndexShot:
         long = [(k, d) for k, d in env.entries._long(txn, pk, b"", None, None)]
         return plain, long
     plain, long = env.read(read)
-    pages = [msgpack.packb([chunk, []], use_bin_type=True) for chunk in _paged(plain, _plain_size)]
+    return ExportRead(store, p, counter, docs, plain, long, int(marker.get("bad", 0) or 0), t0)
+
+
+def pack_export(r: ExportRead) -> IndexShot:
+    """Page a :func:`read_export` (no lock needed: nothing here reads the store but
+    its schema)."""
+    pages = [msgpack.packb([chunk, []], use_bin_type=True) for chunk in _paged(r.plain, _plain_size)]
     pages += [msgpack.packb([[], [list(x) for x in chunk]], use_bin_type=True)
-              for chunk in _paged(long, _long_size)]
-    header = ShipHeader(p, counter, store.schema.fingerprint, docs, len(plain) + len(long),
-                        int(marker.get("bad", 0) or 0), len(pages), digest(pages))
-    return IndexShot(header, pages, time.monotonic(), time.monotonic() - t0)
+              for chunk in _paged(r.long, _long_size)]
+    header = ShipHeader(r.p, r.counter, r.store.schema.fingerprint, r.docs,
+                        len(r.plain) + len(r.long), r.bad, len(pages), digest(pages))
+    return IndexShot(header, pages, time.monotonic(), time.monotonic() - r.t0)
 
 
 def _cancel_check(cancel: Any) -> Callable[[], bool]:

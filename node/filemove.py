@@ -193,11 +193,12 @@ def make_supplier_storage(data: Mapping[str, CacheData], in_use: SnapshotUse,
                 with plock(cache, partition):
                     snap = super().open_snapshot(cache, partition)
                     try:
-                        shipper.capture(cache, partition, d.indexes, snap.counter,
-                                        live_docs(d.store, partition))
+                        got = shipper.capture(cache, partition, d.indexes, snap.counter,
+                                              live_docs(d.store, partition))
                     except BaseException:
                         snap.close()
                         raise
+                shipper.publish(cache, partition, got)      # paged outside p's lock
             else:
                 snap = super().open_snapshot(cache, partition)
             in_use.opened(key)

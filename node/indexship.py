@@ -23,7 +23,8 @@ import threading
 import time
 from typing import Any, Callable
 
-from indexes import IndexShot, IndexStore, export_shipped
+from indexes import IndexShot, IndexStore
+from indexes.shipped import ExportRead, pack_export, read_export
 
 from .errors import Unavailable
 from .move.ship import live_docs
@@ -90,18 +91,31 @@ class IndexShipper:
             return t is not None and t >= time.monotonic()
 
     def capture(self, cache: str, p: int, indexes: IndexStore, counter: int,
-                docs: int | None) -> None:
-        """Export p's entries at ``counter`` (the caller holds p's lock, under which
-        the file snapshot at ``counter`` was just taken). A failure is logged: the
-        demander finds no export and rebuilds."""
+                docs: int | None) -> ExportRead | None:
+        """Read p's entries at ``counter`` (the caller holds p's lock, under which
+        the file snapshot at ``counter`` was just taken); :meth:`publish` pages them
+        after the lock is released. A failure is logged (None): the demander finds no
+        export and rebuilds."""
         with self._lock:
             self.wants.pop((cache, p), None)
         try:
-            shot = export_shipped(indexes, p, counter, -1 if docs is None else docs)
+            return read_export(indexes, p, counter, -1 if docs is None else docs)
+        except Exception as e:  # noqa: BLE001 - the demander rebuilds; the send goes on
+            log.warning("stage=supply cache=%s partition=%d index export failed: %s; the "
+                        "demander rebuilds the index", cache, p, e)
+            return None
+
+    def publish(self, cache: str, p: int, read: ExportRead | None) -> None:
+        """Page a :meth:`capture` (p's lock no longer held) and serve it."""
+        if read is None:
+            return
+        try:
+            shot = pack_export(read)
         except Exception as e:  # noqa: BLE001 - the demander rebuilds; the send goes on
             log.warning("stage=supply cache=%s partition=%d index export failed: %s; the "
                         "demander rebuilds the index", cache, p, e)
             return
+        counter = shot.header.counter
         with self._lock:
             self.shots[(cache, p)] = shot
         log.info("stage=supply cache=%s partition=%d index export at counter %d: %d entries, "

@@ -275,7 +275,7 @@ class MoveEngine:
                             log.info("stage=transfer cache=%s partition=%d %s holds %d or more "
                                      "bytes per entry (index_transfer = auto): the index will "
                                      "be rebuilt", cache, p, node, ship)
-                    except NodeError as e:
+                    except (NodeError, OSError) as e:
                         log.info("stage=transfer cache=%s partition=%d %s did not take the "
                                  "index request (%s); the index will be rebuilt", cache, p, node, e)
                 try:
