@@ -187,6 +187,8 @@ class Copies:
             regs = self._by.get(key)
             if regs is not None:
                 regs.pop(node, None)
+                if not regs:        # no empty entry is kept: the table holds only
+                    del self._by[key]   # partitions with a registration now
 
     def drop(self, key: PartKey) -> None:
         """Every registration of p (this node no longer leads it)."""
@@ -196,9 +198,16 @@ class Copies:
     def keep_members(self, members: set[str]) -> None:
         """Forget registrations of nodes that are no longer members."""
         with self._lock:
-            for regs in self._by.values():
+            for key, regs in list(self._by.items()):
                 for n in [n for n in regs if n not in members]:
                     del regs[n]
+                if not regs:
+                    del self._by[key]
+
+    def __len__(self) -> int:
+        """Partitions with a registration."""
+        with self._lock:
+            return len(self._by)
 
     def any(self) -> bool:
         with self._lock:

@@ -8,6 +8,7 @@ change, a finished move) and at least once a second.
 """
 from __future__ import annotations
 
+import collections
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -62,7 +63,7 @@ class Reconciler:
         self.backoff: Backoff[PartKey] = Backoff(RETRY_BASE_S, RETRY_CAP_S)   # failed joins, hand-offs
         self._again: set[PartKey] = set()       # to look at in the next pass too
         # partitions assigned here that wait for a move slot, in the order they came
-        self._to_move: dict[PartKey, str] = {}
+        self._to_move: collections.OrderedDict[PartKey, str] = collections.OrderedDict()
         self._last_sweep = 0.0
         self._born = time.monotonic()
         self.looked_at = 0
@@ -123,7 +124,10 @@ class Reconciler:
 
     def _start_moves(self) -> None:
         """Start the waiting moves while slots are free (in the order they came)."""
-        for key, why in list(self._to_move.items()):
+        # the first waiting one at a time (an OrderedDict's first item is O(1)): no copy
+        # of the whole queue per pass, which holds every partition still to move
+        while self._to_move:
+            key, why = next(iter(self._to_move.items()))
             if not self.movers.start_move(key[0], key[1], why):
                 if key in self.ctx.moves:
                     del self._to_move[key]
