@@ -3,10 +3,11 @@
 ``requests`` spends about 0.3 ms of CPU per call on things etcd's gateway does not need
 (hooks, cookie jars, header merging, URL and proxy resolution, the adapter and urllib3's
 pool): two thirds of an etcd call's cost on the node's side, and every partition move
-takes several calls on several nodes. :class:`LeanSession` is a ``requests.Session``
-whose plain-``http://``, non-streamed POSTs go over kept-alive ``http.client``
-connections instead; everything else (``https://``, the watch's stream, other methods)
-is ``requests`` as before.
+takes several calls on several nodes; reading the watch's stream through urllib3's
+chunked decoder costs as much again. :class:`LeanSession` is a ``requests.Session``
+whose plain-``http://`` POSTs go over ``http.client`` instead: kept-alive connections
+for calls, a connection of its own for a streamed answer (the watch, read line by
+line); everything else (``https://``, other methods) is ``requests`` as before.
 
 The fast path keeps the caller's contract: the same request (method, path, JSON body,
 the session's ``Authorization`` header), a ``requests.Response`` with the status,
@@ -25,7 +26,7 @@ import json
 import select
 import socket
 import threading
-from typing import Any
+from typing import Any, Iterator
 from urllib.parse import urlsplit
 
 import requests
@@ -46,13 +47,16 @@ class LeanSession(requests.Session):
 
     def post(self, url: str | bytes, data: Any = None, json: Any = None,  # type: ignore[override]
              **kwargs: Any) -> requests.Response:
-        if (not self.fast or data is not None or kwargs.get("stream") or not isinstance(url, str)
-                or not url.startswith("http://") or set(kwargs) - {"timeout"}):
+        stream = bool(kwargs.get("stream"))
+        if (not self.fast or data is not None or not isinstance(url, str)
+                or not url.startswith("http://") or set(kwargs) - {"timeout", "stream"}):
             return super().post(url, data=data, json=json, **kwargs)
+        if stream:
+            return self._stream(url, json, kwargs.get("timeout"))   # type: ignore[return-value]
         return self._post(url, json, kwargs.get("timeout"))
 
     # -- the fast path --------------------------------------------------------------
-    def _post(self, url: str, doc: Any, timeout: Any) -> requests.Response:
+    def _request(self, url: str, doc: Any) -> tuple[str, int, str, bytes, dict[str, str]]:
         u = urlsplit(url)
         host, port = u.hostname or "", u.port or 80
         path = (u.path or "/") + (f"?{u.query}" if u.query else "")
@@ -62,18 +66,48 @@ class LeanSession(requests.Session):
         auth = self.headers.get("Authorization")
         if auth:
             headers["Authorization"] = str(auth)
+        return host, port, path, body, headers
+
+    @staticmethod
+    def _connect(host: str, port: int, connect_t: Any) -> http.client.HTTPConnection:
+        conn = http.client.HTTPConnection(host, port, timeout=connect_t)
+        try:
+            conn.connect()
+        except (socket.timeout, TimeoutError) as e:
+            conn.close()
+            raise requests.exceptions.ConnectTimeout(e, request=None) from e
+        except OSError as e:
+            conn.close()
+            raise requests.exceptions.ConnectionError(e, request=None) from e
+        conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return conn
+
+    def _stream(self, url: str, doc: Any, timeout: Any) -> "StreamResponse":
+        """A streamed answer (etcd's watch) on a connection of its own: lines as they
+        come, each read waiting at most the read timeout."""
+        host, port, path, body, headers = self._request(url, doc)
+        connect_t, read_t = timeout if isinstance(timeout, tuple) else (timeout, timeout)
+        conn = self._connect(host, port, connect_t)
+        try:
+            conn.sock.settimeout(read_t)
+            conn.request("POST", path, body, headers)
+            resp = conn.getresponse()
+        except (socket.timeout, TimeoutError) as e:
+            conn.close()
+            raise requests.exceptions.ReadTimeout(e, request=None) from e
+        except (OSError, http.client.HTTPException) as e:
+            conn.close()
+            raise requests.exceptions.ConnectionError(e, request=None) from e
+        self.fast_posts += 1
+        return StreamResponse(conn, resp)
+
+    def _post(self, url: str, doc: Any, timeout: Any) -> requests.Response:
+        host, port, path, body, headers = self._request(url, doc)
         connect_t, read_t = timeout if isinstance(timeout, tuple) else (timeout, timeout)
         conn = self._take(host, port)
-        fresh = conn is None
         if conn is None:
-            conn = http.client.HTTPConnection(host, port, timeout=connect_t)
+            conn = self._connect(host, port, connect_t)
         try:
-            if fresh:
-                try:
-                    conn.connect()
-                except (socket.timeout, TimeoutError) as e:
-                    raise requests.exceptions.ConnectTimeout(e, request=None) from e
-                conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn.sock.settimeout(read_t)
             conn.request("POST", path, body, headers)
             resp = conn.getresponse()
@@ -142,9 +176,47 @@ class LeanSession(requests.Session):
         super().close()
 
 
+class StreamResponse:
+    """What the watch reads of a streamed answer: ``status_code``, ``text`` (an
+    answer that is not 200), ``iter_lines`` and ``close``. A broken or timed-out read
+    raises as ``requests`` would (``ConnectionError``, ``ReadTimeout``: the watch
+    resumes from its revision)."""
+
+    def __init__(self, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse) -> None:
+        self._conn, self._resp = conn, resp
+        self.status_code = resp.status
+        self.reason = resp.reason
+
+    @property
+    def text(self) -> str:
+        try:
+            return self._resp.read().decode("utf-8", "replace")
+        except (OSError, http.client.HTTPException) as e:
+            raise requests.exceptions.ConnectionError(e, request=None) from e
+
+    def iter_lines(self, chunk_size: int | None = None) -> Iterator[bytes]:
+        """Each line (without its end) as soon as it has arrived whole; the stream's
+        end ends it."""
+        resp = self._resp
+        while True:
+            try:
+                line = resp.readline()
+            except (socket.timeout, TimeoutError) as e:
+                raise requests.exceptions.ReadTimeout(e, request=None) from e
+            except (OSError, http.client.HTTPException, ValueError) as e:
+                raise requests.exceptions.ConnectionError(e, request=None) from e
+            if not line:
+                return
+            yield line.rstrip(b"\r\n")
+
+    def close(self) -> None:
+        self._resp.close()
+        self._conn.close()
+
+
 def _dumps(doc: Any) -> bytes:
     # as requests encodes a json= body (allow_nan=False: a NaN is no JSON)
     return json.dumps(doc, allow_nan=False).encode("utf-8")
 
 
-__all__ = ["LeanSession", "MAX_IDLE"]
+__all__ = ["LeanSession", "StreamResponse", "MAX_IDLE"]

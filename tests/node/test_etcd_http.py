@@ -136,12 +136,50 @@ def test_errors_map_as_before(gateway) -> None:
         Etcd([f"http://127.0.0.1:{port}"], timeout=0.5).put("/a", 1)
 
 
-def test_https_and_streams_take_requests_path(monkeypatch) -> None:
+def test_https_and_other_forms_take_requests_path(monkeypatch) -> None:
     calls = []
     monkeypatch.setattr(requests.Session, "post",
                         lambda self, url, data=None, json=None, **kw: calls.append((url, kw)) or "ref")
     s = LeanSession()
     assert s.post("https://127.0.0.1:1/v3/kv/put", json={}, timeout=1.0) == "ref"
-    assert s.post("http://127.0.0.1:1/v3/watch", json={}, stream=True, timeout=(1.0, 3.0)) == "ref"
-    assert [u for u, _ in calls] == ["https://127.0.0.1:1/v3/kv/put", "http://127.0.0.1:1/v3/watch"]
-    assert s.fast_posts == 0
+    assert s.post("https://127.0.0.1:1/v3/watch", json={}, stream=True, timeout=(1.0, 3.0)) == "ref"
+    assert s.post("http://127.0.0.1:1/v3/kv/put", data=b"{}", timeout=1.0) == "ref"
+    assert s.post("http://127.0.0.1:1/v3/kv/put", json={}, timeout=1.0, verify=False) == "ref"
+    assert len(calls) == 4 and s.fast_posts == 0
+
+
+def test_the_watch_streams_over_http_client(etcd) -> None:
+    rev = etcd.put("/w/a", {"n": 1})
+    s = etcd._clients[0].session
+    before = s.fast_posts
+    stop = threading.Event()
+    got: list[tuple[int, list]] = []
+
+    def watch() -> None:
+        for batch in etcd.watch("/w/", rev, stop, idle=1.0):
+            got.append(batch)
+            if sum(len(evs) for _, evs in got) >= 3:
+                stop.set()
+    t = threading.Thread(target=watch)
+    t.start()
+    time.sleep(0.2)
+    etcd.put("/w/b", [2])
+    etcd.delete("/w/a")
+    t.join(10)
+    assert not t.is_alive() and s.fast_posts > before
+    evs = [(typ, key, kv.value if kv else None) for _, batch in got for typ, key, kv in batch]
+    assert evs == [("PUT", "/w/a", {"n": 1}), ("PUT", "/w/b", [2]), ("DELETE", "/w/a", None)]
+    assert got[-1][0] > rev
+    # a silent stream ends after ``idle`` seconds, without an error: the caller resumes
+    t0 = time.monotonic()
+    assert list(etcd.watch("/w/", got[-1][0] + 1, threading.Event(), idle=0.5)) == []
+    assert time.monotonic() - t0 < 5
+
+
+def test_a_refused_watch_reads_the_answer(gateway) -> None:
+    _Gateway.answer = (401, b'{"error": "etcdserver: user name is empty"}')
+    e = Etcd([gateway], timeout=1.0)
+    from node.control import ControlPlaneAccessError
+    with pytest.raises(ControlPlaneAccessError, match="names no etcd user"):
+        list(e.watch("/x/", 1, threading.Event(), idle=1.0))
+    assert _Gateway.seen[-1][0] == "/v3/watch"
