@@ -351,15 +351,17 @@ class PartitionStore:
 
     def wait_checkpoint_covering(self, partition: int, counter: int,
                                  timeout: float | None = None) -> bool:
-        """Return once a completed checkpoint holds ``partition`` at >= ``counter``
-        (checkpointing now when the update is already applied); False on timeout."""
+        """Return once a completed checkpoint holds ``partition`` at >= ``counter``,
+        durably (checkpointing now when the update is already applied); False on
+        timeout."""
         import time
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             with self._cond:
                 part = self._part(partition)
                 if part.ckpt_counter >= counter:
-                    return True
+                    marker = self.wal.last_lsn
+                    break
                 applied = part.counter >= counter
                 if not applied:
                     left = None if deadline is None else deadline - time.monotonic()
@@ -368,6 +370,11 @@ class PartitionStore:
                     self._cond.wait(0.1 if left is None else min(left, 0.1))
                     continue
             self.checkpoint()
+        # The checkpoint's MARKER is appended without a wait (checkpointer stage 6);
+        # until it is durable a crash rolls the files back to the previous checkpoint,
+        # which loses updates applied with logged=False (they are in no WAL record).
+        self.wal.wait_durable(marker)
+        return True
 
     @contextmanager
     def checkpoints_paused(self) -> Iterator[None]:
