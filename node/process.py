@@ -30,6 +30,10 @@ def cannot_start(cfg: NodeConfig, why: object) -> int:
 
 def run(cfg: NodeConfig) -> int:
     setup_logging(cfg)
+    # a move's fetch keeps its authenticated connection to the supplier for the next
+    # fetch from it (transfer.connpool): no TCP set-up and handshake per partition
+    from transfer.connpool import POOL
+    POOL.enabled = True
     _tune_malloc(logging.getLogger("ferry.node"))
     raise_open_files_limit(logging.getLogger("ferry.node"))
     # `kill -USR1 <pid>` prints every thread's stack to the log: for a node that hangs

@@ -26,6 +26,7 @@ from .errors import (AuthError, ChecksumError, FrameError, OutOfDiskError, PageC
 from .frames import ErrorCode, FrameType, read_frame, send_error, write_frame
 from .limits import Limits
 from . import datamac, delta
+from .connpool import POOL, ConnPool, Kept
 from .messages import (BASE_PER_FRAME, Base, Demand, Manifest, Priority, Queued, Resend,
                        check_cache, check_partition)
 from .result import FetchResult, Progress, free_bytes
@@ -61,7 +62,8 @@ class Demander:
                  sync_bytes: int = 32 << 20, splice: bool = False,
                  observer: ReceiveObserver | None = None, delta: bool = True,
                  delta_limit: int = 500, tls: TlsContexts | None = None,
-                 tls_peer: str | None = None) -> None:
+                 tls_peer: str | None = None, reuse: bool | None = None,
+                 pool: ConnPool | None = None) -> None:
         self.storage = storage
         self.tls = tls               # mutual TLS instead of the secret's handshake
         self.tls_peer = tls_peer     # the node id the supplier's certificate must name
@@ -78,6 +80,12 @@ class Demander:
         self.observer = observer
         self.delta = delta                # offer this side's older copy as a delta base
         self.delta_limit = delta_limit    # permille of the pages a delta may send at most
+        # ``reuse`` (None: as the process's pool says, POOL.enabled): the connections
+        # this class makes (TCP) are kept for the next fetch from the same supplier
+        # (transfer.connpool); a caller's own transport (``connect``) never is
+        pool = pool or POOL
+        self.pool = pool if (pool.enabled if reuse is None else reuse) and connect is None else None
+        self.pool_key = (peer, secret, id(tls) if tls is not None else None, tls_peer)
 
     def fetch(self, partition: int, *, cache: str = DEFAULT_CACHE,
               progress: Callable[[Progress], None] | None = None,
@@ -114,6 +122,8 @@ class _Fetch(DataStage):
         self.base_page_size = 0
         self.mode = "full"
         self.delta_refused = ""
+        self.kept: Kept | None = None       # the connection, when it may be kept after
+        self.conn_reused = False            # it carried an earlier fetch
 
     def _tell(self) -> None:
         total = self.m.size if self.m else 0
@@ -135,14 +145,13 @@ class _Fetch(DataStage):
                 with self.stages.stage("base", **ctx):
                     self._open()
                 with self.stages.stage("connect", **ctx):
-                    self.conn = self.d._connect()
-                    self.conn.set_timeout(self.d.timeout)
-                with self.stages.stage("handshake", **ctx):
-                    self._authenticate()
-                with self.stages.stage("demand", **ctx):
-                    self._demand()
-                with self.stages.stage("manifest", **ctx):
-                    self._manifest()
+                    self._take_conn()
+                    if self.conn is None:
+                        self._new_conn()
+                if not self.conn_reused:        # (a kept connection is authenticated)
+                    with self.stages.stage("handshake", **ctx):
+                        self._authenticate()
+                self._demand_on_reused(ctx)
                 with self.stages.stage("accept", **ctx):
                     self._accept()
                 with self.stages.stage("receive", **ctx):
@@ -152,14 +161,15 @@ class _Fetch(DataStage):
                 with self.stages.stage("install", **ctx):
                     self._install()
                 with self.stages.stage("applied", **ctx):
+                    assert self.conn is not None
                     write_frame(self.conn, FrameType.APPLIED, {"ok": True})
                     self._tell()
         except BaseException as e:
             self._abort(e)
-            raise
-        finally:
             if self.conn is not None:
                 self.conn.close()
+            raise
+        self._release_conn()
         assert self.m is not None
         m = self.m
         res = FetchResult(self.partition, self.cache, m.size, self.wire, self.reused,
@@ -170,6 +180,63 @@ class _Fetch(DataStage):
         log.info("demander: partition %s installed from %s: %s bytes, %s over the wire, %.1f MB/s",
                  self.partition, self.d.peer, res.bytes, res.bytes_wire, res.mb_per_s)
         return res
+
+    # -- the connection: kept from an earlier fetch, or new -------------------------
+    def _take_conn(self) -> None:
+        pool = self.d.pool
+        kept = pool.take(self.d.pool_key, (self.cache, self.partition)) if pool is not None else None
+        if kept is not None:
+            self.kept, self.conn, self.conn_reused = kept, kept.conn, True
+            self.conn.set_timeout(self.d.timeout)
+
+    def _new_conn(self) -> None:
+        self.conn = self.d._connect()
+        self.conn.set_timeout(self.d.timeout)
+        self.conn_reused = False
+        self.kept = Kept(self.conn) if self.d.pool is not None else None
+
+    def _demand_on_reused(self, ctx: dict[str, object]) -> None:
+        """DEMAND and MANIFEST. On a kept connection the supplier may have closed it
+        just now (its idle end): then once more on a new connection. Nothing has
+        changed on either side by then (the supplier opens its snapshot after the
+        DEMAND and closes it when the connection ends)."""
+        t0 = time.monotonic()
+        try:
+            with self.stages.stage("demand", **ctx):
+                self._demand()
+            with self.stages.stage("manifest", **ctx):
+                self._manifest()
+            return
+        except PeerClosed:
+            # closed at once (not a timeout: that would take the timeout again)
+            if not self.conn_reused or self.m is not None or time.monotonic() - t0 > min(1.0, self.d.timeout / 2):
+                raise
+        assert self.conn is not None
+        log.info("demander: partition %s: the kept connection to %s was closed; connecting again",
+                 self.partition, self.d.peer)
+        self.conn.close()
+        self.conn = None
+        with self.stages.stage("connect", **ctx):
+            self._new_conn()
+        with self.stages.stage("handshake", **ctx):
+            self._authenticate()
+        with self.stages.stage("demand", **ctx):
+            self._demand()
+        with self.stages.stage("manifest", **ctx):
+            self._manifest()
+
+    def _release_conn(self) -> None:
+        """After a fetch that ended well: keep the connection for the next one, else
+        close it."""
+        conn, kept, pool = self.conn, self.kept, self.d.pool
+        if conn is None:
+            return
+        if kept is None or pool is None:
+            conn.close()
+            return
+        kept.conn = conn                       # (TLS wraps the TCP connection)
+        kept.carried.add((self.cache, self.partition))
+        pool.give(self.d.pool_key, kept)
 
     def _authenticate(self) -> None:
         conn = self.conn
