@@ -42,6 +42,9 @@ SAMPLE_DOCS = 256         # documents of the file whose entries must all be ship
 SAMPLE_ENTRIES = 256      # shipped entries checked against their documents
 SAMPLE_WINDOWS = 16       # random page windows those documents are read from
 WINDOW_PAGES = 4
+# the pages a move holds in memory at most (the rebuild's own bound, its sort buffer);
+# a larger export is not received: the index is rebuilt from the file
+MAX_RECEIVE_BYTES = 256 << 20
 
 
 def live_docs(store: Any, p: int) -> int | None:
@@ -78,6 +81,7 @@ def receive(supply: IndexSupply, node: str, cache: str, p: int, counter: int,
         raise ShippedIndexRefused(f"{node} shipped {cache}/{p}'s index at counter "
                                   f"{header.counter}, the file is at {counter}")
     pages = [data] if header.pages else []
+    held = len(data)
     crashpoint("demander.mid_index_receive")
     for i in range(1, header.pages):
         if cancel():
@@ -86,6 +90,11 @@ def receive(supply: IndexSupply, node: str, cache: str, p: int, counter: int,
         if h != first:
             raise ShippedIndexRefused(f"the header of page {i} of {cache}/{p}'s shipped index "
                                       "differs from page 0's")
+        held += len(data)
+        if held > MAX_RECEIVE_BYTES:
+            raise ShippedIndexRefused(f"the shipped index of {cache}/{p} passes "
+                                      f"{MAX_RECEIVE_BYTES >> 20} MiB (page {i} of "
+                                      f"{header.pages}): not held in memory")
         pages.append(data)
         crashpoint("demander.mid_index_receive")
     return header, pages

@@ -378,3 +378,17 @@ def test_auto_wants_are_taken_only_below_the_size_per_entry(tmp_path) -> None:
     finally:
         a.close()
         b.close()
+
+
+def test_an_export_past_the_memory_bound_is_not_received(tmp_path, monkeypatch) -> None:
+    import node.move.ship as ship
+    a, b, shipper, res, shot = _shot(tmp_path)
+    try:
+        assert shot.header.pages > 1
+        monkeypatch.setattr(ship, "MAX_RECEIVE_BYTES", len(shot.pages[0]))
+        with pytest.raises(ShippedIndexRefused, match="not held in memory"):
+            index_shipped("default", P, b, Supply(shipper), "n1", res.counter, None, lambda: False)
+        assert not b.indexes.ready(P)
+    finally:
+        a.close()
+        b.close()
