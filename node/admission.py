@@ -80,6 +80,10 @@ REPLAY_REF_RPS = 20000       # replay rate assumed until one is measured
 MIN_RATE_BPS = 4 << 20       # the transfer rate never drops below 4 MiB/s
 MOVE_NICE = 10               # CPU priority of move threads while protection is on
 POLL_TIMEOUT_S = 0.5
+# a peer's report is asked again only when the one held is older than this: a tick
+# woken by each move's start (``started``) would otherwise ask every peer again,
+# several times per TICK_S while moves start fast; a report is a window of WINDOW_S
+REPORT_FRESH_S = TICK_S / 2
 MAX_PEERS = 16               # nodes asked per tick (primaries and suppliers of the moves)
 
 
@@ -205,6 +209,7 @@ class Admission:
         self._wire_at = clock()
         self._applied: tuple[int, float | None] | None = None
         self._wake = threading.Event()
+        self._reports: dict[str, tuple[float, str, LatencyReport]] = {}   # peer -> (when, addr, report)
         ctx.metrics.collectors.append(self._collect)
 
     # -- what the rest of the node asks ------------------------------------------------
@@ -363,12 +368,24 @@ class Admission:
         return out
 
     def _poll_peers(self) -> dict[str, LatencyReport]:
+        """The latency report of each peer: asked now, unless the one held from the
+        same address is at most REPORT_FRESH_S old."""
         out = {}
+        now = self.clock()
+        held = self._reports
         for node, addr in self._peers().items():
+            had = held.get(node)
+            if had is not None and had[1] == addr and now - had[0] <= REPORT_FRESH_S:
+                out[node] = had[2]
+                continue
             try:
                 out[node] = self.ctx.pool.request(addr, AckLatency(), timeout=POLL_TIMEOUT_S)
+                held[node] = (now, addr, out[node])
             except NodeError as e:   # an old or busy peer (or a malformed reply): judge by the others
+                held.pop(node, None)
                 log.debug("stage=admission no latency from %s: %s", node, e)
+        for node in [n for n, (at, _, _) in held.items() if now - at > REPORT_FRESH_S]:
+            del held[node]           # not kept beyond its use: peers come and go
         return out
 
     def _measure_rates(self) -> None:
