@@ -121,7 +121,8 @@ class DataStage:
         sink = ChunkSink(m.chunk_size, self._write_chunk, self._chunk_done,
                          depth=4 if splicer or inline else 3, in_file=rec.fd if splicer else None,
                          checked=inline)
-        inbuf = memoryview(bytearray(m.chunk_size)) if inline else None
+        # (no bigger than the file: an empty or small partition needs no 4 MiB buffer)
+        inbuf = memoryview(bytearray(min(m.chunk_size, max(1, m.size)))) if inline else None
         key = self._data_key()
         try:
             while True:
