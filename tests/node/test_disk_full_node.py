@@ -24,6 +24,8 @@ def test_full_disk_then_freed(tmp_path) -> None:
     data = os.path.join(root, "n1")
     os.makedirs(data)
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", data], check=True)
+    fill = os.path.join(data, "filler")
+    open(fill, "wb").close()      # made while there is room: filling it later needs no new file
     try:
         with LocalCluster(root, partitions=4, backups=0, checkpoint_interval=0.5) as c:
             c.start(1)
@@ -32,8 +34,7 @@ def test_full_disk_then_freed(tmp_path) -> None:
             for i in range(100):
                 cl.put("default", f"a{i}", b"v" * 1000)
                 acked[f"a{i}"] = b"v" * 1000
-            fill = os.path.join(data, "filler")
-            with open(fill, "wb") as f:
+            with open(fill, "r+b") as f:
                 try:
                     while True:
                         f.write(b"\0" * 65536)
@@ -52,7 +53,7 @@ def test_full_disk_then_freed(tmp_path) -> None:
                     refused += 1
                     assert "disk full on" in str(e) or "out of disk space" in str(e), e
             assert refused > 100
-            os.truncate(fill, os.path.getsize(fill) - (12 << 20))
+            os.truncate(fill, max(0, os.path.getsize(fill) - (12 << 20)))
             deadline = time.monotonic() + 20
             while True:
                 try:
