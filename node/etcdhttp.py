@@ -32,6 +32,8 @@ from urllib.parse import urlsplit
 import requests
 from requests.structures import CaseInsensitiveDict
 
+from transfer.transport import wait_fd
+
 MAX_IDLE = 16        # kept-alive connections per endpoint (one per concurrent caller)
 
 
@@ -88,30 +90,20 @@ class LeanSession(requests.Session):
         host, port, path, body, headers = self._request(url, doc)
         connect_t, read_t = timeout if isinstance(timeout, tuple) else (timeout, timeout)
         conn = self._connect(host, port, connect_t)
-        try:
-            conn.sock.settimeout(read_t)
-            conn.request("POST", path, body, headers)
-            resp = conn.getresponse()
-        except (socket.timeout, TimeoutError) as e:
-            conn.close()
-            raise requests.exceptions.ReadTimeout(e, request=None) from e
-        except (OSError, http.client.HTTPException) as e:
-            conn.close()
-            raise requests.exceptions.ConnectionError(e, request=None) from e
+        resp, _ = self._exchange(conn, path, body, headers, read_t, read_body=False)
         self.fast_posts += 1
         return StreamResponse(conn, resp)
 
-    def _post(self, url: str, doc: Any, timeout: Any) -> requests.Response:
-        host, port, path, body, headers = self._request(url, doc)
-        connect_t, read_t = timeout if isinstance(timeout, tuple) else (timeout, timeout)
-        conn = self._take(host, port)
-        if conn is None:
-            conn = self._connect(host, port, connect_t)
+    @staticmethod
+    def _exchange(conn: http.client.HTTPConnection, path: str, body: bytes, headers: dict[str, str],
+                  read_t: Any, *, read_body: bool) -> tuple[http.client.HTTPResponse, bytes]:
+        """POST on ``conn`` and read the answer's head (and body when ``read_body``);
+        a failure closes ``conn`` and raises as ``requests`` would."""
         try:
             conn.sock.settimeout(read_t)
             conn.request("POST", path, body, headers)
             resp = conn.getresponse()
-            content = resp.read()
+            return resp, resp.read() if read_body else b""
         except requests.RequestException:
             conn.close()
             raise
@@ -121,6 +113,14 @@ class LeanSession(requests.Session):
         except (OSError, http.client.HTTPException) as e:
             conn.close()
             raise requests.exceptions.ConnectionError(e, request=None) from e
+
+    def _post(self, url: str, doc: Any, timeout: Any) -> requests.Response:
+        host, port, path, body, headers = self._request(url, doc)
+        connect_t, read_t = timeout if isinstance(timeout, tuple) else (timeout, timeout)
+        conn = self._take(host, port)
+        if conn is None:
+            conn = self._connect(host, port, connect_t)
+        resp, content = self._exchange(conn, path, body, headers, read_t, read_body=True)
         if resp.will_close:
             conn.close()
         else:
@@ -146,13 +146,7 @@ class LeanSession(requests.Session):
             sock = conn.sock
             try:
                 # readable while idle: closed by the server (or junk): not reusable
-                # (poll, not select: a node's descriptors pass select's 1024)
-                if sock is None:
-                    dropped = True
-                else:
-                    poll = select.poll()
-                    poll.register(sock, select.POLLIN)
-                    dropped = bool(poll.poll(0))
+                dropped = sock is None or wait_fd(sock.fileno(), select.POLLIN, 0)
             except (OSError, ValueError):
                 dropped = True
             if not dropped:
