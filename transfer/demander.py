@@ -144,13 +144,7 @@ class _Fetch(DataStage):
                 self._tell()
                 with self.stages.stage("base", **ctx):
                     self._open()
-                with self.stages.stage("connect", **ctx):
-                    self._take_conn()
-                    if self.conn is None:
-                        self._new_conn()
-                if not self.conn_reused:        # (a kept connection is authenticated)
-                    with self.stages.stage("handshake", **ctx):
-                        self._authenticate()
+                self._open_conn(ctx)
                 self._demand_on_reused(ctx)
                 with self.stages.stage("accept", **ctx):
                     self._accept()
@@ -195,35 +189,41 @@ class _Fetch(DataStage):
         self.conn_reused = False
         self.kept = Kept(self.conn) if self.d.pool is not None else None
 
+    def _open_conn(self, ctx: dict[str, object], *, fresh: bool = False) -> None:
+        """A kept connection (unless ``fresh``) or a new one, authenticated."""
+        with self.stages.stage("connect", **ctx):
+            if not fresh:
+                self._take_conn()
+            if self.conn is None:
+                self._new_conn()
+        if not self.conn_reused:        # (a kept connection is authenticated)
+            with self.stages.stage("handshake", **ctx):
+                self._authenticate()
+
     def _demand_on_reused(self, ctx: dict[str, object]) -> None:
         """DEMAND and MANIFEST. On a kept connection the supplier may have closed it
         just now (its idle end): then once more on a new connection. Nothing has
         changed on either side by then (the supplier opens its snapshot after the
         DEMAND and closes it when the connection ends)."""
-        t0 = time.monotonic()
-        try:
-            with self.stages.stage("demand", **ctx):
-                self._demand()
-            with self.stages.stage("manifest", **ctx):
-                self._manifest()
-            return
-        except PeerClosed:
-            # closed at once (not a timeout: that would take the timeout again)
-            if not self.conn_reused or self.m is not None or time.monotonic() - t0 > min(1.0, self.d.timeout / 2):
-                raise
-        assert self.conn is not None
-        log.info("demander: partition %s: the kept connection to %s was closed; connecting again",
-                 self.partition, self.d.peer)
-        self.conn.close()
-        self.conn = None
-        with self.stages.stage("connect", **ctx):
-            self._new_conn()
-        with self.stages.stage("handshake", **ctx):
-            self._authenticate()
-        with self.stages.stage("demand", **ctx):
-            self._demand()
-        with self.stages.stage("manifest", **ctx):
-            self._manifest()
+        while True:
+            t0 = time.monotonic()
+            try:
+                with self.stages.stage("demand", **ctx):
+                    self._demand()
+                with self.stages.stage("manifest", **ctx):
+                    self._manifest()
+                return
+            except PeerClosed:
+                # closed at once (not a timeout: that would take the timeout again)
+                if not self.conn_reused or self.m is not None or \
+                        time.monotonic() - t0 > min(1.0, self.d.timeout / 2):
+                    raise
+            assert self.conn is not None
+            log.info("demander: partition %s: the kept connection to %s was closed; connecting again",
+                     self.partition, self.d.peer)
+            self.conn.close()
+            self.conn = None
+            self._open_conn(ctx, fresh=True)       # not kept: conn_reused is False from here
 
     def _release_conn(self) -> None:
         """After a fetch that ended well: keep the connection for the next one, else
