@@ -22,13 +22,11 @@ import datetime
 import json
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+
+from transfer.tls import file_identity, serial_hex
 
 from .certs import ca_paths, read_cert, read_key, utc_now, write_file
 from .errors import ConfigError
-
-if TYPE_CHECKING:
-    from cryptography import x509
 
 CRL_FILE = "crl.pem"
 REVOKED_FILE = "revoked.json"
@@ -48,11 +46,6 @@ class Revoked:
     def to_json(self) -> dict[str, str]:
         return {"serial": self.serial, "identity": self.identity, "subject": self.subject,
                 "revoked_at": self.revoked_at, "reason": self.reason}
-
-
-def _serial_hex(n: int) -> str:
-    h = f"{n:X}"
-    return h if len(h) % 2 == 0 else "0" + h
 
 
 def crl_path(ca_dir: str) -> str:
@@ -134,31 +127,23 @@ def revoke(ca_dir: str, cert_path: str | None = None, serial: str | None = None,
         if c.serial_number == ca_cert.serial_number:
             raise ConfigError(f"{cert_path} is the CA's own certificate: to retire a CA, make a new one "
                               "(ferry certs init) and issue every certificate again")
-        serial_hex, identity, subject = _serial_hex(c.serial_number), _identity(c), c.subject.rfc4514_string()
+        who = file_identity(cert_path)      # the certificate's ferry:// URI, if it names one
+        identity = f"ferry://{who.role}/{who.name}" if who is not None else ""
+        sid, subject = serial_hex(c.serial_number), c.subject.rfc4514_string()
     else:
         assert serial is not None
         try:
-            serial_hex = _serial_hex(int(serial.replace(":", ""), 16))
+            sid = serial_hex(int(serial.replace(":", ""), 16))
         except ValueError:
             raise ConfigError(f"serial {serial!r} is not hexadecimal (ferry certs show prints it)") from None
     entries, number = revoked(ca_dir)
-    known = next((r for r in entries if r.serial == serial_hex), None)
+    known = next((r for r in entries if r.serial == sid), None)
     new = known is None
     if known is None:
-        known = Revoked(serial_hex, identity, subject, utc_now().isoformat(), reason)
+        known = Revoked(sid, identity, subject, utc_now().isoformat(), reason)
         entries.append(known)
         _save(ca_dir, entries, number)
     return known, new, write_crl(ca_dir, days)
-
-
-def _identity(c: "x509.Certificate") -> str:
-    from cryptography import x509
-    try:
-        san = c.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    except x509.ExtensionNotFound:
-        return ""
-    return next((u for u in san.get_values_for_type(x509.UniformResourceIdentifier)
-                 if u.startswith("ferry://")), "")
 
 
 __all__ = ["CRL_DAYS", "CRL_FILE", "REASONS", "REVOKED_FILE", "Revoked", "crl_path", "revoke",

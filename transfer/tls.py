@@ -148,14 +148,14 @@ def _stamp(files: TlsFiles) -> tuple[tuple[int, int, int, int], ...]:
     return tuple(out)
 
 
-def _serial_hex(n: int) -> str:
+def serial_hex(n: int) -> str:
     """A serial number as ssl's ``getpeercert()`` writes it: upper-case hex, even length."""
     h = f"{n:X}"
     return h if len(h) % 2 == 0 else "0" + h
 
 
 def check_crl(files: TlsFiles) -> frozenset[str]:
-    """The serials (``_serial_hex``) that ``files.crl`` revokes, once it is known to be
+    """The serials (``serial_hex``) that ``files.crl`` revokes, once it is known to be
     a CRL signed by ``files.ca``'s key, for that CA, not past its next update, and not
     revoking ``files.cert``; else TlsError saying which."""
     from cryptography import x509
@@ -188,18 +188,14 @@ def check_crl(files: TlsFiles) -> frozenset[str]:
         raise TlsError(f"TLS revocation list {files.crl} is not signed by the CA of {files.ca} "
                        "(a forged or another cluster's list): refused")
     nxt = crl.next_update_utc
-    if nxt is not None and nxt < time_now_utc():
+    if nxt is not None and nxt < datetime.datetime.now(datetime.timezone.utc):
         raise TlsError(f"TLS revocation list {files.crl} expired on {nxt.isoformat()}: write a new "
                        "one with `ferry certs crl CA_DIR` and copy it to every node")
-    revoked = frozenset(_serial_hex(r.serial_number) for r in crl)
-    if _serial_hex(mine.serial_number) in revoked:
-        raise TlsError(f"certificate {files.cert} (serial {_serial_hex(mine.serial_number)}) is "
+    revoked = frozenset(serial_hex(r.serial_number) for r in crl)
+    if serial_hex(mine.serial_number) in revoked:
+        raise TlsError(f"certificate {files.cert} (serial {serial_hex(mine.serial_number)}) is "
                        f"revoked by {files.crl}: issue this side a new certificate")
     return revoked
-
-
-def time_now_utc() -> "datetime.datetime":
-    return datetime.datetime.now(datetime.timezone.utc)
 
 
 def _load(files: TlsFiles) -> tuple[ssl.SSLContext, ssl.SSLContext, Peer, frozenset[str]]:
@@ -570,6 +566,6 @@ def load(files: TlsFiles | None) -> TlsContexts | None:
 
 __all__ = ["TlsFiles", "TlsContexts", "TlsConn", "TlsError", "TlsCut", "Peer", "NODE", "CLIENT", "VALIDATOR",
            "ROLES", "FETCHERS", "NODE_URI", "CLIENT_URI", "VALIDATOR_URI", "ktls_available", "identity_of",
-           "file_identity", "load", "check_crl",
+           "file_identity", "load", "check_crl", "serial_hex",
            "PATH_SENDFILE", "PATH_TLS_USERSPACE", "PATH_KTLS_SENDFILE", "PATH_CHANNEL",
            "TransferError"]
