@@ -306,6 +306,13 @@ class PartitionStore:
         with self._cond:
             return self._part(partition).counter
 
+    def live_keys(self, partition: int) -> int | None:
+        """Live keys of the partition (its key index), or None when this store does not
+        hold it."""
+        with self._cond:
+            part = self.parts.get(partition)
+            return None if part is None else len(part.index)
+
     def last_checkpoint_counter(self, partition: int) -> int:
         with self._cond:
             return self._part(partition).ckpt_counter

@@ -50,12 +50,8 @@ MAX_RECEIVE_BYTES = 256 << 20
 def live_docs(store: Any, p: int) -> int | None:
     """Live keys of p in the store (checkpoint's key index of the partition), or None
     when the store cannot tell."""
-    cond, parts = getattr(store, "_cond", None), getattr(store, "parts", None)
-    if cond is None or parts is None:
-        return None
-    with cond:
-        index = getattr(parts.get(p), "index", None)
-        return None if index is None else len(index)
+    live = getattr(store, "live_keys", None)       # checkpoint.PartitionStore.live_keys
+    return live(p) if callable(live) else None
 
 
 def ship_wanted(mode: str, supply: IndexSupply | None, data: PartitionData) -> bool:
