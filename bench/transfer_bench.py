@@ -79,9 +79,8 @@ def _env(root: str = ROOT) -> dict[str, str]:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    from node.listen_ports import free_port
+    return free_port()
 
 
 def _wait_port(port: int, proc: subprocess.Popen | None = None, timeout: float = 15) -> None:

@@ -35,13 +35,13 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Callable
+from node import listen_ports
 
 if TYPE_CHECKING:
     from node.wire import Pool
@@ -141,9 +141,7 @@ def tls_env(files: "TlsFiles") -> dict[str, str]:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return listen_ports.free_port()
 
 
 class LocalNode:

@@ -19,13 +19,13 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import time
 import urllib.request
 from typing import TYPE_CHECKING
 
+from . import listen_ports
 from .errors import ConfigError, Unavailable
 
 if TYPE_CHECKING:
@@ -56,9 +56,7 @@ def _names(cert: str, ips: tuple[str, ...]) -> bool:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return listen_ports.free_port()
 
 
 class EtcdMember:

@@ -8,16 +8,14 @@ from __future__ import annotations
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
+from node import listen_ports
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return listen_ports.free_port()
 
 
 def spark_home() -> str:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from node.states import read_states  # noqa: E402
+from node import listen_ports  # noqa: E402
 
 # One etcd (the control plane) per test, started on first use in the test's folder
 # (tests/node/conftest.py resets it around every test).
@@ -43,9 +43,7 @@ def reset_control_plane(root: str | None) -> None:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return listen_ports.free_port()
 
 
 # A random constant: load_secret refuses secrets made of words and sequences.

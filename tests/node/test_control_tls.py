@@ -13,6 +13,7 @@ import pytest
 
 from node.control import Etcd
 from node.errors import ConfigError, ControlPlaneTLSError
+from node import listen_ports
 
 pytestmark = pytest.mark.skipif(shutil.which("etcd") is None, reason="etcd not installed")
 
@@ -42,9 +43,7 @@ def _cert(tmp) -> tuple[str, str]:
 
 
 def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return listen_ports.free_port()
 
 
 def test_an_untrusted_etcd_certificate_is_a_setup_error_said_at_once(tmp_path):

@@ -3,7 +3,6 @@ as requests, over kept-alive connections."""
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -11,6 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import requests
 
+from node import listen_ports
 from node.control import Etcd
 from node.errors import ControlPlaneDown, ControlPlaneError, LeaseGone
 from node.etcdhttp import LeanSession
@@ -128,10 +128,7 @@ def test_errors_map_as_before(gateway) -> None:
         e.put("/a", 1)
     _Gateway.delay = 0.0
     assert e.put("/a", 1) == 7                                # and working again after it
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()                                                 # nothing listens there
+    port = listen_ports.free_port()                           # nothing listens there
     with pytest.raises(ControlPlaneDown, match="unreachable"):
         Etcd([f"http://127.0.0.1:{port}"], timeout=0.5).put("/a", 1)
 

@@ -130,9 +130,8 @@ import logging, os, socket, sys, time
 sys.path.insert(0, sys.argv[1])
 logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(message)s")
 from node.rpc import RpcServer
-with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
+from node.listen_ports import free_port
+port = free_port()
 srv = RpcServer(f"127.0.0.1:{port}", sys.argv[2].encode(), lambda m, a, r: {"m": m})
 srv.start()
 probe = os.open(os.devnull, os.O_RDONLY)    # the lowest free descriptor

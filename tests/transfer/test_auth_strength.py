@@ -15,6 +15,7 @@ import pytest
 from transfer import auth
 from transfer.errors import AuthError
 from transfer.transport import SocketConn
+from node import listen_ports
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FERRY = [sys.executable, "-m", "ferry"]
@@ -93,9 +94,7 @@ def _env() -> dict[str, str]:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return listen_ports.free_port()
 
 
 def test_node_start_refuses_a_weak_secret(tmp_path) -> None:

@@ -13,6 +13,7 @@ import pytest
 from transfer import Demander, DirectoryStorage, PeerClosed
 from transfer.ssh import SSHError, SSHTunnel
 from transfer_helpers import SECRET, Proxy, read, write_part
+from node import listen_ports
 
 SSHD = "/usr/sbin/sshd"
 MB = 1 << 20
@@ -23,9 +24,7 @@ pytestmark = [pytest.mark.ssh,
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return listen_ports.free_port()
 
 
 class Sshd:
