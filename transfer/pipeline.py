@@ -129,8 +129,11 @@ class AheadHasher:
         self._stop = threading.Event()
         self._key = key                    # offset -> the chunk's MAC key (a sealed session)
         self._args = (snap, list(indexes), span, pre)
-        self._thread = threading.Thread(target=self._run, name="ferry-hash-ahead", daemon=True)
-        self._thread.start()
+        # one chunk (most partitions of a large cluster): hashed in next(), no thread
+        self._thread: threading.Thread | None = None
+        if len(self._args[1]) > 1:
+            self._thread = threading.Thread(target=self._run, name="ferry-hash-ahead", daemon=True)
+            self._thread.start()
 
     def _run(self) -> None:
         snap, indexes, span, pre = self._args
@@ -155,6 +158,8 @@ class AheadHasher:
 
     def next(self) -> tuple[int, int, bytes]:
         """(chunk index, checksum at C, MAC at C or b"")."""
+        if self._thread is None and self._q.empty():
+            self._run()           # the one chunk, hashed now
         item = self._q.get()
         if isinstance(item, BaseException):
             raise item
@@ -162,7 +167,8 @@ class AheadHasher:
 
     def close(self) -> None:
         self._stop.set()
-        self._thread.join(5.0)
+        if self._thread is not None:
+            self._thread.join(5.0)
 
 
 # A chunk handed to the writer thread: buffer, index, offset, length, expected checksum,
@@ -182,7 +188,7 @@ class ChunkSink:
 
     def __init__(self, chunk_size: int, write: Callable[[int, memoryview], None],
                  done: Callable[[int, int, int, bool], None], depth: int = 3,
-                 in_file: int | None = None, checked: bool = False) -> None:
+                 in_file: int | None = None, checked: bool = False, threaded: bool = True) -> None:
         self._write, self._done = write, done
         # in_file: the receive loop puts chunks into this file itself (splice); the
         # "buffers" are then only tokens bounding how far hashing may lag behind, so
@@ -196,8 +202,12 @@ class ChunkSink:
             self._free.put(memoryview(bytearray(0 if in_file is not None or checked else chunk_size)))
         self._work: queue.Queue[_Work | None] = queue.Queue()   # None: stop
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="ferry-chunk-sink", daemon=True)
-        self._thread.start()
+        # not threaded: the caller does the work itself in put (a fetch of one chunk
+        # gains nothing from a second thread and would pay its start and hand-offs)
+        self._thread: threading.Thread | None = None
+        if threaded:
+            self._thread = threading.Thread(target=self._run, name="ferry-chunk-sink", daemon=True)
+            self._thread.start()
 
     def _run(self) -> None:
         while True:
@@ -205,25 +215,34 @@ class ChunkSink:
             try:
                 if item is None:
                     return
-                buf, index, offset, length, expected, key, mac, checked = item
-                if self._error is None:
-                    if checked is not None:
-                        ok = checked
-                    elif self._in_file is not None:
-                        ok = self._file_sums(offset, length, key) == (expected, mac)
-                    else:
-                        data = buf[:length]
-                        self._write(offset, data)
-                        ok = checksum(data) == expected and (
-                            key is None or datamac.same(datamac.tag(key, data), mac))
-                    self._done(index, length, expected, ok)
-                self._free.put(buf)
-            except BaseException as e:   # raised in the receive loop
-                self._error = e
-                if item is not None:
-                    self._free.put(item[0])
+                self._handle(item)
             finally:
                 self._work.task_done()
+
+    def _handle(self, item: _Work) -> None:
+        try:
+            buf, index, offset, length, expected, key, mac, checked = item
+            if self._error is None:
+                if checked is not None:
+                    ok = checked
+                elif self._in_file is not None:
+                    ok = self._file_sums(offset, length, key) == (expected, mac)
+                else:
+                    data = buf[:length]
+                    self._write(offset, data)
+                    ok = checksum(data) == expected and (
+                        key is None or datamac.same(datamac.tag(key, data), mac))
+                self._done(index, length, expected, ok)
+            self._free.put(buf)
+        except BaseException as e:   # raised in the receive loop
+            self._error = e
+            self._free.put(item[0])
+
+    def _submit(self, item: _Work) -> None:
+        if self._thread is None:
+            self._handle(item)
+        else:
+            self._work.put(item)
 
     def _file_sums(self, offset: int, length: int, key: bytes | None) -> tuple[int, bytes] | None:
         """The checksum (and with ``key`` the MAC, else b"") of what is in the file now
@@ -260,19 +279,21 @@ class ChunkSink:
             key: bytes | None = None, mac: bytes = b"") -> None:
         """``key``/``mac``: the chunk's MAC key and the MAC its (sealed) frame carried
         (transfer.datamac); the chunk is good only if both sums match."""
-        self._work.put((buf, index, offset, length, expected, key, mac, None))
+        self._submit((buf, index, offset, length, expected, key, mac, None))
 
     def put_checked(self, buf: memoryview, index: int, offset: int, length: int, expected: int,
                     ok: bool) -> None:
         """A chunk the receive loop has already written and checked itself (``ok``: both
         sums matched): this thread only records it (``done``), off the receive loop."""
-        self._work.put((buf, index, offset, length, expected, None, b"", ok))
+        self._submit((buf, index, offset, length, expected, None, b"", ok))
 
     def drain(self) -> None:
         """Wait until every chunk handed over is written and recorded."""
-        self._work.join()
+        if self._thread is not None:
+            self._work.join()
         self._raise()
 
     def close(self) -> None:
-        self._work.put(None)
-        self._thread.join(30.0)
+        if self._thread is not None:
+            self._work.put(None)
+            self._thread.join(30.0)

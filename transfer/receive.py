@@ -104,7 +104,8 @@ class DataStage:
     def _read_data(self, acknowledge: bool = False) -> End:
         """Read CHUNK/PREIMAGE frames up to END; with ``acknowledge``, tell the supplier
         every ACK_BYTES that the bytes are out of the socket (RECEIVED). Chunks are
-        written, hashed and recorded by a ChunkSink thread while the next one arrives."""
+        written, hashed and recorded by a ChunkSink thread while the next one arrives (by
+        this thread when chunk 0 is the only one that can come)."""
         m, rec = self.m, self.rec
         assert m is not None and rec is not None and self.conn is not None
         bucket = self.d.limits.bucket
@@ -120,7 +121,7 @@ class DataStage:
         inline = splicer is None and isinstance(self.conn, SocketConn)
         sink = ChunkSink(m.chunk_size, self._write_chunk, self._chunk_done,
                          depth=4 if splicer or inline else 3, in_file=rec.fd if splicer else None,
-                         checked=inline)
+                         checked=inline, threaded=last_expected > 0)
         # (no bigger than the file: an empty or small partition needs no 4 MiB buffer)
         inbuf = memoryview(bytearray(min(m.chunk_size, max(1, m.size)))) if inline else None
         key = self._data_key()

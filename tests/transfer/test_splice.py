@@ -180,3 +180,33 @@ def test_sink_hashes_what_is_in_the_file(tmp_path) -> None:
         sink.close()
         os.close(fd)
     assert seen == [(0, True), (1, False), (2, False), (3, True), (4, False)]
+
+
+def test_a_sink_without_a_thread_checks_the_same_and_raises_the_first_error(tmp_path) -> None:
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT)
+    good = os.urandom(MB)
+    os.pwrite(fd, good, 0)
+    seen: list[tuple[int, bool]] = []
+    before = {t.name for t in threading.enumerate()}
+    sink = ChunkSink(MB, lambda o, d: None, lambda i, n, s, ok: seen.append((i, ok)), in_file=fd,
+                     threaded=False)
+    try:
+        assert "ferry-chunk-sink" not in {t.name for t in threading.enumerate()} - before
+        sink.put(sink.buffer(), 0, 0, MB, checksum(good))
+        assert seen == [(0, True)]                       # done before put returned
+        sink.put(sink.buffer(), 1, 0, MB, checksum(good) ^ 1)
+        sink.drain()
+        assert seen == [(0, True), (1, False)]
+    finally:
+        sink.close()
+        os.close(fd)
+
+    def full(o: int, d: memoryview) -> None:
+        raise OSError(28, "No space left on device")
+    sink = ChunkSink(MB, full, lambda i, n, s, ok: None, threaded=False)
+    buf = sink.buffer()
+    buf[:4] = b"abcd"
+    sink.put(buf, 0, 0, 4, checksum(b"abcd"))
+    with pytest.raises(OSError, match="No space"):
+        sink.drain()
+    sink.close()

@@ -372,3 +372,22 @@ def test_frames_changed_or_injected_after_the_handshake_are_refused(server, src,
     conn.close()
     _fetch(peer_of(server), dst, 4)
     assert read(os.path.join(dst, "part-4.bin")) == data
+
+
+def test_a_one_chunk_fetch_starts_no_helper_threads(server, src, dst, monkeypatch) -> None:
+    """Most partitions of a large cluster are one chunk: their fetch hashes and writes
+    in the threads already there (no hash-ahead thread on the supplier, no sink thread
+    on the demander); a fetch of several chunks still overlaps them."""
+    started: list[str] = []
+    real_start = threading.Thread.start
+
+    def start(self: threading.Thread) -> None:
+        started.append(self.name)
+        real_start(self)
+    monkeypatch.setattr(threading.Thread, "start", start)
+    small = write_part(src, 3, 300 * 1024)
+    big = write_part(src, 4, 3 * MB + 1)
+    assert _fetch(peer_of(server), dst, 3).verified and read(os.path.join(dst, "part-3.bin")) == small
+    assert not {"ferry-chunk-sink", "ferry-hash-ahead"} & set(started)
+    assert _fetch(peer_of(server), dst, 4).verified and read(os.path.join(dst, "part-4.bin")) == big
+    assert {"ferry-chunk-sink", "ferry-hash-ahead"} <= set(started)
