@@ -80,7 +80,7 @@ def main() -> None:
         ecpu = round(sum(_cpu(p) for p in etcd) - ecpu0, 1)
         # a node keeps its last 4,096 finished moves (moves_done): count them in its log
         with open(n4.log, errors="replace") as f:
-            logged = sum(1 for line in f if "enters owning" in line)
+            logged = sum(1 for line in f if "stage=owning" in line and " bytes" in line)
         moves = max(logged, len([m for m in c.moves_done() if m.get("to") == n4.id]))
         out["join_moves"] = moves
         out["join_moves_per_s"] = round(moves / join_s, 1)

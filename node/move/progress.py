@@ -240,8 +240,10 @@ class Move:
         if self._on_stage is not None:
             self._on_stage(self._stage.value, spent)
         self._stage, self._stage_started = stage, now
-        log.info("stage=%s cache=%s partition=%d move (%s) enters %s", stage, self.cache, self.p,
-                 self._mode, stage)
+        # DEBUG: a line per stage is most of a joining node's log; the move's stage is
+        # in its status, and its OWNING line gives every stage's seconds
+        log.debug("stage=%s cache=%s partition=%d move (%s) enters %s", stage, self.cache, self.p,
+                  self._mode, stage)
 
     def use_sink(self, sink: TempWalSink | MemorySink) -> None:
         """(p's lock held) Updates replicated from now on go to ``sink``; a new

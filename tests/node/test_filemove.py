@@ -105,7 +105,8 @@ def test_demander_killed_at_each_stage_resumes(tmp_path, nodes):
     secret, cfg, n1, n2 = start_pair(tmp_path, nodes)
     w = Writer([n1.address], secret)
     w.start()
-    n3 = NodeProc(str(tmp_path), "n3", secret, config=cfg)
+    # DEBUG: the log then names each stage a move enters
+    n3 = NodeProc(str(tmp_path), "n3", secret, config=cfg, extra_args=["--log-level", "DEBUG"])
     nodes.append(n3)
     try:
         writes_during(w, 100)
