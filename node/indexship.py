@@ -12,7 +12,11 @@ only when p's file holds fewer bytes per live entry than that (its own file and 
 count, the ones the snapshot will send), so big values never cost an export.
 
 An export is kept until the demander has read its last page, a newer export of p
-replaces it, or :data:`KEEP_S` pass; a want is forgotten after :data:`WANT_S`.
+replaces it, or :data:`KEEP_S` pass; a want is forgotten after :data:`WANT_S`. The
+exports held take at most :data:`MAX_HELD_BYTES` of memory (as the demander receives at
+most ``node.move.ship.MAX_RECEIVE_BYTES``): a new export that would pass it drops the
+oldest ones first, and one that alone is bigger is not kept. Either way the demander
+finds no export and rebuilds from the file.
 Nothing here is durable: a restarted supplier answers ``index_page`` with
 ``Unavailable`` and the demander rebuilds from the file.
 """
@@ -33,16 +37,23 @@ from .rpcapi import IndexPage
 log = logging.getLogger("ferry.node.filemove")
 WANT_S = 120.0     # a want not met by a snapshot in this time is forgotten
 KEEP_S = 300.0     # an export not read whole in this time is dropped
+MAX_HELD_BYTES = 256 << 20    # the exports held at once, their pages' bytes
+
+
+def shot_bytes(shot: IndexShot) -> int:
+    return sum(len(pg) for pg in shot.pages)
 
 
 class IndexShipper:
     """``sizer(cache, p)``: (bytes of p's file, live entries of p or None) here, for a
     want that ships only below a size per entry (``index_transfer = auto``)."""
 
-    def __init__(self, me: str, sizer: Callable[[str, int], tuple[int, int | None]] | None = None
-                 ) -> None:
+    def __init__(self, me: str, sizer: Callable[[str, int], tuple[int, int | None]] | None = None,
+                 max_bytes: int = MAX_HELD_BYTES) -> None:
         self.me = me
         self.sizer = sizer
+        self.max_bytes = max_bytes
+        self.dropped = 0          # exports dropped or not kept for the memory bound
         self._lock = threading.Lock()
         self.wants: dict[tuple[str, int], float] = {}           # -> deadline
         self.shots: dict[tuple[str, int], IndexShot] = {}
@@ -115,12 +126,28 @@ class IndexShipper:
             log.warning("stage=supply cache=%s partition=%d index export failed: %s; the "
                         "demander rebuilds the index", cache, p, e)
             return
-        counter = shot.header.counter
+        counter, size = shot.header.counter, shot_bytes(shot)
+        if size > self.max_bytes:
+            self.dropped += 1
+            log.warning("stage=supply cache=%s partition=%d index export of %d bytes is more "
+                        "than the %d held at most; the demander rebuilds the index", cache, p,
+                        size, self.max_bytes)
+            return
         with self._lock:
+            self._expire(time.monotonic())
+            self.shots.pop((cache, p), None)
+            held = sum(shot_bytes(s) for s in self.shots.values())
+            while self.shots and held + size > self.max_bytes:
+                old = min(self.shots, key=lambda k: self.shots[k].taken)
+                held -= shot_bytes(self.shots.pop(old))
+                self.dropped += 1
+                log.warning("stage=supply cache=%s partition=%d index export dropped unread "
+                            "for the memory bound (%d bytes); its demander rebuilds the index",
+                            old[0], old[1], self.max_bytes)
             self.shots[(cache, p)] = shot
         log.info("stage=supply cache=%s partition=%d index export at counter %d: %d entries, "
                  "%d pages, %.3fs", cache, p, counter, shot.header.count, shot.header.pages,
                  shot.seconds)
 
 
-__all__ = ["IndexShipper", "live_docs", "WANT_S", "KEEP_S"]
+__all__ = ["IndexShipper", "live_docs", "shot_bytes", "WANT_S", "KEEP_S", "MAX_HELD_BYTES"]

@@ -24,6 +24,7 @@ from indexes import (IndexDefinition, IndexStore, PartitionFileSource, ShippedIn
 from indexes.shipped import ShipHeader, digest, export
 from indexes.verify import stored
 from node.filemove import make_supplier_storage
+from node.errors import Unavailable
 from node.indexship import IndexShipper
 from node.move.rebuild import index_installed
 from node.move.ship import index_shipped, live_docs
@@ -389,6 +390,36 @@ def test_an_export_past_the_memory_bound_is_not_received(tmp_path, monkeypatch) 
         with pytest.raises(ShippedIndexRefused, match="not held in memory"):
             index_shipped("default", P, b, Supply(shipper), "n1", res.counter, None, lambda: False)
         assert not b.indexes.ready(P)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_exports_held_by_a_supplier_stay_within_its_memory_bound(tmp_path) -> None:
+    """A supplier keeps unread exports until read or KEEP_S: their bytes are bounded.
+    One export bigger than the bound is not kept; a new one that would pass it drops
+    the oldest; a demander that then finds no export rebuilds (test above)."""
+    from node.indexship import shot_bytes
+    a, b, shipper, res, shot = _shot(tmp_path)
+    try:
+        size = shot_bytes(shot)
+        assert size > 0
+
+        def read():
+            return shipper.capture("default", P, a.indexes, res.counter, live_docs(a.store, P))
+        small = IndexShipper("n1", max_bytes=size - 1)
+        small.publish("default", P, read())
+        assert not small.shots and small.dropped == 1
+        with pytest.raises(Unavailable, match="no index export"):
+            small.op_index_page("default", P, res.counter, 0)
+        one = IndexShipper("n1", max_bytes=2 * size - 1)       # room for one
+        one.publish("default", P, read())
+        one.publish("other", P, read())
+        assert list(one.shots) == [("other", P)] and one.dropped == 1
+        two = IndexShipper("n1", max_bytes=2 * size)
+        for cache in ("default", "other", "default"):          # the third replaces the first
+            two.publish(cache, P, read())
+        assert sorted(two.shots) == [("default", P), ("other", P)] and two.dropped == 0
     finally:
         a.close()
         b.close()
