@@ -203,6 +203,12 @@ class EtcdCluster:
         return self
 
     def start_member(self, m: EtcdMember, wait: bool = True) -> None:
+        """Start ``m`` unless it runs already (a second process on its data dir and
+        ports would fail, and the first would be left without an owner)."""
+        if m.alive():
+            if wait:
+                self.wait_healthy(30.0, members=[m])
+            return
         state = "existing" if m.name in self._started or os.path.isdir(m.dir) else "new"
         logf = open(m.log + ".stderr", "ab")
         try:

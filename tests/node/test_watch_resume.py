@@ -98,3 +98,17 @@ def test_etcd_errors_leave_as_node_errors(etcd):
     with pytest.raises(ControlPlaneError):
         e.put(f"{PREFIX}/big", "x" * (2 << 20))         # over etcd's request limit
     assert issubclass(LeaseGone, NodeError)
+
+
+def test_starting_a_running_etcd_again_starts_no_second_process(etcd) -> None:
+    """``with EtcdCluster(...) as c: c.start()`` used to start a second etcd on the
+    same data dir and ports and leave the first without an owner."""
+    first = etcd.members[0].proc
+    assert etcd.start() is etcd
+    assert etcd.members[0].proc is first and first.poll() is None
+    etcd.restart(0)                        # alive: nothing to start
+    assert etcd.members[0].proc is first
+    etcd.kill(0)
+    etcd.restart(0)                        # killed: started again, on the same data
+    assert etcd.members[0].proc is not first and etcd.members[0].alive()
+    etcd.wait_healthy(10.0)
