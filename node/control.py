@@ -86,24 +86,28 @@ class EtcdAccess:
     def empty(self) -> bool:
         return not (self.ca or self.cert or self.key or self.user or self.password_file)
 
-    def check(self, endpoints: list[str] | tuple[str, ...] = ()) -> None:
-        """ConfigError naming the key when the settings cannot work together."""
-        for name, path in (("ca", self.ca), ("cert", self.cert), ("key", self.key),
-                           ("password_file", self.password_file)):
+    def check(self, endpoints: list[str] | tuple[str, ...] = (),
+              name: Callable[[str], str] = lambda k: f"control_plane.{k}") -> None:
+        """ConfigError naming the setting when the settings cannot work together.
+        ``name``: how the messages name a setting (``ca``, ``cert``, ``key``, ``user``,
+        ``password_file``, ``endpoints``): the config key by default, a command's
+        option where a command line gave them."""
+        for key, path in (("ca", self.ca), ("cert", self.cert), ("key", self.key),
+                          ("password_file", self.password_file)):
             if path is not None and (not isinstance(path, str) or not os.path.isfile(path)):
-                raise ConfigError(f"control_plane.{name} {path!r} is not a file")
+                raise ConfigError(f"{name(key)} {path!r} is not a file")
         if bool(self.cert) != bool(self.key):
-            raise ConfigError("control_plane.cert and control_plane.key go together (the client "
+            raise ConfigError(f"{name('cert')} and {name('key')} go together (the client "
                               "certificate and its private key, e.g. from ferry certs issue)")
         if self.user is not None and (not isinstance(self.user, str) or not self.user):
-            raise ConfigError(f"control_plane.user must be an etcd user name, not {self.user!r}")
+            raise ConfigError(f"{name('user')} must be an etcd user name, not {self.user!r}")
         if bool(self.user) != bool(self.password_file):
-            raise ConfigError("control_plane.user and control_plane.password_file go together "
+            raise ConfigError(f"{name('user')} and {name('password_file')} go together "
                               "(an etcd user and a file holding its password; never a literal)")
         if (self.ca or self.cert) and endpoints:
             plain = [e for e in endpoints if not e.startswith("https://")]
             if plain:
-                raise ConfigError(f"control_plane.endpoints {', '.join(plain)}: with a ca or "
+                raise ConfigError(f"{name('endpoints')} {', '.join(plain)}: with a ca or "
                                   "client certificate set, etcd is reached over https://")
 
     def password(self) -> str:

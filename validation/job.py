@@ -23,7 +23,6 @@ if __name__ == "__main__" and not __package__:
 
 import argparse
 import json
-import re
 import time
 from typing import TYPE_CHECKING, Mapping
 
@@ -258,11 +257,10 @@ def live_settings(cluster: str | None, control_plane: str | None, prefix: str,
         raise ValidationError("--etcd-* options are for --control-plane (the cluster's etcd)")
     if control_plane and not access.empty:
         try:
-            access.check([x for x in control_plane.split(",") if x])
+            access.check([x for x in control_plane.split(",") if x],
+                         name=lambda k: "--control-plane" if k == "endpoints" else "--etcd-" + k.replace("_", "-"))
         except ConfigError as exc:
-            msg = str(exc).replace("control_plane.endpoints", "--control-plane")
-            msg = re.sub(r"control_plane\.(\w+)", lambda m: "--etcd-" + m.group(1).replace("_", "-"), msg)
-            raise ValidationError(msg) from exc
+            raise ValidationError(str(exc)) from exc
     if any(tls) and not all(tls):
         missing = ", ".join(f"--tls-{k}" for k, v in zip(("ca", "cert", "key"), tls) if not v)
         raise ValidationError(f"mutual TLS needs all of --tls-ca, --tls-cert and --tls-key; {missing} "
