@@ -71,8 +71,8 @@ def copy_base(src_fd: int, dst_fd: int, page_size: int, *, io: fileio.FileLayer 
             break                              # the source shrank: what is read is the base
         out.append(page_digests(view[:n], page_size))
         done = 0
-        while done < n:
-            done += io.pwrite(dst_fd, view[done:n], off + done)
+        while done < n:             # in page-cache-friendly pieces (fileio.WRITE_SLICE)
+            done += io.pwrite(dst_fd, view[done:min(n, done + fileio.WRITE_SLICE)], off + done)
         off += n
         if progress is not None:
             progress(off)

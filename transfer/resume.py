@@ -162,7 +162,7 @@ class Receiving:
         view = memoryview(data)
         try:
             while view:
-                n = self.io.pwrite(self.fd, view, offset)
+                n = self.io.pwrite(self.fd, view[:fileio.WRITE_SLICE], offset)
                 view, offset = view[n:], offset + n
         except OSError as e:
             raise _disk_error(e, self.tmp_path, len(view)) from e

@@ -175,3 +175,25 @@ def test_diff_ranges_coalesces_and_cuts() -> None:
     assert delta.diff_ranges(base, base[:50 * D]) == []        # the source shrank
     big = delta.diff_ranges(b"", bytes(D * 2500), max_pages=1024)
     assert big == [(0, 1024), (1024, 1024), (2048, 452)]
+
+
+def test_the_base_copy_writes_in_pieces_of_at_most_one_mib(tmp_path) -> None:
+    from faults import fileio
+    from transfer.delta import copy_base, page_digests
+    sizes: list[int] = []
+
+    class Sizes(fileio.FileLayer):
+        def pwrite(self, fd: int, data, offset: int) -> int:
+            sizes.append(len(data))
+            return super().pwrite(fd, data, offset)
+    body = os.urandom(9 * (1 << 20))
+    (tmp_path / "src").write_bytes(body)
+    src = os.open(tmp_path / "src", os.O_RDONLY)
+    dst = os.open(tmp_path / "dst", os.O_RDWR | os.O_CREAT)
+    try:
+        digests = copy_base(src, dst, 4096, io=Sizes())
+    finally:
+        os.close(src)
+        os.close(dst)
+    assert (tmp_path / "dst").read_bytes() == body and digests == page_digests(body, 4096)
+    assert sum(sizes) == len(body) and max(sizes) <= fileio.WRITE_SLICE
