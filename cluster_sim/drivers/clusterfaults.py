@@ -214,12 +214,14 @@ class ClusterFaults:
     # -- disk ---------------------------------------------------------------------------
     def await_transfer(self: Any, node: str) -> None:
         """Until a transfer to ``node`` is receiving its file (past its free-disk check):
-        a ``part-<p>.bin.ferry-tmp`` in the node's data dir, the temp file the demander
-        creates once the check passed. Watched on the disk, not in the move's status: a
-        move is in its transfer stage before the check, and the transfer reports progress
-        per 4 MiB chunk. Not "has data": the demander writes a chunk once it is whole and
-        checked, so a small file's data may land all at once, with nothing left to
-        write when the disk fills."""
+        a ``part-<p>.bin.ferry-tmp`` in the node's data dir (the temp file the demander
+        creates before it asks for the file), and then that move's ``bytes_total`` in
+        the node's status, known once the demander has checked the free space against
+        the file's size and accepted it. The temp file alone is too early: a disk that
+        fills between it and that check fails the move at the check, not mid-file. Not
+        "has data": the demander writes a chunk once it is whole and checked, so a small
+        file's data may land all at once, with nothing left to write when the disk
+        fills."""
         problems = self.checks.setdefault("disk_full_move_failed_cleanly", [])
         folder = os.path.join(self.data_dir(node), "caches", self.scenario.caches[0].name)
         deadline = time.monotonic() + REFUSAL_TIMEOUT_S
@@ -232,10 +234,21 @@ class ClusterFaults:
             for name in names:
                 if name.endswith(".bin" + TEMP_SUFFIX):
                     self.caught = name[:-len(TEMP_SUFFIX)]
+                    self._await_accepted(node, int(self.caught[len("part-"):-len(".bin")]), deadline)
                     self.timeline.mark(node, "transfer running", f"{name} created")
                     return
             time.sleep(0.005)
         problems.append(f"{node}: no transfer wrote data within {REFUSAL_TIMEOUT_S:.0f}s")
+
+    def _await_accepted(self: Any, node: str, p: int, deadline: float) -> None:
+        """Until ``node``'s move of partition ``p`` knows its file's size (the transfer
+        passed its free-disk check), or ``deadline``."""
+        while time.monotonic() < deadline:
+            doc = self.status_of(node) or {}
+            if any(m.get("to") == node and m.get("partition") == p and (m.get("bytes_total") or 0) > 0
+                   for m in doc.get("moves") or []):
+                return
+            time.sleep(0.01)
 
     def await_refusal(self: Any, node: str) -> None:
         problems = self.checks.setdefault("disk_full_move_failed_cleanly", [])

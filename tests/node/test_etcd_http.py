@@ -2,6 +2,7 @@
 as requests, over kept-alive connections."""
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import time
@@ -43,11 +44,17 @@ class _Gateway(BaseHTTPRequestHandler):
     answer: tuple[int, bytes] = (200, b'{"header": {"revision": "7"}}')
     delay = 0.0
     close_after = False
+    # one handler per connection: its number names the connection (an id() of the
+    # socket could be the same for a new socket once the old one is freed)
+    connections = itertools.count()
+
+    def setup(self) -> None:
+        super().setup()
+        self.number = next(_Gateway.connections)
 
     def do_POST(self) -> None:  # noqa: N802 - http.server's name
         body = self.rfile.read(int(self.headers["Content-Length"]))
-        _Gateway.seen.append((self.path, dict(self.headers), json.loads(body),
-                              id(self.connection)))
+        _Gateway.seen.append((self.path, dict(self.headers), json.loads(body), self.number))
         time.sleep(_Gateway.delay)
         status, out = _Gateway.answer
         self.send_response(status)
