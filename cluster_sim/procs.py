@@ -12,13 +12,9 @@ import time
 from dataclasses import dataclass, field
 
 from .errors import ProcessError
-from node import listen_ports
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-
-def free_port() -> int:
-    return listen_ports.free_port()
 
 
 def child_env(crash: str | None, trace: str | None) -> dict[str, str]:

@@ -41,7 +41,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Callable
-from node import listen_ports
+from node.listen_ports import free_port
 
 if TYPE_CHECKING:
     from node.wire import Pool
@@ -139,9 +139,6 @@ def tls_env(files: "TlsFiles") -> dict[str, str]:
         env["FERRY_TLS_CRL"] = files.crl
     return env
 
-
-def free_port() -> int:
-    return listen_ports.free_port()
 
 
 class LocalNode:

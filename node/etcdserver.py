@@ -25,7 +25,7 @@ import time
 import urllib.request
 from typing import TYPE_CHECKING
 
-from . import listen_ports
+from .listen_ports import free_port
 from .errors import ConfigError, Unavailable
 
 if TYPE_CHECKING:
@@ -54,9 +54,6 @@ def _names(cert: str, ips: tuple[str, ...]) -> bool:
     assert isinstance(named, list)
     return set(ips) <= set(named)
 
-
-def _free_port() -> int:
-    return listen_ports.free_port()
 
 
 class EtcdMember:
@@ -131,7 +128,7 @@ class EtcdCluster:
         self.pki = os.path.join(self.root, "pki")
         self.setup: Setup | None = None
         server = self._make_pki() if tls else None
-        self.members = [EtcdMember(self.root, f"etcd{i + 1}", _free_port(), _free_port(), server)
+        self.members = [EtcdMember(self.root, f"etcd{i + 1}", free_port(), free_port(), server)
                         for i in range(n)]
         self.initial = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
         self._started: set[str] = set()

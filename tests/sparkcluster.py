@@ -11,11 +11,8 @@ import signal
 import subprocess
 import sys
 import time
-from node import listen_ports
+from node.listen_ports import free_port
 
-
-def _free_port() -> int:
-    return listen_ports.free_port()
 
 
 def spark_home() -> str:
@@ -42,7 +39,7 @@ class StandaloneCluster:
                  hide: list[str] | None = None) -> None:
         self.root, self.workers, self.cores = root, workers, cores
         self.hide = list(hide or [])
-        self.port = _free_port()
+        self.port = free_port()
         self.master_url = f"spark://127.0.0.1:{self.port}"
         self.procs: list[subprocess.Popen[bytes]] = []
         self.logs: list[str] = []
@@ -84,13 +81,13 @@ class StandaloneCluster:
     def start(self) -> "StandaloneCluster":
         os.makedirs(os.path.join(self.root, "work"), exist_ok=True)
         m = self._spawn("master", ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                                   "--port", str(self.port), "--webui-port", str(_free_port())])
+                                   "--port", str(self.port), "--webui-port", str(free_port())])
         self._wait(m, "I have been elected leader")
         for i in range(self.workers):
             os.makedirs(self.work_dir(i), exist_ok=True)
             w = self._spawn(f"worker{i}", [
                 "org.apache.spark.deploy.worker.Worker", self.master_url, "--host", "127.0.0.1",
-                "--cores", str(self.cores), "--memory", "1g", "--webui-port", str(_free_port()),
+                "--cores", str(self.cores), "--memory", "1g", "--webui-port", str(free_port()),
                 "--work-dir", self.work_dir(i)], hide=self.hide)
             self._wait(w, "Successfully registered with master")
         return self

@@ -20,12 +20,13 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
+from node.listen_ports import free_port
 from node.states import read_states
 
 from ..diskfull import SimSkipped
 from ..errors import ProcessError, SimError
 from ..invariants import Copy, Layout
-from ..procs import ROOT, Proc, child_env, free_port
+from ..procs import ROOT, Proc, child_env
 from ..scenario import CONTAINER_ACTIONS, LEASE_TTL_S, Event, Scenario
 from ..workload import Op, Receipt
 from .base import Driver

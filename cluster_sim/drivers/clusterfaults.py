@@ -32,7 +32,7 @@ import threading
 import time
 from typing import Any
 
-from checkpoint import part_name
+from checkpoint import parse_part_name, part_name
 from node.errors import DataDirError
 from node.states import read_states
 
@@ -234,7 +234,9 @@ class ClusterFaults:
             for name in names:
                 if name.endswith(".bin" + TEMP_SUFFIX):
                     self.caught = name[:-len(TEMP_SUFFIX)]
-                    self._await_accepted(node, int(self.caught[len("part-"):-len(".bin")]), deadline)
+                    p = parse_part_name(self.caught)
+                    if p is not None:
+                        self._await_accepted(node, p, deadline)
                     self.timeline.mark(node, "transfer running", f"{name} created")
                     return
             time.sleep(0.005)

@@ -70,7 +70,7 @@ def test_node_whose_port_was_taken_starts_on_another(tmp_path, monkeypatch) -> N
     import socket
 
     from cluster_sim.drivers import cluster as cluster_mod
-    from cluster_sim.procs import free_port
+    from node.listen_ports import free_port
     taken = socket.create_server(("127.0.0.1", 0))
     calls = iter([free_port(), free_port(), taken.getsockname()[1]])
     monkeypatch.setattr(cluster_mod, "free_port", lambda: next(calls, None) or free_port())

@@ -15,7 +15,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from node.states import read_states  # noqa: E402
-from node import listen_ports  # noqa: E402
+from node.listen_ports import free_port  # noqa: E402,F401 (re-exported to the tests)
 
 # One etcd (the control plane) per test, started on first use in the test's folder
 # (tests/node/conftest.py resets it around every test).
@@ -41,9 +41,6 @@ def reset_control_plane(root: str | None) -> None:
         _ETCD["cluster"].stop()
     _ETCD["cluster"], _ETCD["root"] = None, root
 
-
-def free_port() -> int:
-    return listen_ports.free_port()
 
 
 # A random constant: load_secret refuses secrets made of words and sequences.

@@ -13,7 +13,7 @@ import pytest
 
 from node.control import Etcd
 from node.errors import ConfigError, ControlPlaneTLSError
-from node import listen_ports
+from node.listen_ports import free_port
 
 pytestmark = pytest.mark.skipif(shutil.which("etcd") is None, reason="etcd not installed")
 
@@ -42,13 +42,10 @@ def _cert(tmp) -> tuple[str, str]:
     return c, k
 
 
-def _port() -> int:
-    return listen_ports.free_port()
-
 
 def test_an_untrusted_etcd_certificate_is_a_setup_error_said_at_once(tmp_path):
     crt, key = _cert(str(tmp_path))
-    cport, pport = _port(), _port()
+    cport, pport = free_port(), free_port()
     url = f"https://127.0.0.1:{cport}"
     proc = subprocess.Popen(["etcd", "--data-dir", str(tmp_path / "d"), "--listen-client-urls", url,
                              "--advertise-client-urls", url, "--listen-peer-urls", f"http://127.0.0.1:{pport}",

@@ -15,7 +15,7 @@ import pytest
 from transfer import auth
 from transfer.errors import AuthError
 from transfer.transport import SocketConn
-from node import listen_ports
+from node.listen_ports import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FERRY = [sys.executable, "-m", "ferry"]
@@ -93,16 +93,13 @@ def _env() -> dict[str, str]:
     return e
 
 
-def _free_port() -> int:
-    return listen_ports.free_port()
-
 
 def test_node_start_refuses_a_weak_secret(tmp_path) -> None:
     weak = tmp_path / "secret"
     weak.write_text("1234567890123456")
     weak.chmod(0o600)
     r = subprocess.run(FERRY + ["node", "start", "--id", "n1", "--data", str(tmp_path / "n1"),
-                                "--listen", f"127.0.0.1:{_free_port()}", "--secret-file", str(weak),
+                                "--listen", f"127.0.0.1:{free_port()}", "--secret-file", str(weak),
                                 "--partitions", "4", "--control-plane", "http://127.0.0.1:1"],
                        env=_env(), capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert r.returncode != 0

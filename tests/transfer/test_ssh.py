@@ -13,7 +13,7 @@ import pytest
 from transfer import Demander, DirectoryStorage, PeerClosed
 from transfer.ssh import SSHError, SSHTunnel
 from transfer_helpers import SECRET, Proxy, read, write_part
-from node import listen_ports
+from node.listen_ports import free_port
 
 SSHD = "/usr/sbin/sshd"
 MB = 1 << 20
@@ -22,9 +22,6 @@ pytestmark = [pytest.mark.ssh,
               pytest.mark.skipif(not os.path.exists(SSHD) or shutil.which("ssh-keygen") is None,
                                  reason="needs OpenSSH's sshd and ssh-keygen (openssh-server)")]
 
-
-def _free_port() -> int:
-    return listen_ports.free_port()
 
 
 class Sshd:
@@ -36,7 +33,7 @@ class Sshd:
         with open(f"{root}/user.pub") as f, open(f"{root}/authorized_keys", "w") as out:
             out.write(f.read())
         os.makedirs("/run/sshd", exist_ok=True)   # sshd's privilege-separation directory
-        self.port = _free_port()
+        self.port = free_port()
         with open(f"{root}/sshd_config", "w") as f:
             f.write(f"""Port {self.port}
 ListenAddress 127.0.0.1
@@ -136,7 +133,7 @@ def test_tunnel_to_closed_port(sshd) -> None:
     from transfer import PeerUnreachable
     with sshd.tunnel() as t:
         with pytest.raises(PeerUnreachable, match="could not open a tunnel"):
-            t.open_channel("127.0.0.1", _free_port())
+            t.open_channel("127.0.0.1", free_port())
 
 
 def test_cli_fetch_over_ssh(sshd, server, src, dst, secret_file) -> None:
