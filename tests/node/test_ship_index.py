@@ -182,6 +182,13 @@ def _shot(tmp_path, pad: int = 40, n: int = 3000):
     return a, b, shipper, res, shot
 
 
+def _refused(b: Data, shipper: IndexShipper, res: Any, match: str | None = None, **kw: Any) -> None:
+    """The index stage refuses the supplier's export: p's index is left not ready."""
+    with pytest.raises(ShippedIndexRefused, match=match):
+        index_shipped("default", P, b, Supply(shipper), "n1", res.counter, None, lambda: False, **kw)
+    assert not b.indexes.ready(P)
+
+
 def _pages(shot) -> list[tuple[list[bytes], list[list[bytes]]]]:
     return [tuple(msgpack.unpackb(pg, raw=False)) for pg in shot.pages]
 
@@ -255,10 +262,7 @@ def test_a_forged_or_truncated_index_is_refused_and_rebuilt(tmp_path, how: str) 
     ref = IndexStore.open(str(tmp_path / "ref"), DEFS)
     try:
         TAMPER[how](shot)
-        with pytest.raises(ShippedIndexRefused):
-            index_shipped("default", P, b, Supply(shipper), "n1", res.counter, None,
-                          lambda: False, rng=random.Random(7))
-        assert not b.indexes.ready(P)
+        _refused(b, shipper, res, rng=random.Random(7))
         # the move's index stage: refused, logged, rebuilt from the file
         shipper.shots[("default", P)] = shot
         src = index_installed("default", P, b, None, None, pool=None, cancel=lambda: False,
@@ -289,9 +293,7 @@ def test_a_stale_index_is_refused(tmp_path) -> None:
         fresh = shipper.shots[("default", P)]
         stale.header = replace(stale.header, counter=fresh.header.counter)
         shipper.shots[("default", P)] = stale
-        with pytest.raises(ShippedIndexRefused):
-            index_shipped("default", P, b, Supply(shipper), "n1", res.counter, None, lambda: False)
-        assert not b.indexes.ready(P)
+        _refused(b, shipper, res)
     finally:
         a.close()
         b.close()
@@ -387,9 +389,7 @@ def test_an_export_past_the_memory_bound_is_not_received(tmp_path, monkeypatch) 
     try:
         assert shot.header.pages > 1
         monkeypatch.setattr(ship, "MAX_RECEIVE_BYTES", len(shot.pages[0]))
-        with pytest.raises(ShippedIndexRefused, match="not held in memory"):
-            index_shipped("default", P, b, Supply(shipper), "n1", res.counter, None, lambda: False)
-        assert not b.indexes.ready(P)
+        _refused(b, shipper, res, match="not held in memory")
     finally:
         a.close()
         b.close()

@@ -12,7 +12,7 @@ from transfer import (ChecksumError, Demander, FrameError, Limits, PartitionStor
                       SupplierServer, delta)
 from transfer.frames import ErrorCode, FrameType
 from transfer.messages import Base, Demand, Manifest, Range
-from transfer_helpers import SECRET, peer_of
+from transfer_helpers import SECRET, WriteSizes, peer_of
 
 
 from test_partition_store import _key, stores  # noqa: F401  (stores: the fixture)
@@ -180,20 +180,15 @@ def test_diff_ranges_coalesces_and_cuts() -> None:
 def test_the_base_copy_writes_in_pieces_of_at_most_one_mib(tmp_path) -> None:
     from faults import fileio
     from transfer.delta import copy_base, page_digests
-    sizes: list[int] = []
-
-    class Sizes(fileio.FileLayer):
-        def pwrite(self, fd: int, data, offset: int) -> int:
-            sizes.append(len(data))
-            return super().pwrite(fd, data, offset)
+    layer = WriteSizes()
     body = os.urandom(9 * (1 << 20))
     (tmp_path / "src").write_bytes(body)
     src = os.open(tmp_path / "src", os.O_RDONLY)
     dst = os.open(tmp_path / "dst", os.O_RDWR | os.O_CREAT)
     try:
-        digests = copy_base(src, dst, 4096, io=Sizes())
+        digests = copy_base(src, dst, 4096, io=layer)
     finally:
         os.close(src)
         os.close(dst)
     assert (tmp_path / "dst").read_bytes() == body and digests == page_digests(body, 4096)
-    assert sum(sizes) == len(body) and max(sizes) <= fileio.WRITE_SLICE
+    assert sum(layer.sizes) == len(body) and max(layer.sizes) <= fileio.WRITE_SLICE

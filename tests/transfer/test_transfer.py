@@ -12,7 +12,7 @@ from transfer.auth import client_handshake
 from transfer.frames import ErrorCode, FrameType
 from transfer.transport import connect_tcp
 
-from transfer_helpers import SECRET, Proxy, disk_filler, peer_of, read, write_part
+from transfer_helpers import SECRET, Proxy, WriteSizes, disk_filler, peer_of, read, write_part
 
 MB = 1 << 20
 
@@ -398,14 +398,9 @@ def test_received_bytes_reach_the_file_in_writes_of_at_most_one_mib(server, src,
     a write of 2 MiB or more can take a 2 MiB folio, 12x the CPU on a VM that reports
     free memory to its host)."""
     from faults import fileio
-    sizes: list[int] = []
-
-    class Sizes(fileio.FileLayer):
-        def pwrite(self, fd: int, data, offset: int) -> int:
-            sizes.append(len(data))
-            return super().pwrite(fd, data, offset)
     data = write_part(src, 5, 9 * MB + 7)
-    with fileio.use(Sizes()):
+    with fileio.use(WriteSizes()) as layer:
         res = _fetch(peer_of(server), dst, 5, chunk_size=4 * MB, splice=False)
+    sizes = layer.sizes
     assert res.verified and read(os.path.join(dst, "part-5.bin")) == data
     assert sum(sizes) >= len(data) and max(sizes) <= fileio.WRITE_SLICE == MB

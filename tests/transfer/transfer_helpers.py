@@ -10,6 +10,7 @@ import threading
 import time
 from typing import IO, Callable
 
+from faults import fileio
 from transfer import SupplierServer
 
 SECRET = b"5e8a1f47c90d3b26e4a7f01c8d5b92e6"
@@ -122,6 +123,17 @@ class Proxy:
 
     def close(self) -> None:
         self.sock.close()
+
+
+class WriteSizes(fileio.FileLayer):
+    """The real file layer, recording the length of every ``pwrite`` (``sizes``)."""
+
+    def __init__(self) -> None:
+        self.sizes: list[int] = []
+
+    def pwrite(self, fd: int, data: bytes | memoryview, offset: int) -> int:
+        self.sizes.append(len(data))
+        return super().pwrite(fd, data, offset)
 
 
 def disk_filler(directory: str, after: int, size: int) -> Callable:
