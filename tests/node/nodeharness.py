@@ -144,6 +144,25 @@ class NodeProc:
         return self.proc is not None and self.proc.poll() is None
 
 
+def stop_all(nodes: list[NodeProc], timeout: float = 30.0) -> list[int]:
+    """SIGTERM to every node at once, then wait for each: stopped one after another,
+    the ones still running would react to each departure (a new controller, moves
+    of the leavers' partitions started) while the check of a settled cluster waits."""
+    signalled = [n for n in nodes if n.alive()]
+    for n in signalled:
+        assert n.proc is not None
+        n.proc.send_signal(signal.SIGTERM)
+    for n in signalled:             # waited, not signalled again: a second SIGTERM that
+        assert n.proc is not None   # lands in the interpreter's exit kills it (-15)
+        try:
+            n.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            n.proc.kill()
+            n.proc.wait()
+            raise AssertionError(f"node {n.id} ignored SIGTERM:\n{n.tail()}")
+    return [n.proc.returncode if n.proc else 0 for n in nodes]
+
+
 class Nodes(list):
     """Node processes of one test; whatever is still running at the end is killed."""
 

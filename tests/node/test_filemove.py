@@ -14,7 +14,7 @@ import pytest
 from node.states import read_states
 
 import nodeharness
-from nodeharness import NodeProc, offline_check, status, wait_settled, write_secret
+from nodeharness import NodeProc, offline_check, status, stop_all, wait_settled, write_secret
 from test_cluster import CONFIG, Writer, check_model, writes_during
 
 # index_offload = "always", min_bytes 0: every move's index rebuild scans in the
@@ -55,8 +55,8 @@ def finish_and_check(w: Writer, nodes: list[NodeProc], secret: str, parts: int =
     assert len(w.acked) > 50, (len(w.acked), w.errors[-5:])
     live = [n for n in nodes if n.alive()]
     check_model(w, [n.address for n in live], secret)
-    for n in nodes:
-        assert n.stop() in (0, -9), n.tail()
+    for n, code in zip(nodes, stop_all(nodes)):
+        assert code in (0, -9), n.tail()
     data = offline_check([n.data for n in nodes])
     assert sorted(data) == list(range(parts))
     from node import partition_of
