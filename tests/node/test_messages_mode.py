@@ -105,7 +105,8 @@ class OverWriter(Writer):
         while not self.stop_flag.is_set():
             self.i += 1
             key = self.keys[self.i * 7 % len(self.keys)]
-            value = json.dumps({"gen": self.i, "city": "rome"}).encode()
+            # as large as the values it overwrites: partitions keep several supply messages
+            value = json.dumps({"gen": self.i, "city": "rome", "pad": "x" * 6000}).encode()
             try:
                 self.client.put("default", key, value)
                 self.acked[key] = value
@@ -123,7 +124,7 @@ def test_messages_mode_demander_killed_mid_fetch_and_at_each_stage(tmp_path, nod
     keys being supplied. At the end nothing acknowledged is lost, every owner agrees,
     indexes agree with data, and some buffered overwrites were applied after older
     supplied values of the same partition (not overwritten by them)."""
-    secret, cfg, n1, n2 = start_pair(tmp_path, nodes, MESSAGES)
+    secret, _, n1, n2 = start_pair(tmp_path, nodes, MESSAGES)
     # ~1.5 MiB per partition: several 512 KiB supply messages per move
     pre = {f"pre-{i}".encode(): city("rome", 6000) for i in range(2000)}
     from node import Client
@@ -132,7 +133,12 @@ def test_messages_mode_demander_killed_mid_fetch_and_at_each_stage(tmp_path, nod
     w, ow = Writer([n1.address], secret), OverWriter([n1.address], secret, list(pre))
     w.start()
     ow.start()
-    n3 = NodeProc(str(tmp_path), "n3", secret, config=cfg)
+    # n3 receives at 2 MB/s: each fetch (~1.5 MiB, 3 supply messages) spans about half a
+    # second of the overwriter's writes, so some of them are buffered whatever the load
+    paced = tmp_path / "n3.toml"
+    paced.write_text(MESSAGES.replace("[control_plane]", "[transfer]\nrate_limit = 2000000\n"
+                                      "[control_plane]"))
+    n3 = NodeProc(str(tmp_path), "n3", secret, config=str(paced))
     nodes.append(n3)
     try:
         writes_during(w, 50)
