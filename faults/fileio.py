@@ -12,9 +12,12 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 from .errors import FileTooLarge, NotRegularFile, OutOfDiskError, translate_os_error  # noqa: F401 (the two: re-exported)
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer    # bytes, bytearray, memoryview, array
 
 # Large writes of new data go into the page cache in pieces of at most this size. A
 # write of 2 MiB or more lets Linux (6.x, large folios) back it with one 2 MiB folio;
@@ -24,6 +27,29 @@ from .errors import FileTooLarge, NotRegularFile, OutOfDiskError, translate_os_e
 # 2 and 4 MiB writes, 4,900-5,800 MiB/s in 64 KiB-1 MiB writes; the same once the
 # memory was freed within the last second). 1 MiB pieces cost nothing elsewhere.
 WRITE_SLICE = 1 << 20
+# writev takes at most this many buffers (Linux's IOV_MAX)
+IOV_MAX = 1024
+
+
+def iov_slices(parts: Sequence[Buffer], limit: int = WRITE_SLICE
+               ) -> Iterator[tuple[list[memoryview], int]]:
+    """``parts`` (the buffers of one ``writev``) regrouped into writes of at most
+    ``limit`` bytes and IOV_MAX buffers each, in order; a buffer longer than what is
+    left of a group is cut (views, no copy). Yields (buffers, their bytes)."""
+    group: list[memoryview] = []
+    size = 0
+    for part in parts:
+        view = memoryview(part).cast("B")
+        while view:
+            take = view[:limit - size]
+            group.append(take)
+            size += len(take)
+            view = view[len(take):]
+            if size == limit or len(group) == IOV_MAX:
+                yield group, size
+                group, size = [], 0
+    if group:
+        yield group, size
 
 
 class FileLayer:
@@ -89,7 +115,7 @@ def write_all(fd: int, data: bytes | memoryview, path: str, *,
     view = memoryview(data)
     try:
         while view:
-            n = io.write(fd, view)
+            n = io.write(fd, view[:WRITE_SLICE])
             view = view[n:]
     except OSError as e:
         raise translate_os_error(e, path, len(view), error) from e

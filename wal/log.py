@@ -34,6 +34,8 @@ from typing import Iterable, Iterator, Sequence
 
 from crc32c import crc32c
 
+from faults.fileio import WRITE_SLICE
+
 from . import groupcommit
 from .decoder import RawRecord
 from .format import (CHECK, CHECK_HEAD, FRAME_HEADER_SIZE, HEAD, HEADER_SIZE, MAX_PAYLOAD,
@@ -138,11 +140,12 @@ class Wal(SegmentWriter):
             # the same call as the payload -- one CRC call per record, plus the mix.
             m = self._m
             fw = self._frame_write
-            if fw is not None:
+            if fw is not None and flen <= WRITE_SLICE:
                 # wal/_accel.c: this same frame (pack, chained CRC, mix) and ONE write,
                 # in one C call; a bad type raises before anything is written. A short
                 # or failed write is finished, or its error translated, by _write as
-                # on the Python path.
+                # on the Python path. A bigger frame takes the Python path, which
+                # writes it in slices (faults.fileio.WRITE_SLICE).
                 v, m, written = fw(seg.fd, payload, type, lsn, self._v, m)
                 if written == flen:
                     seg.size += flen

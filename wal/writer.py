@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 
 import faults
 from faults import crashpoint, translate_os_error
-from faults.fileio import FileLayer
+from faults.fileio import WRITE_SLICE, FileLayer, iov_slices
 
 from . import accel, recovery
 from faults.latch import Latch, cause_of
@@ -125,16 +125,23 @@ class SegmentWriter:
         return self._io.write(fd, b"".join(parts))
 
     def _write_parts(self, seg: OpenSegment, parts: Sequence[Buffer], size: int) -> None:
-        """Write one frame given as ``parts`` (``size`` bytes in all) with one writev;
-        a short or failed writev is finished, or its error translated, by :meth:`_write`."""
-        try:
-            written = self._writev(seg.fd, parts)
-        except OSError:
-            written = 0          # _write tries again and turns the error into ours
-        if written == size:
-            seg.size += size
-        else:
-            self._write(seg, b"".join(parts), written)
+        """Write one frame given as ``parts`` (``size`` bytes in all) with one writev,
+        or one per WRITE_SLICE bytes for a bigger frame (faults.fileio.WRITE_SLICE: a
+        write of 2 MiB or more costs several times the CPU); a short or failed writev is
+        finished, or its error translated, by :meth:`_write`."""
+        groups: Iterator[tuple[Sequence[Buffer], int]] = (
+            iter(((parts, size),)) if size <= WRITE_SLICE else iov_slices(parts))
+        written = 0
+        for group, gsize in groups:
+            try:
+                n = self._writev(seg.fd, group)
+            except OSError:
+                n = 0            # _write tries again and turns the error into ours
+            written += n
+            if n != gsize:
+                self._write(seg, b"".join(parts), written)
+                return
+        seg.size += size
 
     def _set_flush_mark(self, at: int) -> None:
         """Next write-behind fsync once the current segment passes ``at`` bytes;

@@ -3,6 +3,8 @@ from __future__ import annotations
 import os
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from faults import OutOfDiskError, fileio
 
@@ -61,3 +63,39 @@ def test_atomic_write_never_follows_a_planted_temp_symlink(tmp_path):
     fileio.atomic_write(str(target), b"new")
     assert victim.read_bytes() == b"precious"
     assert target.read_bytes() == b"new" and not target.is_symlink()
+
+
+@given(st.lists(st.integers(0, 5000), max_size=40), st.integers(1, 4096))
+def test_iov_slices_regroup_without_loss_within_the_limits(sizes: list[int], limit: int) -> None:
+    parts = [bytes([i % 251]) * n for i, n in enumerate(sizes)]
+    groups = list(fileio.iov_slices(parts, limit))
+    assert b"".join(b"".join(g) for g, _ in groups) == b"".join(parts)
+    for g, size in groups:
+        assert size == sum(len(v) for v in g) and 0 < size <= limit
+        assert len(g) <= fileio.IOV_MAX
+    # every group but the last is full, unless it hit IOV_MAX
+    assert all(size == limit or len(g) == fileio.IOV_MAX for g, size in groups[:-1])
+
+
+def test_iov_slices_caps_the_buffers_per_writev() -> None:
+    parts = [b"x"] * (fileio.IOV_MAX + 5)
+    groups = list(fileio.iov_slices(parts, 1 << 20))
+    assert [len(g) for g, _ in groups] == [fileio.IOV_MAX, 5]
+
+
+def test_write_all_writes_in_slices(tmp_path) -> None:
+    sizes: list[int] = []
+
+    class Sizes(fileio.FileLayer):
+        def write(self, fd: int, data: bytes | memoryview) -> int:
+            sizes.append(len(data))
+            return super().write(fd, data)
+
+    data = os.urandom(3 * fileio.WRITE_SLICE + 17)
+    fd = os.open(tmp_path / "f", os.O_WRONLY | os.O_CREAT)
+    try:
+        fileio.write_all(fd, data, str(tmp_path / "f"), io=Sizes())
+    finally:
+        os.close(fd)
+    assert (tmp_path / "f").read_bytes() == data
+    assert max(sizes) == fileio.WRITE_SLICE and sum(sizes) == len(data)

@@ -249,3 +249,46 @@ def test_batch_of_wider_item_views_is_refused_and_writes_nothing(tmp_path, sync)
         w.close()
     assert got == [b"before-1", b"before-2", b"after", array("i", [1, 2, 3]).tobytes()]
     assert last == 4
+
+
+@pytest.mark.parametrize("batch", [False, True])
+def test_a_frame_over_the_write_slice_goes_out_in_slices(tmp_path, batch) -> None:
+    """A frame bigger than faults.fileio.WRITE_SLICE (one 3.5 MiB record, or a batch of
+    2,000 x 2 KiB) is written by several writev of at most WRITE_SLICE bytes (a write of
+    2 MiB or more costs several times the CPU), and reads back whole."""
+    from faults.fileio import IOV_MAX, WRITE_SLICE
+    w = Wal.open(tmp_path / "log", segment_size=16 << 20, sync="none")
+    seen: list[int] = []
+    real = w._writev
+
+    def writev(fd, parts):
+        assert len(parts) <= IOV_MAX
+        seen.append(sum(len(memoryview(p).cast("B")) for p in parts))
+        return real(fd, parts)
+
+    w._writev = writev
+    rng = __import__("random").Random(7)
+    payloads = ([rng.randbytes(2048) for _ in range(2000)] if batch
+                else [rng.randbytes(7 << 19)])
+    if batch:
+        w.append_many(payloads)
+    else:
+        w.append(payloads[0])
+    assert len(seen) >= 4 and max(seen) <= WRITE_SLICE, seen
+    w.close()
+    assert [r.payload for r in Wal.reader(tmp_path / "log").read_from()] == payloads
+
+
+def test_a_sliced_frame_refused_by_a_full_disk_is_taken_back(small_fs) -> None:
+    """Frames of 1.5 MiB on a 2 MiB file system: the second fails part-way through its
+    slices; it is cut off again and the log holds exactly the acknowledged record."""
+    from wal import OutOfDiskError
+    d = small_fs / "log"
+    w = Wal.open(d, segment_size=8 << 20, sync="always")
+    first = os.urandom(3 << 19)
+    w.append(first)
+    with pytest.raises(OutOfDiskError):
+        w.append(os.urandom(3 << 19))
+    assert [r.payload for r in w.read_from()] == [first]
+    w.close()
+    assert [r.payload for r in Wal.reader(d).read_from()] == [first]
