@@ -62,6 +62,12 @@ class RunResult:
     error: str | None = None
     exit_codes: dict[str, int | None] = field(default_factory=dict)
 
+    @property
+    def failed(self) -> dict[str, list[str]]:
+        """The checks that failed, with what each found (``problems`` lists every
+        check, the ones that passed with no finding)."""
+        return {name: found for name, found in self.problems.items() if found}
+
     def to_json(self) -> dict[str, Any]:
         """The schema of ``ferry sim run --json`` (docs/harness.md): exactly these keys."""
         return {"passed": self.passed, "invariants": self.invariants, "seed": self.seed}

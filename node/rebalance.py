@@ -93,6 +93,8 @@ class Rebalancer:
     def start_move(self, cache: str, p: int, why: str) -> bool:
         """Start pulling p unless it is already moving or the concurrency limit is
         reached (then the next reconcile tries again); True when started."""
+        if self.ctx.events.stopping.is_set():
+            return False          # a graceful stop: a pass in flight starts nothing new
         key = (cache, p)
         engine = self.engine
         # files mode: by default twice the transfer limit, so the index rebuild and

@@ -111,17 +111,21 @@ class Partitions:
         t.start()
 
     def _flap(self, node: str, duration_s: float, period_s: float) -> None:
-        end = time.monotonic() + duration_s
+        # a fixed number of flips on a fixed schedule (flip i at i x period_s): on a
+        # slow machine, where a cut or a heal takes a while, the flips come closer
+        # together, never fewer of them
+        flips = max(1, round(duration_s / period_s))
+        t0 = time.monotonic()
         cuts = 0
-        cut = False
-        while not self._stop.is_set() and time.monotonic() < end:
-            if cut:
+        for i in range(flips):
+            if self._stop.is_set():
+                break
+            if i % 2:
                 self.heal(mark=False)
             else:
                 self.isolate(node, mark=False)
                 cuts += 1
-            cut = not cut
-            self._stop.wait(min(period_s, max(0.0, end - time.monotonic())))
+            self._stop.wait(max(0.0, t0 + (i + 1) * period_s - time.monotonic()))
         self.heal(mark=False)
         self.timeline.mark(node, "flap end", f"isolated {cuts} times in {duration_s:.0f}s")
         if not self._stop.is_set():

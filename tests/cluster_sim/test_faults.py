@@ -57,7 +57,7 @@ def test_fault_events_are_validated() -> None:
 @pytest.mark.slow
 def test_disk_full_demander_move_fails_cleanly_then_converges(tmp_path) -> None:
     r = cluster_sim.run(load_scenario("disk-full"), seed=1, workdir=str(tmp_path), keep=True)
-    assert r.passed, (r.problems, r.error)
+    assert r.passed, (r.failed, r.error)
     # the move really failed for lack of space, was checked clean, and then succeeded
     assert r.invariants["disk_full_move_failed_cleanly"]
     marks = [m.kind for m in r.timeline.marks]
@@ -76,7 +76,7 @@ def test_disk_full_mid_transfer_loses_nothing_and_converges(tmp_path) -> None:
     WAL's appends fail too (the primary's replication to the MOVING copy), nothing
     acknowledged is lost, and once space is freed the moves converge."""
     r = cluster_sim.run(load_scenario("disk-full-mid-transfer"), seed=1, workdir=str(tmp_path), keep=True)
-    assert r.passed, (r.problems, r.error)
+    assert r.passed, (r.failed, r.error)
     marks = [m.kind for m in r.timeline.marks]
     assert marks.index("transfer running") < marks.index("disk full") < marks.index("move refused")
     log = open(os.path.join(r.dir, "n3.log")).read()
@@ -110,7 +110,7 @@ def test_node_cut_from_its_peers_stays_a_member_and_resyncs_after_heal(tmp_path)
     # the cluster converges within 3 lease TTLs with every invariant.
     s = dataclasses.replace(load_scenario("net-cut"), settle_timeout=25.0)
     r = cluster_sim.run(s, seed=1, workdir=str(tmp_path), keep=True)
-    assert r.passed, (r.problems, r.error)
+    assert r.passed, (r.failed, r.error)
     kinds = [m.kind for m in r.timeline.marks]
     assert "cut" in kinds and "lease expired" not in kinds and "converged" in kinds
     logs = "".join(open(os.path.join(r.dir, f"{n}.log")).read() for n in ("n1", "n2", "n3"))

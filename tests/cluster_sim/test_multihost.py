@@ -32,7 +32,7 @@ def test_join_with_each_node_in_its_own_namespace(tmp_path) -> None:
     s = cluster_sim.load_scenario("join")
     with netns.Netns(s.all_nodes()) as net:
         r = cluster_sim.run(s, seed=1, workdir=str(tmp_path), net=net)
-    assert r.passed, (r.problems, r.error)
+    assert r.passed, (r.failed, r.error)
 
 
 def test_etcd_server_certificate_names_the_gateways(tmp_path) -> None:

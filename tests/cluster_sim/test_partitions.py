@@ -46,7 +46,7 @@ def _routed_via(r: cluster_sim.RunResult, node: str) -> int:
 @pytest.mark.parametrize("name", PARTITION_SCENARIOS)
 def test_fault_scenario_loses_nothing_and_converges(tmp_path, name: str) -> None:
     r = cluster_sim.run(load_scenario(name), seed=1, workdir=str(tmp_path))
-    assert r.passed, (r.problems, r.error, r.dir)
+    assert r.passed, (r.failed, r.error, r.dir)
     assert all(r.invariants[c] for c in PARTITION_CHECKS) and r.acked > 0
     assert _mark(r, "converged"), "the heal was never seen to converge"
     if name in ("long-cut", "controller-cut"):
@@ -75,7 +75,7 @@ def test_fault_scenario_loses_nothing_and_converges(tmp_path, name: str) -> None
 @pytest.mark.slow
 def test_controller_sigkilled_under_writes(tmp_path) -> None:
     r = cluster_sim.run(load_scenario("controller-kill"), seed=1, workdir=str(tmp_path))
-    assert r.passed, (r.problems, r.error, r.dir)
+    assert r.passed, (r.failed, r.error, r.dir)
     killed = _mark(r, "resolved")[0].node
     assert [m.node for m in _mark(r, "kill")] == ["@controller"]
     # the restart brought back the same node the kill took

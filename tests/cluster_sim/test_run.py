@@ -19,7 +19,7 @@ def test_join_crash_after_install_on_the_demander(tmp_path) -> None:
     s = cluster_sim.load_scenario("join")
     r = cluster_sim.run(s, seed=3, crash=CrashPlan("demander.after_install", side="demander"),
                         workdir=str(tmp_path))
-    assert r.passed, (r.problems, r.error)
+    assert r.passed, (r.failed, r.error)
     assert r.invariants["crash_point_reached"] and "demander.after_install" in r.reached
     assert [m.node for m in r.timeline.crashes()] == ["n3"]
     assert r.acked > 0
@@ -58,7 +58,7 @@ def test_first_node_killed_mid_eviction_resumes_from_the_members_map(tmp_path) -
     s = cluster_sim.load_scenario("join")
     r = cluster_sim.run(s, seed=1, crash=CrashPlan("owner.mid_eviction", side="third"),
                         workdir=str(tmp_path))
-    assert r.passed, (r.problems, r.error)
+    assert r.passed, (r.failed, r.error)
     assert [m.node for m in r.timeline.crashes()] == ["n1"]
 
 
@@ -79,7 +79,7 @@ def test_node_whose_port_was_taken_starts_on_another(tmp_path, monkeypatch) -> N
                             crash=CrashPlan("demander.after_demand", side="demander"))
     finally:
         taken.close()
-    assert r.passed, (r.problems, r.error)
+    assert r.passed, (r.failed, r.error)
     assert [m.node for m in r.timeline.marks if m.kind == "port retry"] == ["n3"]
     assert r.invariants["crash_point_reached"] and [m.node for m in r.timeline.crashes()] == ["n3"]
 

@@ -25,7 +25,7 @@ def test_etcd_leader_loss_at_4096_partitions(tmp_path) -> None:
                              caches=(CacheSpec(partitions=4096, backups=1),),
                              initial_members=True, settle_timeout=240.0)
     r = cluster_sim.run(sc, seed=1, workdir=str(tmp_path))
-    assert r.passed, (r.problems, r.error, r.dir)
+    assert r.passed, (r.failed, r.error, r.dir)
     assert r.acked > 0
     for check in ("counters_unique", "reads_serve_last_acked", "acknowledged_writes_present",
                   "linearizable", "converged_after_heal"):

@@ -27,7 +27,7 @@ def test_join_tls_with_a_crash_on_the_demander(tmp_path) -> None:
     s = cluster_sim.load_scenario("join-tls")
     r = cluster_sim.run(s, seed=2, crash=CrashPlan("demander.after_install", side="demander"),
                         workdir=str(tmp_path), keep=True)
-    assert r.passed, (r.problems, r.error)
+    assert r.passed, (r.failed, r.error)
     assert r.invariants["crash_point_reached"] and r.invariants["reads_serve_last_acked"]
     assert r.acked > 0
     # every node ran with [tls] naming its own certificate, and was given no secret
