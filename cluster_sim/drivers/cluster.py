@@ -223,19 +223,33 @@ class ClusterDriver(ClusterFaults, Driver):
         p.start()
         self.timeline.mark(node, "start" if p.lives == 1 else "restart")
         if wait:
-            try:
-                p.wait_for_line("serving on", timeout=60)
-            except ProcessError:
-                if "Address already in use" in p.current_life() and p.port_retries < 3:
-                    self._new_port(node, wait=True)
-                    return
-                if not p.self_killed():
-                    raise
-                self.on_crash(node)
+            self._await_serving(node)
+
+    def _await_serving(self, node: str) -> None:
+        p = self._proc(node)
+        try:
+            p.wait_for_line("serving on", timeout=60)
+        except ProcessError:
+            if "Address already in use" in p.current_life() and p.port_retries < 3:
+                self._new_port(node, wait=True)
+                return
+            if not p.self_killed():
+                raise
+            self.on_crash(node)
 
     def start(self) -> None:
-        for n in self.scenario.nodes:
-            self.start_node(n)
+        if self.scenario.initial_members:
+            # a new cluster's initial members start together, as an operator starts
+            # them: one after another, each waiting for the last, a slow start (a loaded
+            # machine, thousands of partitions) could outlast the controller's wait for
+            # the initial owners, and a late member would then resync every copy it made
+            for n in self.scenario.nodes:
+                self.start_node(n, wait=False)
+            for n in self.scenario.nodes:
+                self._await_serving(n)
+        else:
+            for n in self.scenario.nodes:
+                self.start_node(n)
         if self.scenario.workload.preload:
             self._preload()
 
