@@ -44,7 +44,7 @@ demo: sysdeps-demo $(STAMP)
 # settling, leases expiring, Spark starting), not CPU. TEST_WORKERS=2 for a slower machine.
 TEST_WORKERS ?= 3
 test: sysdeps $(STAMP) lint
-	$(PY) -m pytest -n $(TEST_WORKERS) -q
+	$(PY) -m pytest -n $(TEST_WORKERS) -q --durations=15
 
 # ruff and mypy, as configured in pyproject.toml ([tool.ruff], [tool.mypy])
 lint: $(STAMP)
