@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 ACCEL_INPUTS := $(VENV)/.accel-inputs
 
-.PHONY: demo test test-quick lint bench clean sysdeps sysdeps-demo FORCE
+.PHONY: demo test test-quick lint bench clean sysdeps sysdeps-demo bytecode FORCE
 # sysdeps must finish before the build inputs are read (it may install a header)
 .NOTPARALLEL:
 
@@ -36,14 +36,14 @@ $(STAMP): pyproject.toml $(wildcard */*.c csrc/*.h) $(ACCEL_INPUTS)
 # system packages first: etcd (control plane) and Java (Spark) are required, gcc, the
 # Python headers and xxhash.h build the C accelerators; installed when root with apt,
 # else named (and the demo stops when a required one is missing)
-demo: sysdeps-demo $(STAMP)
+demo: sysdeps-demo $(STAMP) bytecode
 	$(VENV)/bin/ferry demo
 
 # system packages first: the editable install compiles the C accelerators with gcc
 # Three workers on two cores: about half of the suite's time is waiting (clusters
 # settling, leases expiring, Spark starting), not CPU. TEST_WORKERS=2 for a slower machine.
 TEST_WORKERS ?= 3
-test: sysdeps $(STAMP) lint
+test: sysdeps $(STAMP) lint bytecode
 	$(PY) -m pytest -n $(TEST_WORKERS) -q --durations=15
 
 # ruff and mypy, as configured in pyproject.toml ([tool.ruff], [tool.mypy])
@@ -51,13 +51,21 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
+# Ferry's own modules compiled to __pycache__ (only what changed since the last time):
+# the package is installed editable, so pip compiled none of them, and where
+# PYTHONDONTWRITEBYTECODE is set no process writes them. Without it every node process
+# compiles every module again when it starts (0.8 s more per start, measured).
+PACKAGES := faults wal checkpoint transfer indexes node cluster_sim validation ferry
+bytecode: $(STAMP)
+	$(PY) -m compileall -q -j 0 $(PACKAGES)
+
 sysdeps:
 	./scripts/system-deps test
 
 sysdeps-demo:
 	./scripts/system-deps demo
 
-test-quick: $(STAMP)
+test-quick: $(STAMP) bytecode
 	$(PY) -m pytest -n $(TEST_WORKERS) -q -m "not slow"
 
 # every benchmark with its defaults (docs/benchmarks.md); the control-plane one has two
