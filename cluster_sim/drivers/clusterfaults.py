@@ -76,7 +76,11 @@ class ClusterFaults:
                 listen=self.net.gateway if self.net is not None else lambda n: "127.0.0.1")
         self.proxies = self.partitions.peer
         self.etcd_faults = EtcdFaults(self.etcd, self.timeline)
-        self.convergence = ConvergenceWatch(self.converged_problems, CONVERGE_TTLS * lease_ttl,
+        # plus a second per 1,000 partitions: the check itself reads and compares every
+        # node's map and status (at 4,096 partitions on a loaded 2-core machine, seconds)
+        parts = sum(c.partitions for c in self.scenario.caches)
+        self.convergence = ConvergenceWatch(self.converged_problems,
+                                            CONVERGE_TTLS * lease_ttl + parts / 1000,
                                             self.timeline)
         self.partitions.on_healed = self.convergence.start
         self._heals = 0

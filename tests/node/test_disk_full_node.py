@@ -34,11 +34,11 @@ def test_full_disk_then_freed(tmp_path) -> None:
             for i in range(100):
                 cl.put("default", f"a{i}", b"v" * 1000)
                 acked[f"a{i}"] = b"v" * 1000
-            with open(fill, "r+b") as f:
+            # unbuffered: a buffered file would try the refused bytes again at close
+            with open(fill, "r+b", buffering=0) as f:
                 try:
                     while True:
                         f.write(b"\0" * 65536)
-                        f.flush()
                 except OSError:
                     pass
             refused, i = 0, 0
