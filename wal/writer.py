@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import struct
 import threading
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
 import faults
 from faults import crashpoint, translate_os_error
@@ -129,8 +129,8 @@ class SegmentWriter:
         or one per WRITE_SLICE bytes for a bigger frame (faults.fileio.WRITE_SLICE: a
         write of 2 MiB or more costs several times the CPU); a short or failed writev is
         finished, or its error translated, by :meth:`_write`."""
-        groups: Iterator[tuple[Sequence[Buffer], int]] = (
-            iter(((parts, size),)) if size <= WRITE_SLICE else iov_slices(parts))
+        groups: Iterable[tuple[Sequence[Buffer], int]] = (
+            ((parts, size),) if size <= WRITE_SLICE else iov_slices(parts))
         written = 0
         for group, gsize in groups:
             try:

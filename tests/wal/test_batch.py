@@ -5,6 +5,7 @@ the segment, and a follower in another process that never sees part of a batch."
 from __future__ import annotations
 
 import os
+import random
 import struct
 import subprocess
 import textwrap
@@ -267,7 +268,7 @@ def test_a_frame_over_the_write_slice_goes_out_in_slices(tmp_path, batch) -> Non
         return real(fd, parts)
 
     w._writev = writev
-    rng = __import__("random").Random(7)
+    rng = random.Random(7)
     payloads = ([rng.randbytes(2048) for _ in range(2000)] if batch
                 else [rng.randbytes(7 << 19)])
     if batch:
