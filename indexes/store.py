@@ -153,6 +153,24 @@ class IndexStore:
         """Forget the partition's index entries (it was evicted or is about to move)."""
         self._clear(partition)
 
+    def unmark(self, partitions: Iterable[int]) -> None:
+        """Make these partitions not ready in ONE commit: their ready markers are
+        deleted, their entries left for the rebuild that clears them first. For
+        indexes not known to match their data (a node that stops before it rebuilt
+        them): the next open finds them not ready."""
+        todo = sorted(set(partitions))
+        if not todo:
+            return
+        env = self._env
+
+        def unmark(txn: lmdb.Transaction[bytes]) -> None:
+            for p in todo:
+                txn.delete(meta.ready_key(p), db=env.meta)
+        env.write(unmark)
+        for p in todo:
+            self._ready.discard(p)
+            self._markers.pop(p, None)
+
     # -- the write path -------------------------------------------------------------
     def check(self, key: bytes, new_value: bytes | None) -> None:
         """Raise BadValueError when an index with ``on_bad="refuse"`` would refuse

@@ -185,11 +185,13 @@ def make_supplier_storage(data: Mapping[str, CacheData], in_use: SnapshotUse,
                 raise NotHeld(why, partition=partition)
             key = (cache, partition)
             d = data.get(cache)
-            # (an index left behind its data by a refused change is not exported: the
-            # demander finds no export and rebuilds)
+            # (an index that may not match its data - left behind by a refused change,
+            # or not trusted since an unclean stop - is not exported: the demander
+            # finds no export and rebuilds)
+            current = getattr(d, "index_current", None)
             if (shipper is not None and plock is not None and d is not None
                     and shipper.wanted(cache, partition)
-                    and partition not in getattr(d, "_behind", ())):
+                    and (not callable(current) or current(partition))):
                 with plock(cache, partition):
                     snap = super().open_snapshot(cache, partition)
                     try:

@@ -57,6 +57,8 @@ def load_tls(cfg: NodeConfig) -> TlsContexts | None:
         raise ConfigError(f"[tls] cert {files.cert} is for {tls.identity}, not node {cfg.id!r}: "
                           f"issue one with `ferry certs issue CA_DIR {cfg.id} --node`")
     return tls
+INDEX_CATCH_UP_DELAY_S = 2.0   # after serving starts: resyncs are decided first
+INDEX_CATCH_UP_NICE = 10       # the background rebuild yields to writes and moves
 CLEAN = "clean-shutdown"   # present only after a graceful stop: indexes need no rebuild
 
 
@@ -130,6 +132,7 @@ class Node:
                  len(data), time.monotonic() - t0)
         self.server: RpcServer | None = None
         self.http: metrics_mod.MetricsServer | None = None
+        self._indexer: threading.Thread | None = None
         self.watcher: Watcher | None = None
         self.live_validation = LiveValidation.of(ctx, self.updates.leads)   # docs/validation.md
         self.handlers: dict[str, Handler] = {
@@ -185,8 +188,47 @@ class Node:
             self.http = metrics_mod.serve(ctx.cfg.metrics_listen, ctx.metrics)
         self.watcher = Watcher(ctx, self.apply_live_config)
         self.watcher.start()
+        if any(d.stale_indexes() for d in ctx.data.values()):
+            self._indexer = threading.Thread(target=self._rebuild_stale_indexes,
+                                             name="index-catch-up", daemon=True)
+            self._indexer.start()
         ctx.wake()
         log.info("stage=serving node=%s listening on %s", ctx.id, ctx.cfg.listen)
+
+    def _rebuild_stale_indexes(self) -> None:
+        """After an unclean stop, the indexes start-up did not trust, one partition at a
+        time, at a low CPU priority, while the node serves: each under p's lock, only
+        for a copy held OWNING that no move replaces (a move rebuilds the index of the
+        file it installs; a write or an index read of p rebuilds it first anyway).
+        Waits INDEX_CATCH_UP_DELAY_S first, so the copies the cluster no longer counts
+        in sync are resyncing (MOVING) before this pass reaches them."""
+        ctx = self.ctx
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), INDEX_CATCH_UP_NICE)
+        except (OSError, AttributeError):
+            pass
+        if ctx.events.stopping.wait(INDEX_CATCH_UP_DELAY_S):
+            return
+        done = 0
+        t0 = time.monotonic()
+        for cache, d in ctx.data.items():
+            for p in d.stale_indexes():
+                if ctx.events.stopping.is_set():
+                    return
+                with ctx.plock(cache, p):
+                    if ((cache, p) in ctx.moves or ctx.states.get(cache, p) != State.OWNING
+                            or d.index_current(p)):
+                        continue
+                    try:
+                        done += d.catch_up_index(p, cancel=ctx.events.stopping.is_set)
+                    except Exception as e:  # noqa: BLE001 - p stays stale: its next change retries
+                        if ctx.events.stopping.is_set():
+                            return
+                        log.warning("stage=storage cache=%s partition=%d index rebuild failed "
+                                    "(%s); it is rebuilt before the partition's next change",
+                                    cache, p, e)
+        log.info("stage=storage node=%s %d indexes not trusted after an unclean stop rebuilt "
+                 "in %.2fs", ctx.id, done, time.monotonic() - t0)
 
     def stop(self) -> None:
         """Graceful: stop serving, checkpoint, close. The data dir lock goes last."""
@@ -203,6 +245,8 @@ class Node:
         self.updates.stop()
         if self.http:
             self.http.shutdown()
+        if self._indexer is not None:
+            self._indexer.join()          # a rebuild in progress ends at its next batch
         for name, d in ctx.data.items():
             t0 = time.monotonic()
             try:

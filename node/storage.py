@@ -16,6 +16,7 @@ import errno
 import logging
 import os
 import stat
+import time
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Sequence
 
 from checkpoint import PartitionStore
@@ -182,6 +183,13 @@ class CacheData:
         # full disk, a read-only file system, no descriptors after the data was
         # logged): rebuilt from the data before the partition's next change.
         self._behind: set[int] = set()
+        # Partitions whose index is not known to match the data since this start (an
+        # unclean stop, or no ready marker): rebuilt before the partition's next change
+        # or index read, by a move that replaces the partition, or by the node's
+        # background pass (:meth:`stale_indexes`). Not at start-up: a node that crashed
+        # serves (and resyncs the copies it will lose anyway) without first rebuilding
+        # every index it holds.
+        self._stale: set[int] = set()
         self._index_latch = Latch("index", self.index_root)
         try:
             os.makedirs(self.index_root, exist_ok=True)
@@ -190,8 +198,11 @@ class CacheData:
             # An index update follows its data update; a crash between the two leaves the
             # index behind. Without a clean-shutdown marker, rebuild it from the data.
             for p in self.store.partitions():
-                if not clean or not self.indexes.ready(p):
-                    self.indexes.rebuild(p, self.store)
+                if not cache.indexes:
+                    if not self.indexes.ready(p):    # no definitions: nothing to rebuild
+                        self.indexes.ready_empty(p)
+                elif not clean or not self.indexes.ready(p):
+                    self._stale.add(p)
         except (FerryError, OSError) as e:
             err = _start_error(e, cache.name, f"its indexes in {self.index_root}")
             if getattr(self, "indexes", None) is not None:
@@ -207,10 +218,12 @@ class CacheData:
         if p not in self.store.partitions():
             self.store.create_partition(p)
         self.indexes.rebuild(p, self.store)   # empty: makes the partition's index ready
+        self._stale.discard(p)
 
     def drop(self, p: int) -> None:
         self.indexes.drop(p)
         self._behind.discard(p)
+        self._stale.discard(p)
         if p in self.store.partitions():
             self.store.drop_partition(p)
         self.discard_partial(p)
@@ -264,10 +277,49 @@ class CacheData:
                 self._index_latch.fail(e)
             raise
 
+    def index_current(self, p: int) -> bool:
+        """Does p's index match p's data (not stale since the start, not behind)?"""
+        return p not in self._stale and p not in self._behind
+
+    def stale_indexes(self) -> list[int]:
+        """The partitions whose index start-up did not trust and nothing rebuilt yet."""
+        return sorted(self._stale)
+
+    def index_rebuilt(self, p: int) -> None:
+        """p's index was just made from p's data by someone else (a move's index stage,
+        after it installed p's file): neither stale nor behind any more."""
+        self._stale.discard(p)
+        if p in self._behind:
+            self._behind.discard(p)
+            if not self._behind:
+                self._index_latch.clear()
+
+    def catch_up_index(self, p: int, cancel: Callable[[], bool] | None = None) -> bool:
+        """The caller holds p's lock: rebuild p's index from its data when start-up left
+        it stale. True when it rebuilt. ``cancel``: ends a rebuild early (p stays
+        stale, its index not ready)."""
+        if p not in self._stale:
+            return False
+        t0 = time.monotonic()
+        try:
+            r = self.indexes.rebuild(p, self.store, cancel=cancel)
+        except Exception as e:  # noqa: BLE001 - re-raised: a refused one is noted first
+            if cause_of(e) is not None:
+                self._index_latch.fail(e)
+            raise
+        self._stale.discard(p)
+        log.info("stage=storage cache=%s partition=%d index rebuilt from the data (not "
+                 "trusted after an unclean stop): %d entries in %.2fs", self.cache.name, p,
+                 r.entries, time.monotonic() - t0)
+        return True
+
     def _catch_up(self, p: int) -> None:
         """Before a change of p (the caller holds p's lock, so nothing else changes p
-        meanwhile): rebuild p's index from its data if a refused index change left it
-        behind. Raises (the change is refused too) while the cause lasts."""
+        meanwhile): rebuild p's index from its data if start-up did not trust it, or if
+        a refused index change left it behind. Raises (the change is refused too) while
+        the cause lasts."""
+        if p in self._stale:
+            self.catch_up_index(p)
         if p not in self._behind:
             return
         try:
@@ -348,9 +400,11 @@ class CacheData:
     def lookup(self, index: str, value: object, partitions: Iterable[int] | None = None) -> list[bytes]:
         """Keys whose document has ``value`` at ``index`` (``partitions``: only theirs).
         A value no index holds (a list, a map, NaN) is the client's error:
-        :class:`BadRequest`, not an internal one with a traceback."""
+        :class:`BadRequest`, not an internal one with a traceback. A partition whose
+        index start-up did not trust is left out until it is rebuilt (the node
+        rebuilds the ones it leads before it reads: ``catch_up_index``)."""
         try:
-            keys = self.indexes.lookup(index, value, partitions)
+            keys = self.indexes.lookup(index, value, self._trusted(partitions))
         except BadQueryError as e:
             raise BadRequest(f"lookup on {self.cache.name}.{index}: {e}") from None
         return [k if isinstance(k, bytes) else k[-1] for k in keys]
@@ -364,19 +418,35 @@ class CacheData:
                                   or limit < 0):
             raise BadRequest(f"range limit must be a whole number >= 0, not {limit!r}")
         try:
-            return list(self.indexes.range(index, lo, hi, limit, partitions))
+            return list(self.indexes.range(index, lo, hi, limit, self._trusted(partitions)))
         except BadQueryError as e:
             raise BadRequest(f"range on {self.cache.name}.{index}: {e}") from None
+
+    def _trusted(self, partitions: Iterable[int] | None) -> Iterable[int] | None:
+        if not self._stale:
+            return partitions
+        pick = self.indexes.ready_partitions() if partitions is None else partitions
+        return [p for p in pick if p not in self._stale]
 
     def rebuild_index(self, p: int) -> None:
         self.indexes.rebuild(p, self.store)
         self._behind.discard(p)
+        self._stale.discard(p)
 
     # -- lifecycle ----------------------------------------------------------------
     def checkpoint(self) -> "CheckpointStats | None":
         return self.store.checkpoint()
 
     def close(self) -> None:
+        if self._stale:
+            # not known to match their data: not ready, so the next start rebuilds them
+            try:
+                self.indexes.unmark(self._stale)
+            except Exception as e:  # noqa: BLE001 - still refused: say what to do
+                log.error("stage=storage cache=%s: %d indexes not rebuilt since an unclean "
+                          "stop could not be marked for a rebuild (%s); delete %s before the "
+                          "next start (the node rebuilds the indexes from the data)",
+                          self.cache.name, len(self._stale), e, self.index_root)
         for p in sorted(self._behind):
             # its index is behind its data: not ready, so the next start rebuilds it
             try:

@@ -378,12 +378,20 @@ class UpdatePath:
         return out[:limit] if limit else out
 
     def _led(self, cache: str) -> list[int]:
-        """The partitions of ``cache`` this node leads now."""
+        """The partitions of ``cache`` this node leads now, each with an index that
+        matches its data: one start-up did not trust (an unclean stop) is rebuilt
+        first, under p's lock, as a write would."""
         me = self.ctx.id
         with self.ctx.map.lock:
             recs = self.ctx.map.map.parts[cache]
             mine = [p for p, r in enumerate(recs) if r.primary == me]
-        return [p for p in mine if self.leads(cache, p, write=False)]
+        led = [p for p in mine if self.leads(cache, p, write=False)]
+        data = self.ctx.data[cache]
+        for p in led:
+            if not data.index_current(p):
+                with self.ctx.plock(cache, p):
+                    data.catch_up_index(p)
+        return led
 
     def _check_index(self, cache: str, index: str) -> None:
         if index not in {i.name for i in self.ctx.data[cache].cache.indexes}:

@@ -173,6 +173,7 @@ class MoveEngine:
                                   progress, cancel)
             mv.fig.index_source = index_installed(cache, p, data, feed, progress, pool=ctx.scan_pool,
                                                   cancel=cancel, shipped=shipped)
+            data.index_rebuilt(p)         # made from the installed file: p's content now
         finally:
             if feed is not None:
                 feed.close()

@@ -45,6 +45,10 @@ class PartitionData(Protocol):
 
     def drop(self, p: int) -> None: ...
 
+    def index_rebuilt(self, p: int) -> None:
+        """p's index was just made from p's installed file (a move's index stage)."""
+        ...
+
     def create(self, p: int) -> None: ...
 
 

@@ -488,6 +488,10 @@ def _check_partition(dem: Demander, sup: Supplier, acked: list[int]) -> None:
     held = P in dem.data.partitions()
     if held:
         assert pagefile.verify(dem.data.store.partition_path(P)) == [], "torn partition file"
+        if not dem.data.index_current(P):
+            # not trusted after the cut: the node rebuilds it before any read or change
+            assert P in dem.data.stale_indexes()
+            assert dem.data.catch_up_index(P)
         rep = dem.data.indexes.verify(P, dem.data.store)
         assert rep.ok, rep
     if state == State.OWNING:
