@@ -68,6 +68,11 @@ INCREASE_PER_S = 4.0         # moves per second of additive increase
 DECREASE = 0.5               # multiplicative decrease
 QUIET_S = 2 * WINDOW_S       # this long without a write anywhere: full speed
 START_LOADED = 0.25          # a rebalance starts at this x min_moves (one move, paced)
+# A move that starts this soon after the last one ran belongs to the same rebalance: it
+# keeps the level the latency allowed (TCP restarts slow start only after an idle
+# period, RFC 2861). Before, every move of a series that ran one at a time started
+# over at START_LOADED, so a level below 2 could never grow past one move.
+RESTART_IDLE_S = WINDOW_S
 LOW_FRACTION = 1 / 16        # the level's floor, x min_moves (only the rate goes that low)
 LOW_GROWTH_PER_S = 1.0       # below min_moves the level grows by e^(this x seconds)
 REF_RECV_BPS = 1 << 30       # receive rate the level is a fraction of, until one is measured
@@ -210,6 +215,7 @@ class Admission:
         self._applied: tuple[int, float | None] | None = None
         self._wake = threading.Event()
         self._reports: dict[str, tuple[float, str, LatencyReport]] = {}   # peer -> (when, addr, report)
+        self._moving_at: float | None = None    # when a move was last seen running
         ctx.metrics.collectors.append(self._collect)
 
     # -- what the rest of the node asks ------------------------------------------------
@@ -224,11 +230,16 @@ class Admission:
 
     def admit(self, running: int) -> bool:
         """May one more move start now, with ``running`` moves running?"""
-        if running == 0 and self.protect():
-            # the first move starts paced whatever is known: a fresh node has not
-            # heard the primaries' latency yet. The tick this wakes (once the move is
-            # registered: ``started``) asks them, and with no writes anywhere lifts
-            # the level to the maximum at once.
+        now = self.clock()
+        if running:
+            self._moving_at = now
+        elif self.protect() and (self._moving_at is None
+                                 or now - self._moving_at > RESTART_IDLE_S):
+            # a rebalance's first move starts paced whatever is known: a fresh node
+            # has not heard the primaries' latency yet. The tick this wakes (once the
+            # move is registered: ``started``) asks them, and with no writes anywhere
+            # lifts the level to the maximum at once. (The next move of a series keeps
+            # the level: RESTART_IDLE_S.)
             with self._lock:
                 self.aimd.start()
         return running < self.move_limit()
@@ -335,6 +346,8 @@ class Admission:
     def tick(self) -> None:
         ctx = self.ctx
         moving = bool(ctx.moves)
+        if moving:
+            self._moving_at = self.clock()
         reports = {ctx.id: ctx.metrics.acks.report(self.busy())}
         if moving and self.protect():
             reports.update(self._poll_peers())

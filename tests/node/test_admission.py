@@ -10,7 +10,7 @@ import pytest
 
 from node.acklatency import MIN_SAMPLES, LatencyReport, LatencyWindow
 from node.admission import (AUTO_FACTOR, AUTO_MIN_S, FALLBACK_TARGET_S, REF_RECV_BPS,
-                            REPLAY_MIN_RPS, REPLAY_OVER_INGEST, START_LOADED, Admission, Aimd,
+                            REPLAY_MIN_RPS, REPLAY_OVER_INGEST, RESTART_IDLE_S, START_LOADED, Admission, Aimd,
                             max_moves, target_of, worst)
 from node.cluster_map import ClusterMap
 from node.config import NodeConfig, validate
@@ -254,6 +254,35 @@ def test_a_rebalance_starts_paced_and_the_first_tick_decides():
     assert adm.aimd.level == pytest.approx(START_LOADED * math.exp(0.5))
     # the peak receive rate is learnt only while no limit is in force
     assert adm.peak_recv_bps == 0
+
+
+def test_moves_one_after_another_keep_the_level_and_an_idle_pause_starts_over():
+    """A series of short moves that run one at a time is one rebalance: the next move
+    keeps the level the latency allowed, so the level can grow past one move. After a
+    pause longer than RESTART_IDLE_S a move starts paced again."""
+    adm, ctx, lim = admission()
+    clock = adm.clock
+    assert isinstance(clock, Clock)
+    for _ in range(50):
+        ctx.metrics.acks.add(0.002)          # writes, within target
+    assert adm.admit(0) and adm.move_limit() == 1
+    key = ("default", 1)
+    grown = []
+    for step in range(30):                   # 30 moves of 0.1 s each, back to back
+        ctx.moves.running[key] = Move("default", 1, mode="files")
+        adm.started()
+        adm.tick()
+        clock.t += 0.1
+        adm.tick()
+        del ctx.moves.running[key]           # the move ends ...
+        clock.t += 0.01
+        assert adm.admit(0)                  # ... and the next one starts at once
+        grown.append(adm.move_limit())
+    assert grown[-1] >= 2, grown             # more than one move at once by now
+    assert grown == sorted(grown), grown     # never back to one paced move
+    clock.t += RESTART_IDLE_S + 0.2          # a pause: a new rebalance
+    assert adm.admit(0) and adm.move_limit() == 1
+    assert adm.aimd.level == pytest.approx(START_LOADED)
 
 
 def test_an_idle_rebalance_goes_to_full_speed_at_its_first_tick():
