@@ -115,21 +115,32 @@ def _restore_double_write(state: StoreState) -> None:
 
 
 def _first_pass(wal: Wal) -> tuple[int, int, dict[int, int], set[int]]:
-    """(mark, images_from) of the last marker, INSTALL/DROP barriers, dropped partitions."""
+    """(mark, images_from) of the last marker, INSTALL/DROP barriers, dropped partitions.
+
+    Reads every record kept (up to a whole segment after a crash), so it goes by the
+    reader's batches of plain tuples and decodes only what it needs: a marker, the
+    partition of an INSTALL or DROP, and the partition of an UPDATE only while some
+    partition's last INSTALL/DROP is a DROP (an update then re-creates it)."""
     mark = images_from = 0
     barrier: dict[int, int] = {}
-    last_kind: dict[int, int] = {}
-    for rec in wal.read_from(wal.first_lsn):
-        if rec.type == RecordType.MARKER:
-            mark, _id, since = decode_marker(rec.payload)
-            images_from = rec.lsn if since is None else since
-        elif rec.type in (RecordType.INSTALL, RecordType.DROP):
-            pid = record_partition(rec.payload)
-            barrier[pid] = rec.lsn
-            last_kind[pid] = rec.type
-        elif rec.type == RecordType.UPDATE and last_kind.get(record_partition(rec.payload)) == RecordType.DROP:
-            last_kind[record_partition(rec.payload)] = RecordType.UPDATE   # re-created after the drop
-    dropped = {pid for pid, kind in last_kind.items() if kind == RecordType.DROP}
+    dropped: set[int] = set()        # partitions whose last INSTALL/DROP/UPDATE is a DROP
+    marker, install, drop, update = (int(RecordType.MARKER), int(RecordType.INSTALL),
+                                     int(RecordType.DROP), int(RecordType.UPDATE))
+    for batch in wal.read_from(wal.first_lsn).batches():
+        for lsn, kind, payload in batch:
+            if kind == update:
+                if dropped:
+                    dropped.discard(record_partition(payload))   # re-created after the drop
+            elif kind == marker:
+                mark, _id, since = decode_marker(payload)
+                images_from = lsn if since is None else since
+            elif kind == install or kind == drop:
+                pid = record_partition(payload)
+                barrier[pid] = lsn
+                if kind == drop:
+                    dropped.add(pid)
+                else:
+                    dropped.discard(pid)
     return mark, images_from, barrier, dropped
 
 
@@ -139,9 +150,11 @@ def _images_after(wal: Wal | WalReader, images_from: int) -> Iterator[tuple[int,
     last = getattr(wal, "last_lsn", None)     # a WalReader does not know it: read to the end
     if last is not None and start > last:
         return
-    for rec in wal.read_from(start):
-        if rec.type == RecordType.IMAGES:
-            yield rec.lsn, rec.payload
+    images = int(RecordType.IMAGES)
+    for batch in wal.read_from(start).batches():
+        for lsn, kind, payload in batch:
+            if kind == images:
+                yield lsn, payload
 
 
 def pending_undo(wal_dir: str) -> list[tuple[int, bytes]]:
@@ -211,26 +224,28 @@ def _replay(state: StoreState, wal: Wal, mark: int, barrier: dict[int, int],
     start = max(wal.first_lsn, mark + 1)
     if start > wal.last_lsn:
         return 0
-    for rec in wal.read_from(start):
-        if rec.type != RecordType.UPDATE:
-            continue
-        u = decode_update(rec.payload)
-        if rec.lsn <= barrier.get(u.partition, 0):
-            continue
-        part = state.part(u.partition, create=True)
-        if u.counter > part.counter:
-            part.write(u.key, u.value, u.counter)
-            if state.undo.full:               # first-change undo images, as a writer's
-                state.undo.flush()
-            replayed += 1
-            if state.mem.pressure >= state.mem.capacity * REPLAY_CHECKPOINT_FRACTION:
-                # Bounded memory during a long replay: checkpoint what is applied so far.
-                # The marker's mark is this record, not the WAL's end, and no segment
-                # is reclaimed while we still read them.
-                state.mark_override = rec.lsn
-                with state.ckpt_lock:
-                    checkpoint()
-                state.mark_override = None
+    update = int(RecordType.UPDATE)
+    for batch in wal.read_from(start).batches():
+        for lsn, kind, payload in batch:
+            if kind != update:
+                continue
+            u = decode_update(payload)
+            if lsn <= barrier.get(u.partition, 0):
+                continue
+            part = state.part(u.partition, create=True)
+            if u.counter > part.counter:
+                part.write(u.key, u.value, u.counter)
+                if state.undo.full:               # first-change undo images, as a writer's
+                    state.undo.flush()
+                replayed += 1
+                if state.mem.pressure >= state.mem.capacity * REPLAY_CHECKPOINT_FRACTION:
+                    # Bounded memory during a long replay: checkpoint what is applied so
+                    # far. The marker's mark is this record, not the WAL's end, and no
+                    # segment is reclaimed while we still read them.
+                    state.mark_override = lsn
+                    with state.ckpt_lock:
+                        checkpoint()
+                    state.mark_override = None
     state.undo.flush()
     return replayed
 

@@ -2,9 +2,7 @@
 from __future__ import annotations
 
 import os
-from typing import Iterator
 
-from .decoder import Record
 from .errors import WalError
 from .reader import DirSource, Follower
 
@@ -17,8 +15,9 @@ class WalReader:
         if not os.path.isdir(self.path):
             raise WalError(f"write-ahead log directory {self.path} does not exist")
 
-    def read_from(self, lsn: int | None = None) -> Iterator[Record]:
-        """Records from ``lsn`` to the end as of now (a torn tail is the end)."""
+    def read_from(self, lsn: int | None = None) -> Follower:
+        """Records from ``lsn`` to the end as of now (a torn tail is the end); iterate
+        it, or call ``.batches()`` for lists of plain tuples (faster)."""
         return Follower(DirSource(self.path), lsn, follow=False)
 
     def follow(self, lsn: int | None = None, *, timeout: float | None = None) -> Follower:
