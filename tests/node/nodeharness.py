@@ -234,7 +234,10 @@ def offline_check(data_dirs: list[str], cache: str = "default") -> dict[int, dic
                 if s != "OWNING":
                     continue
                 p = int(p)
-                if idx.definitions:
+                # (an index not ready is not trusted: the node rebuilds it from the data
+                # before any use - one stopped before it rebuilt what an unclean start
+                # left stale)
+                if idx.definitions and idx.ready(p):
                     rep = idx.verify(p, store)
                     assert rep.ok, f"{d}: index of partition {p} disagrees with data: {rep}"
                 copies.setdefault(p, []).append((d, store.counter(p), dict(store.scan(p))))
