@@ -70,8 +70,8 @@ QUIET_S = 2 * WINDOW_S       # this long without a write anywhere: full speed
 START_LOADED = 0.25          # a rebalance starts at this x min_moves (one move, paced)
 # A move that starts this soon after the last one ran belongs to the same rebalance: it
 # keeps the level the latency allowed (TCP restarts slow start only after an idle
-# period, RFC 2861). Before, every move of a series that ran one at a time started
-# over at START_LOADED, so a level below 2 could never grow past one move.
+# period, RFC 2861): were each move of a one-at-a-time series to start over at
+# START_LOADED, a level below 2 could never grow past one move.
 RESTART_IDLE_S = WINDOW_S
 LOW_FRACTION = 1 / 16        # the level's floor, x min_moves (only the rate goes that low)
 LOW_GROWTH_PER_S = 1.0       # below min_moves the level grows by e^(this x seconds)
