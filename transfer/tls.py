@@ -456,6 +456,24 @@ def _describe_alert(e: ssl.SSLError) -> str:
     return e.reason or str(e)
 
 
+# OpenSSL's reasons for a record that does not parse or does not authenticate
+_RECORD_BROKEN = ("bad_record_mac", "bad record mac", "decryption_failed", "bad_decrypt",
+                  "bad_record_type", "wrong_version_number", "packet_length_too_long",
+                  "record_length_mismatch", "encrypted_length_too_long",
+                  "data_length_too_long", "length_too_short", "bad_length",
+                  "record_too_small", "record_layer_failure", "unexpected_record")
+
+
+def _describe_stream_error(e: ssl.SSLError) -> str:
+    """An error on an established connection. The handshake authenticated both ends,
+    so a record whose header or tag does not check (a flipped byte lands in either)
+    was changed on the path; anything else reads as an alert does."""
+    reason = (e.reason or str(e)).lower()
+    if any(r in reason for r in _RECORD_BROKEN):
+        return f"a record failed its checks ({e.reason or reason}: changed on the path)"
+    return _describe_alert(e)
+
+
 class TlsConn(Conn):
     """A TLS stream (``ssl.SSLSocket``). ``peer_id`` is who the certificate says the peer
     is. File data is read into one reused buffer and encrypted in user space."""
@@ -481,8 +499,9 @@ class TlsConn(Conn):
         except socket.timeout:
             raise self._timed_out("sending to") from None
         except ssl.SSLError as e:
-            raise TlsError(f"TLS connection to {self.peer} failed while sending: {_describe_alert(e)}",
-                           peer=self.peer, detail=_describe_alert(e)) from None
+            raise TlsError(f"TLS connection to {self.peer} failed while sending: "
+                           f"{_describe_stream_error(e)}",
+                           peer=self.peer, detail=_describe_stream_error(e)) from None
         except OSError as e:
             raise PeerClosed(f"connection to {self.peer} lost while sending: {e}") from None
 
@@ -496,8 +515,8 @@ class TlsConn(Conn):
             return 0          # closed without close_notify: the end of the stream all the same
         except ssl.SSLError as e:
             # a record that fails its authentication tag (changed on the path) ends here
-            raise TlsError(f"TLS connection from {self.peer} refused: {_describe_alert(e)}",
-                           peer=self.peer, detail=_describe_alert(e)) from None
+            raise TlsError(f"TLS connection from {self.peer} refused: {_describe_stream_error(e)}",
+                           peer=self.peer, detail=_describe_stream_error(e)) from None
         except OSError as e:
             raise PeerClosed(f"connection reset by {self.peer}: {e}") from None
 

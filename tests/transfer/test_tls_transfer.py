@@ -120,6 +120,62 @@ def test_plain_demander_is_refused_by_tls_supplier(tls_server, src, dst) -> None
     assert not os.path.exists(os.path.join(dst, "part-1.bin"))
 
 
+class RecordFlipper:
+    """Follows the supplier's TLS records (5-byte header: type, version, length) across
+    the proxy's chunks and, past ``after`` bytes, flips one byte of the next record:
+    its header's byte ``at`` (0-4), or with ``at`` = None the middle of its body."""
+
+    def __init__(self, after: int, at: int | None) -> None:
+        self.after, self.at = after, at
+        self.seen = 0
+        self.next_record = 0         # stream offset of the next record's header
+        self.head = bytearray()      # the header bytes of that record seen so far
+        self.target: int | None = None
+
+    def __call__(self, b: bytes) -> bytes:
+        out = bytearray(b)
+        for i in range(len(b)):
+            pos = self.seen + i
+            if pos == self.target:
+                out[i] ^= 0x01
+                self.target = -1                     # done
+            if self.next_record <= pos < self.next_record + 5:
+                self.head.append(b[i])
+                if len(self.head) == 5:
+                    length = int.from_bytes(self.head[3:5], "big")
+                    start = self.next_record
+                    if self.target is None and start > self.after:
+                        # (the header byte itself is past: flip the next record's)
+                        if self.at is None:
+                            self.target = start + 5 + length // 2
+                    self.next_record = start + 5 + length
+                    self.head.clear()
+                    if (self.target is None and self.at is not None
+                            and self.next_record > self.after):
+                        self.target = self.next_record + self.at
+        self.seen += len(b)
+        return bytes(out)
+
+
+@pytest.mark.parametrize("at", [0, 1, 3, None], ids=["type", "version", "length", "body"])
+def test_a_flipped_byte_anywhere_in_a_record_is_changed_on_the_path(tls_server, src, dst, ca,
+                                                                    at) -> None:
+    """A flipped byte in a record's header (its type, version or length) or in its body
+    ends the connection with the same words: the handshake authenticated both ends, so
+    a record that does not check was changed on the path. Nothing is installed."""
+    write_part(src, 2, 2 * MB + 5)
+    flip = RecordFlipper(MB, at)
+    evil = Proxy(tls_server.address, mangle=flip)
+    try:
+        with pytest.raises(TransferError, match="TLS connection from .* refused") as e:
+            _fetch(evil.peer, dst, 2, node_files(ca, "n2"))
+    finally:
+        evil.close()
+    assert flip.target == -1, "no byte was flipped"
+    assert "changed on the path" in str(e.value), str(e.value)
+    assert not os.path.exists(os.path.join(dst, "part-2.bin"))
+
+
 def test_path_sees_no_plaintext_and_cannot_alter_a_byte(tls_server, src, dst, ca) -> None:
     data = write_part(src, 2, 2 * MB + 5)
     seen: list[bytes] = []
