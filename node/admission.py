@@ -195,6 +195,16 @@ def max_moves(cfg: NodeConfig) -> int:
     return cfg.rebalance_max_moves or cfg.transfer_concurrency * (2 if cfg.rebalance_mode == "files" else 1)
 
 
+def nice_this_thread(value: int = MOVE_NICE) -> None:
+    """Lower the calling thread's CPU priority to ``value`` (Linux threads have their
+    own nice value; raising it needs no privilege). Background work that must yield
+    to the write path: move threads, the index catch-up after an unclean stop."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), value)
+    except (OSError, AttributeError):   # not Linux, or a sandbox that forbids it
+        pass
+
+
 class Admission:
     """The node's foreground protection: a thread that measures and sets the levers,
     ``admit`` for the rebalancer, ``replay_limit`` for the move engine."""
@@ -301,14 +311,9 @@ class Admission:
         self._apply()
 
     def nice_this_thread(self) -> None:
-        """A move thread, at its start: lower CPU priority while protection is on (Linux
-        threads have their own nice value; raising it needs no privilege)."""
-        if not self.protect():
-            return
-        try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), MOVE_NICE)
-        except (OSError, AttributeError):   # not Linux, or a sandbox that forbids it
-            pass
+        """A move thread, at its start: lower CPU priority while protection is on."""
+        if self.protect():
+            nice_this_thread()
 
     def status(self) -> dict[str, object]:
         """This node's part of ``cluster status`` (``admission`` in --json)."""

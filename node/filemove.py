@@ -188,10 +188,8 @@ def make_supplier_storage(data: Mapping[str, CacheData], in_use: SnapshotUse,
             # (an index that may not match its data - left behind by a refused change,
             # or not trusted since an unclean stop - is not exported: the demander
             # finds no export and rebuilds)
-            current = getattr(d, "index_current", None)
             if (shipper is not None and plock is not None and d is not None
-                    and shipper.wanted(cache, partition)
-                    and (not callable(current) or current(partition))):
+                    and shipper.wanted(cache, partition) and d.index_current(partition)):
                 with plock(cache, partition):
                     snap = super().open_snapshot(cache, partition)
                     try:

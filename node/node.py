@@ -24,6 +24,7 @@ from . import tempwal
 from .cluster_map import ClusterMap
 from .config import NodeConfig, tls_files
 from .context import Events, MapHolder, MoveTable, NodeContext, PartitionLocks, Replication
+from .admission import nice_this_thread
 from .errors import BadRequest, ConfigError, DataDirLocked, NodeError
 from .membership import SETTINGS, ControlPlane, require_control_plane
 from .move import STAGES
@@ -57,8 +58,9 @@ def load_tls(cfg: NodeConfig) -> TlsContexts | None:
         raise ConfigError(f"[tls] cert {files.cert} is for {tls.identity}, not node {cfg.id!r}: "
                           f"issue one with `ferry certs issue CA_DIR {cfg.id} --node`")
     return tls
+
+
 INDEX_CATCH_UP_DELAY_S = 2.0   # after serving starts: resyncs are decided first
-INDEX_CATCH_UP_NICE = 10       # the background rebuild yields to writes and moves
 CLEAN = "clean-shutdown"   # present only after a graceful stop: indexes need no rebuild
 
 
@@ -203,10 +205,7 @@ class Node:
         Waits INDEX_CATCH_UP_DELAY_S first, so the copies the cluster no longer counts
         in sync are resyncing (MOVING) before this pass reaches them."""
         ctx = self.ctx
-        try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), INDEX_CATCH_UP_NICE)
-        except (OSError, AttributeError):
-            pass
+        nice_this_thread()                # yields to the write path as a move does
         if ctx.events.stopping.wait(INDEX_CATCH_UP_DELAY_S):
             return
         done = 0

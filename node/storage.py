@@ -428,11 +428,6 @@ class CacheData:
         pick = self.indexes.ready_partitions() if partitions is None else partitions
         return [p for p in pick if p not in self._stale]
 
-    def rebuild_index(self, p: int) -> None:
-        self.indexes.rebuild(p, self.store)
-        self._behind.discard(p)
-        self._stale.discard(p)
-
     # -- lifecycle ----------------------------------------------------------------
     def checkpoint(self) -> "CheckpointStats | None":
         return self.store.checkpoint()

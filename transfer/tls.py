@@ -499,9 +499,9 @@ class TlsConn(Conn):
         except socket.timeout:
             raise self._timed_out("sending to") from None
         except ssl.SSLError as e:
-            raise TlsError(f"TLS connection to {self.peer} failed while sending: "
-                           f"{_describe_stream_error(e)}",
-                           peer=self.peer, detail=_describe_stream_error(e)) from None
+            why = _describe_stream_error(e)
+            raise TlsError(f"TLS connection to {self.peer} failed while sending: {why}",
+                           peer=self.peer, detail=why) from None
         except OSError as e:
             raise PeerClosed(f"connection to {self.peer} lost while sending: {e}") from None
 
@@ -515,8 +515,9 @@ class TlsConn(Conn):
             return 0          # closed without close_notify: the end of the stream all the same
         except ssl.SSLError as e:
             # a record that fails its authentication tag (changed on the path) ends here
-            raise TlsError(f"TLS connection from {self.peer} refused: {_describe_stream_error(e)}",
-                           peer=self.peer, detail=_describe_stream_error(e)) from None
+            why = _describe_stream_error(e)
+            raise TlsError(f"TLS connection from {self.peer} refused: {why}",
+                           peer=self.peer, detail=why) from None
         except OSError as e:
             raise PeerClosed(f"connection reset by {self.peer}: {e}") from None
 

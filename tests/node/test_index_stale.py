@@ -7,11 +7,13 @@ stop is marked not ready, so the next start does not trust it either."""
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 
 from indexes import IndexStore
 from node.config import CacheConfig, IndexConfig, NodeConfig
+from node.filemove import make_supplier_storage
 from node.storage import CacheData
 
 CACHE = CacheConfig("c", 2, 0, (IndexConfig("by_n", "n"),))
@@ -127,35 +129,36 @@ def test_a_cache_without_indexes_has_nothing_stale(tmp_path) -> None:
         d.close()
 
 
+class _Shipper:
+    """Wants every index; records which partitions it was asked to capture."""
+
+    def __init__(self) -> None:
+        self.captured: list[int] = []
+
+    def wanted(self, cache: str, p: int) -> bool:
+        return True
+
+    def capture(self, cache, p, indexes, counter, docs):
+        self.captured.append(p)
+        raise RuntimeError("captured")
+
+
+class _Use:
+    def opened(self, key) -> None: ...
+
+    def closed(self, key) -> None: ...
+
+
 @pytest.mark.parametrize("stale", [True, False])
 def test_a_stale_index_is_not_exported(tmp_path, stale) -> None:
-    from node.filemove import make_supplier_storage
-
     _crash_with_an_index_behind(tmp_path)
     d = _open(tmp_path, clean=False)
     try:
         if not stale:
             d.catch_up_index(0)
-
-        class Shipper:
-            captured: list[int] = []
-
-            def wanted(self, cache: str, p: int) -> bool:
-                return True
-
-            def capture(self, cache, p, indexes, counter, docs):
-                self.captured.append(p)
-                raise RuntimeError("captured")
-
-        import threading
-
-        class Use:
-            def opened(self, key) -> None: ...
-
-            def closed(self, key) -> None: ...
         lock = threading.RLock()
-        shipper = Shipper()
-        storage = make_supplier_storage({"c": d}, Use(), lambda c, p: None,  # type: ignore[arg-type]
+        shipper = _Shipper()
+        storage = make_supplier_storage({"c": d}, _Use(), lambda c, p: None,  # type: ignore[arg-type]
                                         plock=lambda c, p: lock, shipper=shipper)  # type: ignore[arg-type]
         d.store.checkpoint()
         if stale:
