@@ -17,6 +17,7 @@ import time
 import uuid
 
 from faults import fileio
+from transfer import auth
 from transfer.tls import TlsContexts, TlsError
 
 from . import metrics as metrics_mod
@@ -89,6 +90,20 @@ def claim_node_id(data: str, node_id: str) -> None:
                         "use that id or another data dir")
 
 
+def _warm_up(secret: bytes) -> None:
+    """Run while recovery reads the data: the handshake key of the shared secret (scrypt,
+    slow on purpose and run without the GIL, so on another core) that the RPC server and
+    the file supplier derive when they start, and the control plane client's import.
+    Both would otherwise wait for recovery and then delay serving (docs/node.md,
+    "Start-up"). A failure here is left for the real use to raise with its own message."""
+    try:
+        if secret:
+            auth.handshake_key(secret)
+        import etcd3gw  # noqa: F401  (node.control imports it when it connects)
+    except Exception as e:  # noqa: BLE001 - only a head start; start() meets it again
+        log.debug("stage=start warm-up: %r", e)
+
+
 class Node:
     """One node process: builds the shared :class:`NodeContext` and the parts that use
     it (control plane, update path, reconcile loop, rebalancer), and owns only the
@@ -107,6 +122,8 @@ class Node:
             raise
         self._lock_fd = lock_fd
         t0 = time.monotonic()
+        # what start() needs after recovery and that touches no data, done meanwhile
+        threading.Thread(target=_warm_up, args=(secret,), name="start-warm-up", daemon=True).start()
         clean_marker = os.path.join(cfg.data, CLEAN)
         clean = os.path.exists(clean_marker)
         if clean:

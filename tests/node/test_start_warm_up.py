@@ -1,0 +1,54 @@
+"""The start's warm-up thread (node/node.py ``_warm_up``): the handshake key derived
+while recovery runs is the one the RPC server and the supplier then use, and a failure
+there is left for the real use to report."""
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+
+import pytest
+
+from node import node as node_mod
+from transfer import auth
+
+
+def _counting(monkeypatch: pytest.MonkeyPatch, fail: bool = False) -> list[bytes]:
+    calls: list[bytes] = []
+    real = auth.derive_key
+
+    def derive(secret: bytes) -> bytes:
+        calls.append(secret)
+        if fail:
+            raise ValueError("scrypt is not available")
+        return real(secret)
+
+    monkeypatch.setattr(auth, "derive_key", derive)
+    return calls
+
+
+def test_the_key_derived_in_the_warm_up_is_the_one_used_later(monkeypatch):
+    calls = _counting(monkeypatch)
+    secret = os.urandom(32)
+    node_mod._warm_up(secret)
+    assert calls == [secret]
+    assert "etcd3gw" in sys.modules
+    key = auth.handshake_key(secret)          # what RpcServer and the supplier call
+    assert calls == [secret]                  # not derived a second time
+    assert key == hashlib.scrypt(secret, salt=auth.KDF_SALT, n=auth.KDF_N, r=auth.KDF_R,
+                                 p=auth.KDF_P, maxmem=64 << 20, dklen=32)
+
+
+def test_no_secret_no_derivation(monkeypatch):
+    calls = _counting(monkeypatch)
+    node_mod._warm_up(b"")                    # mutual TLS: the certificates authenticate
+    assert calls == []
+
+
+def test_a_failure_in_the_warm_up_is_raised_by_the_real_use(monkeypatch):
+    calls = _counting(monkeypatch, fail=True)
+    secret = os.urandom(32)
+    node_mod._warm_up(secret)                 # does not raise
+    with pytest.raises(ValueError, match="scrypt is not available"):
+        auth.handshake_key(secret)
+    assert calls == [secret, secret]
