@@ -122,8 +122,10 @@ class Node:
             raise
         self._lock_fd = lock_fd
         t0 = time.monotonic()
-        # what start() needs after recovery and that touches no data, done meanwhile
-        threading.Thread(target=_warm_up, args=(secret,), name="start-warm-up", daemon=True).start()
+        # what start() needs after recovery and that touches no data, done meanwhile. Not
+        # a daemon: a start that fails at once (a damaged data dir) exits only after it,
+        # never while it runs C code (scrypt, an import) as the interpreter shuts down
+        threading.Thread(target=_warm_up, args=(secret,), name="start-warm-up").start()
         clean_marker = os.path.join(cfg.data, CLEAN)
         clean = os.path.exists(clean_marker)
         if clean:
