@@ -10,10 +10,13 @@
 """
 from __future__ import annotations
 
+import contextlib
 import logging
+import mmap
 import os
 import shutil
 from dataclasses import dataclass, field
+from typing import Iterator, cast
 
 import faults
 from faults.fileio import FileLayer
@@ -42,6 +45,24 @@ def _read_file(path: str) -> bytes:
         return f.read()
 
 
+@contextlib.contextmanager
+def _mapped(path: str) -> Iterator[mmap.mmap | bytes]:
+    """The file's bytes, mapped read-only: the scan reads them straight from the page
+    cache instead of copying a whole segment (up to 64 MiB at every writer open) into
+    fresh memory first, which took 4x as long as the scan itself (docs/formats.md,
+    "Torn tail vs corruption").
+    Mapped only while the directory's lock is held, so nothing truncates it meanwhile."""
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            yield b""                       # mmap refuses an empty file
+            return
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            yield mm
+        finally:
+            mm.close()
+
+
 def recover(directory: str, io: FileLayer) -> Tail | None:
     """Validate the log in ``directory`` and cut a torn tail; None when it is empty."""
     segs = list_segments(directory)
@@ -54,17 +75,21 @@ def recover(directory: str, io: FileLayer) -> Tail | None:
         finally:
             os.close(fd)
     last = segs[-1]
-    data = _read_file(last.path)
-    hdr = SegmentHeader.decode(data)
-    assert isinstance(hdr, SegmentHeader)   # read_header passed above
-    state = scan(data, HEADER_SIZE, hdr.prev_crc, hdr.first_lsn, hdr.version)
+    with _mapped(last.path) as data:
+        hdr = SegmentHeader.decode(data[:HEADER_SIZE])
+        assert isinstance(hdr, SegmentHeader)   # read_header passed above
+        # the scan reads its buffer only by slices and memoryviews, which a map serves
+        state = scan(cast(bytes, data), HEADER_SIZE, hdr.prev_crc, hdr.first_lsn, hdr.version)
+        # a torn or damaged tail (rare) is classified on a copy: that looks at the bytes
+        # with every method of bytes
+        why = None if state.stop is Stop.END else classify_tail(bytes(data), 0, state, hdr.version)
+        size = len(data)
     if state.stop is not Stop.END:
-        why = classify_tail(data, 0, state, hdr.version)
         if why is not None:
             raise CorruptRecordError(last.path, state.off, why)
         log.warning("write-ahead log %s: cutting a torn tail of %d bytes at offset %d "
                     "(an append a crash interrupted; it was never acknowledged)",
-                    last.path, len(data) - state.off, state.off)
+                    last.path, size - state.off, state.off)
         fd = io.open(last.path, os.O_WRONLY)
         try:
             io.ftruncate(fd, state.off)
