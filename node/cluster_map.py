@@ -13,15 +13,19 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from .assignment import owners, ranked
 from .config import CacheConfig
 from .jsonvalue import JsonDoc, WireDoc
-from .placement import Placement
 from .states import State
 
 from .schema import BadRecord, PartRecord  # noqa: F401  (PartRecord: this module's public face too)
+
+if TYPE_CHECKING:
+    # numpy, imported at the first placement (a client reading the map needs none; a
+    # node imports it while its recovery runs: node/node.py ``_warm_up``)
+    from .placement import Placement
 
 PartKey = tuple[str, int]
 _Row = TypeVar("_Row")
@@ -77,6 +81,7 @@ class ClusterMap:
     def placement(self, cache: str) -> Placement:
         pl = self._placement.get(cache)
         if pl is None:
+            from .placement import Placement
             cc = self.caches[cache]
             pl = self._placement[cache] = Placement(cache, cc.partitions, cc.backups + 1)
         sig = self._members_sig()

@@ -22,7 +22,6 @@ from .control import KV, Etcd, Session, View
 from .controller import Controller, part_key
 from .errors import ConfigError, ControlPlaneDown, NodeError, OutcomeUnknown, Unavailable
 from .mapview import MapBuilder
-from .placement import Placement
 from .reqbatch import GroupCommit
 from .states import State
 
@@ -202,6 +201,7 @@ class ControlPlane:
             rev, parts = self.etcd.range_prefix(f"{self.prefix}/parts/")
             if not parts or initial:
                 n = 0
+                from .placement import Placement
                 for cache, data in self.ctx.data.items():
                     mine = range(data.cache.partitions) if not initial else \
                         Placement.share(cache, data.cache.partitions, data.cache.backups + 1, initial, self.ctx.id)

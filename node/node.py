@@ -93,13 +93,16 @@ def claim_node_id(data: str, node_id: str) -> None:
 def _warm_up(secret: bytes) -> None:
     """Run while recovery reads the data: the handshake key of the shared secret (scrypt,
     slow on purpose and run without the GIL, so on another core) that the RPC server and
-    the file supplier derive when they start, and the control plane client's import.
-    Both would otherwise wait for recovery and then delay serving (docs/node.md,
-    "Start-up"). A failure here is left for the real use to raise with its own message."""
+    the file supplier derive when they start, and the imports of the control plane
+    client and of the placement table (numpy), which the map needs once it loads.
+    All would otherwise wait for recovery and then delay serving (docs/node.md,
+    "Starting a node"). A failure here is left for the real use to raise with its own message."""
     try:
         if secret:
             auth.handshake_key(secret)
         import etcd3gw  # noqa: F401  (node.control imports it when it connects)
+
+        from . import placement  # noqa: F401  (numpy: the map's first placement)
     except Exception as e:  # noqa: BLE001 - only a head start; start() meets it again
         log.debug("stage=start warm-up: %r", e)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
 import sys
 
 import pytest
@@ -32,11 +33,18 @@ def test_the_key_derived_in_the_warm_up_is_the_one_used_later(monkeypatch):
     secret = os.urandom(32)
     node_mod._warm_up(secret)
     assert calls == [secret]
-    assert "etcd3gw" in sys.modules
+    assert "etcd3gw" in sys.modules and "node.placement" in sys.modules
     key = auth.handshake_key(secret)          # what RpcServer and the supplier call
     assert calls == [secret]                  # not derived a second time
     assert key == hashlib.scrypt(secret, salt=auth.KDF_SALT, n=auth.KDF_N, r=auth.KDF_R,
                                  p=auth.KDF_P, maxmem=64 << 20, dklen=32)
+
+
+def test_a_client_imports_no_numpy():
+    # node.client reads maps and routes: the placement table (numpy) is the nodes'
+    code = "import sys, node.client, node.cluster_map; print('numpy' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
 
 
 def test_no_secret_no_derivation(monkeypatch):
