@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import shutil
 import threading
+import time
 
 import pytest
 
@@ -257,3 +258,29 @@ def test_unlogged_apply_many_is_durable_only_by_checkpoint(open_store) -> None:
     assert s.counter(1) == 350
     assert dict(s.scan(1)) == {**{b"base-%d" % i: b"v" * 100 for i in range(50)},
                                **{k: v for k, v, _ in ups}}
+
+
+def test_waits_that_one_checkpoint_covers_share_it(open_store, monkeypatch) -> None:
+    """Moves that end together each wait for a checkpoint covering their partition; the
+    first one's checkpoint covers the others, which must not write another one each."""
+    s = open_store(checkpoint_interval=None)
+    want = {p: s.put(p, b"k", b"v" * 3000) for p in range(1, 9)}   # all applied first
+    runs: list[int] = []
+    real = s._checkpoint_locked
+
+    def slow_checkpoint():
+        runs.append(1)
+        out = real()
+        time.sleep(0.2)           # the others are waiting for the lock meanwhile
+        return out
+    monkeypatch.setattr(s, "_checkpoint_locked", slow_checkpoint)
+    results: list[bool] = []
+    threads = [threading.Thread(target=lambda p=p: results.append(
+        s.wait_checkpoint_covering(p, want[p], timeout=30))) for p in want]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert results == [True] * len(want)
+    assert len(runs) == 1
+    assert all(s.last_checkpoint_counter(p) >= c for p, c in want.items())
