@@ -46,16 +46,13 @@ def _read_file(path: str) -> bytes:
 
 
 @contextlib.contextmanager
-def _mapped(path: str) -> Iterator[mmap.mmap | bytes]:
+def _mapped(path: str) -> Iterator[mmap.mmap]:
     """The file's bytes, mapped read-only: the scan reads them straight from the page
     cache instead of copying a whole segment (up to 64 MiB at every writer open) into
     fresh memory first, which took 4x as long as the scan itself (docs/formats.md,
-    "Torn tail vs corruption").
-    Mapped only while the directory's lock is held, so nothing truncates it meanwhile."""
+    "Torn tail vs corruption"). Only for a segment whose header was read (never
+    empty), while the directory's lock is held, so nothing truncates it meanwhile."""
     with open(path, "rb") as f:
-        if os.fstat(f.fileno()).st_size == 0:
-            yield b""                       # mmap refuses an empty file
-            return
         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         try:
             yield mm
