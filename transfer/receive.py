@@ -1,9 +1,10 @@
 """The demander's data stage: CHUNK and PREIMAGE frames up to END, into the temp file.
 
-On a plain TCP socket (the default) each chunk is read into one reused chunk-sized
-buffer, checked there (xxh3, and Poly1305 on a sealed session) while its bytes are
-still in this core's cache, and written to the temp file from it: the raw receiver's
-recv + write plus the checks, with no second pass over the bytes. Alternatives: by
+On a plain TCP socket (the default) each chunk arrives as pieces of whatever the
+socket holds, read into the start of one reused buffer (``SocketConn.recv_piece``);
+each piece is hashed (xxh3, and Poly1305 on a sealed session, both fed piece by piece)
+and written to the temp file while its bytes are still in this core's cache: the raw
+receiver's recv + write plus the checks, with no second pass over the bytes. Alternatives: by
 splice (``Demander(splice=True)``, transfer.splice: socket -> pipe -> file, then the
 chunk hashed back from the page cache by the ChunkSink thread), and, on other streams
 (SSH channel, TLS), ``recv_into`` one of several buffers that the ChunkSink thread
@@ -21,12 +22,12 @@ from typing import Protocol
 from faults import crashpoint, fileio
 
 from . import datamac, delta
-from .errors import ChecksumError, FrameError
+from .errors import ChecksumError, FrameError, PeerClosed
 from .frames import ErrorCode, FrameType, read_frame, write_frame
 from .limits import Limits, TokenBucket
 from .messages import Chunk, End, Manifest, Preimage, Range, Received
 from .pipeline import ChunkSink
-from .resume import Receiving, checksum
+from .resume import Receiving, checksum, new_hasher
 from .splice import SpliceReceiver, available as splice_available
 from .transport import Conn, SocketConn
 
@@ -115,15 +116,13 @@ class DataStage:
         unacked = 0
         splicer = self._splicer()
         self.spliced = splicer is not None
-        # one thread, one pass: on plain TCP without splice each chunk is read into one
-        # reused buffer, hashed (and MACed) while the bytes are in this core's cache, and
-        # written from it; the sink thread only records it
+        # one thread, one pass: on plain TCP without splice each chunk comes in pieces,
+        # each hashed (and MACed) while its bytes are in this core's cache and written
+        # from there (_stream_chunk); the sink thread only records the chunk
         inline = splicer is None and isinstance(self.conn, SocketConn)
         sink = ChunkSink(m.chunk_size, self._write_chunk, self._chunk_done,
                          depth=4 if splicer or inline else 3, in_file=rec.fd if splicer else None,
                          checked=inline, threaded=last_expected > 0)
-        # (no bigger than the file: an empty or small partition needs no 4 MiB buffer)
-        inbuf = memoryview(bytearray(min(m.chunk_size, max(1, m.size)))) if inline else None
         key = self._data_key()
         try:
             while True:
@@ -143,10 +142,14 @@ class DataStage:
                                      f"fit the manifest ({m.chunk_count} chunks of {m.chunk_size}, "
                                      f"{len(m.skip)} skipped) or changed its checksum")
                 buf = sink.buffer()
+                off = ch.index * m.chunk_size
+                self.macs[ch.index] = self._chunk_mac(ch.mac, f"CHUNK {ch.index}")
                 if splicer is not None:
                     self._splice_chunk(splicer, ch, bucket)
+                elif inline:
+                    ok = self._stream_chunk(ch, off, key, bucket)
                 else:
-                    view = (inbuf if inbuf is not None else buf)[:ch.length]
+                    view = buf[:ch.length]
                     if bucket.rate:          # slices of ~1/20 s, so the rate stays smooth
                         step = bucket.slice_size(ch.length)
                         for lo in range(0, ch.length, step):
@@ -155,13 +158,7 @@ class DataStage:
                     else:
                         self.conn.recv_fill(view)
                 self.wire += ch.length
-                off = ch.index * m.chunk_size
-                self.macs[ch.index] = self._chunk_mac(ch.mac, f"CHUNK {ch.index}")
-                if inbuf is not None:
-                    ok = checksum(view) == ch.checksum and (
-                        key is None or datamac.same(datamac.tag(key(off), view), ch.mac))
-                    rec.forget(ch.index)        # its old bytes stop counting as held, then go
-                    rec.write_at(off, view)
+                if inline:
                     sink.put_checked(buf, ch.index, off, ch.length, ch.checksum, ok)
                 else:
                     sink.put(buf, ch.index, off, ch.length, ch.checksum, key(off) if key else None, ch.mac)
@@ -178,6 +175,33 @@ class DataStage:
             sink.close()
             if splicer is not None:
                 splicer.close()
+
+    def _stream_chunk(self, ch: Chunk, off: int, key: datamac.KeyFor | None,
+                      bucket: TokenBucket) -> bool:
+        """Receive CHUNK ``ch``'s bytes piece by piece into the temp file at ``off``;
+        True if its checksum (and on a sealed session its MAC) matched."""
+        conn, rec = self.conn, self.rec
+        assert isinstance(conn, SocketConn) and rec is not None
+        rec.forget(ch.index)            # its old bytes stop counting as held, then go
+        h = new_hasher()
+        tagger = datamac.Tagger(key(off)) if key is not None else None
+        # under a rate limit, pieces of at most ~1/20 s of data so the rate stays smooth
+        step = bucket.slice_size(ch.length) if bucket.rate else ch.length
+        got = 0
+        while got < ch.length:
+            piece = conn.recv_piece(min(step, ch.length - got))
+            if not piece:
+                raise PeerClosed(f"connection closed by {conn.peer} after {got} of "
+                                 f"{ch.length} bytes of data")
+            h.update(piece)
+            if tagger is not None:
+                tagger.update(piece)
+            rec.write_at(off + got, piece)
+            got += len(piece)
+            if bucket.rate:
+                bucket.take(len(piece))
+        return h.intdigest() == ch.checksum and (
+            tagger is None or datamac.same(tagger.tag(), ch.mac))
 
     # -- a delta fetch (transfer.delta) ---------------------------------------------
     def _read_ranges(self) -> End:
@@ -295,8 +319,9 @@ class DataStage:
         file layer (a swapped-in layer must see every write)."""
         conn, rec = self.conn, self.rec
         assert rec is not None
+        # (not while bytes read ahead wait in the connection: splice reads the socket)
         if not (self.d.splice and splice_available() and isinstance(conn, SocketConn)
-                and type(rec.io) is fileio.FileLayer):
+                and not conn.pending() and type(rec.io) is fileio.FileLayer):
             return None
         return SpliceReceiver(conn.sock.fileno(), conn.sock.gettimeout(), conn.peer)
 
