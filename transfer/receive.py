@@ -175,6 +175,9 @@ class DataStage:
             sink.close()
             if splicer is not None:
                 splicer.close()
+            if inline:
+                assert isinstance(self.conn, SocketConn)
+                self.conn.drop_read_buffer()
 
     def _stream_chunk(self, ch: Chunk, off: int, key: datamac.KeyFor | None,
                       bucket: TokenBucket) -> bool:

@@ -206,6 +206,13 @@ class SocketConn(Conn):
         """Bytes read from the socket and not yet consumed (recv_piece's read-ahead)."""
         return len(self._pend)
 
+    def drop_read_buffer(self) -> None:
+        """Free recv_piece's buffer (bytes read ahead are kept, copied): a connection
+        kept idle between fetches, one per supplier, holds no 4 MiB each."""
+        if self._pend:
+            self._pend = memoryview(bytes(self._pend))
+        self._rbuf = None
+
     def sendfile(self, fd: int, offset: int, count: int) -> int:
         sent = 0
         out = self.sock.fileno()

@@ -11,10 +11,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transfer import frames
+from transfer import Demander, DirectoryStorage, SupplierServer, frames
+from transfer.connpool import ConnPool
 from transfer.errors import PeerClosed
 from transfer.frames import FrameType
 from transfer.transport import SocketConn
+
+from transfer_helpers import SECRET, peer_of, read, write_part
 
 
 def _pair() -> tuple[SocketConn, socket.socket]:
@@ -88,3 +91,33 @@ def test_pieces_and_exact_reads_interleaved_return_the_stream_in_order(
     assert conn.recv_piece(1) == b""
     conn.close()
     peer.close()
+
+
+def test_dropping_the_buffer_keeps_bytes_read_ahead() -> None:
+    """A connection kept between fetches holds no read buffer, and loses nothing."""
+    conn, peer = _pair()
+    peer.sendall(b"a" * 100 + b"next frame")
+    assert bytes(conn.recv_piece(100)) == b"a" * 100
+    assert conn.pending() == len(b"next frame")
+    conn.drop_read_buffer()
+    assert conn._rbuf is None
+    assert conn.recv_exact(len(b"next frame")) == b"next frame"
+    conn.close()
+    peer.close()
+
+
+def test_a_fetch_leaves_its_kept_connection_without_a_read_buffer(src, dst) -> None:
+    """A node keeps one idle connection per supplier between fetches: none of them
+    holds a read buffer, and the next fetch over it reads as before."""
+    data = {p: write_part(src, p, size) for p, size in ((1, 9 << 20), (2, 5000))}
+    pool = ConnPool()
+    with SupplierServer(DirectoryStorage(src), SECRET).start() as srv:
+        for p in (1, 2):
+            Demander(DirectoryStorage(dst), peer_of(srv), SECRET, timeout=10, reuse=True,
+                     pool=pool, chunk_size=1 << 20).fetch(p)
+            assert read(os.path.join(dst, f"part-{p}.bin")) == data[p]
+            kept = [k for idle in pool._idle.values() for k in idle]
+            assert len(kept) == 1
+            assert kept[0].conn.pending() == 0 and kept[0].conn._rbuf is None
+        assert pool.reused == 1
+        pool.close_idle()
