@@ -4,11 +4,11 @@ On a plain TCP socket (the default) each chunk arrives as pieces of whatever the
 socket holds, read into the start of one reused buffer (``SocketConn.recv_piece``);
 each piece is hashed (xxh3, and Poly1305 on a sealed session, both fed piece by piece)
 and written to the temp file while its bytes are still in this core's cache: the raw
-receiver's recv + write plus the checks, with no second pass over the bytes. Alternatives: by
-splice (``Demander(splice=True)``, transfer.splice: socket -> pipe -> file, then the
-chunk hashed back from the page cache by the ChunkSink thread), and, on other streams
-(SSH channel, TLS), ``recv_into`` one of several buffers that the ChunkSink thread
-writes and hashes. On every path the ChunkSink thread records a chunk for resume only
+receiver's recv + write plus the checks, with no second pass over the bytes.
+Alternatives: by splice (``Demander(splice=True)``, transfer.splice: socket -> pipe ->
+file, then the chunk hashed back from the page cache by the ChunkSink thread), and, on
+other streams (SSH channel, TLS), ``recv_into`` one of several buffers that the
+ChunkSink thread writes and hashes. On every path the ChunkSink thread records a chunk for resume only
 if it matched; a mismatch is left to the verify stage (re-request). Mixed into the
 demander's per-fetch state (_Fetch).
 """
@@ -175,8 +175,7 @@ class DataStage:
             sink.close()
             if splicer is not None:
                 splicer.close()
-            if inline:
-                assert isinstance(self.conn, SocketConn)
+            if inline and isinstance(self.conn, SocketConn):
                 self.conn.drop_read_buffer()
 
     def _stream_chunk(self, ch: Chunk, off: int, key: datamac.KeyFor | None,
