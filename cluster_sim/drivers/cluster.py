@@ -285,6 +285,11 @@ class ClusterDriver(ClusterFaults, Driver):
     def poll(self) -> None:
         super().poll()
         for n, p in self.procs.items():
+            if p.self_killed():
+                # the armed point fired between the look above and this one: a crash, not
+                # an exit of its own
+                self.on_crash(n)
+                continue
             if p.popen is None or p.popen.poll() in (None, 0) or p._killed_by_us or p.crashed:
                 continue
             if "Address already in use" in p.current_life() and p.port_retries < 3:

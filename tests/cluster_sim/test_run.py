@@ -83,3 +83,43 @@ def test_node_whose_port_was_taken_starts_on_another(tmp_path, monkeypatch) -> N
     assert [m.node for m in r.timeline.marks if m.kind == "port retry"] == ["n3"]
     assert r.invariants["crash_point_reached"] and [m.node for m in r.timeline.crashes()] == ["n3"]
 
+
+
+class _DiesBetweenLooks:
+    """A node's process as the harness sees it when its armed crash point fires between
+    the driver's two looks in one poll: alive at the first, SIGKILLed at the second."""
+
+    def __init__(self) -> None:
+        self.looks = 0
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        self.looks += 1
+        if self.looks > 1:
+            self.returncode = -9
+        return self.returncode
+
+
+def test_a_crash_noticed_at_the_second_look_of_a_poll_is_a_crash(tmp_path) -> None:
+    """The crash plan's SIGKILL can land between the base driver's look (crash
+    detection) and the cluster driver's (a node that exited by itself is an error): the
+    second look counts it as the crash, it does not fail the run."""
+    from cluster_sim.drivers.cluster import ClusterDriver
+    from cluster_sim.procs import Proc
+
+    class _Marks:
+        def __init__(self) -> None:
+            self.marks: list[tuple[str, ...]] = []
+
+        def mark(self, *args: str) -> None:
+            self.marks.append(args)
+
+    d = ClusterDriver.__new__(ClusterDriver)
+    p = Proc("n1", ["true"], str(tmp_path / "n1.log"), crash="wal.after_sync:30")
+    p.popen = _DiesBetweenLooks()  # type: ignore[assignment]
+    d.procs, d.crashed, d._restart_at = {"n1": p}, [], {}
+    d.timeline, d.crash_spec = _Marks(), "wal.after_sync:30"     # type: ignore[assignment]
+    d.poll()                      # the old poll raised ProcessError: "n1 exited with status -9"
+    assert d.crashed == ["n1"] and p.crashed and "n1" in d._restart_at
+    d.poll()                      # noticed once
+    assert d.crashed == ["n1"]
