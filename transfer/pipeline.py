@@ -51,6 +51,29 @@ class Preimages:
             return self._pages
 
 
+class ChunkSums:
+    """A chunk's checksum (xxh3) and, with a MAC key (a sealed session), its Poly1305 MAC
+    (transfer.datamac), fed piece by piece. ``result`` or ``matches`` once, at the end."""
+
+    def __init__(self, key: bytes | None) -> None:
+        self._h = new_hasher()
+        self._t = Tagger(key) if key is not None else None
+
+    def update(self, data: bytes | bytearray | memoryview) -> None:
+        self._h.update(data)
+        if self._t is not None:
+            self._t.update(data)
+
+    def result(self) -> tuple[int, bytes]:
+        """(checksum, MAC or b"" without a key)."""
+        return self._h.intdigest(), self._t.tag() if self._t is not None else b""
+
+    def matches(self, expected: int, mac: bytes) -> bool:
+        """Both sums are the ones a CHUNK frame announced (the MAC compared in constant time)."""
+        s, tag = self.result()
+        return s == expected and (self._t is None or datamac.same(tag, mac))
+
+
 def chunk_as_of_c(snap: Snapshot, span: tuple[int, int], pre: Preimages | dict[int, bytes],
                   buf: bytearray | None = None) -> memoryview:
     """The chunk at ``span`` (offset, length) as of C: the live bytes, overlaid with the
@@ -82,20 +105,19 @@ def chunk_sums(snap: Snapshot, span: tuple[int, int], pre: Preimages, buf: bytea
         return chunk_checksum(snap, span, pre, buf), b""
     off, n = span
     view = memoryview(buf)[:SLICE]
-    h, t = new_hasher(), Tagger(key)
+    sums = ChunkSums(key)
     for lo in range(0, n, SLICE):
         k = min(SLICE, n - lo)
         if os.preadv(snap.fd, [view[:k]], off + lo) != k:
             raise TransferError(f"{snap.path} is shorter than its snapshot size {snap.size} "
                                 f"(at offset {off + lo})")
-        h.update(view[:k])
-        t.update(view[:k])
+        sums.update(view[:k])
     pages = pre.current()
     ps = snap.page_size
     if pages and any(p in pages for p in range(off // ps, (off + n + ps - 1) // ps)):
         data = chunk_as_of_c(snap, span, pre)
         return checksum(data), datamac.tag(key, data)
-    return h.intdigest(), t.tag()
+    return sums.result()
 
 
 def chunk_checksum(snap: Snapshot, span: tuple[int, int], pre: Preimages, buf: bytearray) -> int:
@@ -252,16 +274,13 @@ class ChunkSink:
         past the end of a file is SIGBUS.)"""
         fd = self._in_file
         assert fd is not None
-        h, v = new_hasher(), self._slice
-        t = Tagger(key) if key is not None else None
+        sums, v = ChunkSums(key), self._slice
         for lo in range(0, length, SLICE):
             k = min(SLICE, length - lo)
             if os.preadv(fd, [v[:k]], offset + lo) != k:
                 return None
-            h.update(v[:k])
-            if t is not None:
-                t.update(v[:k])
-        return h.intdigest(), t.tag() if t is not None else b""
+            sums.update(v[:k])
+        return sums.result()
 
     def _raise(self) -> None:
         if self._error is not None:

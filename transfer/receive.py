@@ -8,9 +8,9 @@ receiver's recv + write plus the checks, with no second pass over the bytes.
 Alternatives: by splice (``Demander(splice=True)``, transfer.splice: socket -> pipe ->
 file, then the chunk hashed back from the page cache by the ChunkSink thread), and, on
 other streams (SSH channel, TLS), ``recv_into`` one of several buffers that the
-ChunkSink thread writes and hashes. On every path the ChunkSink thread records a chunk for resume only
-if it matched; a mismatch is left to the verify stage (re-request). Mixed into the
-demander's per-fetch state (_Fetch).
+ChunkSink thread writes and hashes. On every path the ChunkSink thread records a chunk
+for resume only if it matched; a mismatch is left to the verify stage (re-request).
+Mixed into the demander's per-fetch state (_Fetch).
 """
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ from .errors import ChecksumError, FrameError, PeerClosed
 from .frames import ErrorCode, FrameType, read_frame, write_frame
 from .limits import Limits, TokenBucket
 from .messages import Chunk, End, Manifest, Preimage, Range, Received
-from .pipeline import ChunkSink
-from .resume import Receiving, checksum, new_hasher
+from .pipeline import ChunkSink, ChunkSums
+from .resume import Receiving, checksum
 from .splice import SpliceReceiver, available as splice_available
 from .transport import Conn, SocketConn
 
@@ -185,8 +185,7 @@ class DataStage:
         conn, rec = self.conn, self.rec
         assert isinstance(conn, SocketConn) and rec is not None
         rec.forget(ch.index)            # its old bytes stop counting as held, then go
-        h = new_hasher()
-        tagger = datamac.Tagger(key(off)) if key is not None else None
+        sums = ChunkSums(key(off) if key is not None else None)
         # under a rate limit, pieces of at most ~1/20 s of data so the rate stays smooth
         step = bucket.slice_size(ch.length) if bucket.rate else ch.length
         got = 0
@@ -195,15 +194,12 @@ class DataStage:
             if not piece:
                 raise PeerClosed(f"connection closed by {conn.peer} after {got} of "
                                  f"{ch.length} bytes of data")
-            h.update(piece)
-            if tagger is not None:
-                tagger.update(piece)
+            sums.update(piece)
             rec.write_at(off + got, piece)
             got += len(piece)
             if bucket.rate:
                 bucket.take(len(piece))
-        return h.intdigest() == ch.checksum and (
-            tagger is None or datamac.same(tagger.tag(), ch.mac))
+        return sums.matches(ch.checksum, ch.mac)
 
     # -- a delta fetch (transfer.delta) ---------------------------------------------
     def _read_ranges(self) -> End:

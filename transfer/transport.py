@@ -196,7 +196,7 @@ class SocketConn(Conn):
             return piece
         want = max(MIN_READ, min(READ_AHEAD, limit))
         if self._rbuf is None or len(self._rbuf) < want:
-            self._rbuf = memoryview(bytearray(want))    # grown, never shrunk
+            self._rbuf = memoryview(bytearray(want))    # grown; freed by drop_read_buffer
         n = self.recv_into(self._rbuf)
         k = min(n, limit)
         self._pend = self._rbuf[k:n]

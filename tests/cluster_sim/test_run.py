@@ -84,7 +84,6 @@ def test_node_whose_port_was_taken_starts_on_another(tmp_path, monkeypatch) -> N
     assert r.invariants["crash_point_reached"] and [m.node for m in r.timeline.crashes()] == ["n3"]
 
 
-
 class _DiesBetweenLooks:
     """A node's process as the harness sees it when its armed crash point fires between
     the driver's two looks in one poll: alive at the first, SIGKILLed at the second."""
