@@ -76,14 +76,16 @@ def metric(cluster: LocalCluster, node, name: str) -> float:
 
 class Writers:
     """``n`` threads putting new keys until stopped; counts acknowledgements. With
-    ``partition``: only keys of that partition (the replay phase)."""
+    ``partition``: only keys of that partition (the replay phase). With ``timed``:
+    each acknowledged request's (monotonic end, seconds) goes to ``latencies``."""
 
     def __init__(self, cluster: LocalCluster, n: int, value_size: int, base: int,
-                 partition: int | None = None, batch: int = 1) -> None:
+                 partition: int | None = None, batch: int = 1, timed: bool = False) -> None:
         self.cluster, self.value_size, self.base = cluster, value_size, base
-        self.partition, self.batch = partition, batch
+        self.partition, self.batch, self.timed = partition, batch, timed
         self.stop = threading.Event()
         self.acked = 0
+        self.latencies: list[tuple[float, float]] = []   # list.append is atomic: no lock
         self.threads = [threading.Thread(target=self._run, args=(i, n), daemon=True) for i in range(n)]
 
     def _run(self, t: int, n: int) -> None:
@@ -98,12 +100,16 @@ class Writers:
                         ids.append(i)
                     i += n
                 try:
+                    t0 = time.monotonic()
                     if self.batch == 1:
                         c.put("default", key_of(ids[0]), value_of(ids[0], self.value_size))
                     else:   # one put_batch request: the partition's temp WAL takes them all
                         c.put_many("default", [(key_of(j), value_of(j, self.value_size)) for j in ids],
                                    batch=self.batch)
                     self.acked += len(ids)
+                    if self.timed:
+                        t1 = time.monotonic()
+                        self.latencies.append((t1, t1 - t0))
                 except Exception:
                     pass
 

@@ -1,0 +1,33 @@
+"""The restart benchmark's bookkeeping (bench/restart_bench.py): the foreground
+windows it reports are computed from the writers' own acknowledgements, and a bad
+``--rebalance`` setting is refused before any cluster starts."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+
+from restart_bench import writes_window  # noqa: E402
+
+
+def test_a_window_counts_only_the_puts_that_ended_in_it() -> None:
+    # 100 puts ending at t = 10.00 .. 10.99, latencies 1 .. 100 ms; one outside each end
+    lat = [(10.0 + i / 100, (i + 1) / 1000) for i in range(100)] + [(9.99, 5.0), (11.0, 7.0)]
+    w = writes_window(lat, 10.0, 11.0)
+    assert w["puts"] == 100
+    assert w["puts_per_s"] == 100.0
+    assert w["p50_ms"] == 51.0 and w["p99_ms"] == 100.0 and w["max_ms"] == 100.0
+
+
+def test_an_empty_window_says_so() -> None:
+    assert writes_window([(1.0, 0.5)], 2.0, 3.0) == {"puts": 0, "puts_per_s": 0.0}
+
+
+def test_a_setting_without_a_value_is_refused_before_any_cluster_starts() -> None:
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "restart_bench.py"),
+                          "--rebalance", "protect"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert "--rebalance 'protect': expected KEY=VALUE" in out.stderr
