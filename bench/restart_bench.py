@@ -66,6 +66,7 @@ def one_run(root: str, copy: str, args: argparse.Namespace) -> dict[str, object]
             c.wait_all_owning(timeout=600, poll=POLL_S)
             seconds = time.monotonic() - t0
             after = w.acked - acked0 - during
+            written = victim_write_bytes(victim)
         # what the writers felt: the outage's last seconds (failover long done), the
         # node's start (restart -> serving) and its catch-up (serving -> settled)
         fg = {"outage_last_s": writes_window(w.latencies, t0 - min(FG_WINDOW_S, args.outage / 2), t0),
@@ -98,7 +99,19 @@ def one_run(root: str, copy: str, args: argparse.Namespace) -> dict[str, object]
             "delta_pages_sent": sent, "writes_during_outage": during,
             "writes_after_restart": after,
             "move_seconds_max": max((float(m["seconds_to_owning"]) for m in moves), default=0.0),
-            "foreground": fg}
+            "victim_write_bytes": written, "foreground": fg}
+
+
+def victim_write_bytes(node: object) -> int:
+    """Bytes the restarted node's process has written to storage since its start (its
+    ``/proc/<pid>/io`` write_bytes: recovery, base copies, temp files, indexes, WALs,
+    checkpoints), or -1 where that is not readable."""
+    import psutil
+    proc = getattr(node, "proc", None)
+    try:
+        return int(psutil.Process(proc.pid).io_counters().write_bytes) if proc is not None else -1
+    except (psutil.Error, AttributeError, OSError):
+        return -1
 
 
 def writes_window(lat: list[tuple[float, float]], lo: float, hi: float) -> dict[str, float | int]:
@@ -154,7 +167,7 @@ def main() -> None:
         "rebalance_settings": args.rebalance, "floor_bytes_per_s": round(floor), "runs": runs}
     for copy in ("delta", "full"):
         out[copy] = {k: med(copy, k) for k in ("seconds_restart_to_settled", "seconds_to_serving",
-                                                "seconds_to_last_owning", "wire_bytes",
+                                                "seconds_to_last_owning", "wire_bytes", "victim_write_bytes",
                                                 "partition_bytes", "delta_pages_sent", "pages",
                                                 "writes_during_outage")}
     d, f = out["delta"], out["full"]

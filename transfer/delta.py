@@ -3,7 +3,10 @@ only the pages that differ (docs/protocol.md, "Delta fetch").
 
 - Demander: :func:`copy_base` copies its installed copy (the *base*) into the temp file
   while it takes each page's digest (xxh3-128 of the page's bytes, 16 bytes a page);
-  the digests go to the supplier in BASE frames after the DEMAND.
+  the digests go to the supplier in BASE frames after the DEMAND. Where the file system
+  shares extents (``FICLONE``: XFS with reflink, btrfs) the temp file is a clone of
+  the base instead: no byte of it is written, so the temp file's fsync writes only the
+  pages received, and the digests are read from the clone.
 - Supplier: :func:`snapshot_digests` takes the same digest of each page as of the
   snapshot's counter C (the live file overlaid with the pre-images saved after the
   read, like a chunk's checksum at C); :func:`diff_ranges` lists the pages that differ
@@ -20,7 +23,10 @@ pages the same way, so a page moved elsewhere on one copy simply differs.
 """
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
+import sys
 from typing import Callable
 
 import xxhash
@@ -50,12 +56,40 @@ def root(digests: bytes | bytearray | memoryview) -> bytes:
     return xxhash.xxh3_128_digest(digests)
 
 
+FICLONE = 0x40049409             # <linux/fs.h>: _IOW(0x94, 9, int)
+# what a file system, a kernel or a pair of files without shared extents answers: the
+# copy then goes byte by byte, as everywhere else
+NO_CLONE = frozenset({errno.EOPNOTSUPP, errno.ENOTTY, errno.EXDEV, errno.EINVAL,
+                      errno.ENOSYS, errno.EPERM, errno.EBADF, errno.ETXTBSY})
+
+
+def clone_file(src_fd: int, dst_fd: int) -> bool:
+    """Make ``dst_fd`` a clone of ``src_fd`` (``ioctl(FICLONE)``: the same extents,
+    copy-on-write, nothing written; atomic against writes to the source). False where
+    the file system or platform cannot (ext4, tmpfs, two file systems, not Linux): the
+    caller copies instead. Other errors (EIO, ENOSPC, ...) are raised."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        fcntl.ioctl(dst_fd, FICLONE, src_fd)
+    except OSError as e:
+        if e.errno in NO_CLONE:
+            return False
+        raise
+    return True
+
+
 def copy_base(src_fd: int, dst_fd: int, page_size: int, *, io: fileio.FileLayer | None = None,
               progress: Callable[[int], None] | None = None) -> bytes:
     """Copy the whole pages of ``src_fd`` into ``dst_fd`` (from offset 0; ``dst_fd`` is
     cut to that length first) and return their digests. Each digest is taken of the
-    bytes written, so it describes the temp file whatever happens to the source
-    meanwhile (the host's checkpointer may still write its pages)."""
+    bytes in ``dst_fd``, so it describes the temp file whatever happens to the source
+    meanwhile (the host's checkpointer may still write its pages).
+
+    With the real file layer, ``dst_fd`` is first made a clone of the source
+    (:func:`clone_file`); where that works the pages are only read back from the clone
+    for their digests. A swapped-in layer (fault injection, the power-loss layer) sees
+    every write, so it always gets the byte copy."""
     io = io or fileio.layer()
     size = os.fstat(src_fd).st_size // page_size * page_size
     io.ftruncate(dst_fd, 0)
@@ -63,6 +97,23 @@ def copy_base(src_fd: int, dst_fd: int, page_size: int, *, io: fileio.FileLayer 
     buf = bytearray(step)
     view = memoryview(buf)
     out: list[bytes] = []
+    if type(io) is fileio.FileLayer and size and clone_file(src_fd, dst_fd):
+        # the clone holds the source as it was at the ioctl: whole pages up to ``size``
+        # (fewer if the source shrank before it; a longer clone is cut back)
+        size = min(size, os.fstat(dst_fd).st_size // page_size * page_size)
+        io.ftruncate(dst_fd, size)
+        off = 0
+        while off < size:
+            n = os.preadv(dst_fd, [view[:min(step, size - off)]], off)
+            n -= n % page_size
+            if n <= 0:
+                raise OSError(errno.EIO, f"the cloned base ended at {off} of {size} bytes")
+            out.append(page_digests(view[:n], page_size))
+            off += n
+            if progress is not None:
+                progress(off)
+            crashpoint("demander.mid_base_copy")
+        return b"".join(out)
     off = 0
     while off < size:
         n = os.preadv(src_fd, [view[:min(step, size - off)]], off)
@@ -142,5 +193,5 @@ def pages_in(ranges: list[tuple[int, int]]) -> int:
     return sum(n for _, n in ranges)
 
 
-__all__ = ["DIGEST", "DIGEST_ALGO", "copy_base", "diff_ranges", "page_digests", "pages_in",
+__all__ = ["DIGEST", "DIGEST_ALGO", "clone_file", "copy_base", "diff_ranges", "page_digests", "pages_in",
            "root", "snapshot_digests"]
