@@ -24,25 +24,30 @@ def mounted(mnt: Path, size_mib: int) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
+MKFS = {"xfs": ["mkfs.xfs", "-q", "-f", "-m", "reflink=1"], "btrfs": ["mkfs.btrfs", "-q", "-f"]}
+MKFS_PACKAGE = {"xfs": "xfsprogs", "btrfs": "btrfs-progs"}
+
+
 @contextmanager
-def xfs_mounted(mnt: Path, image: Path, size_mib: int = 320) -> Iterator[Path]:
-    """``mnt`` (created) with an XFS (reflink on: ``FICLONE`` works) made in the file
-    ``image`` and loop-mounted until the block ends; skips where that is not permitted
-    (not root, no mkfs.xfs or no loop device)."""
+def cow_mounted(kind: str, mnt: Path, image: Path, size_mib: int = 320) -> Iterator[Path]:
+    """``mnt`` (created) with a file system that shares extents (``FICLONE`` works):
+    ``kind`` "xfs" (reflink on) or "btrfs", made in the file ``image`` and loop-mounted
+    until the block ends; skips where that is not permitted (not root, no mkfs for
+    it, no loop device)."""
     mnt.mkdir(parents=True, exist_ok=True)
     with open(image, "wb") as f:
         f.truncate(size_mib << 20)
-    mkfs = "/usr/sbin/mkfs.xfs" if Path("/usr/sbin/mkfs.xfs").exists() else "mkfs.xfs"
+    tool, *flags = MKFS[kind]
+    exe = f"/usr/sbin/{tool}" if Path(f"/usr/sbin/{tool}").exists() else tool
     try:
-        r = subprocess.run([mkfs, "-q", "-f", "-m", "reflink=1", str(image)],
-                           capture_output=True, text=True)
+        r = subprocess.run([exe, *flags, str(image)], capture_output=True, text=True)
     except FileNotFoundError:
-        pytest.skip("mkfs.xfs is not installed (Debian: xfsprogs; scripts/system-deps test)")
+        pytest.skip(f"{tool} is not installed (Debian: {MKFS_PACKAGE[kind]}; scripts/system-deps test)")
     if r.returncode != 0:
-        pytest.skip(f"mkfs.xfs failed: {r.stderr.strip()}")
+        pytest.skip(f"{tool} failed: {r.stderr.strip()}")
     r = subprocess.run(["mount", "-o", "loop", str(image), str(mnt)], capture_output=True, text=True)
     if r.returncode != 0:
-        pytest.skip(f"cannot loop-mount an XFS here (needs root and a loop device): {r.stderr.strip()}")
+        pytest.skip(f"cannot loop-mount a {kind} here (needs root and a loop device): {r.stderr.strip()}")
     try:
         yield mnt
     finally:
