@@ -32,7 +32,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
 
-from ferry.localcluster import LocalCluster  # noqa: E402
+from ferry.localcluster import LocalCluster, LocalNode  # noqa: E402
 from rebalance_bench import Writers  # noqa: E402
 
 
@@ -102,15 +102,16 @@ def one_run(root: str, copy: str, args: argparse.Namespace) -> dict[str, object]
             "victim_write_bytes": written, "foreground": fg}
 
 
-def victim_write_bytes(node: object) -> int:
+def victim_write_bytes(node: LocalNode) -> int:
     """Bytes the restarted node's process has written to storage since its start (its
     ``/proc/<pid>/io`` write_bytes: recovery, base copies, temp files, indexes, WALs,
     checkpoints), or -1 where that is not readable."""
     import psutil
-    proc = getattr(node, "proc", None)
+    if node.proc is None:
+        return -1
     try:
-        return int(psutil.Process(proc.pid).io_counters().write_bytes) if proc is not None else -1
-    except (psutil.Error, AttributeError, OSError):
+        return int(psutil.Process(node.proc.pid).io_counters().write_bytes)
+    except (psutil.Error, OSError):
         return -1
 
 

@@ -14,12 +14,20 @@ import pytest
 def mounted(mnt: Path, size_mib: int) -> Iterator[Path]:
     """``mnt`` (created) with a tmpfs of ``size_mib`` MiB on it until the block ends."""
     mnt.mkdir(parents=True, exist_ok=True)
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mib}m", "tmpfs", str(mnt)],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {r.stderr.strip()}")
-    try:
+    with _mount(["-t", "tmpfs", "-o", f"size={size_mib}m", "tmpfs"], mnt,
+                "cannot mount a tmpfs here (needs root)"):
         yield mnt
+
+
+@contextmanager
+def _mount(args: list[str], mnt: Path, refused: str) -> Iterator[None]:
+    """``mount <args> <mnt>`` until the block ends (``umount -l`` then); skips with
+    ``refused`` and mount's message when it fails."""
+    r = subprocess.run(["mount", *args, str(mnt)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"{refused}: {r.stderr.strip()}")
+    try:
+        yield
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
@@ -45,10 +53,6 @@ def cow_mounted(kind: str, mnt: Path, image: Path, size_mib: int = 320) -> Itera
         pytest.skip(f"{tool} is not installed (Debian: {MKFS_PACKAGE[kind]}; scripts/system-deps test)")
     if r.returncode != 0:
         pytest.skip(f"{tool} failed: {r.stderr.strip()}")
-    r = subprocess.run(["mount", "-o", "loop", str(image), str(mnt)], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot loop-mount a {kind} here (needs root and a loop device): {r.stderr.strip()}")
-    try:
+    with _mount(["-o", "loop", str(image)], mnt,
+                f"cannot loop-mount a {kind} here (needs root and a loop device)"):
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)

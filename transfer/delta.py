@@ -97,31 +97,24 @@ def copy_base(src_fd: int, dst_fd: int, page_size: int, *, io: fileio.FileLayer 
     buf = bytearray(step)
     view = memoryview(buf)
     out: list[bytes] = []
-    if type(io) is fileio.FileLayer and size and clone_file(src_fd, dst_fd):
+    cloned = type(io) is fileio.FileLayer and size > 0 and clone_file(src_fd, dst_fd)
+    if cloned:
         # the clone holds the source as it was at the ioctl: whole pages up to ``size``
-        # (fewer if the source shrank before it; a longer clone is cut back)
+        # (fewer if the source shrank before it; a longer clone is cut back), and the
+        # digests are read from it, not from the source
         size = min(size, os.fstat(dst_fd).st_size // page_size * page_size)
         io.ftruncate(dst_fd, size)
-        off = 0
-        while off < size:
-            n = os.preadv(dst_fd, [view[:min(step, size - off)]], off)
-            n -= n % page_size
-            if n <= 0:
-                raise OSError(errno.EIO, f"the cloned base ended at {off} of {size} bytes")
-            out.append(page_digests(view[:n], page_size))
-            off += n
-            if progress is not None:
-                progress(off)
-            crashpoint("demander.mid_base_copy")
-        return b"".join(out)
+    read_fd = dst_fd if cloned else src_fd
     off = 0
     while off < size:
-        n = os.preadv(src_fd, [view[:min(step, size - off)]], off)
+        n = os.preadv(read_fd, [view[:min(step, size - off)]], off)
         n -= n % page_size
         if n <= 0:
+            if cloned:
+                raise OSError(errno.EIO, f"the cloned base ended at {off} of {size} bytes")
             break                              # the source shrank: what is read is the base
         out.append(page_digests(view[:n], page_size))
-        done = 0
+        done = n if cloned else 0
         while done < n:             # in page-cache-friendly pieces (fileio.WRITE_SLICE)
             done += io.pwrite(dst_fd, view[done:min(n, done + fileio.WRITE_SLICE)], off + done)
         off += n
