@@ -33,6 +33,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
 
 from ferry.localcluster import LocalCluster, LocalNode  # noqa: E402
+from devio import device_stat, device_written  # noqa: E402
 from rebalance_bench import Writers  # noqa: E402
 
 
@@ -59,6 +60,8 @@ def one_run(root: str, copy: str, args: argparse.Namespace) -> dict[str, object]
             acked0 = w.acked
             time.sleep(args.outage)
             during = w.acked - acked0
+            dev = device_stat(root)
+            d0 = device_written(dev)
             t0, t0_wall = time.monotonic(), time.time()
             victim.start(wait=True)
             serving = time.monotonic() - t0
@@ -67,6 +70,7 @@ def one_run(root: str, copy: str, args: argparse.Namespace) -> dict[str, object]
             seconds = time.monotonic() - t0
             after = w.acked - acked0 - during
             written = victim_write_bytes(victim)
+            d1 = device_written(dev)
         # what the writers felt: the outage's last seconds (failover long done), the
         # node's start (restart -> serving) and its catch-up (serving -> settled)
         fg = {"outage_last_s": writes_window(w.latencies, t0 - min(FG_WINDOW_S, args.outage / 2), t0),
@@ -99,13 +103,18 @@ def one_run(root: str, copy: str, args: argparse.Namespace) -> dict[str, object]
             "delta_pages_sent": sent, "writes_during_outage": during,
             "writes_after_restart": after,
             "move_seconds_max": max((float(m["seconds_to_owning"]) for m in moves), default=0.0),
-            "victim_write_bytes": written, "foreground": fg}
+            "victim_write_bytes": written,
+            "device_write_bytes": d1 - d0 if d0 >= 0 and d1 >= 0 else -1,
+            "foreground": fg}
 
 
 def victim_write_bytes(node: LocalNode) -> int:
-    """Bytes the restarted node's process has written to storage since its start (its
+    """Bytes the restarted node's process has dirtied since its start (its
     ``/proc/<pid>/io`` write_bytes: recovery, base copies, temp files, indexes, WALs,
-    checkpoints), or -1 where that is not readable."""
+    checkpoints), or -1 where that is not readable. Counted a page-cache folio at a
+    time, so larger than what reached the disk where the kernel uses large folios
+    (bench/devio.py); ``device_write_bytes`` is the disk's own count, from the restart
+    to settled, of every process on it."""
     import psutil
     if node.proc is None:
         return -1
@@ -139,6 +148,8 @@ def main() -> None:
     ap.add_argument("--rebalance", action="append", default=[], metavar="KEY=VALUE",
                     help="a [rebalance] setting of every node, as TOML (e.g. protect=false, "
                          "min_moves=8); repeatable")
+    ap.add_argument("--keep", action="store_true",
+                    help="keep each run's cluster folder (the nodes' logs) under --work")
     args = ap.parse_args()
     for kv in args.rebalance:
         if "=" not in kv:
@@ -154,10 +165,11 @@ def main() -> None:
                 root = os.path.join(work, f"{copy}-{i}")
                 r = one_run(root, copy, args)
                 runs.append(r)
-                shutil.rmtree(root, ignore_errors=True)
+                if not args.keep:
+                    shutil.rmtree(root, ignore_errors=True)
                 print(json.dumps(r), file=sys.stderr, flush=True)
     finally:
-        if args.work is None:
+        if args.work is None and not args.keep:
             shutil.rmtree(work, ignore_errors=True)
 
     def med(copy: str, key: str) -> float:
@@ -168,7 +180,7 @@ def main() -> None:
         "rebalance_settings": args.rebalance, "floor_bytes_per_s": round(floor), "runs": runs}
     for copy in ("delta", "full"):
         out[copy] = {k: med(copy, k) for k in ("seconds_restart_to_settled", "seconds_to_serving",
-                                                "seconds_to_last_owning", "wire_bytes", "victim_write_bytes",
+                                                "seconds_to_last_owning", "wire_bytes", "victim_write_bytes", "device_write_bytes",
                                                 "partition_bytes", "delta_pages_sent", "pages",
                                                 "writes_during_outage")}
     d, f = out["delta"], out["full"]

@@ -4,8 +4,8 @@ checkpointer.
 Directory layout: ``part-<p>.bin`` per partition, ``wal/`` (node WAL, which also holds
 the undo images of pages changed since the last checkpoint cut: ``undo.py``), and
 ``part-<p>.bin.delta`` while a transfer snapshot is open.  (``checkpoint.dwb`` was the
-double-write file of session-1 stores; recovery still applies one left by a crash of
-that version.)
+double-write file of stores of the first on-disk version; recovery still applies one
+left by a crash of that version.)
 
 Update path: under the store lock an update gets the partition's next counter, is
 appended to the WAL (written to the OS, in lsn order) and applied to page memory;
@@ -36,11 +36,12 @@ from . import checkpointer, dwb, recovery
 from .check import check_page
 from .errors import CheckpointError, SnapshotBusyError, StoreClosedError
 from .files import FileCache, PageFile
-from .layout import MAX_VALUE, valid_page_size
+from .layout import MAX_VALUE, part_name, valid_page_size
 from .memory import PageMemory
 from .page import max_key
 from .partition import Partition
 from .reader import read_meta
+from .release import Releaser
 from .records import RecordType, encode_drop, encode_install, encode_update
 from .snapshot import TransferSnapshot
 from .state import StoreState
@@ -80,6 +81,7 @@ class PartitionStore:
     _interval: float | None
     _retime: bool
     _thread: threading.Thread
+    _release: Releaser
 
     def __init__(self) -> None:   # use PartitionStore.open
         raise TypeError("use PartitionStore.open(path, ...)")
@@ -111,6 +113,9 @@ class PartitionStore:
         self._cond = state.cond                  # the store lock
         self._ckpt_lock = state.ckpt_lock        # one checkpoint / install / drop at a time
         self._snapshots = snapshots
+        # closes the last descriptor of a replaced or dropped file, whose blocks are
+        # freed in that close, off the checkpoint lock (release.py)
+        self._release = Releaser(f"ferry-release-{os.path.basename(self.dir)}")
         self._callbacks = []
         self._checkpoint_id = 0
         self._closed = False
@@ -520,6 +525,7 @@ class PartitionStore:
             part.close()
             raise CheckpointError(f"prepared install of {part.path} (partition {part.pid}) "
                                   f"used for {src_path} (partition {partition})")
+        old: int | None = None
         try:
             io = fileio.layer()
             fd = io.open(src_path, os.O_RDONLY)
@@ -535,6 +541,9 @@ class PartitionStore:
                 self.wal.wait_durable(lsn)
                 self._forget(partition)
                 dst = self.partition_path(partition)
+                # the replaced file's blocks are freed after the lock and the directory's
+                # fsync, on the releaser's thread (release.py)
+                old = self._release.hold(dst)
                 io.replace(src_path, dst)
                 part.path = dst           # the same inode: later opens use dst
                 io.fsync_dir(self.dir)
@@ -544,6 +553,8 @@ class PartitionStore:
             if self.parts.get(partition) is not part:
                 part.close()
             raise
+        finally:
+            self._release.release(old)
 
     def file_checked(self, partition: int) -> bool:
         """Whether every page of ``partition``'s file passed check_page (CRC and
@@ -564,7 +575,53 @@ class PartitionStore:
             lsn = self.wal.append(encode_drop(partition), RecordType.DROP)
             self.wal.wait_durable(lsn)
             self._forget(partition)
-            recovery.delete_partition_file(self.partition_path(partition))
+            path = self.partition_path(partition)
+            old = self._release.hold(path)
+            try:
+                recovery.delete_partition_file(path)
+            finally:
+                # its blocks are freed after the lock and the directory's fsync, on the
+                # releaser's thread (release.py)
+                self._release.release(old)
+
+    def give_up_file(self, partition: int, to_path: str) -> bool:
+        """Forget ``partition`` and hand its file over, renamed to ``to_path`` (a name
+        beside it, ``part-<p>.bin.<suffix>``): the base of a delta fetch that replaces
+        the partition, written in place by the fetch instead of copied. False, and
+        nothing changed, when the store holds no file of it.
+
+        Crash-safe as :meth:`drop_partition`: the WAL DROP record is durable before the
+        rename, so a restart replays none of the partition's earlier records (and
+        deletes its file if the rename had not happened). Whatever of it was in page
+        memory and not checkpointed is dropped with it: the caller replaces the
+        partition by a fetched copy, for which any set of pages is a base (a delta
+        fetch compares pages by content)."""
+        dst = os.path.abspath(to_path)
+        mine = part_name(partition) + "."
+        if os.path.dirname(dst) != self.dir or not os.path.basename(dst).startswith(mine):
+            raise CheckpointError(f"{to_path} is not a name beside partition {partition}'s file "
+                                  f"in {self.dir} ({mine}<suffix>)")
+        io = fileio.layer()
+        old: int | None = None
+        try:
+            with self._ckpt_lock, self._cond:
+                self._check_open()
+                if partition in self._snapshots:
+                    raise SnapshotBusyError(f"partition {partition} has an open transfer snapshot")
+                src = self.partition_path(partition)
+                if partition not in self.parts or not os.path.isfile(src):
+                    return False
+                lsn = self.wal.append(encode_drop(partition), RecordType.DROP)
+                self.wal.wait_durable(lsn)
+                self._forget(partition)
+                # a file left at that name (an earlier fetch's) is freed off this lock
+                old = self._release.hold(dst)
+                io.replace(src, dst)
+                io.fsync_dir(self.dir)
+                self._cond.notify_all()
+            return True
+        finally:
+            self._release.release(old)
 
     def _forget(self, partition: int) -> None:
         part = self.parts.pop(partition, None)
@@ -692,6 +749,7 @@ class PartitionStore:
                 self.parts.pop(pid).close()
             self.wal.close()
             self._cond.notify_all()
+        self._release.close()
 
     def __enter__(self) -> PartitionStore:
         return self

@@ -27,7 +27,7 @@ import errno
 import fcntl
 import os
 import sys
-from typing import Callable
+from typing import Callable, Iterator
 
 import xxhash
 
@@ -84,7 +84,8 @@ def copy_base(src_fd: int, dst_fd: int, page_size: int, *, io: fileio.FileLayer 
     """Copy the whole pages of ``src_fd`` into ``dst_fd`` (from offset 0; ``dst_fd`` is
     cut to that length first) and return their digests. Each digest is taken of the
     bytes in ``dst_fd``, so it describes the temp file whatever happens to the source
-    meanwhile (the host's checkpointer may still write its pages).
+    meanwhile (the host's checkpointer may still write its pages). For a storage that
+    cannot hand its file over (:func:`base_digests` is the path of one that can).
 
     With the real file layer, ``dst_fd`` is first made a clone of the source
     (:func:`clone_file`); where that works the pages are only read back from the clone
@@ -93,35 +94,68 @@ def copy_base(src_fd: int, dst_fd: int, page_size: int, *, io: fileio.FileLayer 
     io = io or fileio.layer()
     size = os.fstat(src_fd).st_size // page_size * page_size
     io.ftruncate(dst_fd, 0)
-    step = max(page_size, BLOCK // page_size * page_size)
-    buf = bytearray(step)
-    view = memoryview(buf)
-    out: list[bytes] = []
-    cloned = type(io) is fileio.FileLayer and size > 0 and clone_file(src_fd, dst_fd)
-    if cloned:
+    if type(io) is fileio.FileLayer and size > 0 and clone_file(src_fd, dst_fd):
         # the clone holds the source as it was at the ioctl: whole pages up to ``size``
         # (fewer if the source shrank before it; a longer clone is cut back), and the
         # digests are read from it, not from the source
-        size = min(size, os.fstat(dst_fd).st_size // page_size * page_size)
-        io.ftruncate(dst_fd, size)
-    read_fd = dst_fd if cloned else src_fd
-    off = 0
-    while off < size:
-        n = os.preadv(read_fd, [view[:min(step, size - off)]], off)
-        n -= n % page_size
-        if n <= 0:
-            if cloned:
-                raise OSError(errno.EIO, f"the cloned base ended at {off} of {size} bytes")
-            break                              # the source shrank: what is read is the base
+        io.ftruncate(dst_fd, min(size, os.fstat(dst_fd).st_size // page_size * page_size))
+        return base_digests(dst_fd, page_size, io=io, progress=progress)
+    off, out = 0, []
+    for n, view in _blocks(src_fd, size, page_size):
         out.append(page_digests(view[:n], page_size))
-        done = n if cloned else 0
+        done = 0
         while done < n:             # in page-cache-friendly pieces (fileio.WRITE_SLICE)
             done += io.pwrite(dst_fd, view[done:min(n, done + fileio.WRITE_SLICE)], off + done)
         off += n
         if progress is not None:
             progress(off)
         crashpoint("demander.mid_base_copy")
+    if off and type(io) is fileio.FileLayer:
+        # The copy is in the page cache; the install's fsync would write all of it. Hand
+        # it to the device now, so that it goes out while the supplier answers and the
+        # pages arrive, and that fsync waits only for what is left (a hint: durability
+        # still comes from the fsync alone; checkpoint/writeback.py).
+        from checkpoint.writeback import start_writeback
+        start_writeback(dst_fd, 0, off)
     return b"".join(out)
+
+
+def base_digests(fd: int, page_size: int, *, io: fileio.FileLayer | None = None,
+                 progress: Callable[[int], None] | None = None) -> bytes:
+    """The digests of the whole pages of the temp file ``fd``, which already holds the
+    base: this side's older copy handed over by its store (``adopt_base``), or what an
+    earlier fetch of the partition left there. A partial last page is cut off. Nothing
+    is written: the fetch then writes the received pages over the base in place."""
+    io = io or fileio.layer()
+    length = os.fstat(fd).st_size
+    size = length // page_size * page_size
+    if size != length:
+        io.ftruncate(fd, size)
+    off, out = 0, []
+    for n, view in _blocks(fd, size, page_size):
+        out.append(page_digests(view[:n], page_size))
+        off += n
+        if progress is not None:
+            progress(off)
+        crashpoint("demander.mid_base_copy")
+    if off != size:
+        raise OSError(errno.EIO, f"the base ended at {off} of {size} bytes")
+    return b"".join(out)
+
+
+def _blocks(fd: int, size: int, page_size: int) -> Iterator[tuple[int, memoryview]]:
+    """(whole-page bytes read, buffer) for ``[0, size)`` of ``fd``, a block at a time
+    (one buffer, reused); ends early where the file is shorter."""
+    step = max(page_size, BLOCK // page_size * page_size)
+    view = memoryview(bytearray(step))
+    off = 0
+    while off < size:
+        n = os.preadv(fd, [view[:min(step, size - off)]], off)
+        n -= n % page_size
+        if n <= 0:
+            return                             # shorter than it was: what is read is the base
+        yield n, view
+        off += n
 
 
 def snapshot_digests(fd: int, path: str, page_size: int, page_count: int,
@@ -186,5 +220,5 @@ def pages_in(ranges: list[tuple[int, int]]) -> int:
     return sum(n for _, n in ranges)
 
 
-__all__ = ["DIGEST", "DIGEST_ALGO", "clone_file", "copy_base", "diff_ranges", "page_digests", "pages_in",
+__all__ = ["DIGEST", "DIGEST_ALGO", "base_digests", "clone_file", "copy_base", "diff_ranges", "page_digests", "pages_in",
            "root", "snapshot_digests"]

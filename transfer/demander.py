@@ -31,7 +31,7 @@ from .messages import (BASE_PER_FRAME, Base, Demand, Manifest, Priority, Queued,
                        check_cache, check_partition)
 from .result import FetchResult, Progress, free_bytes
 from .receive import DataStage, ReceiveObserver
-from .resume import Receiving, checksum
+from .resume import Receiving, checksum, partial_paths
 from .stages import Stages
 from .storage import DEFAULT_CACHE, BadPage, TransferStorage
 from .tls import PATH_CHANNEL, PATH_SENDFILE, TlsContexts, TlsConn
@@ -63,7 +63,7 @@ class Demander:
                  observer: ReceiveObserver | None = None, delta: bool = True,
                  delta_limit: int = 500, tls: TlsContexts | None = None,
                  tls_peer: str | None = None, reuse: bool | None = None,
-                 pool: ConnPool | None = None) -> None:
+                 pool: ConnPool | None = None, adopt: bool = False) -> None:
         self.storage = storage
         self.tls = tls               # mutual TLS instead of the secret's handshake
         self.tls_peer = tls_peer     # the node id the supplier's certificate must name
@@ -80,6 +80,11 @@ class Demander:
         self.observer = observer
         self.delta = delta                # offer this side's older copy as a delta base
         self.delta_limit = delta_limit    # permille of the pages a delta may send at most
+        # a delta fetch takes the storage's older file as its temp file (``adopt_base``)
+        # instead of copying it: for a holder that replaces the partition whatever
+        # happens (a node's MOVING copy); a failed fetch then leaves the older copy only
+        # as the next fetch's base, not as the partition
+        self.adopt = adopt
         # ``reuse`` (None: as the process's pool says, POOL.enabled): the connections
         # this class makes (TCP) are kept for the next fetch from the same supplier
         # (transfer.connpool); a caller's own transport (``connect``) never is
@@ -271,8 +276,10 @@ class _Fetch(DataStage):
             except (OSError, FerryError) as fe:   # the disk may be what failed; the journal
                 # is only an optimisation
                 log.info("resume journal of partition %d not flushed: %s", self.partition, fe)
-            if self.rec.held:
-                self.rec.close()             # kept for resume
+            if self.rec.held or (self.d.adopt and self.base is not None):
+                # kept for resume, or as the next fetch's base: an adopted base is the
+                # only older copy this side has left
+                self.rec.close()
             else:
                 self.rec.discard_journal()   # nothing worth keeping: leave no litter
         if self.prepared is not None:
@@ -286,8 +293,14 @@ class _Fetch(DataStage):
     # -- stages ------------------------------------------------------------------
     def _open(self) -> None:
         """The temp file: resumed from the chunks an earlier fetch verified, else (a
-        delta fetch) filled with this side's installed copy of the partition, whose page
-        digests are offered as the base."""
+        delta fetch) holding this side's older copy of the partition, whose page
+        digests are offered as the base. With ``adopt`` and a storage that can hand its
+        file over (``adopt_base``: the node's page store), the file is renamed to the
+        temp file, which the fetch then writes in place: nothing of the base is copied,
+        and the install's fsync writes only the pages received. Where it holds no file
+        (an earlier attempt already took it), what that attempt left in the temp file
+        is the base. Otherwise the file is copied into the temp file
+        (:func:`delta.copy_base`) and stays the partition until the install."""
         target = self.d.storage.target_path(self.cache, self.partition)
         if not os.path.isdir(os.path.dirname(target)):
             os.makedirs(os.path.dirname(target), exist_ok=True)
@@ -301,6 +314,22 @@ class _Fetch(DataStage):
         page_size = getattr(self.d.storage, "base_page_size", None)
         if not (self.d.delta and self.d.storage.verifies_pages and page_size is not None):
             return
+        ps = page_size(self.cache)
+        adopt = getattr(self.d.storage, "adopt_base", None) if self.d.adopt else None
+        if adopt is not None:
+            # nothing held to resume: a journal here describes no chunk of what follows
+            self.rec.close()
+            self.rec.drop_journal()
+            self.rec = None
+            adopt(self.cache, self.partition, partial_paths(target)[0])
+            self.rec = Receiving(target, self.d.chunk_size, sync_bytes=self.d.sync_bytes)
+            try:
+                digests = delta.base_digests(self.rec.fd, ps, io=self.rec.io)
+            except OSError as e:
+                raise self.rec.write_error(e, None) from e
+            if digests:
+                self.base, self.base_page_size = digests, ps
+            return
         try:
             # the installed copy, only if it is a regular file (never through a link,
             # never waiting on a FIFO)
@@ -310,7 +339,6 @@ class _Fetch(DataStage):
         try:
             if not stat.S_ISREG(os.fstat(src).st_mode):
                 return
-            ps = page_size(self.cache)
             digests = delta.copy_base(src, self.rec.fd, ps, io=self.rec.io)
         except OSError as e:
             raise self.rec.write_error(e, None) from e

@@ -241,6 +241,16 @@ class Receiving:
                 "that is not the file received"
             raise UnsafePath(f"{self.tmp_path} is {what}; nothing installed")
 
+    def drop_journal(self) -> None:
+        """Delete the journal only (closed first): the temp file stays, to be used whole
+        (a delta fetch's base) rather than resumed."""
+        if self._jfd >= 0:
+            with contextlib.suppress(OSError):
+                self.io.close(self._jfd)
+            self._jfd = -1
+        with contextlib.suppress(FileNotFoundError):
+            self.io.unlink(self.journal_path)
+
     def discard_journal(self) -> None:
         """After install (or when giving up): the record has nothing left to describe."""
         self.close()

@@ -216,6 +216,8 @@ class PageStore(Protocol):
     def install_partition(self, partition: int, src_path: str,
                           prepared: PreparedInstall | None = None) -> None: ...
 
+    def give_up_file(self, partition: int, to_path: str) -> bool: ...
+
 
 class PartitionStoreStorage:
     """checkpoint's PartitionStore (one per cache, a :class:`PageStore`) behind the
@@ -296,6 +298,19 @@ class PartitionStoreStorage:
             raise BadPage(e.page, e.reason) from None
         except self._store_error as e:
             raise TransferError(f"the store refused partition {partition}: {e}",
+                                partition=partition) from None
+
+    def adopt_base(self, cache: str, partition: int, tmp_path: str) -> bool:
+        """A delta fetch's base without a copy: the store forgets ``partition`` and its
+        file becomes the temp file at ``tmp_path`` (``PartitionStore.give_up_file``),
+        which the fetch then writes in place. False when the store holds no file of it."""
+        try:
+            return bool(self._store(cache).give_up_file(check_partition(partition), tmp_path))
+        except self._store_error as e:
+            if isinstance(e, self._busy):
+                raise Busy(f"partition {partition} is being sent to another demander ({e}); "
+                           "retry later", partition=partition) from None
+            raise TransferError(f"the store kept partition {partition} as it is: {e}",
                                 partition=partition) from None
 
     def install(self, cache: str, partition: int, src_path: str,

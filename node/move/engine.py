@@ -284,7 +284,7 @@ class MoveEngine:
                                    tls=ctx.tls, tls_peer=node,
                                    timeout=ctx.transfer_timeout, observer=observer,
                                    delta=ctx.delta, delta_limit=round(ctx.delta_limit * 1000),
-                                   **opts).fetch(p, cache=cache, progress=progress)
+                                   adopt=True, **opts).fetch(p, cache=cache, progress=progress)
                     mv.fig.bytes = mv.fig.bytes_total = res.bytes
                     mv.fig.wire = mv.fig.wire_before + res.bytes_wire
                     mv.fig.transfer_stages = {k: round(v, 3) for k, v in res.stages.items()}

@@ -33,16 +33,18 @@ def test_a_setting_without_a_value_is_refused_before_any_cluster_starts() -> Non
     assert "--rebalance 'protect': expected KEY=VALUE" in out.stderr
 
 
-def test_the_delta_bench_fetches_both_ways_and_reports_them(tmp_path) -> None:
+def test_the_delta_bench_fetches_every_way_and_reports_them(tmp_path) -> None:
     import json
     out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "delta_bench.py"), "--dir",
-                          str(tmp_path), "--entries", "1500", "--changed", "10", "--rounds", "2"],
+                          str(tmp_path), "--entries", "1500", "--changed", "10", "--rounds", "3"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     doc = json.loads(out.stdout)
-    assert [r["way"] for r in doc["rounds"]] == ["copy", "clone"]
+    assert [r["way"] for r in doc["rounds"]] == ["copy", "clone", "adopt"]
     for r in doc["rounds"]:
         assert r["mode"] == "delta" and 1 <= r["pages_sent"] <= 2 * 10 + 1, r
         assert r["seconds"] > 0 and r["write_bytes"] >= 0
-    assert set(doc["copy"]) == set(doc["clone"]) == {"seconds", "cpu_seconds", "write_bytes", "pages_sent"}
+        assert r["device_write_bytes"] >= -1      # -1: no block device under --dir (tmpfs)
+    keys = {"seconds", "cpu_seconds", "device_write_bytes", "write_bytes", "pages_sent"}
+    assert set(doc["copy"]) == set(doc["clone"]) == set(doc["adopt"]) == keys
     assert os.listdir(tmp_path) == []            # its stores are removed
