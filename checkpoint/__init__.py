@@ -2,8 +2,8 @@
 
 Public face:
 
-- :mod:`checkpoint.pagefile` - THE decoder of ``part-<p>.bin`` (stdlib, crc32c and
-  faults.errors only; the code is in layout/check/chain/reader/decode/keyscan):
+- :mod:`checkpoint.pagefile` - THE decoder of ``part-<p>.bin`` (stdlib, crc32c,
+  faults.crc and faults.errors only; the code is in layout/check/chain/reader/decode/keyscan):
   ``Meta``, ``Entry``, ``PageProblem``, ``read_meta``, ``iter_entries``, ``verify``,
   ``check_page``, ``CorruptPageError``.
 - :mod:`checkpoint.layout` - the page file's layout, and ``part_name`` /

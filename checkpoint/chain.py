@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Callable
 
-import crc32c
+from faults.crc import crc32c
 
 from . import accel as _switch
 from .check import PageProblem, check_page
@@ -115,7 +115,7 @@ def chain_value_py(r: PageReader, page: int, length: int, origin: int) -> bytes 
     ps, pcount = r.meta.page_size, r.meta.page_count
     checked = r.checked
     ncheck, room, limit = len(checked), ps - HDR, chain_limit(length, ps)
-    crc = crc32c.crc32c
+    crc = crc32c
     parts: list[memoryview] = []
     visited: set[int] = set()
     got, cfirst, cend = 0, 0, 0

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator, NamedTuple
 
-import crc32c
+from faults.crc import crc32c
 
 from . import accel as _switch
 from .chain import chain_value, overflow_chain
@@ -171,7 +171,7 @@ def _batches(path: str, tombstones: bool, on_error: Callable[[PageProblem], None
         start, stop = pages if pages is not None else (1, None)
         r = PageReader(path, meta, start, stop)
     ps, pcount = meta.page_size, meta.page_count
-    crc = crc32c.crc32c
+    crc = crc32c
     checked = r.checked
     if verified:
         checked[:] = b"\x01" * len(checked)

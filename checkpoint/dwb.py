@@ -27,7 +27,7 @@ import os
 import struct
 from typing import Iterator
 
-import crc32c
+from faults.crc import crc32c
 
 from faults import fileio
 
@@ -49,12 +49,12 @@ def write(path: str, page_size: int, checkpoint_id: int,
     directory = b"".join(_DIR.pack(p, i) for p, i, _ in pages)
     fd = io.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        crc = crc32c.crc32c(head)
-        crc = crc32c.crc32c(directory, crc)
+        crc = crc32c(head)
+        crc = crc32c(directory, crc)
         batch: list[bytes | bytearray] = [head, directory]
         size = len(head) + len(directory)
         for _p, _i, buf in pages:
-            crc = crc32c.crc32c(buf, crc)
+            crc = crc32c(buf, crc)
             batch.append(buf)
             size += len(buf)
             if size >= 1 << 20:
@@ -81,7 +81,7 @@ def read(path: str) -> tuple[int, list[tuple[int, int, bytes]]] | None:
     if magic != MAGIC or version != VERSION:
         return None
     expect = _HEAD.size + count * (_DIR.size + page_size) + _CRC.size
-    if len(data) != expect or _CRC.unpack_from(data, expect - 4)[0] != crc32c.crc32c(
+    if len(data) != expect or _CRC.unpack_from(data, expect - 4)[0] != crc32c(
             memoryview(data)[:expect - 4]):
         return None
     pages = []

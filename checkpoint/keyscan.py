@@ -10,7 +10,7 @@ from __future__ import annotations
 from array import array
 from typing import Callable, Iterator
 
-import crc32c
+from faults.crc import crc32c
 
 from . import accel as _switch
 from .accel import key_scan_accel
@@ -58,7 +58,7 @@ def _page_keys_at(path: str, chunk: bytes, view: memoryview, first: int, j: int,
     checked OVERFLOW page), or CorruptPageError."""
     index, base = first + j, j * ps
     stored, idx, ptype, _f, count, heap = _unpack_header(chunk, base)
-    if ptype != T_DATA or idx != index or stored != crc32c.crc32c(view[base + CRC_FROM:base + ps]):
+    if ptype != T_DATA or idx != index or stored != crc32c(view[base + CRC_FROM:base + ps]):
         reason = check_page(view[base:base + ps], index, ps)
         if reason:
             raise CorruptPageError(path, index, index * ps, reason)

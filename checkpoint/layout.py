@@ -1,7 +1,7 @@
 """The layout of a partition page file ``part-<p>.bin``: the one place it is defined.
 
-Standard library and ``crc32c`` only (Spark executors import the decoder, which
-imports this). The C accelerators take the same numbers from
+Standard library and ``crc32c`` (through ``faults.crc``) only (Spark executors import
+the decoder, which imports this). The C accelerators take the same numbers from
 ``csrc/ferry_page_layout.h``, generated from this module (``scripts/page_layout_h.py``;
 tests/checkpoint/test_layout.py fails when the committed header differs). Written
 out in prose in ``docs/formats.md`` ("Partition page files"):
@@ -27,7 +27,7 @@ import struct
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
-import crc32c
+from faults.crc import crc32c
 
 FORMAT_VERSION = 1
 MAGIC = b"FERRYPG\x00"
@@ -144,7 +144,7 @@ def entry_size(key_len: int, stored_value_len: int) -> int:
 
 # -- seal and check -----------------------------------------------------------------
 def page_crc(buf: bytes | bytearray | memoryview) -> int:
-    return crc32c.crc32c(memoryview(buf)[CRC_FROM:])
+    return crc32c(memoryview(buf)[CRC_FROM:])
 
 
 def crc_ok(buf: bytes | bytearray | memoryview) -> bool:
@@ -160,7 +160,7 @@ def seal(buf: bytearray) -> None:
 def seal_many(bufs: list[bytearray]) -> None:
     """:func:`seal` for each page of a checkpoint write run, with the per-page call
     overhead hoisted out of the loop (the checkpointer seals every page it writes)."""
-    pack, crc, view = _U32.pack_into, crc32c.crc32c, memoryview
+    pack, crc, view = _U32.pack_into, crc32c, memoryview
     for buf in bufs:
         pack(buf, OFF_CRC, crc(view(buf)[CRC_FROM:]))
 

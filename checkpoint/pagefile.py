@@ -12,7 +12,7 @@ The code lives in one place each; this module names what other packages use:
 * :mod:`.accel` - loading the C accelerators, and the decoder's switch (``accel.page``);
 * :mod:`.errors` - ``CheckpointError``, ``CorruptPageError``.
 
-Importable with only the standard library, ``crc32c`` and ``faults.errors`` (Spark
+Importable with only the standard library, ``crc32c``, ``faults.crc`` and ``faults.errors`` (Spark
 executors import this module; validation/ship.py packs what it imports). The format is
 written out in ``docs/formats.md`` ("Partition page files").
 """

@@ -37,7 +37,7 @@ import struct
 import threading
 from typing import Callable, Iterator
 
-import crc32c
+from faults.crc import crc32c
 
 from faults import fileio
 
@@ -98,7 +98,7 @@ class TransferSnapshot:
         while at + step <= len(data):
             index, crc = _REC.unpack_from(data, at)
             page = data[at + _REC.size:at + step]
-            if crc32c.crc32c(page) != crc:
+            if crc32c(page) != crc:
                 raise CheckpointError(f"delta file {self.delta_path}: record at offset {at} "
                                       "fails its CRC; close the snapshot and open a new one")
             yield index, page
@@ -144,7 +144,7 @@ class TransferSnapshot:
             need: list[int] = []
             for i, page in pages:
                 if first_unsent <= i < self.page_count and i not in self._saved:
-                    out.append(_REC.pack(i, crc32c.crc32c(page)))
+                    out.append(_REC.pack(i, crc32c(page)))
                     out.append(page)
                     need.append(i)
             if not need:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, Iterable, Protocol
 
-import crc32c
+from faults.crc import crc32c
 import msgpack
 
 from .errors import FrameError, PeerClosed, RemoteError
@@ -110,7 +110,7 @@ def encode(ftype: int, body: dict[str, Any] | None = None) -> bytes:
         raise FrameError(ErrorCode.TOO_LARGE,
                          f"frame type {ftype} payload of {len(payload)} bytes exceeds {MAX_PAYLOAD}")
     head = HEADER.pack(MAGIC, PROTOCOL_VERSION, int(ftype), len(payload), 0)[:8]
-    crc = crc32c.crc32c(payload, crc32c.crc32c(head))
+    crc = crc32c(payload, crc32c(head))
     return head + struct.pack("<I", crc) + payload
 
 
@@ -132,7 +132,7 @@ def decode_header(head: bytes, limit: int = MAX_PAYLOAD) -> tuple[int, int, int]
 
 
 def decode_payload(head: bytes, ftype: int, crc: int, payload: bytes) -> Frame:
-    if crc32c.crc32c(payload, crc32c.crc32c(head[:8])) != crc:
+    if crc32c(payload, crc32c(head[:8])) != crc:
         raise FrameError(ErrorCode.PROTOCOL, f"frame type {ftype} fails its checksum (corrupted on the wire)")
     try:
         body = msgpack.unpackb(payload, raw=False, strict_map_key=True)

@@ -28,7 +28,7 @@ import os
 import stat
 import struct
 
-import crc32c
+from faults.crc import crc32c
 import xxhash
 
 from faults import fileio
@@ -113,12 +113,12 @@ class Receiving:
         if len(raw) < _HEAD.size:
             return None
         magic, cs, crc = _HEAD.unpack_from(raw)
-        if magic != _MAGIC or crc != crc32c.crc32c(raw[:12]) or cs != self.chunk_size:
+        if magic != _MAGIC or crc != crc32c(raw[:12]) or cs != self.chunk_size:
             return None
         out = []
         for pos in range(_HEAD.size, len(raw) - _REC.size + 1, _REC.size):
             idx, length, s, crc = _REC.unpack_from(raw, pos)
-            if crc != crc32c.crc32c(raw[pos:pos + 16]):
+            if crc != crc32c(raw[pos:pos + 16]):
                 break      # torn or damaged: everything after it is re-fetched
             out.append((idx, length, s))
         return out
@@ -131,7 +131,7 @@ class Receiving:
         # a crash's leftover goes quietly; anything planted is reported, a directory refused
         safefs.remove_planted(tmp, self.io, stale_ok=True)
         try:
-            fileio.atomic_write(self.journal_path, head + struct.pack("<I", crc32c.crc32c(head)),
+            fileio.atomic_write(self.journal_path, head + struct.pack("<I", crc32c(head)),
                                 error=OutOfDiskError)
         except OSError as e:
             raise _disk_error(e, tmp, None) from e      # ENOSPC at the fsync too
@@ -149,7 +149,7 @@ class Receiving:
         except (OSError, UnsafePath):
             return None       # no journal, or not one to trust (a FIFO would block here)
         if len(raw) == _HEAD.size and raw[:8] == _MAGIC and \
-                _HEAD.unpack(raw)[2] == crc32c.crc32c(raw[:12]):
+                _HEAD.unpack(raw)[2] == crc32c(raw[:12]):
             chunk_size: int = _HEAD.unpack(raw)[1]
             return chunk_size
         return None
@@ -270,7 +270,7 @@ def _read_all(fd: int) -> bytes:
 
 def _rec(i: int, n: int, s: int) -> bytes:
     body = struct.pack("<IIQ", i, n, s)
-    return body + struct.pack("<I", crc32c.crc32c(body))
+    return body + struct.pack("<I", crc32c(body))
 
 
 def _disk_error(e: OSError, path: str, needed: int | None) -> BaseException:

@@ -16,7 +16,7 @@ from itertools import accumulate, repeat
 from operator import itemgetter
 from struct import error as struct_error
 
-from crc32c import crc32c
+from faults.crc import crc32c
 
 from .blocks import BlockState as BlockState, RawRecord as RawRecord, Stop as Stop  # re-exported
 from .decoder_v1 import decode_block_v1

@@ -7,7 +7,7 @@ as :func:`decoder.decode_block` (which dispatches here for version-1 segments).
 from __future__ import annotations
 
 from struct import error as struct_error
-from crc32c import crc32c
+from faults.crc import crc32c
 
 from .blocks import BlockState, RawRecord, Stop
 from .format import CRC_FIELD, FRAME

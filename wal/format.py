@@ -45,7 +45,7 @@ from array import array
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Sequence
 
-from crc32c import crc32c
+from faults.crc import crc32c
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer    # bytes, or a batch frame's array of lengths

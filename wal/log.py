@@ -32,7 +32,7 @@ import os
 import struct
 from typing import Iterable, Iterator, Sequence
 
-from crc32c import crc32c
+from faults.crc import crc32c
 
 from faults.fileio import WRITE_SLICE
 

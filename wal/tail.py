@@ -36,7 +36,7 @@ import re
 import struct
 from typing import Iterator
 
-from crc32c import crc32c
+from faults.crc import crc32c
 
 from .blocks import BlockState, Stop
 from .decoder_v1 import FRAME_SIZE as FRAME_V1_SIZE

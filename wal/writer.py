@@ -21,7 +21,7 @@ from . import accel, recovery
 from faults.latch import Latch, cause_of
 
 from .errors import OutOfDiskError, WalClosedError, WalError, WriteRefusedError
-from crc32c import crc32c
+from faults.crc import crc32c
 
 from .format import (CHECK, FRAME_HEADER_SIZE, HEADER_SIZE, VERSION, encode_batch,
                      encode_frames, encode_typed_frames)
