@@ -36,9 +36,10 @@ POINTS: dict[str, str] = {
     "demander.after_demand": "The partition is MOVING and its temp WAL is set up (buffering "
                              "started before the DEMAND; on disk from the first buffered "
                              "update); nothing received yet.",
-    "demander.mid_base_copy": "A delta fetch copies this node's older copy into the temp "
-                              "file (no journal records): the installed copy is untouched; "
-                              "the restart copies it again.",
+    "demander.mid_base_copy": "A delta fetch takes the digests of its base, per 4 MiB: this "
+                              "node's older copy handed over as the temp file (a node's "
+                              "move; the restart's fetch takes the temp file as its base "
+                              "again) or copied into it (the installed copy untouched).",
     "demander.mid_delta_receive": "A delta fetch received some ranges into the temp file "
                                   "over its base; nothing recorded for resume, nothing "
                                   "installed: the restart demands a new delta.",
