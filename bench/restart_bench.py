@@ -87,14 +87,18 @@ def one_run(root: str, copy: str, args: argparse.Namespace) -> dict[str, object]
     # where the time went: the node's own start, then the moves (stage seconds summed
     # over the moves; the moves may overlap, so the sum can exceed the wall time)
     stages: dict[str, float] = {}
+    fetch: dict[str, float] = {}        # the transfer's own stages (base, manifest, ...)
     for m in moves:
         for k, v in (m.get("stage_seconds") or {}).items():
             stages[k] = round(stages.get(k, 0.0) + float(v), 3)
+        for k, v in (m.get("transfer_stages") or {}).items():
+            fetch[k] = round(fetch.get(k, 0.0) + float(v), 3)
     last = max((float(m["finished"]) for m in moves), default=t0_wall) - t0_wall
     return {"copy": copy, "seconds_restart_to_settled": round(seconds, 2),
             "seconds_to_serving": round(serving, 2),
             "seconds_to_last_owning": round(last, 2),
             "stage_seconds_summed": stages,
+            "transfer_stage_seconds_summed": fetch,
             "move_windows": sorted((round(float(m["finished"]) - float(m["seconds_to_owning"]) - t0_wall, 2),
                                     round(float(m["finished"]) - t0_wall, 2)) for m in moves),
             "moves": len(moves),
