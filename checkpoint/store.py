@@ -604,21 +604,28 @@ class PartitionStore:
         io = fileio.layer()
         old: int | None = None
         try:
-            with self._ckpt_lock, self._cond:
-                self._check_open()
-                if partition in self._snapshots:
-                    raise SnapshotBusyError(f"partition {partition} has an open transfer snapshot")
-                src = self.partition_path(partition)
-                if partition not in self.parts or not os.path.isfile(src):
-                    return False
-                lsn = self.wal.append(encode_drop(partition), RecordType.DROP)
-                self.wal.wait_durable(lsn)
-                self._forget(partition)
-                # a file left at that name (an earlier fetch's) is freed off this lock
-                old = self._release.hold(dst)
-                io.replace(src, dst)
-                io.fsync_dir(self.dir)
-                self._cond.notify_all()
+            # the checkpoint lock throughout (no checkpoint writes the file meanwhile);
+            # the DROP's durability is waited for without the store lock, which every
+            # writer takes
+            with self._ckpt_lock:
+                with self._cond:
+                    self._check_open()
+                    if partition in self._snapshots:
+                        raise SnapshotBusyError(f"partition {partition} has an open transfer "
+                                                "snapshot")
+                    src = self.partition_path(partition)
+                    if partition not in self.parts or not os.path.isfile(src):
+                        return False
+                    lsn = self.wal.append(encode_drop(partition), RecordType.DROP)
+                    self._forget(partition)
+                self.wal.wait_durable(lsn)      # before the rename: see the docstring
+                with self._cond:
+                    if partition in self.parts:
+                        return False            # made again meanwhile: it stays
+                    # a file left at that name (an earlier fetch's) is freed off this lock
+                    old = self._release.hold(dst)
+                    io.replace(src, dst)
+                    io.fsync_dir(self.dir)
             return True
         finally:
             self._release.release(old)

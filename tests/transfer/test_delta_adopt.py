@@ -201,3 +201,21 @@ def test_an_install_does_not_free_the_old_file_under_the_lock(stores, monkeypatc
     assert held == [False], seen
     b._release.drain()
     _same(a, b)
+
+
+def test_a_partition_made_again_during_the_hand_over_stays(stores, monkeypatch) -> None:
+    """A write makes the partition again while the DROP becomes durable (the store
+    lock is not held then): the new partition keeps its file, nothing is handed over."""
+    a, b = stores
+    _fill(b, 3, 200)
+    real = b.wal.wait_durable
+
+    def wait_and_write(lsn):
+        real(lsn)
+        b.put(3, _key(1), b"made again")
+    monkeypatch.setattr(b.wal, "wait_durable", wait_and_write)
+    tmp = partial_paths(b.partition_path(3))[0]
+    assert b.give_up_file(3, tmp) is False
+    monkeypatch.setattr(b.wal, "wait_durable", real)
+    assert not os.path.exists(tmp)
+    assert dict(b.scan(3)) == {_key(1): b"made again"}
