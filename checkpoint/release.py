@@ -42,10 +42,9 @@ class Releaser:
         if type(fileio.layer()) is not fileio.FileLayer:
             return None
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            return os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError:
             return None
-        return fd
 
     def release(self, fd: int | None) -> None:
         """Close ``fd`` on the background thread (None: nothing to do)."""

@@ -242,12 +242,8 @@ class Receiving:
             raise UnsafePath(f"{self.tmp_path} is {what}; nothing installed")
 
     def drop_journal(self) -> None:
-        """Delete the journal only (closed first): the temp file stays, to be used whole
-        (a delta fetch's base) rather than resumed."""
-        if self._jfd >= 0:
-            with contextlib.suppress(OSError):
-                self.io.close(self._jfd)
-            self._jfd = -1
+        """After :meth:`close`: delete the journal only. The temp file stays, to be used
+        whole (a delta fetch's base) rather than resumed."""
         with contextlib.suppress(FileNotFoundError):
             self.io.unlink(self.journal_path)
 

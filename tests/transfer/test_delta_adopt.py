@@ -48,12 +48,19 @@ def _same(a, b, p: int = 3) -> None:
     assert open(b.partition_path(p), "rb").read() == open(a.partition_path(p), "rb").read()
 
 
-def test_the_installed_file_is_the_stale_file_written_in_place(stores) -> None:
-    a, b = stores
-    _fill(a, 3, 6000)
+def _stale_copy(a, b, n: int, every: int) -> os.stat_result:
+    """b holds a's partition 3 of ``n`` keys (one whole fetch); then every ``every``-th
+    key changes on a. Returns the stat of b's (now stale) file."""
+    _fill(a, 3, n)
     _fetch(a, b)
     stale = os.stat(b.partition_path(3))
-    _change(a, 3, range(0, 6000, 600), b"NEW")
+    _change(a, 3, range(0, n, every), b"NEW")
+    return stale
+
+
+def test_the_installed_file_is_the_stale_file_written_in_place(stores) -> None:
+    a, b = stores
+    stale = _stale_copy(a, b, 6000, 600)
     res = _fetch(a, b)
     assert res.mode == "delta" and 1 <= res.pages_sent <= 21, res
     now = os.stat(b.partition_path(3))
@@ -65,10 +72,7 @@ def test_the_installed_file_is_the_stale_file_written_in_place(stores) -> None:
 
 def test_without_adopt_the_base_is_a_copy_and_the_old_file_stays(stores) -> None:
     a, b = stores
-    _fill(a, 3, 3000)
-    _fetch(a, b)
-    stale = os.stat(b.partition_path(3))
-    _change(a, 3, range(0, 3000, 500), b"NEW")
+    stale = _stale_copy(a, b, 3000, 500)
     res = _fetch(a, b, adopt=False)
     assert res.mode == "delta", res
     assert os.stat(b.partition_path(3)).st_ino != stale.st_ino
