@@ -46,7 +46,10 @@ Stages (one checkpoint at a time; install/drop/snapshot-open take the same lock)
             marker with the undo images and replays from there - the same data.  So
             WAL segments are reclaimed only below the PREVIOUS checkpoint's mark
             (whose marker stage 4 made durable); every undo image recovery may need
-            has an lsn above that checkpoint's images_from >= its mark.
+            has an lsn above that checkpoint's images_from >= its mark.  Likewise
+            the WAL's end at the cut is written to ``wal.start`` (where recovery
+            starts reading: walstart.py) by the first checkpoint run that finds
+            this marker durable.
 7. publish  under the store lock: cut ends, partitions learn their checkpoint counter,
             page count and meta bytes.
 
@@ -77,6 +80,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 from faults import crashpoint, fileio, translate_os_error
 
+from . import walstart
 from .errors import OutOfDiskError
 from .layout import encode_meta, seal_many
 from .records import RecordType, encode_images, encode_marker
@@ -90,6 +94,20 @@ if TYPE_CHECKING:
 
 BATCH = 1 << 20          # bytes per pwritev run (at most; a store with a budget under
                          # 32 MiB uses mem.io_bytes, 1/32 of it)
+
+
+def note_wal_start(state: StoreState) -> None:
+    """Write the last complete checkpoint's WAL position to ``wal.start`` once its
+    marker is durable (walstart.py); the caller holds the checkpoint lock. Only a head
+    start for the next recovery: a failure to write it is ignored."""
+    pending = state.wal_start
+    if pending is None or state.wal.durable_lsn < pending[1]:
+        return
+    state.wal_start = None
+    try:
+        walstart.write(state.dir, pending[0])
+    except OSError:
+        pass
 
 
 @dataclass
@@ -117,6 +135,7 @@ class CheckpointStats:
 def run(state: StoreState, checkpoint_id: int) -> CheckpointStats | None:
     """One checkpoint; the caller holds the checkpoint lock.  None when nothing changed."""
     t0 = time.perf_counter()
+    note_wal_start(state)
     with state.cond:
         state.undo.flush()                    # defensive: updates flush before unlocking
         changed = {k >> 32 for k in state.mem.dirty}
@@ -128,6 +147,7 @@ def run(state: StoreState, checkpoint_id: int) -> CheckpointStats | None:
         _lsn, meta_bytes, meta_saved = _log_meta_images(state, old_metas)
         # after the meta images: they belong to THIS checkpoint (rolled back only if
         # it does not complete), so their lsn must be <= its images_from
+        start = state.wal.position()          # at or before images_from + 1
         images_from = state.wal.last_lsn
         mark = images_from if state.mark_override is None else state.mark_override
         cut = state.mem.begin_cut()
@@ -180,11 +200,13 @@ def run(state: StoreState, checkpoint_id: int) -> CheckpointStats | None:
             writer.write(pid, keys[lo:mid if overlap else hi], head=new_metas[pid])
         writer.finish()
         stage("write")
-        state.wal.append(encode_marker(mark, checkpoint_id, images_from), RecordType.MARKER,
-                         wait=False)
+        marker = state.wal.append(encode_marker(mark, checkpoint_id, images_from),
+                                  RecordType.MARKER, wait=False)
         if state.mark_override is None:      # not while recovery still reads the log
             if state.prev_mark:
                 state.wal.truncate_before(state.prev_mark + 1)
+            if start.lsn <= min(mark, images_from) + 1:
+                state.wal_start = (start, marker)
         state.prev_mark = mark
         stage("marker")
     except BaseException:

@@ -6,6 +6,9 @@
 3. The node WAL is opened; a first pass finds the last checkpoint marker (its mark
    and images_from) and, per partition, the last INSTALL/DROP record (records before
    it are not replayed).  Partitions whose last such record is a DROP lose their file.
+   Every pass starts at the position in ``wal.start`` (the WAL's end at a complete
+   checkpoint's cut, walstart.py) when there is a usable one, else at the start of
+   the oldest segment kept.
 4. Rollback: every IMAGES record with lsn > images_from (undo images of pages changed
    after the last complete checkpoint's cut - those logged while that checkpoint was
    still writing sit between its mark and its marker - and the meta images of a
@@ -31,7 +34,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator, NamedTuple
 
 from faults import fileio
 
-from . import dwb
+from . import dwb, walstart
 from .layout import parse_part_name, part_name
 from .partition import Partition
 from .records import (RecordType, decode_images, decode_marker, decode_update,
@@ -39,7 +42,7 @@ from .records import (RecordType, decode_images, decode_marker, decode_update,
 from .undo import free_page
 
 if TYPE_CHECKING:
-    from wal import Wal, WalReader
+    from wal import Position, Wal, WalReader
 
     from .state import StoreState
 
@@ -63,10 +66,15 @@ def recover(state: StoreState, wal_sync: str, segment_size: int,
     _restore_double_write(state)
     wal = Wal.open(os.path.join(state.dir, "wal"), segment_size=segment_size, sync=wal_sync)
     try:
-        mark, images_from, barrier, dropped = _first_pass(wal)
+        at = walstart.read(state.dir)
+        found = _hinted_first_pass(wal, at) if at is not None else None
+        if found is None:
+            at = None
+            found = _first_pass(wal)
+        mark, images_from, barrier, dropped = found
         for gone in dropped:
             delete_partition_file(state.partition_path(gone))
-        rolled_back = rollback(state.dir, _images_after(wal, images_from), barrier,
+        rolled_back = rollback(state.dir, _images_after(wal, images_from, at), barrier,
                                max_open=state.files.budget)
         for name in sorted(os.listdir(state.dir)):
             pid = parse_part_name(name)
@@ -75,7 +83,7 @@ def recover(state: StoreState, wal_sync: str, segment_size: int,
                                              state.undo, state.files)
         state.wal = wal
         state.prev_mark = mark
-        replayed = _replay(state, wal, mark, barrier, checkpoint)
+        replayed = _replay(state, wal, mark, barrier, checkpoint, at)
     except BaseException:
         for part in state.parts.values():
             part.close()
@@ -114,7 +122,29 @@ def _restore_double_write(state: StoreState) -> None:
     dwb.clear(dwb_path)
 
 
-def _first_pass(wal: Wal) -> tuple[int, int, dict[int, int], set[int]]:
+def _hinted_first_pass(wal: Wal, at: Position) -> tuple[int, int, dict[int, int], set[int]] | None:
+    """The first pass from ``at`` (``wal.start``); None when the hint does not describe
+    this log or no marker of its checkpoint or a later one is found behind it: the
+    caller then reads from the oldest segment kept."""
+    from wal import PositionMismatch
+    try:
+        found = _first_pass(wal, at)
+    except PositionMismatch:
+        return None
+    mark = found[0]
+    # the hinted checkpoint's marker has mark >= at.lsn - 1, and so has any later one
+    return found if mark and mark >= at.lsn - 1 else None
+
+
+def _read(wal: Wal, start: int, at: Position | None) -> Iterator[list[tuple[int, int, bytes]]]:
+    """The records from ``start`` on, entering the log at ``at`` when it is at or
+    before ``start``."""
+    if at is not None and at.lsn <= start:
+        return wal.read_from(start, at=at).batches()
+    return wal.read_from(start).batches()
+
+
+def _first_pass(wal: Wal, at: Position | None = None) -> tuple[int, int, dict[int, int], set[int]]:
     """(mark, images_from) of the last marker, INSTALL/DROP barriers, dropped partitions.
 
     Reads every record kept (up to a whole segment after a crash), so it goes by the
@@ -126,7 +156,8 @@ def _first_pass(wal: Wal) -> tuple[int, int, dict[int, int], set[int]]:
     dropped: set[int] = set()        # partitions whose last INSTALL/DROP/UPDATE is a DROP
     marker, install, drop, update = (int(RecordType.MARKER), int(RecordType.INSTALL),
                                      int(RecordType.DROP), int(RecordType.UPDATE))
-    for batch in wal.read_from(wal.first_lsn).batches():
+    batches = wal.read_from(wal.first_lsn).batches() if at is None else _read(wal, at.lsn, at)
+    for batch in batches:
         for lsn, kind, payload in batch:
             if kind == update:
                 if dropped:
@@ -144,14 +175,17 @@ def _first_pass(wal: Wal) -> tuple[int, int, dict[int, int], set[int]]:
     return mark, images_from, barrier, dropped
 
 
-def _images_after(wal: Wal | WalReader, images_from: int) -> Iterator[tuple[int, bytes]]:
-    """(lsn, payload) of the IMAGES records with lsn > images_from, in WAL order."""
+def _images_after(wal: Wal | WalReader, images_from: int,
+                  at: Position | None = None) -> Iterator[tuple[int, bytes]]:
+    """(lsn, payload) of the IMAGES records with lsn > images_from, in WAL order.
+    ``at``: where to enter the log (a :class:`Wal`'s ``wal.start``)."""
     start = max(wal.first_lsn or 0, images_from + 1)
     last = getattr(wal, "last_lsn", None)     # a WalReader does not know it: read to the end
     if last is not None and start > last:
         return
     images = int(RecordType.IMAGES)
-    for batch in wal.read_from(start).batches():
+    batches = wal.read_from(start).batches() if at is None else _read(wal, start, at)  # type: ignore[arg-type]
+    for batch in batches:
         for lsn, kind, payload in batch:
             if kind == images:
                 yield lsn, payload
@@ -219,13 +253,13 @@ def _pwrite_all(io: fileio.FileLayer, fd: int, data: bytes | bytearray, offset: 
 
 
 def _replay(state: StoreState, wal: Wal, mark: int, barrier: dict[int, int],
-            checkpoint: Callable[[], object]) -> int:
+            checkpoint: Callable[[], object], at: Position | None = None) -> int:
     replayed = 0
     start = max(wal.first_lsn, mark + 1)
     if start > wal.last_lsn:
         return 0
     update = int(RecordType.UPDATE)
-    for batch in wal.read_from(start).batches():
+    for batch in _read(wal, start, at):
         for lsn, kind, payload in batch:
             if kind != update:
                 continue

@@ -30,7 +30,7 @@ from .partition import Partition
 from .undo import ImageLog
 
 if TYPE_CHECKING:
-    from wal import Wal
+    from wal import Position, Wal
 
     from .snapshot import TransferSnapshot
 
@@ -51,6 +51,9 @@ class StoreState:
     # During recovery's replay: the marker's mark is the last replayed lsn (not the
     # WAL's end), and no segment is reclaimed while the replay still reads them.
     mark_override: int | None = None
+    # the WAL's end at the last complete checkpoint's cut, and its marker's lsn: written
+    # to wal.start once that marker is durable (checkpoint/walstart.py)
+    wal_start: tuple[Position, int] | None = None
     batch: bytearray | None = None   # checkpoint write buffer (checkpoint lock held)
 
     @property

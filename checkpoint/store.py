@@ -755,6 +755,8 @@ class PartitionStore:
             for pid in list(self.parts):
                 self.parts.pop(pid).close()
             self.wal.close()
+            if self._failure is None:
+                checkpointer.note_wal_start(self.state)   # the final marker is durable now
             self._cond.notify_all()
         self._release.close()
 

@@ -6,7 +6,8 @@ Public face (everything else in the package is private):
   for the one writer; ``append``, ``append_many``, ``sync``, ``wait_durable``,
   ``read_from``, ``read_batches`` (lists of ``(lsn, type, payload)``: fastest replay),
   ``follow``, ``truncate_before``, ``destroy``, ``close``; ``first_lsn``, ``last_lsn``,
-  ``durable_lsn``.
+  ``durable_lsn``; ``position`` (the end of the log as a :class:`Position`, from which
+  ``read_from(lsn, at=...)`` starts without reading its segment from the start).
 - :meth:`Wal.reader` / :class:`WalReader` and :func:`follow_dir`: read-only access from
   any process while the writer appends.
 - :class:`Record` (``.lsn``, ``.type``, ``.payload``), :class:`Follower` (iterate it, or
@@ -28,15 +29,17 @@ it off).
 from __future__ import annotations
 
 from .decoder import RawRecord, Record
-from .errors import (CorruptRecordError, OutOfDiskError, SegmentNotAFileError, WalClosedError,
-                     WalError, WalLockedError)
+from .errors import (CorruptRecordError, OutOfDiskError, PositionMismatch, SegmentNotAFileError,
+                     WalClosedError, WalError, WalLockedError)
 from .log import DEFAULT_SEGMENT_SIZE, MODES, Wal, WalReader, follow_dir
-from .reader import Follower
+from .reader import Follower, Position
 from .recovery import Report, repair, verify
 
 __all__ = [
-    "Wal", "WalReader", "follow_dir", "Follower", "Record", "RawRecord", "MODES", "DEFAULT_SEGMENT_SIZE",
-    "WalError", "CorruptRecordError", "OutOfDiskError", "WalLockedError", "WalClosedError",
+    "Wal", "WalReader", "follow_dir", "Follower", "Position", "Record", "RawRecord", "MODES",
+    "DEFAULT_SEGMENT_SIZE",
+    "WalError", "CorruptRecordError", "OutOfDiskError", "PositionMismatch", "WalLockedError",
+    "WalClosedError",
     "SegmentNotAFileError",
     "verify", "repair", "Report",
 ]

@@ -30,6 +30,12 @@ class CorruptRecordError(WalError):
             "after this point are lost; the backup keeps a copy)")
 
 
+class PositionMismatch(WalError):
+    """A read asked to start at a :class:`~wal.reader.Position` that does not describe
+    this log (a stale or foreign hint): nothing is wrong with the log; read it from a
+    segment's start instead."""
+
+
 class SegmentNotAFileError(WalError):
     """Something other than a regular file (a directory, a dangling link, a FIFO) sits
     in the log directory under a segment's name: nothing the log can read or repair;

@@ -40,7 +40,7 @@ from . import groupcommit
 from .decoder import RawRecord
 from .format import (CHECK, CHECK_HEAD, FRAME_HEADER_SIZE, HEAD, HEADER_SIZE, MAX_PAYLOAD,
                      MAX_TYPE, check_type, mix)
-from .reader import Follower, WriterSource
+from .reader import Follower, Position, WriterSource
 from .segments import OpenSegment
 from .tickets import Ticket
 from .walreader import WalReader as WalReader, follow_dir as follow_dir  # re-exported
@@ -318,10 +318,19 @@ class Wal(SegmentWriter):
             self._raise_unusable()
 
     # -- reading -------------------------------------------------------------------
-    def read_from(self, lsn: int | None = None) -> Follower:
+    def read_from(self, lsn: int | None = None, *, at: Position | None = None) -> Follower:
         """Records from ``lsn`` (default: the first kept) to the end as of now; iterate
-        it, or call ``.batches()`` for lists of records (faster)."""
-        return Follower(WriterSource(self), lsn, follow=False)
+        it, or call ``.batches()`` for lists of records (faster). ``at``: a frame
+        boundary at or before ``lsn`` (:meth:`position`, taken earlier) where the read
+        starts instead of its segment's start; one that does not describe this log
+        raises :class:`PositionMismatch` when the read begins."""
+        return Follower(WriterSource(self), lsn, follow=False, at=at)
+
+    def position(self) -> Position:
+        """The end of the log now: where the next record's frame will start."""
+        with self._lock:
+            seg = self._seg
+            return Position(seg.seq, seg.first_lsn, seg.size, self._crc, self._last_lsn + 1)
 
     def read_batches(self, lsn: int | None = None) -> Iterator[list[RawRecord]]:
         """Like :meth:`read_from`, as lists of plain ``(lsn, type, payload)`` tuples:

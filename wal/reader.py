@@ -25,10 +25,10 @@ import itertools
 import os
 import threading
 import time
-from typing import TYPE_CHECKING, Generator, Iterator, Protocol, Sequence, cast
+from typing import TYPE_CHECKING, Generator, Iterator, NamedTuple, Protocol, Sequence, cast
 
 from .decoder import BlockState, RawRecord, Record, Stop, as_record, decode_block
-from .errors import CorruptRecordError, WalError
+from .errors import CorruptRecordError, PositionMismatch, WalError
 from .format import HEADER_SIZE
 from .segments import OpenSegment, SegmentFile, list_segments, read_header
 from .tail import classify_tail
@@ -38,6 +38,20 @@ if TYPE_CHECKING:
 
 BLOCK = 128 << 10
 _BAD = (Stop.BAD_CRC, Stop.BAD_LSN, Stop.BAD_BODY)   # a whole frame that is not acceptable
+
+
+class Position(NamedTuple):
+    """A frame boundary of the log: the frame at byte ``offset`` of segment ``seq``
+    (whose first LSN is ``first_lsn``) holds LSN ``lsn`` and continues the CRC chain
+    from ``prev_crc``. :meth:`Wal.position` gives the end of the log; ``read_from(lsn,
+    at=position)`` starts reading there instead of at its segment's start. A position
+    that does not describe this log (its segment gone, past its end, a chain value or
+    LSN that the frame there does not continue) raises :class:`PositionMismatch`."""
+    seq: int
+    first_lsn: int
+    offset: int
+    prev_crc: int
+    lsn: int
 
 
 class _Seg(Protocol):
@@ -132,9 +146,9 @@ class Follower:
     or the other, not both."""
 
     def __init__(self, source: Source, lsn: int | None, *, follow: bool = True,
-                 timeout: float | None = None) -> None:
+                 timeout: float | None = None, at: Position | None = None) -> None:
         self._stop = threading.Event()
-        self._gen = _batches(source, lsn, follow, timeout, self._stop)
+        self._gen = _batches(source, lsn, follow, timeout, self._stop, at)
         # Per record, chaining lists and mapping as_record cost C calls only, where a
         # generator would resume a Python frame (or two, through ``yield from``).
         self._it = map(as_record, itertools.chain.from_iterable(self._gen))
@@ -193,8 +207,23 @@ def _locate(source: Source, start: int | None) -> tuple[_Seg, int] | None:
     return seg, start
 
 
+def _enter(source: Source, at: Position, start: int | None) -> tuple[_Seg, int, int, int, int]:
+    """(segment, fd, offset, chain value, version) to read from ``at`` on."""
+    if start is not None and start < at.lsn:
+        raise ValueError(f"position at LSN {at.lsn} is past the first LSN wanted ({start})")
+    seg = next((s for s in source.segments() if s.seq == at.seq), None)
+    if seg is None or seg.first_lsn != at.first_lsn or at.lsn < at.first_lsn:
+        raise PositionMismatch(f"no segment {at.seq} starting at LSN {at.first_lsn} holds "
+                               f"LSN {at.lsn}")
+    fd, _crc, version = _open_segment(source, seg)
+    if not HEADER_SIZE <= at.offset <= source.end(seg, fd):
+        os.close(fd)
+        raise PositionMismatch(f"offset {at.offset} is outside segment {seg.path}")
+    return seg, fd, at.offset, at.prev_crc, version
+
+
 def _batches(source: Source, start: int | None, follow: bool, timeout: float | None,
-             stop: threading.Event) -> Generator[list[RawRecord], None, None]:
+             stop: threading.Event, at: Position | None = None) -> Generator[list[RawRecord], None, None]:
     last_progress = time.monotonic()
 
     def keep_waiting(next_lsn: int) -> bool:
@@ -206,15 +235,21 @@ def _batches(source: Source, start: int | None, follow: bool, timeout: float | N
         return source.wait(next_lsn, 0.1 if left is None else min(left, 0.1)) \
             and not stop.is_set()
 
-    found = _locate(source, start)
-    while found is None:
-        if not keep_waiting(start or 1):
-            return
+    if at is not None:
+        seg, fd, off, crc, version = _enter(source, at, start)
+        lsn, entered = at.lsn, True
+        start = at.lsn if start is None else start
+    else:
         found = _locate(source, start)
-    seg, start = found
-    fd, crc, version = _open_segment(source, seg)
+        while found is None:
+            if not keep_waiting(start or 1):
+                return
+            found = _locate(source, start)
+        seg, start = found
+        fd, crc, version = _open_segment(source, seg)
+        off, lsn, entered = HEADER_SIZE, seg.first_lsn, False
     try:
-        off, lsn, pending = HEADER_SIZE, seg.first_lsn, b""
+        pending = b""
         state = BlockState()
         confirm = -1            # offset of a corruption found once, being read again
         while True:
@@ -227,6 +262,8 @@ def _batches(source: Source, start: int | None, follow: bool, timeout: float | N
                 buf = pending + data if pending else data
                 before = lsn
                 recs = decode_block(buf, 0, crc, lsn, state, start, version)
+                if entered and state.lsn != lsn:
+                    entered = False     # the position's frame continued the chain
                 if recs:
                     yield recs
                 off += state.off
@@ -252,6 +289,11 @@ def _batches(source: Source, start: int | None, follow: bool, timeout: float | N
                         continue    # completed while we looked: read the rest first
                     why = "segment ends inside a frame" if not bad else \
                         classify_tail(pending, off, _rebased(state), version) or "CRC mismatch"
+                    if entered:
+                        # no frame at the position continued its chain value and LSN:
+                        # a position of another log (or none), not a damaged log
+                        raise PositionMismatch(f"the frame at offset {off} of {seg.path} does "
+                                               f"not continue the given position ({why})")
                     raise CorruptRecordError(seg.path, off, why)
                 corrupt = classify_tail(pending, off, _rebased(state), version)
                 if corrupt is not None:

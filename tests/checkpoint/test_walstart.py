@@ -1,0 +1,171 @@
+"""Recovery enters the node WAL where the last complete checkpoint cut it (``wal.start``,
+checkpoint/walstart.py) instead of reading every kept segment from its start; a hint
+that is missing, damaged, foreign or ahead of the last marker changes nothing but
+the time recovery takes."""
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from checkpoint import PartitionStore, recovery, walstart
+from wal import Position, PositionMismatch, Wal
+
+
+# -- the reader: entering a segment at a position ----------------------------------------
+def _records(w: Wal, lsn: int, at: Position | None = None) -> list[tuple[int, int, bytes]]:
+    return [tuple(r) for b in w.read_from(lsn, at=at).batches() for r in b]  # type: ignore[misc]
+
+
+def test_read_from_a_position_gives_the_records_after_it(tmp_path) -> None:
+    w = Wal.open(str(tmp_path / "wal"), sync="none", segment_size=4096)   # several segments
+    try:
+        for i in range(40):
+            w.append(b"a%03d" % i * 20, 1)
+        pos = w.position()
+        assert pos.lsn == w.last_lsn + 1
+        w.append_many([b"b%03d" % i for i in range(5)], 2)                   # a batch frame
+        for i in range(60):
+            w.append(b"c%03d" % i * 30, 3)
+        assert len([n for n in os.listdir(tmp_path / "wal") if n.endswith(".wal")]) > 3
+        whole = _records(w, pos.lsn)
+        assert _records(w, pos.lsn, at=pos) == whole
+        assert whole[0][0] == pos.lsn and whole[-1][0] == w.last_lsn
+        assert _records(w, pos.lsn + 7, at=pos) == whole[7:]
+        end = w.position()                    # the end of the log: nothing after it yet
+        assert _records(w, end.lsn, at=end) == []
+        w.append(b"last", 4)
+        assert _records(w, end.lsn, at=end) == [(end.lsn, 4, b"last")]
+    finally:
+        w.close()
+
+
+def test_a_position_that_does_not_describe_the_log_is_refused(tmp_path) -> None:
+    w = Wal.open(str(tmp_path / "wal"), sync="none", segment_size=1 << 20)
+    try:
+        for i in range(30):
+            w.append(b"x%03d" % i * 10, 1)
+        pos = w.position()
+        for i in range(30):
+            w.append(b"y%03d" % i * 10, 1)
+        wrong = [pos._replace(prev_crc=pos.prev_crc ^ 1),          # another chain
+                 pos._replace(offset=pos.offset + 3),              # inside a frame
+                 pos._replace(lsn=pos.lsn + 1),                    # another record's
+                 pos._replace(seq=pos.seq + 5),                    # no such segment
+                 pos._replace(first_lsn=pos.first_lsn + 1),        # another segment
+                 pos._replace(offset=1 << 40)]                     # past the end
+        for bad in wrong:
+            with pytest.raises(PositionMismatch):
+                _records(w, bad.lsn, at=bad)
+        with pytest.raises(ValueError):
+            _records(w, pos.lsn - 1, at=pos)                       # before the position
+    finally:
+        w.close()
+
+
+def test_the_hint_file_round_trips_and_refuses_damage(tmp_path) -> None:
+    pos = Position(3, 1000, 123456, 0xDEADBEEF, 1777)
+    walstart.write(str(tmp_path), pos)
+    assert walstart.read(str(tmp_path)) == pos
+    data = walstart.encode(pos)
+    assert walstart.decode(data) == pos
+    for bad in (b"", data[:-1], data + b"\0", data[:5] + bytes([data[5] ^ 1]) + data[6:],
+                b"XXXX" + data[4:]):
+        assert walstart.decode(bad) is None
+    assert walstart.read(str(tmp_path / "nowhere")) is None
+
+
+# -- the store: recovery with and without the hint ----------------------------------------
+def _crashed_store(tmp_path) -> str:
+    """A store's directory as a SIGKILL leaves it: checkpoints, then updates only in the
+    WAL (copied while the store is open, with every put acknowledged, so durable)."""
+    src = str(tmp_path / "live")
+    s = PartitionStore.open(src, checkpoint_interval=None, wal_sync="group")
+    try:
+        for round_ in range(4):
+            for i in range(300):
+                s.put(i % 5, b"k%04d" % i, b"v%d-%d" % (round_, i) * 20)
+            s.remove(round_, b"k%04d" % (round_ + 5))
+            s.checkpoint()
+        for i in range(200):                  # after the last checkpoint: replayed
+            s.put(i % 5, b"k%04d" % i, b"w%d" % i * 25)
+        s.wal.sync()
+        assert walstart.read(src) is not None   # written once a marker was durable
+        crashed = str(tmp_path / "crashed")
+        shutil.copytree(src, crashed)
+    finally:
+        s.close(checkpoint=False)
+    return crashed
+
+
+def _recovered(path: str) -> dict[int, tuple[int, list[tuple[bytes, bytes]]]]:
+    s = PartitionStore.open(path, checkpoint_interval=None, wal_sync="none")
+    try:
+        return {p: (s.counter(p), sorted(s.scan(p))) for p in s.partitions()}
+    finally:
+        s.close(checkpoint=False)
+
+
+def _copy(src: str, dst: str, hint: bytes | None) -> str:
+    shutil.copytree(src, dst)
+    path = os.path.join(dst, walstart.NAME)
+    os.unlink(path)
+    if hint is not None:
+        with open(path, "wb") as f:
+            f.write(hint)
+    return dst
+
+
+def test_recovery_from_the_hint_equals_reading_the_whole_log(tmp_path, monkeypatch) -> None:
+    crashed = _crashed_store(tmp_path)
+    hint = walstart.read(crashed)
+    assert hint is not None and hint.lsn > 900      # well into the kept segment
+    full = _recovered(_copy(crashed, str(tmp_path / "full"), None))
+    assert sum(len(v[1]) for v in full.values()) == 300 - 4 + 4   # removed, put again
+    used: list[Position | None] = []
+    first_pass = recovery._first_pass
+
+    def spy(wal, at=None):
+        used.append(at)
+        return first_pass(wal, at)
+    monkeypatch.setattr(recovery, "_first_pass", spy)
+    assert _recovered(_copy(crashed, str(tmp_path / "hinted"), walstart.encode(hint))) == full
+    assert used == [hint]                # entered at the hint, no second full pass
+
+
+def _positions(crashed: str) -> tuple[Position, Position]:
+    """(the hint, the WAL's end): a valid position after the last marker."""
+    hint = walstart.read(crashed)
+    assert hint is not None
+    w = Wal.open(os.path.join(crashed, "wal"), sync="none")
+    try:
+        end = w.position()
+    finally:
+        w.close()
+    return hint, end
+
+
+@pytest.mark.parametrize("kind", ["garbage", "torn", "foreign-chain", "mid-frame",
+                                  "gone-segment", "past-the-marker"])
+def test_a_bad_hint_costs_only_a_full_read(tmp_path, monkeypatch, kind) -> None:
+    crashed = _crashed_store(tmp_path)
+    full = _recovered(_copy(crashed, str(tmp_path / "full"), None))
+    hint, end = _positions(crashed)
+    data = {"garbage": os.urandom(44),
+            "torn": walstart.encode(hint)[:20],
+            "foreign-chain": walstart.encode(hint._replace(prev_crc=hint.prev_crc ^ 0x5A5A)),
+            "mid-frame": walstart.encode(hint._replace(offset=hint.offset + 9)),
+            "gone-segment": walstart.encode(hint._replace(seq=hint.seq + 7)),
+            # intact and describing this log, but after its last marker (no marker of
+            # the hinted checkpoint behind it): read from the start instead
+            "past-the-marker": walstart.encode(end)}[kind]
+    used: list[Position | None] = []
+    first_pass = recovery._first_pass
+
+    def spy(wal, at=None):
+        used.append(at)
+        return first_pass(wal, at)
+    monkeypatch.setattr(recovery, "_first_pass", spy)
+    assert _recovered(_copy(crashed, str(tmp_path / "bad"), data)) == full
+    assert used[-1] is None              # the last pass read the kept log from its start
