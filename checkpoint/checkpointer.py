@@ -132,15 +132,32 @@ class CheckpointStats:
     counters: dict[int, int] = field(default_factory=dict)
 
 
-def run(state: StoreState, checkpoint_id: int) -> CheckpointStats | None:
-    """One checkpoint; the caller holds the checkpoint lock.  None when nothing changed."""
+def run(state: StoreState, checkpoint_id: int, only: int | None = None) -> CheckpointStats | None:
+    """One checkpoint; the caller holds the checkpoint lock.  None when nothing changed.
+
+    ``only``: a *flush* of that one partition instead (a transfer snapshot's: its file
+    then holds it at its counter). Stages 1-5 for its pages alone - its meta page's
+    undo image at the cut, the WAL durable up to there, then its pages and meta page
+    written and fsynced - but no marker: for recovery nothing happened (it rolls the
+    file back to the last complete checkpoint with the undo images, which the flush
+    logged like any cut, earliest image winning, and replays the WAL), so
+    ``ckpt_counter`` stays and the next checkpoint includes the partition (its meta
+    page again). ``file_counter`` and ``file_pages`` say what the file holds now."""
     t0 = time.perf_counter()
-    note_wal_start(state)
+    if only is None:
+        note_wal_start(state)
     with state.cond:
         state.undo.flush()                    # defensive: updates flush before unlocking
-        changed = {k >> 32 for k in state.mem.dirty}
-        changed.update(pid for pid, p in state.parts.items()
-                       if p.counter != p.ckpt_counter or p.page_count != p.file_pages)
+        if only is None:
+            changed = {k >> 32 for k in state.mem.dirty}
+            changed.update(pid for pid, p in state.parts.items()
+                           if p.counter != p.ckpt_counter or p.page_count != p.file_pages)
+        else:
+            lo, hi = only << 32, (only + 1) << 32
+            one = state.parts.get(only)
+            changed = {only} if one is not None and (
+                one.counter != one.file_counter or one.page_count != one.file_pages
+                or any(lo <= k < hi for k in state.mem.dirty)) else set()
         if not changed:
             return None
         old_metas = {pid: state.parts[pid].meta_bytes for pid in changed}
@@ -150,13 +167,14 @@ def run(state: StoreState, checkpoint_id: int) -> CheckpointStats | None:
         start = state.wal.position()          # at or before images_from + 1
         images_from = state.wal.last_lsn
         mark = images_from if state.mark_override is None else state.mark_override
-        cut = state.mem.begin_cut()
-        for part in state.parts.values():
+        cut = state.mem.begin_cut(only)
+        for part in state.parts.values() if only is None else [state.parts[only]]:
             part.cut_pages = part.page_count  # first changes from now log an undo image
         metas = {pid: (state.parts[pid].page_count, state.parts[pid].counter) for pid in changed}
         new_metas = {pid: encode_meta(pid, state.page_size, count, counter)
                      for pid, (count, counter) in metas.items()}
-        images, free, image_bytes, preimages = state.undo.take_counts()
+        images, free, image_bytes, preimages = state.undo.take_counts() if only is None \
+            else (0, 0, 0, 0)
     # Outside the store lock from here: ``cut`` is this checkpoint's (writers only read
     # it, to copy a cut page before changing it; install/drop wait for the checkpoint
     # lock).  The WAL fsync starts first, so it has the longest head start.
@@ -200,15 +218,16 @@ def run(state: StoreState, checkpoint_id: int) -> CheckpointStats | None:
             writer.write(pid, keys[lo:mid if overlap else hi], head=new_metas[pid])
         writer.finish()
         stage("write")
-        marker = state.wal.append(encode_marker(mark, checkpoint_id, images_from),
-                                  RecordType.MARKER, wait=False)
-        if state.mark_override is None:      # not while recovery still reads the log
-            if state.prev_mark:
-                state.wal.truncate_before(state.prev_mark + 1)
-            if start.lsn <= min(mark, images_from) + 1:
-                state.wal_start = (start, marker)
-        state.prev_mark = mark
-        stage("marker")
+        if only is None:                      # a flush writes no marker
+            marker = state.wal.append(encode_marker(mark, checkpoint_id, images_from),
+                                      RecordType.MARKER, wait=False)
+            if state.mark_override is None:  # not while recovery still reads the log
+                if state.prev_mark:
+                    state.wal.truncate_before(state.prev_mark + 1)
+                if start.lsn <= min(mark, images_from) + 1:
+                    state.wal_start = (start, marker)
+            state.prev_mark = mark
+            stage("marker")
     except BaseException:
         with state.cond:
             # Not in the files: the next checkpoint must write these pages again
@@ -221,11 +240,21 @@ def run(state: StoreState, checkpoint_id: int) -> CheckpointStats | None:
         with state.cond:
             state.mem.end_cut()
             state.cond.notify_all()
+    return _published(state, stats, metas, old_metas, new_metas, t0, checkpoint=only is None)
+
+
+def _published(state: StoreState, stats: CheckpointStats, metas: dict[int, tuple[int, int]],
+               old_metas: dict[int, bytes], new_metas: dict[int, bytearray], t0: float, *,
+               checkpoint: bool) -> CheckpointStats:
+    """Stage 7 (after ``end_cut``): the partitions learn what their files hold; only a
+    checkpoint (not a flush) moves ``ckpt_counter``, what a crash keeps."""
     with state.cond:
         for pid, (count, counter) in metas.items():
             live = state.parts.get(pid)
             if live is not None and live.meta_bytes is old_metas[pid]:   # not replaced meanwhile
-                live.ckpt_counter = max(live.ckpt_counter, counter)
+                if checkpoint:
+                    live.ckpt_counter = max(live.ckpt_counter, counter)
+                live.file_counter = max(live.file_counter, counter)
                 live.file_pages = max(live.file_pages, count)
                 live.meta_bytes = bytes(new_metas[pid])
         state.cond.notify_all()

@@ -114,9 +114,15 @@ class PageMemory:
     def pressure(self) -> int:
         return len(self.dirty) + len(self.cut)
 
-    def begin_cut(self) -> dict[int, bytearray]:
-        self.cut = {k: self.pages[k] for k in self.dirty}
-        self.dirty = set()
+    def begin_cut(self, partition: int | None = None) -> dict[int, bytearray]:
+        """The dirty pages become the cut (of ``partition`` only, when given)."""
+        if partition is None:
+            self.cut = {k: self.pages[k] for k in self.dirty}
+            self.dirty = set()
+        else:
+            lo, hi = page_key(partition, 0), page_key(partition + 1, 0)
+            self.cut = {k: self.pages[k] for k in self.dirty if lo <= k < hi}
+            self.dirty.difference_update(self.cut)
         return self.cut
 
     def end_cut(self) -> None:

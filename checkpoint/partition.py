@@ -64,6 +64,8 @@ class Partition:
         self.file_pages = meta.page_count      # durable in the file (meta of the last checkpoint)
         self.counter = meta.counter            # latest applied update counter
         self.ckpt_counter = meta.counter       # counter of the last checkpoint
+        self.file_counter = meta.counter       # counter the file holds now: the last
+                                               # checkpoint's, or a later flush's (flush)
         self.cut_pages = meta.page_count       # page count at the last cut: pages below it
                                                # get an undo image at their first change
         self.index = KeyIndex(self._key_at)

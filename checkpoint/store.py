@@ -639,9 +639,10 @@ class PartitionStore:
 
     # -- transfer snapshots ------------------------------------------------------
     def open_transfer_snapshot(self, partition: int) -> TransferSnapshot:
-        """Fix a copy-on-write snapshot of the partition at its counter C, forcing a
-        checkpoint first unless the partition has nothing to write (its file already
-        holds it at its counter: see :meth:`_clean`). The partition's file stays open
+        """Fix a copy-on-write snapshot of the partition at its counter C, flushing its
+        pages first (``checkpointer.run(..., only=partition)``: not the other
+        partitions', no marker) unless it has nothing to write (its file already holds
+        it at its counter: see :meth:`_clean`). The partition's file stays open
         (pinned) until the snapshot closes: ``snap.fileno()`` is its descriptor, for the
         sender."""
         with self._ckpt_lock:
@@ -652,7 +653,9 @@ class PartitionStore:
             with self._cond:
                 clean = self._clean(partition)
             if not clean:
-                self._checkpoint_locked()
+                # its own pages only (checkpointer.run, ``only``): a checkpoint of the
+                # whole store would write every other partition's dirty pages too
+                checkpointer.run(self.state, self._checkpoint_id, only=partition)
             snap: TransferSnapshot | None = None
             try:
                 with self._cond:
@@ -661,7 +664,7 @@ class PartitionStore:
                     fd = self.files.pin(file)
                     try:
                         snap = TransferSnapshot(partition, part.path, self.page_size,
-                                                part.file_pages, part.ckpt_counter,
+                                                part.file_pages, part.file_counter,
                                                 lambda s: self._snapshot_closed(s, file), fd=fd)
                     except BaseException:
                         self.files.unpin(file)
@@ -676,12 +679,12 @@ class PartitionStore:
 
     def _clean(self, pid: int) -> bool:
         """(store lock and checkpoint lock held) Whether the partition's file holds it
-        exactly: counter and page count as the last completed checkpoint published
+        exactly: counter and page count as the last checkpoint or flush published
         them, and no dirty page (no checkpoint runs: the checkpoint lock is held, so
         nothing is cut either). A checkpoint would write nothing of it; a snapshot
         needs none. (Other partitions' dirty pages are no concern of its snapshot.)"""
         part = self.parts.get(pid)
-        if part is None or part.counter != part.ckpt_counter or part.page_count != part.file_pages:
+        if part is None or part.counter != part.file_counter or part.page_count != part.file_pages:
             return False
         dirty = self.mem.dirty
         if not dirty:

@@ -40,8 +40,8 @@ from .errors import BadRequest, NotPrimary, Unavailable
 from .rpcapi import Fence
 from .storage import CacheData
 
-# Long enough for every in-sync owner to open its snapshot (a forced checkpoint of the
-# store, milliseconds to a few hundred on a slow disk), short enough that a validator
+# Long enough for every in-sync owner to open its snapshot (a flush of the partition's
+# pages, milliseconds to a few hundred on a slow disk), short enough that a validator
 # that died stalls writes of one partition only briefly.
 FENCE_LEASE_S = 2.0
 DEBUG_ENV = "FERRY_DEBUG_RPC"

@@ -127,7 +127,13 @@ def test_preimages_are_saved_and_needed(tmp_path) -> None:
     assert len(live) > len(reference) and live[:snap.size_bytes] != reference
     pre = list(snap.preimages())
     first_unsent = snap.size_bytes // 2 // PAGE
-    assert {i for i, _ in pre} == set(range(first_unsent, snap.page_count))   # once per page
+    saved = [i for i, _ in pre]
+    assert len(saved) == len(set(saved))                                       # once per page
+    # every unsent page; the meta page too when a checkpoint (the store's own, woken by
+    # the puts' memory pressure) rewrote it before the first half was marked sent: the
+    # snapshot's flush leaves the partition to the next checkpoint
+    assert set(range(first_unsent, snap.page_count)) <= set(saved) <= \
+        set(range(first_unsent, snap.page_count)) | {0}
     copy = bytearray(reference[:snap.size_bytes // 2] + live[snap.size_bytes // 2:])
     assert overlay(copy, PAGE, snap.page_count, iter(pre)) == bytearray(reference)
     snap.close()
