@@ -64,9 +64,11 @@ def recover(state: StoreState, wal_sync: str, segment_size: int,
 
     _remove_deltas(state.dir)
     _restore_double_write(state)
-    wal = Wal.open(os.path.join(state.dir, "wal"), segment_size=segment_size, sync=wal_sync)
+    at = walstart.read(state.dir)
+    # the writer's own check of the last segment starts there too (wal/recovery.py)
+    wal = Wal.open(os.path.join(state.dir, "wal"), segment_size=segment_size, sync=wal_sync,
+                   start=at)
     try:
-        at = walstart.read(state.dir)
         found = _hinted_first_pass(wal, at) if at is not None else None
         if found is None:
             at = None

@@ -65,7 +65,7 @@ class Wal(SegmentWriter):
     # -- opening -------------------------------------------------------------------
     @classmethod
     def open(cls, path: str | os.PathLike[str], *, segment_size: int = DEFAULT_SEGMENT_SIZE,
-             sync: str = "group", first_lsn: int = 1) -> Wal:
+             sync: str = "group", first_lsn: int = 1, start: Position | None = None) -> Wal:
         """Open (creating if needed) the log in ``path`` for writing.
 
         ``sync``: ``always`` (each acknowledged append fsynced on its own), ``group``
@@ -73,7 +73,9 @@ class Wal(SegmentWriter):
         (acknowledged once written to the OS; survives a process crash, not a power cut).
         ``first_lsn`` is the LSN of the first record of a *new* log; an existing log keeps
         its LSNs. A torn tail of the last segment is cut off; any other damage raises
-        :class:`CorruptRecordError`."""
+        :class:`CorruptRecordError`. ``start``: a frame boundary known good (a
+        :meth:`position` taken by an earlier writer); the last segment is then checked
+        from there when it describes it, not from its start."""
         if sync not in MODES:
             raise ValueError(f"sync must be one of {', '.join(MODES)}, got {sync!r}")
         if segment_size < HEADER_SIZE + FRAME_HEADER_SIZE:
@@ -84,7 +86,7 @@ class Wal(SegmentWriter):
         if first_lsn < 1:
             raise ValueError(f"first_lsn must be >= 1, got {first_lsn}")
         self = cls(_token=_OPEN)
-        self._start(path, segment_size, sync, first_lsn)
+        self._start(path, segment_size, sync, first_lsn, start)
         return self
 
     @staticmethod

@@ -24,6 +24,7 @@ from faults.fileio import FileLayer
 from .decoder import Stop, scan
 from .errors import CorruptRecordError, WalError
 from .format import HEADER_SIZE, VERSION, SegmentHeader, looks_like_segment, parse_segment_name
+from .reader import Position
 from .segments import (LOCK_NAME, DirLock, SegmentFile, create_segment, list_segments,
                        read_header)
 from .tail import classify_tail
@@ -60,8 +61,14 @@ def _mapped(path: str) -> Iterator[mmap.mmap]:
             mm.close()
 
 
-def recover(directory: str, io: FileLayer) -> Tail | None:
-    """Validate the log in ``directory`` and cut a torn tail; None when it is empty."""
+def recover(directory: str, io: FileLayer, start: Position | None = None) -> Tail | None:
+    """Validate the log in ``directory`` and cut a torn tail; None when it is empty.
+
+    ``start``: a frame boundary known good (``Wal.open(..., start=)``, the store's
+    ``wal.start``). When it lies in the last segment and its frame continues its chain
+    value and LSN, the last segment is checked from there, not from its start (what
+    lies before it is not read at open, as the older segments are not); otherwise, or
+    when nothing after it checks out, from its start."""
     segs = list_segments(directory)
     if not segs:
         return None
@@ -76,7 +83,14 @@ def recover(directory: str, io: FileLayer) -> Tail | None:
         hdr = SegmentHeader.decode(data[:HEADER_SIZE])
         assert isinstance(hdr, SegmentHeader)   # read_header passed above
         # the scan reads its buffer only by slices and memoryviews, which a map serves
-        state = scan(cast(bytes, data), HEADER_SIZE, hdr.prev_crc, hdr.first_lsn, hdr.version)
+        state = None
+        if start is not None and (start.seq, start.first_lsn) == (last.seq, last.first_lsn) \
+                and HEADER_SIZE <= start.offset <= len(data):
+            state = scan(cast(bytes, data), start.offset, start.prev_crc, start.lsn, hdr.version)
+            if state.stop is not Stop.END and state.off == start.offset:
+                state = None        # not a boundary of this log (or torn right there)
+        if state is None:
+            state = scan(cast(bytes, data), HEADER_SIZE, hdr.prev_crc, hdr.first_lsn, hdr.version)
         # a torn or damaged tail (rare) is classified on a copy: that looks at the bytes
         # with every method of bytes
         why = None if state.stop is Stop.END else classify_tail(bytes(data), 0, state, hdr.version)

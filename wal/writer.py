@@ -31,6 +31,8 @@ from .segments import DirLock, OpenSegment, create_segment, remove_temp_files
 if TYPE_CHECKING:
     from typing_extensions import Buffer    # bytes, or a batch frame's array of lengths
 
+    from .reader import Position
+
 _ACK = {"none": 0, "always": 1, "group": 2}     # what append(wait=True) does after writing
 # Every this many bytes written to a segment, the sync thread fsyncs it in the
 # background (write-behind; see SegmentWriter._flush_behind).
@@ -45,7 +47,7 @@ class SegmentWriter:
     mode: str
 
     def _start(self, path: str | os.PathLike[str], segment_size: int, sync: str,
-               first_lsn: int) -> None:
+               first_lsn: int, start: Position | None = None) -> None:
         """Set up the writer's state: lock the directory, recover the tail, open the
         last segment for appending."""
         self.path = os.path.abspath(os.fspath(path))
@@ -81,7 +83,7 @@ class SegmentWriter:
         self._dirlock = DirLock(self.path)
         try:
             remove_temp_files(self.path, self._io)
-            tail = recovery.recover(self.path, self._io)
+            tail = recovery.recover(self.path, self._io, start)
             if tail is None:
                 sf = create_segment(self.path, 0, first_lsn, 0, self._io)
                 tail = recovery.Tail([sf], HEADER_SIZE, 0, first_lsn)

@@ -169,3 +169,62 @@ def test_a_bad_hint_costs_only_a_full_read(tmp_path, monkeypatch, kind) -> None:
     monkeypatch.setattr(recovery, "_first_pass", spy)
     assert _recovered(_copy(crashed, str(tmp_path / "bad"), data)) == full
     assert used[-1] is None              # the last pass read the kept log from its start
+
+
+# -- the writer's own check of the last segment at open ----------------------------------
+def _log_with_position(path: str) -> Position:
+    w = Wal.open(path, sync="none")
+    try:
+        for i in range(300):
+            w.append(b"a%04d" % i * 30, 1)
+        pos = w.position()
+        for i in range(50):
+            w.append(b"b%04d" % i * 30, 2)
+    finally:
+        w.close()
+    return pos
+
+
+def test_open_from_a_position_gives_the_same_tail(tmp_path) -> None:
+    path = str(tmp_path / "wal")
+    pos = _log_with_position(path)
+    seg = [os.path.join(path, n) for n in os.listdir(path) if n.endswith(".wal")][0]
+    with open(seg, "ab") as f:
+        f.write(b"\x07" * 11)                     # a torn append after the last frame
+    size = os.path.getsize(seg)
+    bad = [None, pos._replace(prev_crc=pos.prev_crc ^ 1), pos._replace(offset=pos.offset + 5),
+           pos._replace(seq=pos.seq + 1), pos._replace(offset=size + 100)]
+    ends = []
+    for start in [pos] + bad:
+        shutil.copytree(path, str(tmp_path / "c"))
+        w = Wal.open(str(tmp_path / "c"), sync="none", start=start)
+        try:
+            ends.append((w.last_lsn, w.position()))
+            w.append(b"next", 3)                  # the chain continues for a reader
+            assert [r[1] for r in _records(w, 1)][-52:] == [1] + [2] * 50 + [3]
+        finally:
+            w.close()
+        shutil.rmtree(str(tmp_path / "c"))
+    assert len(set(ends)) == 1 and ends[0][0] == 350   # the torn bytes cut every time
+
+
+def test_damage_before_the_position_is_not_read_at_open(tmp_path) -> None:
+    """The part of the last segment before a good position is not checked at open (as
+    older segments are not): damage there surfaces when a read reaches it."""
+    from wal import CorruptRecordError
+    path = str(tmp_path / "wal")
+    pos = _log_with_position(path)
+    seg = [os.path.join(path, n) for n in os.listdir(path) if n.endswith(".wal")][0]
+    with open(seg, "r+b") as f:
+        f.seek(pos.offset // 2)
+        f.write(b"\xff" * 8)
+    w = Wal.open(path, sync="none", start=pos)
+    try:
+        assert w.last_lsn == 350
+        assert [r[0] for r in _records(w, pos.lsn, at=pos)] == list(range(301, 351))
+        with pytest.raises(CorruptRecordError):
+            _records(w, 1)
+    finally:
+        w.close()
+    with pytest.raises(CorruptRecordError):
+        Wal.open(path, sync="none")                # without it: the whole segment checked
