@@ -78,7 +78,7 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator
 
-from faults import crashpoint, fileio, translate_os_error
+from faults import FerryError, crashpoint, fileio, translate_os_error
 
 from . import walstart
 from .errors import OutOfDiskError
@@ -106,7 +106,7 @@ def note_wal_start(state: StoreState) -> None:
     state.wal_start = None
     try:
         walstart.write(state.dir, pending[0])
-    except OSError:
+    except (OSError, FerryError):         # a full or read-only disk, no descriptor left
         pass
 
 

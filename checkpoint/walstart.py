@@ -29,6 +29,7 @@ checkpoint is found behind it.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
 
@@ -82,7 +83,12 @@ def write(directory: str, pos: Position) -> None:
     tmp = path + ".tmp"
     fd = io.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        fileio.write_all(fd, encode(pos), tmp, io=io)
-    finally:
-        io.close(fd)
-    io.replace(tmp, path)
+        try:
+            fileio.write_all(fd, encode(pos), tmp, io=io)
+        finally:
+            io.close(fd)
+        io.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            io.unlink(tmp)
+        raise

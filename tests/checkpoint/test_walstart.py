@@ -228,3 +228,31 @@ def test_damage_before_the_position_is_not_read_at_open(tmp_path) -> None:
         w.close()
     with pytest.raises(CorruptRecordError):
         Wal.open(path, sync="none")                # without it: the whole segment checked
+
+
+def test_a_hint_that_cannot_be_written_costs_nothing_else(tmp_path, monkeypatch) -> None:
+    """A full or read-only disk refuses the hint: the checkpoint completes, the store
+    goes on, and no temp file is left (the next recovery reads from the start)."""
+    from faults import OutOfDiskError, fileio
+
+    class Full(fileio.FileLayer):
+        def write(self, fd, data):
+            raise OSError(28, "No space left on device")
+    s = PartitionStore.open(str(tmp_path / "s"), checkpoint_interval=None, wal_sync="group")
+    try:
+        s.put(1, b"a", b"1")
+        s.checkpoint()
+        s.put(1, b"b", b"2")
+        monkeypatch.setattr(fileio, "_layer", Full())
+        with pytest.raises(OutOfDiskError):
+            walstart.write(str(tmp_path / "s"), Position(0, 1, 64, 0, 1))
+        assert s.checkpoint() is not None          # its run tried to write the hint
+        assert not os.path.exists(str(tmp_path / "s" / walstart.NAME))
+        assert not os.path.exists(str(tmp_path / "s" / (walstart.NAME + ".tmp")))
+        monkeypatch.undo()
+        s.put(1, b"c", b"3")
+        s.checkpoint()                             # the hint is written again
+        assert walstart.read(str(tmp_path / "s")) is not None
+        assert s.get(1, b"b") == b"2" and s.get(1, b"c") == b"3"
+    finally:
+        s.close()
