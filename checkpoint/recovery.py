@@ -128,11 +128,11 @@ def _hinted_first_pass(wal: Wal, at: Position) -> tuple[int, int, dict[int, int]
     """The first pass from ``at`` (``wal.start``); None when the hint does not describe
     this log or no marker of its checkpoint or a later one is found behind it: the
     caller then reads from the oldest segment kept."""
-    from wal import PositionMismatch
+    from wal import CorruptRecordError, PositionMismatch
     try:
         found = _first_pass(wal, at)
-    except PositionMismatch:
-        return None
+    except (PositionMismatch, CorruptRecordError):
+        return None         # damage after the hint: the full read meets it again, and says so
     mark = found[0]
     # the hinted checkpoint's marker has mark >= at.lsn - 1, and so has any later one
     return found if mark and mark >= at.lsn - 1 else None

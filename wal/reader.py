@@ -313,7 +313,13 @@ def _batches(source: Source, start: int | None, follow: bool, timeout: float | N
             if source.complete(seg):
                 if source.end(seg, fd) > off:
                     continue        # it grew before it was completed
-                seg, fd, crc, version = _next_segment(source, seg, fd, lsn, crc)
+                try:
+                    seg, fd, crc, version = _next_segment(source, seg, fd, lsn, crc)
+                except CorruptRecordError as e:
+                    if entered:         # a position at a segment's end, of another chain
+                        raise PositionMismatch(f"the segment after {seg.path} does not "
+                                               f"continue the given position: {e.reason}") from None
+                    raise
                 off, pending = HEADER_SIZE, b""
                 continue
             if not keep_waiting(lsn):

@@ -64,6 +64,24 @@ def test_a_position_that_does_not_describe_the_log_is_refused(tmp_path) -> None:
         w.close()
 
 
+def test_a_position_at_a_segment_end_of_another_chain_is_refused(tmp_path) -> None:
+    w = Wal.open(str(tmp_path / "wal"), sync="none", segment_size=4096)
+    try:
+        positions = []
+        for i in range(60):
+            positions.append(w.position())
+            w.append(b"z%03d" % i * 25, 1)
+        # a position taken when its segment was full: the next frame is in the next one
+        ends = [p for p, q in zip(positions, positions[1:]) if q.seq > p.seq]
+        assert ends
+        end = ends[0]
+        assert _records(w, end.lsn, at=end)[0][0] == end.lsn
+        with pytest.raises(PositionMismatch):
+            _records(w, end.lsn, at=end._replace(prev_crc=end.prev_crc ^ 1))
+    finally:
+        w.close()
+
+
 def test_the_hint_file_round_trips_and_refuses_damage(tmp_path) -> None:
     pos = Position(3, 1000, 123456, 0xDEADBEEF, 1777)
     walstart.write(str(tmp_path), pos)
