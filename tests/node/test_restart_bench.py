@@ -1,4 +1,5 @@
-"""The restart benchmark's bookkeeping (bench/restart_bench.py): the foreground
+"""The restart benchmarks' bookkeeping (bench/restart_bench.py, and the delta and store reopen
+benches it points to): the foreground
 windows it reports are computed from the writers' own acknowledgements, and a bad
 ``--rebalance`` setting is refused before any cluster starts."""
 from __future__ import annotations
@@ -48,3 +49,20 @@ def test_the_delta_bench_fetches_every_way_and_reports_them(tmp_path) -> None:
     keys = {"seconds", "cpu_seconds", "device_write_bytes", "write_bytes", "pages_sent"}
     assert set(doc["copy"]) == set(doc["clone"]) == set(doc["adopt"]) == keys
     assert os.listdir(tmp_path) == []            # its stores are removed
+
+
+def test_the_reopen_bench_measures_both_ways_on_one_store(tmp_path) -> None:
+    import json
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "store_reopen_bench.py"),
+                          "--dir", str(tmp_path), "--partitions", "3", "--entries", "3000",
+                          "--checkpoint-every", "500", "--after", "40", "--changed", "20",
+                          "--rounds", "2"], capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr
+    r = json.loads(out.stdout)
+    rec, snap = r["recovery"], r["snapshot_open"]
+    assert rec["hint_lsn"] and rec["wal_bytes_kept"] > 0
+    assert len(rec["seconds"]["hint"]) == len(rec["seconds"]["no_hint"]) == 2
+    assert len(snap["seconds"]["flush"]) == len(snap["seconds"]["checkpoint"]) == 2
+    # the flush writes its own partition's pages; the reference every partition's
+    assert max(snap["pages_written"]["flush"]) < min(snap["pages_written"]["checkpoint"])
+    assert os.listdir(tmp_path) == []                # its stores are removed
