@@ -1,7 +1,7 @@
-"""The restart benchmarks' bookkeeping (bench/restart_bench.py, and the delta and store reopen
-benches it points to): the foreground
-windows it reports are computed from the writers' own acknowledgements, and a bad
-``--rebalance`` setting is refused before any cluster starts."""
+"""The restart benchmarks' bookkeeping (bench/restart_bench.py, and the delta and store
+reopen benches it points to): the foreground windows it reports are computed from the
+writers' own acknowledgements, and a bad ``--rebalance`` setting is refused before any
+cluster starts."""
 from __future__ import annotations
 
 import os
