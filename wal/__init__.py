@@ -19,7 +19,7 @@ Public face (everything else in the package is private):
 The on-disk format is in ``format.py`` and ``docs/formats.md``. Modules: ``log.py`` (the
 public ``Wal`` and the append hot path), ``writer.py`` (its state, cuts, roll-back,
 failure), ``groupcommit.py`` (the sync threads) and ``tickets.py`` (their waiters),
-``reader.py`` (reading), ``decoder.py`` (frame loop of format versions 2 and 3),
+``reader.py`` (reading; ``position.py``: where a read may start), ``decoder.py`` (frame loop of format versions 2 and 3),
 ``tail.py`` (torn tail vs corruption), ``decoder_v1.py`` (version 1, still read), ``blocks.py`` (what the loops
 report), ``walreader.py`` (other processes), ``segments.py``, ``recovery.py``,
 ``cli.py``; ``_accel.c`` (optional C extension: ``append``'s frame and write in one
@@ -32,7 +32,8 @@ from .decoder import RawRecord, Record
 from .errors import (CorruptRecordError, OutOfDiskError, PositionMismatch, SegmentNotAFileError,
                      WalClosedError, WalError, WalLockedError)
 from .log import DEFAULT_SEGMENT_SIZE, MODES, Wal, WalReader, follow_dir
-from .reader import Follower, Position
+from .position import Position
+from .reader import Follower
 from .recovery import Report, repair, verify
 
 __all__ = [

@@ -40,7 +40,8 @@ from . import groupcommit
 from .decoder import RawRecord
 from .format import (CHECK, CHECK_HEAD, FRAME_HEADER_SIZE, HEAD, HEADER_SIZE, MAX_PAYLOAD,
                      MAX_TYPE, check_type, mix)
-from .reader import Follower, Position, WriterSource
+from .position import Position
+from .reader import Follower, WriterSource
 from .segments import OpenSegment
 from .tickets import Ticket
 from .walreader import WalReader as WalReader, follow_dir as follow_dir  # re-exported

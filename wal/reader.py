@@ -25,11 +25,12 @@ import itertools
 import os
 import threading
 import time
-from typing import TYPE_CHECKING, Generator, Iterator, NamedTuple, Protocol, Sequence, cast
+from typing import TYPE_CHECKING, Generator, Iterator, Protocol, Sequence, cast
 
 from .decoder import BlockState, RawRecord, Record, Stop, as_record, decode_block
 from .errors import CorruptRecordError, PositionMismatch, WalError
 from .format import HEADER_SIZE
+from .position import Position
 from .segments import OpenSegment, SegmentFile, list_segments, read_header
 from .tail import classify_tail
 
@@ -38,20 +39,6 @@ if TYPE_CHECKING:
 
 BLOCK = 128 << 10
 _BAD = (Stop.BAD_CRC, Stop.BAD_LSN, Stop.BAD_BODY)   # a whole frame that is not acceptable
-
-
-class Position(NamedTuple):
-    """A frame boundary of the log: the frame at byte ``offset`` of segment ``seq``
-    (whose first LSN is ``first_lsn``) holds LSN ``lsn`` and continues the CRC chain
-    from ``prev_crc``. :meth:`Wal.position` gives the end of the log; ``read_from(lsn,
-    at=position)`` starts reading there instead of at its segment's start. A position
-    that does not describe this log (its segment gone, past its end, a chain value or
-    LSN that the frame there does not continue) raises :class:`PositionMismatch`."""
-    seq: int
-    first_lsn: int
-    offset: int
-    prev_crc: int
-    lsn: int
 
 
 class _Seg(Protocol):

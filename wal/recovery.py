@@ -24,7 +24,7 @@ from faults.fileio import FileLayer
 from .decoder import Stop, scan
 from .errors import CorruptRecordError, WalError
 from .format import HEADER_SIZE, VERSION, SegmentHeader, looks_like_segment, parse_segment_name
-from .reader import Position
+from .position import Position
 from .segments import (LOCK_NAME, DirLock, SegmentFile, create_segment, list_segments,
                        read_header)
 from .tail import classify_tail

@@ -31,7 +31,7 @@ from .segments import DirLock, OpenSegment, create_segment, remove_temp_files
 if TYPE_CHECKING:
     from typing_extensions import Buffer    # bytes, or a batch frame's array of lengths
 
-    from .reader import Position
+    from .position import Position
 
 _ACK = {"none": 0, "always": 1, "group": 2}     # what append(wait=True) does after writing
 # Every this many bytes written to a segment, the sync thread fsyncs it in the
