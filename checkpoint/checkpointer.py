@@ -153,6 +153,9 @@ def run(state: StoreState, checkpoint_id: int, only: int | None = None) -> Check
             changed.update(pid for pid, p in state.parts.items()
                            if p.counter != p.ckpt_counter or p.page_count != p.file_pages)
         else:
+            # nothing to flush when the file holds the partition exactly: the counter
+            # and page count the last checkpoint or flush published, and no dirty page
+            # (none is cut either: the caller holds the checkpoint lock)
             lo, hi = only << 32, (only + 1) << 32
             one = state.parts.get(only)
             changed = {only} if one is not None and (
@@ -240,19 +243,11 @@ def run(state: StoreState, checkpoint_id: int, only: int | None = None) -> Check
         with state.cond:
             state.mem.end_cut()
             state.cond.notify_all()
-    return _published(state, stats, metas, old_metas, new_metas, t0, checkpoint=only is None)
-
-
-def _published(state: StoreState, stats: CheckpointStats, metas: dict[int, tuple[int, int]],
-               old_metas: dict[int, bytes], new_metas: dict[int, bytearray], t0: float, *,
-               checkpoint: bool) -> CheckpointStats:
-    """Stage 7 (after ``end_cut``): the partitions learn what their files hold; only a
-    checkpoint (not a flush) moves ``ckpt_counter``, what a crash keeps."""
     with state.cond:
         for pid, (count, counter) in metas.items():
             live = state.parts.get(pid)
             if live is not None and live.meta_bytes is old_metas[pid]:   # not replaced meanwhile
-                if checkpoint:
+                if only is None:              # what a crash keeps: only a checkpoint's
                     live.ckpt_counter = max(live.ckpt_counter, counter)
                 live.file_counter = max(live.file_counter, counter)
                 live.file_pages = max(live.file_pages, count)

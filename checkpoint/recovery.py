@@ -138,11 +138,12 @@ def _hinted_first_pass(wal: Wal, at: Position) -> tuple[int, int, dict[int, int]
     return found if mark and mark >= at.lsn - 1 else None
 
 
-def _read(wal: Wal, start: int, at: Position | None) -> Iterator[list[tuple[int, int, bytes]]]:
-    """The records from ``start`` on, entering the log at ``at`` when it is at or
-    before ``start``."""
+def _read(wal: Wal | WalReader, start: int,
+          at: Position | None) -> Iterator[list[tuple[int, int, bytes]]]:
+    """The records from ``start`` on, entering the log at ``at`` (a :class:`Wal`'s
+    ``wal.start``) when it is at or before ``start``."""
     if at is not None and at.lsn <= start:
-        return wal.read_from(start, at=at).batches()
+        return wal.read_from(start, at=at).batches()   # type: ignore[call-arg]
     return wal.read_from(start).batches()
 
 
@@ -158,8 +159,7 @@ def _first_pass(wal: Wal, at: Position | None = None) -> tuple[int, int, dict[in
     dropped: set[int] = set()        # partitions whose last INSTALL/DROP/UPDATE is a DROP
     marker, install, drop, update = (int(RecordType.MARKER), int(RecordType.INSTALL),
                                      int(RecordType.DROP), int(RecordType.UPDATE))
-    batches = wal.read_from(wal.first_lsn).batches() if at is None else _read(wal, at.lsn, at)
-    for batch in batches:
+    for batch in _read(wal, wal.first_lsn if at is None else at.lsn, at):
         for lsn, kind, payload in batch:
             if kind == update:
                 if dropped:
@@ -186,8 +186,7 @@ def _images_after(wal: Wal | WalReader, images_from: int,
     if last is not None and start > last:
         return
     images = int(RecordType.IMAGES)
-    batches = wal.read_from(start).batches() if at is None else _read(wal, start, at)  # type: ignore[arg-type]
-    for batch in batches:
+    for batch in _read(wal, start, at):
         for lsn, kind, payload in batch:
             if kind == images:
                 yield lsn, payload

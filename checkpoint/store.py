@@ -641,8 +641,8 @@ class PartitionStore:
     def open_transfer_snapshot(self, partition: int) -> TransferSnapshot:
         """Fix a copy-on-write snapshot of the partition at its counter C, flushing its
         pages first (``checkpointer.run(..., only=partition)``: not the other
-        partitions', no marker) unless it has nothing to write (its file already holds
-        it at its counter: see :meth:`_clean`). The partition's file stays open
+        partitions', no marker; nothing when its file already holds it at its
+        counter). The partition's file stays open
         (pinned) until the snapshot closes: ``snap.fileno()`` is its descriptor, for the
         sender."""
         with self._ckpt_lock:
@@ -650,12 +650,9 @@ class PartitionStore:
             if partition in self._snapshots:
                 raise SnapshotBusyError(f"partition {partition} already has an open transfer "
                                         "snapshot; close it first")
-            with self._cond:
-                clean = self._clean(partition)
-            if not clean:
-                # its own pages only (checkpointer.run, ``only``): a checkpoint of the
-                # whole store would write every other partition's dirty pages too
-                checkpointer.run(self.state, self._checkpoint_id, only=partition)
+            # its own pages only: a checkpoint of the whole store would write every
+            # other partition's dirty pages too
+            checkpointer.run(self.state, self._checkpoint_id, only=partition)
             snap: TransferSnapshot | None = None
             try:
                 with self._cond:
@@ -676,22 +673,6 @@ class PartitionStore:
                     snap.close()          # unregistered, the file unpinned
                 raise
             return snap
-
-    def _clean(self, pid: int) -> bool:
-        """(store lock and checkpoint lock held) Whether the partition's file holds it
-        exactly: counter and page count as the last checkpoint or flush published
-        them, and no dirty page (no checkpoint runs: the checkpoint lock is held, so
-        nothing is cut either). A checkpoint would write nothing of it; a snapshot
-        needs none. (Other partitions' dirty pages are no concern of its snapshot.)"""
-        part = self.parts.get(pid)
-        if part is None or part.counter != part.file_counter or part.page_count != part.file_pages:
-            return False
-        dirty = self.mem.dirty
-        if not dirty:
-            return True
-        lo = pid << 32
-        hi = lo + (1 << 32)
-        return not any(lo <= k < hi for k in dirty)
 
     def _save_changed_pages(self, part: Partition, snap: TransferSnapshot) -> None:
         """Pages changed since the snapshot's checkpoint cut, before the snapshot was

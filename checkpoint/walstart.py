@@ -29,7 +29,6 @@ checkpoint is found behind it.
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import struct
 
@@ -76,19 +75,6 @@ def read(directory: str) -> Position | None:
 
 
 def write(directory: str, pos: Position) -> None:
-    """Replace the hint (a new name, then a rename: a reader sees the old or the new
-    one whole). Not fsynced: see the module doc."""
-    io = fileio.layer()
-    path = os.path.join(directory, NAME)
-    tmp = path + ".tmp"
-    fd = io.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        try:
-            fileio.write_all(fd, encode(pos), tmp, io=io)
-        finally:
-            io.close(fd)
-        io.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            io.unlink(tmp)
-        raise
+    """Replace the hint (``fileio.atomic_write``: a reader sees the old or the new one
+    whole). Not fsynced: see the module doc."""
+    fileio.atomic_write(os.path.join(directory, NAME), encode(pos), durable=False)

@@ -121,9 +121,12 @@ def write_all(fd: int, data: bytes | memoryview, path: str, *,
         raise translate_os_error(e, path, len(view), error) from e
 
 
-def atomic_write(path: str, data: bytes, *, error: type[OutOfDiskError] = OutOfDiskError) -> None:
+def atomic_write(path: str, data: bytes, *, error: type[OutOfDiskError] = OutOfDiskError,
+                 durable: bool = True) -> None:
     """Replace ``path`` by ``data`` so a crash leaves the old or the new file, never a
-    mix: write a temp file, fsync it, rename over, fsync the directory."""
+    mix: write a temp file, fsync it, rename over, fsync the directory. ``durable=False``
+    skips both fsyncs: a reader sees the old or the new file whole, but a power cut may
+    lose the new one (or leave it empty), for a file that is only a hint."""
     io = _layer
     tmp = f"{path}.tmp"
     # a leftover temp file (a crash) is removed, never followed: a symlink planted at
@@ -139,7 +142,8 @@ def atomic_write(path: str, data: bytes, *, error: type[OutOfDiskError] = OutOfD
                 raise
     try:
         write_all(fd, data, tmp, error=error, io=io)
-        io.fsync(fd)
+        if durable:
+            io.fsync(fd)
     except BaseException:
         io.close(fd)
         with contextlib.suppress(OSError):
@@ -147,7 +151,8 @@ def atomic_write(path: str, data: bytes, *, error: type[OutOfDiskError] = OutOfD
         raise
     io.close(fd)
     io.replace(tmp, path)
-    io.fsync_dir(os.path.dirname(os.path.abspath(path)))
+    if durable:
+        io.fsync_dir(os.path.dirname(os.path.abspath(path)))
 
 
 def read_regular(path: str, limit: int | None = None) -> bytes:

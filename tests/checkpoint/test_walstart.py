@@ -135,12 +135,8 @@ def _copy(src: str, dst: str, hint: bytes | None) -> str:
     return dst
 
 
-def test_recovery_from_the_hint_equals_reading_the_whole_log(tmp_path, monkeypatch) -> None:
-    crashed = _crashed_store(tmp_path)
-    hint = walstart.read(crashed)
-    assert hint is not None and hint.lsn > 900      # well into the kept segment
-    full = _recovered(_copy(crashed, str(tmp_path / "full"), None))
-    assert sum(len(v[1]) for v in full.values()) == 300 - 4 + 4   # removed, put again
+def _first_passes(monkeypatch) -> list[Position | None]:
+    """Where each first pass of recovery entered the log (None: the oldest segment)."""
     used: list[Position | None] = []
     first_pass = recovery._first_pass
 
@@ -148,6 +144,16 @@ def test_recovery_from_the_hint_equals_reading_the_whole_log(tmp_path, monkeypat
         used.append(at)
         return first_pass(wal, at)
     monkeypatch.setattr(recovery, "_first_pass", spy)
+    return used
+
+
+def test_recovery_from_the_hint_equals_reading_the_whole_log(tmp_path, monkeypatch) -> None:
+    crashed = _crashed_store(tmp_path)
+    hint = walstart.read(crashed)
+    assert hint is not None and hint.lsn > 900      # well into the kept segment
+    full = _recovered(_copy(crashed, str(tmp_path / "full"), None))
+    assert sum(len(v[1]) for v in full.values()) == 300 - 4 + 4   # removed, put again
+    used = _first_passes(monkeypatch)
     assert _recovered(_copy(crashed, str(tmp_path / "hinted"), walstart.encode(hint))) == full
     assert used == [hint]                # entered at the hint, no second full pass
 
@@ -178,13 +184,7 @@ def test_a_bad_hint_costs_only_a_full_read(tmp_path, monkeypatch, kind) -> None:
             # intact and describing this log, but after its last marker (no marker of
             # the hinted checkpoint behind it): read from the start instead
             "past-the-marker": walstart.encode(end)}[kind]
-    used: list[Position | None] = []
-    first_pass = recovery._first_pass
-
-    def spy(wal, at=None):
-        used.append(at)
-        return first_pass(wal, at)
-    monkeypatch.setattr(recovery, "_first_pass", spy)
+    used = _first_passes(monkeypatch)
     assert _recovered(_copy(crashed, str(tmp_path / "bad"), data)) == full
     assert used[-1] is None              # the last pass read the kept log from its start
 
